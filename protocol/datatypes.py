@@ -1,0 +1,151 @@
+"""Data type names across the wire (KServe), model config (TYPE_*), numpy and gRPC contents.
+
+Also the BYTES codec: each element is a 4-byte little-endian length followed by its bytes.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from protocol.errors import InvalidArgument
+
+
+@dataclass(frozen=True, slots=True)
+class DataType:
+    name: str  # KServe name, e.g. "FP32"
+    config_name: str  # model_config DataType enum name, e.g. "TYPE_FP32"
+    numpy: Optional[np.dtype]  # None for BYTES (object arrays) and BF16 (no numpy type)
+    itemsize: int  # 0 for variable-size BYTES
+    contents_field: Optional[str]  # InferTensorContents field, None when raw only
+    json_allowed: bool = True
+
+
+_ALL = [
+    DataType("BOOL", "TYPE_BOOL", np.dtype(np.bool_), 1, "bool_contents"),
+    DataType("UINT8", "TYPE_UINT8", np.dtype(np.uint8), 1, "uint_contents"),
+    DataType("UINT16", "TYPE_UINT16", np.dtype(np.uint16), 2, "uint_contents"),
+    DataType("UINT32", "TYPE_UINT32", np.dtype(np.uint32), 4, "uint_contents"),
+    DataType("UINT64", "TYPE_UINT64", np.dtype(np.uint64), 8, "uint64_contents"),
+    DataType("INT8", "TYPE_INT8", np.dtype(np.int8), 1, "int_contents"),
+    DataType("INT16", "TYPE_INT16", np.dtype(np.int16), 2, "int_contents"),
+    DataType("INT32", "TYPE_INT32", np.dtype(np.int32), 4, "int_contents"),
+    DataType("INT64", "TYPE_INT64", np.dtype(np.int64), 8, "int64_contents"),
+    DataType("FP16", "TYPE_FP16", np.dtype(np.float16), 2, None, json_allowed=False),
+    DataType("FP32", "TYPE_FP32", np.dtype(np.float32), 4, "fp32_contents"),
+    DataType("FP64", "TYPE_FP64", np.dtype(np.float64), 8, "fp64_contents"),
+    DataType("BYTES", "TYPE_STRING", None, 0, "bytes_contents"),
+    # BF16 travels as 2-byte raw words; we keep them as uint16 bit patterns.
+    DataType("BF16", "TYPE_BF16", np.dtype(np.uint16), 2, None, json_allowed=False),
+]
+
+BY_NAME: dict[str, DataType] = {d.name: d for d in _ALL}
+BY_CONFIG_NAME: dict[str, DataType] = {d.config_name: d for d in _ALL}
+
+
+def lookup(name: str) -> DataType:
+    """The KServe datatype called `name`, or INVALID_ARG naming it."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise InvalidArgument(f"invalid datatype '{name}'") from None
+
+
+def config_to_wire(config_name: str) -> str:
+    """TYPE_FP32 -> FP32, TYPE_STRING -> BYTES."""
+    return BY_CONFIG_NAME[config_name].name
+
+
+def wire_to_config(name: str) -> str:
+    return BY_NAME[name].config_name
+
+
+def numpy_to_wire(dtype: np.dtype) -> str:
+    """The KServe name for a numpy dtype (object / bytes / str arrays are BYTES)."""
+    if dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    for d in _ALL:
+        if d.numpy == dtype and d.name != "BF16":
+            return d.name
+    raise InvalidArgument(f"unsupported numpy dtype {dtype}")
+
+
+def element_count(shape: tuple[int, ...] | list[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Flatten a BYTES tensor into length-prefixed wire form."""
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray, memoryview)):
+            item = str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(item)))
+        parts.append(bytes(item))
+    return b"".join(parts)
+
+
+def deserialize_bytes(buffer: bytes | memoryview, count: int, name: str) -> np.ndarray:
+    """Parse `count` length-prefixed elements; the buffer must hold exactly those."""
+    view = memoryview(buffer)
+    size = len(view)
+    items = np.empty(count, dtype=object)
+    offset = 0
+    for index in range(count):
+        if offset + 4 > size:
+            raise InvalidArgument(
+                f"incomplete string length indicator for inference input '{name}', "
+                f"expecting 4 bytes but only {size - offset} bytes available"
+            )
+        (length,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        if offset + length > size:
+            raise InvalidArgument(
+                f"incomplete string data for inference input '{name}', expecting string of "
+                f"length {length} but only {size - offset} bytes available"
+            )
+        items[index] = bytes(view[offset:offset + length])
+        offset += length
+    if offset != size:
+        raise InvalidArgument(
+            f"unexpected additional data for inference input '{name}': "
+            f"{count} strings used {offset} of {size} bytes"
+        )
+    return items
+
+
+def raw_byte_size(datatype: DataType, shape: tuple[int, ...]) -> Optional[int]:
+    """Bytes a fixed-size tensor occupies on the wire; None for BYTES."""
+    if datatype.itemsize == 0:
+        return None
+    return element_count(shape) * datatype.itemsize
+
+
+def tensor_from_raw(datatype: DataType, shape: tuple[int, ...], raw: bytes | memoryview,
+                    name: str) -> np.ndarray:
+    """A zero-copy numpy view over raw little-endian bytes (or a parsed BYTES object array)."""
+    count = element_count(shape)
+    if datatype.name == "BYTES":
+        return deserialize_bytes(raw, count, name).reshape(shape)
+    expected = count * datatype.itemsize
+    if len(raw) != expected:
+        raise InvalidArgument(
+            f"input byte size mismatch for input '{name}': expected {expected} bytes "
+            f"for shape {list(shape)} of {datatype.name}, got {len(raw)}"
+        )
+    return np.frombuffer(raw, dtype=datatype.numpy).reshape(shape)
+
+
+def raw_from_tensor(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """Wire bytes for an output: a view of contiguous numeric data, or serialised BYTES."""
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    contiguous = np.ascontiguousarray(array)
+    return memoryview(contiguous).cast("B") if contiguous.size else b""

@@ -1,0 +1,102 @@
+"""Every error the server can return, and the one table that maps it to HTTP and gRPC statuses.
+
+Both frontends map errors only through `http_status()` and `grpc_status_name()`, so the same
+failure always gives the matching status and the same message on both protocols (Triton's
+HttpCodeFromError and its gRPC status mapping).
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(Enum):
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+    # Beyond Triton: a body or message over the configured size limit. Triton answers 400;
+    # 413 tells clients and proxies plainly that the size, not the content, was refused.
+    TOO_LARGE = "TOO_LARGE"
+
+
+# code -> (HTTP status, gRPC status code name)
+_STATUS_TABLE: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.UNKNOWN: (400, "UNKNOWN"),
+    ErrorCode.INTERNAL: (500, "INTERNAL"),
+    ErrorCode.NOT_FOUND: (404, "NOT_FOUND"),
+    ErrorCode.INVALID_ARG: (400, "INVALID_ARGUMENT"),
+    ErrorCode.UNAVAILABLE: (503, "UNAVAILABLE"),
+    ErrorCode.UNSUPPORTED: (501, "UNIMPLEMENTED"),
+    ErrorCode.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
+    ErrorCode.CANCELLED: (400, "CANCELLED"),
+    ErrorCode.TOO_LARGE: (413, "RESOURCE_EXHAUSTED"),
+}
+
+
+class ServerError(Exception):
+    """Base of every error that reaches a client. `message` is what the client reads."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def http_status(self) -> int:
+        return _STATUS_TABLE[self.code][0]
+
+    def grpc_status_name(self) -> str:
+        return _STATUS_TABLE[self.code][1]
+
+
+class InvalidArgument(ServerError):
+    code = ErrorCode.INVALID_ARG
+
+
+class NotFound(ServerError):
+    code = ErrorCode.NOT_FOUND
+
+
+class Unavailable(ServerError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class InternalError(ServerError):
+    code = ErrorCode.INTERNAL
+
+
+class Unsupported(ServerError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class AlreadyExists(ServerError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class Cancelled(ServerError):
+    code = ErrorCode.CANCELLED
+
+
+class UnknownError(ServerError):
+    code = ErrorCode.UNKNOWN
+
+
+class TooLarge(ServerError):
+    code = ErrorCode.TOO_LARGE
+
+
+ALL_ERROR_CLASSES: tuple[type[ServerError], ...] = (
+    InvalidArgument, NotFound, Unavailable, InternalError, Unsupported, AlreadyExists,
+    Cancelled, UnknownError, TooLarge,
+)
+
+
+def as_server_error(exc: BaseException) -> ServerError:
+    """Wrap anything unexpected as INTERNAL so a client always gets a message, never a traceback."""
+    if isinstance(exc, ServerError):
+        return exc
+    return InternalError(f"{type(exc).__name__}: {exc}")
