@@ -1,0 +1,1 @@
+"""Example model repository for ascend-serve (built by ``examples/build_repository.py``)."""

@@ -1,0 +1,394 @@
+"""Build the example Triton model repository (ONNX models made with ``onnx.helper``).
+
+Usage::
+
+    python examples/build_repository.py [--output DIR]      # default: examples/models
+
+No model binaries are committed: every ``model.onnx`` is generated here from fixed seeds, so
+two builds write byte-identical files. Building is idempotent (files are rewritten in place,
+each through a temporary file and an atomic rename, so a polling server never reads half a
+file) and takes well under a second.
+
+Models (the repository layout is ``<output>/<model>/config.pbtxt`` and
+``<output>/<model>/1/model.onnx``):
+
+==========================  ================================================================
+``simple``                  Triton's classic example: INPUT0, INPUT1 INT32 [16] ->
+                            OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1;
+                            max_batch_size 8, no dynamic batching.
+``simple_batching``         the same model, max_batch_size 64, dynamic batching (500 us).
+``classifier``              INPUT FP32 [3, 32, 32] -> PROBABILITIES FP32 [10] (softmax over
+                            10 CIFAR-10 style labels, ``labels.txt``); max_batch_size 8.
+``dense_compute``           INPUT FP32 [256] -> OUTPUT FP32 [256], 4 x (MatMul 256x256 + Tanh);
+                            max_batch_size 64, dynamic batching (2000 us), 1 CPU instance,
+                            intra_op_thread_count 1.
+``dense_compute_nobatch``   the same model and config without dynamic batching.
+``identity_bytes``          INPUT BYTES [-1] -> OUTPUT BYTES [-1] (Identity); max_batch_size 0.
+==========================  ================================================================
+
+The ``build_*`` functions take the repository root and write one model directory under it,
+returning that directory; the ``make_*_model`` functions return the ``onnx.ModelProto`` and the
+``*_config`` functions the config.pbtxt text, so tests and benchmarks can reuse either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+#: Opset and IR version that onnxruntime >= 1.17 loads.
+OPSET = 17
+IR_VERSION = 8
+
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "models"
+
+CLASSIFIER_LABELS = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+
+SIMPLE_DIM = 16
+CLASSIFIER_INPUT_DIMS = (3, 32, 32)
+DENSE_WIDTH = 256
+DENSE_LAYERS = 4
+
+CLASSIFIER_SEED = 20240601
+DENSE_SEED = 20240602
+
+
+# --------------------------------------------------------------------------------------------
+# file helpers
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _write_text(path: Path, text: str) -> None:
+    _write_bytes(path, text.encode("utf-8"))
+
+
+def _write_model_dir(
+    repo: Path, name: str, model: onnx.ModelProto, config: str, version: int = 1
+) -> Path:
+    model_dir = Path(repo) / name
+    _write_bytes(model_dir / str(version) / "model.onnx", model.SerializeToString())
+    _write_text(model_dir / "config.pbtxt", config)
+    return model_dir
+
+
+def _finish_model(graph: onnx.GraphProto, doc: str) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="ascend-serve-examples",
+        producer_version="1",
+        doc_string=doc,
+    )
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# config.pbtxt text
+
+
+def _dims(dims: tuple[int, ...] | list[int]) -> str:
+    return "[ " + ", ".join(str(d) for d in dims) + " ]"
+
+
+def _tensor_block(
+    name: str, data_type: str, dims: tuple[int, ...], label_filename: str | None = None
+) -> str:
+    lines = [
+        "  {",
+        f'    name: "{name}"',
+        f"    data_type: {data_type}",
+        f"    dims: {_dims(dims)}",
+    ]
+    if label_filename is not None:
+        lines.append(f'    label_filename: "{label_filename}"')
+    lines.append("  }")
+    return "\n".join(lines)
+
+
+def _config(
+    name: str,
+    max_batch_size: int,
+    inputs: list[str],
+    outputs: list[str],
+    extra: Sequence[str] = (),
+) -> str:
+    parts = [
+        f'name: "{name}"',
+        'platform: "onnxruntime_onnx"',
+        f"max_batch_size: {max_batch_size}",
+        "input [\n" + ",\n".join(inputs) + "\n]",
+        "output [\n" + ",\n".join(outputs) + "\n]",
+        *extra,
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _dynamic_batching(max_queue_delay_us: int) -> str:
+    return f"dynamic_batching {{\n  max_queue_delay_microseconds: {max_queue_delay_us}\n}}"
+
+
+def simple_config(name: str = "simple", max_batch_size: int = 8,
+                  max_queue_delay_us: int | None = None) -> str:
+    """config.pbtxt for the add/sub model; dynamic batching only when a delay is given."""
+    extra: list[str] = [] if max_queue_delay_us is None else [_dynamic_batching(max_queue_delay_us)]
+    return _config(
+        name,
+        max_batch_size,
+        [
+            _tensor_block("INPUT0", "TYPE_INT32", (SIMPLE_DIM,)),
+            _tensor_block("INPUT1", "TYPE_INT32", (SIMPLE_DIM,)),
+        ],
+        [
+            _tensor_block("OUTPUT0", "TYPE_INT32", (SIMPLE_DIM,)),
+            _tensor_block("OUTPUT1", "TYPE_INT32", (SIMPLE_DIM,)),
+        ],
+        extra,
+    )
+
+
+def classifier_config(name: str = "classifier") -> str:
+    return _config(
+        name,
+        8,
+        [_tensor_block("INPUT", "TYPE_FP32", CLASSIFIER_INPUT_DIMS)],
+        [
+            _tensor_block(
+                "PROBABILITIES", "TYPE_FP32", (len(CLASSIFIER_LABELS),), "labels.txt"
+            )
+        ],
+    )
+
+
+def dense_compute_config(name: str = "dense_compute", dynamic_batching: bool = True) -> str:
+    extra: list[str] = []
+    if dynamic_batching:
+        extra.append(_dynamic_batching(2000))
+    extra.append("instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]")
+    extra.append(
+        'parameters {\n  key: "intra_op_thread_count"\n'
+        '  value: {\n    string_value: "1"\n  }\n}'
+    )
+    return _config(
+        name,
+        64,
+        [_tensor_block("INPUT", "TYPE_FP32", (DENSE_WIDTH,))],
+        [_tensor_block("OUTPUT", "TYPE_FP32", (DENSE_WIDTH,))],
+        extra,
+    )
+
+
+def identity_bytes_config(name: str = "identity_bytes") -> str:
+    return _config(
+        name,
+        0,
+        [_tensor_block("INPUT", "TYPE_STRING", (-1,))],
+        [_tensor_block("OUTPUT", "TYPE_STRING", (-1,))],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX models
+
+
+def make_simple_model() -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1; INT32 ['batch', 16]."""
+    shape = ["batch", SIMPLE_DIM]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"], name="add"),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"], name="sub"),
+        ],
+        "simple",
+        [
+            helper.make_tensor_value_info("INPUT0", TensorProto.INT32, shape),
+            helper.make_tensor_value_info("INPUT1", TensorProto.INT32, shape),
+        ],
+        [
+            helper.make_tensor_value_info("OUTPUT0", TensorProto.INT32, shape),
+            helper.make_tensor_value_info("OUTPUT1", TensorProto.INT32, shape),
+        ],
+    )
+    return _finish_model(graph, "Triton's simple example: element-wise add and subtract.")
+
+
+def make_classifier_model(seed: int = CLASSIFIER_SEED) -> onnx.ModelProto:
+    """A small CNN: 2 x (Conv + Relu), GlobalAveragePool, Flatten, Gemm -> 10, Softmax."""
+    rng = np.random.default_rng(seed)
+    c_in = CLASSIFIER_INPUT_DIMS[0]
+    c1, c2, classes = 16, 32, len(CLASSIFIER_LABELS)
+
+    def he(shape: tuple[int, ...], fan_in: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+    initializers = [
+        numpy_helper.from_array(he((c1, c_in, 3, 3), c_in * 9), "conv1.weight"),
+        numpy_helper.from_array((rng.standard_normal(c1) * 0.1).astype(np.float32), "conv1.bias"),
+        numpy_helper.from_array(he((c2, c1, 3, 3), c1 * 9), "conv2.weight"),
+        numpy_helper.from_array((rng.standard_normal(c2) * 0.1).astype(np.float32), "conv2.bias"),
+        numpy_helper.from_array(he((c2, classes), c2), "fc.weight"),
+        numpy_helper.from_array((rng.standard_normal(classes) * 0.1).astype(np.float32), "fc.bias"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["INPUT", "conv1.weight", "conv1.bias"], ["conv1"],
+                         name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv1"], ["relu1"], name="relu1"),
+        helper.make_node("Conv", ["relu1", "conv2.weight", "conv2.bias"], ["conv2"],
+                         name="conv2", kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["conv2"], ["relu2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["relu2"], ["pooled"], name="pool"),
+        helper.make_node("Flatten", ["pooled"], ["features"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["features", "fc.weight", "fc.bias"], ["logits"], name="fc"),
+        helper.make_node("Softmax", ["logits"], ["PROBABILITIES"], name="softmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "classifier",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT,
+                                       ["batch", *CLASSIFIER_INPUT_DIMS])],
+        [helper.make_tensor_value_info("PROBABILITIES", TensorProto.FLOAT, ["batch", classes])],
+        initializers,
+    )
+    return _finish_model(graph, "Small seeded CNN image classifier over 10 CIFAR-10 classes.")
+
+
+def make_dense_compute_model(seed: int = DENSE_SEED, width: int = DENSE_WIDTH,
+                             layers: int = DENSE_LAYERS) -> onnx.ModelProto:
+    """``layers`` x (MatMul width x width + Tanh); weights scaled by 1/sqrt(width)."""
+    rng = np.random.default_rng(seed)
+    initializers = []
+    nodes = []
+    current = "INPUT"
+    for i in range(layers):
+        weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        initializers.append(numpy_helper.from_array(weight, f"dense{i}.weight"))
+        nodes.append(helper.make_node("MatMul", [current, f"dense{i}.weight"], [f"matmul{i}"],
+                                      name=f"matmul{i}"))
+        out = "OUTPUT" if i == layers - 1 else f"tanh{i}"
+        nodes.append(helper.make_node("Tanh", [f"matmul{i}"], [out], name=f"tanh{i}"))
+        current = out
+    graph = helper.make_graph(
+        nodes,
+        "dense_compute",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", width])],
+        initializers,
+    )
+    return _finish_model(graph, f"{layers} dense {width}x{width} MatMul + Tanh layers.")
+
+
+def make_identity_bytes_model() -> onnx.ModelProto:
+    """OUTPUT = Identity(INPUT) on a 1-D string tensor."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"], name="identity")],
+        "identity_bytes",
+        [helper.make_tensor_value_info("INPUT", TensorProto.STRING, ["n"])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["n"])],
+    )
+    return _finish_model(graph, "BYTES passthrough.")
+
+
+# --------------------------------------------------------------------------------------------
+# model directories
+
+
+def build_simple(repo: Path, name: str = "simple") -> Path:
+    return _write_model_dir(repo, name, make_simple_model(), simple_config(name, 8))
+
+
+def build_simple_batching(repo: Path, name: str = "simple_batching") -> Path:
+    return _write_model_dir(
+        repo, name, make_simple_model(), simple_config(name, 64, max_queue_delay_us=500)
+    )
+
+
+def build_classifier(repo: Path, name: str = "classifier") -> Path:
+    model_dir = _write_model_dir(repo, name, make_classifier_model(), classifier_config(name))
+    _write_text(model_dir / "labels.txt", "".join(f"{label}\n" for label in CLASSIFIER_LABELS))
+    return model_dir
+
+
+def build_dense_compute(repo: Path, name: str = "dense_compute",
+                        dynamic_batching: bool = True) -> Path:
+    return _write_model_dir(
+        repo, name, make_dense_compute_model(), dense_compute_config(name, dynamic_batching)
+    )
+
+
+def build_dense_compute_nobatch(repo: Path, name: str = "dense_compute_nobatch") -> Path:
+    return build_dense_compute(repo, name, dynamic_batching=False)
+
+
+def build_identity_bytes(repo: Path, name: str = "identity_bytes") -> Path:
+    return _write_model_dir(repo, name, make_identity_bytes_model(), identity_bytes_config(name))
+
+
+BUILDERS = {
+    "simple": build_simple,
+    "simple_batching": build_simple_batching,
+    "classifier": build_classifier,
+    "dense_compute": build_dense_compute,
+    "dense_compute_nobatch": build_dense_compute_nobatch,
+    "identity_bytes": build_identity_bytes,
+}
+
+
+def build_repository(output: Path = DEFAULT_OUTPUT) -> Path:
+    """Build every example model under ``output`` (created if missing); returns ``output``."""
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    for build in BUILDERS.values():
+        build(output)
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
+                        help=f"model repository folder (default: {DEFAULT_OUTPUT})")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    output = build_repository(args.output)
+    elapsed = time.perf_counter() - start
+    print(f"built {len(BUILDERS)} models in {output} ({elapsed:.2f} s): {', '.join(BUILDERS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

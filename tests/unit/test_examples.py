@@ -1,0 +1,212 @@
+"""The example repository builder: every model runs in ONNX Runtime and every config parses."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from examples import build_repository as br  # noqa: E402
+
+MODELS = (
+    "simple",
+    "simple_batching",
+    "classifier",
+    "dense_compute",
+    "dense_compute_nobatch",
+    "identity_bytes",
+)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return br.build_repository(tmp_path_factory.mktemp("models"))
+
+
+def _session(repo: Path, name: str) -> "ort.InferenceSession":
+    return ort.InferenceSession(
+        str(repo / name / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+
+
+def _parse_config(pb, repo: Path, name: str):
+    from google.protobuf import text_format
+
+    text = (repo / name / "config.pbtxt").read_text()
+    return text_format.Parse(text, pb.ModelConfig())
+
+
+def test_layout(repo: Path) -> None:
+    assert sorted(p.name for p in repo.iterdir()) == sorted(MODELS)
+    for name in MODELS:
+        assert (repo / name / "config.pbtxt").is_file()
+        assert (repo / name / "1" / "model.onnx").is_file()
+    labels = (repo / "classifier" / "labels.txt").read_text().splitlines()
+    assert labels == list(br.CLASSIFIER_LABELS)
+    assert len(labels) == 10
+
+
+def test_build_is_deterministic_and_idempotent(repo: Path, tmp_path: Path) -> None:
+    again = br.build_repository(tmp_path)
+    br.build_repository(tmp_path)  # rebuilding over an existing repository rewrites in place
+    for name in MODELS:
+        for rel in ("config.pbtxt", "1/model.onnx"):
+            assert (again / name / rel).read_bytes() == (repo / name / rel).read_bytes(), rel
+    leftovers = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_models_use_compatible_opset(repo: Path) -> None:
+    import onnx
+
+    for name in MODELS:
+        model = onnx.load(str(repo / name / "1" / "model.onnx"))
+        assert model.ir_version == br.IR_VERSION
+        assert [(o.domain, o.version) for o in model.opset_import] == [("", br.OPSET)]
+
+
+@pytest.mark.parametrize("name", ["simple", "simple_batching"])
+def test_simple_add_sub(repo: Path, name: str) -> None:
+    sess = _session(repo, name)
+    assert [(i.name, i.type, i.shape) for i in sess.get_inputs()] == [
+        ("INPUT0", "tensor(int32)", ["batch", 16]),
+        ("INPUT1", "tensor(int32)", ["batch", 16]),
+    ]
+    assert [o.name for o in sess.get_outputs()] == ["OUTPUT0", "OUTPUT1"]
+    # Triton's simple client: INPUT0 = 0..15, INPUT1 = all ones; then a batch of 3.
+    in0 = np.arange(16, dtype=np.int32).reshape(1, 16)
+    in1 = np.ones((1, 16), dtype=np.int32)
+    out0, out1 = sess.run(None, {"INPUT0": in0, "INPUT1": in1})
+    assert out0.dtype == np.int32 and out1.dtype == np.int32
+    np.testing.assert_array_equal(out0, np.arange(1, 17, dtype=np.int32).reshape(1, 16))
+    np.testing.assert_array_equal(out1, np.arange(-1, 15, dtype=np.int32).reshape(1, 16))
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(-1000, 1000, size=(3, 16), dtype=np.int32)
+    b = rng.integers(-1000, 1000, size=(3, 16), dtype=np.int32)
+    out0, out1 = sess.run(None, {"INPUT0": a, "INPUT1": b})
+    np.testing.assert_array_equal(out0, a + b)
+    np.testing.assert_array_equal(out1, a - b)
+
+
+def test_classifier(repo: Path) -> None:
+    sess = _session(repo, "classifier")
+    (inp,) = sess.get_inputs()
+    (out,) = sess.get_outputs()
+    assert (inp.name, inp.type, inp.shape) == ("INPUT", "tensor(float)", ["batch", 3, 32, 32])
+    assert (out.name, out.type, out.shape) == ("PROBABILITIES", "tensor(float)", ["batch", 10])
+
+    images = np.random.default_rng(1).random((4, 3, 32, 32), dtype=np.float32)
+    (probs,) = sess.run(None, {"INPUT": images})
+    assert probs.shape == (4, 10) and probs.dtype == np.float32
+    assert np.all(probs >= 0) and np.all(probs <= 1)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+    # Same input, same answer: batched or alone, and from a rebuilt model file.
+    (again,) = sess.run(None, {"INPUT": images})
+    np.testing.assert_array_equal(probs.argmax(axis=1), again.argmax(axis=1))
+    (single,) = sess.run(None, {"INPUT": images[2:3]})
+    np.testing.assert_allclose(single[0], probs[2], rtol=1e-5, atol=1e-6)
+    assert single[0].argmax() == probs[2].argmax()
+    # Real computation: different images do not all give the same distribution.
+    assert not np.allclose(probs[0], probs[1])
+    # Solid red, green and blue images are told apart (the seeded weights fix the classes).
+    colours = np.eye(3, dtype=np.float32)[:, :, None, None] * np.ones((1, 1, 32, 32), np.float32)
+    (colour_probs,) = sess.run(None, {"INPUT": colours})
+    assert len(set(colour_probs.argmax(axis=1).tolist())) == 3
+
+
+def test_dense_compute(repo: Path) -> None:
+    for name in ("dense_compute", "dense_compute_nobatch"):
+        assert (repo / name / "1" / "model.onnx").read_bytes() == (
+            repo / "dense_compute" / "1" / "model.onnx"
+        ).read_bytes()
+    sess = _session(repo, "dense_compute")
+    (inp,) = sess.get_inputs()
+    assert (inp.name, inp.shape) == ("INPUT", ["batch", 256])
+    assert sess.get_outputs()[0].name == "OUTPUT"
+    for batch in (1, 7, 64):
+        x = np.random.default_rng(batch).standard_normal((batch, 256)).astype(np.float32)
+        (y,) = sess.run(None, {"INPUT": x})
+        assert y.shape == (batch, 256) and y.dtype == np.float32
+        assert np.all(np.isfinite(y)) and np.all(np.abs(y) <= 1.0)
+        assert float(np.std(y)) > 0.05  # values stay bounded, not collapsed to zero
+
+
+def test_identity_bytes(repo: Path) -> None:
+    sess = _session(repo, "identity_bytes")
+    (inp,) = sess.get_inputs()
+    assert (inp.name, inp.type) == ("INPUT", "tensor(string)")
+    data = np.array(["hello", "", "wörld", "a" * 1000], dtype=object)
+    (out,) = sess.run(None, {"INPUT": data})
+    assert list(out) == list(data)
+
+
+def test_configs_parse_as_triton_model_config(repo: Path) -> None:
+    pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    configs = {name: _parse_config(pb, repo, name) for name in MODELS}
+    for name, cfg in configs.items():
+        assert cfg.name == name
+        assert cfg.platform == "onnxruntime_onnx"
+
+    simple = configs["simple"]
+    assert simple.max_batch_size == 8
+    assert not simple.HasField("dynamic_batching")
+    assert [(i.name, i.data_type, list(i.dims)) for i in simple.input] == [
+        ("INPUT0", pb.TYPE_INT32, [16]),
+        ("INPUT1", pb.TYPE_INT32, [16]),
+    ]
+    assert [(o.name, o.data_type, list(o.dims)) for o in simple.output] == [
+        ("OUTPUT0", pb.TYPE_INT32, [16]),
+        ("OUTPUT1", pb.TYPE_INT32, [16]),
+    ]
+
+    batching = configs["simple_batching"]
+    assert batching.max_batch_size == 64
+    assert batching.dynamic_batching.max_queue_delay_microseconds == 500
+    assert list(batching.input) == list(simple.input)
+    assert list(batching.output) == list(simple.output)
+
+    classifier = configs["classifier"]
+    assert classifier.max_batch_size == 8
+    assert list(classifier.input[0].dims) == [3, 32, 32]
+    assert classifier.input[0].data_type == pb.TYPE_FP32
+    assert classifier.output[0].name == "PROBABILITIES"
+    assert list(classifier.output[0].dims) == [10]
+    assert classifier.output[0].label_filename == "labels.txt"
+
+    dense, nobatch = configs["dense_compute"], configs["dense_compute_nobatch"]
+    assert dense.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert not nobatch.HasField("dynamic_batching")
+    for cfg in (dense, nobatch):
+        assert cfg.max_batch_size == 64
+        assert [(i.name, list(i.dims)) for i in cfg.input] == [("INPUT", [256])]
+        assert [(o.name, list(o.dims)) for o in cfg.output] == [("OUTPUT", [256])]
+        assert len(cfg.instance_group) == 1
+        assert cfg.instance_group[0].count == 1
+        assert cfg.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+        assert cfg.parameters["intra_op_thread_count"].string_value == "1"
+
+    identity = configs["identity_bytes"]
+    assert identity.max_batch_size == 0
+    assert [(i.name, i.data_type, list(i.dims)) for i in identity.input] == [
+        ("INPUT", pb.TYPE_STRING, [-1])
+    ]
+    assert [(o.name, o.data_type, list(o.dims)) for o in identity.output] == [
+        ("OUTPUT", pb.TYPE_STRING, [-1])
+    ]
+
+
+def test_cli_builds_into_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert br.main(["--output", str(tmp_path / "repo")]) == 0
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == sorted(MODELS)
+    assert "built 6 models" in capsys.readouterr().out
