@@ -1,0 +1,153 @@
+"""ONNX Runtime: one InferenceSession per instance, on the CPU (or CUDA where available).
+
+ONNX Runtime releases the GIL while it runs, so instance threads really do run in parallel.
+Thread counts come from the config `parameters` (intra_op_thread_count, inter_op_thread_count),
+as Triton's onnxruntime backend reads them.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from backends.base import Backend, BackendError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from protocol.model_config_pb2 import ModelConfig
+
+log = logging.getLogger(__name__)
+
+# ONNX tensor element type names (as onnxruntime reports them) -> model config data types.
+_ORT_TO_CONFIG = {
+    "tensor(bool)": "TYPE_BOOL",
+    "tensor(uint8)": "TYPE_UINT8",
+    "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32",
+    "tensor(uint64)": "TYPE_UINT64",
+    "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16",
+    "tensor(int32)": "TYPE_INT32",
+    "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16",
+    "tensor(float)": "TYPE_FP32",
+    "tensor(double)": "TYPE_FP64",
+    "tensor(string)": "TYPE_STRING",
+    "tensor(bfloat16)": "TYPE_BF16",
+}
+DEFAULT_MAX_BATCH_SIZE = 4
+
+
+def _import_ort() -> Any:
+    import onnxruntime  # imported here so servers without ONNX models never pay for it
+
+    return onnxruntime
+
+
+def _session_options(config: "ModelConfig") -> Any:
+    ort = _import_ort()
+    options = ort.SessionOptions()
+    params = config.parameters
+    if "intra_op_thread_count" in params:
+        options.intra_op_num_threads = int(params["intra_op_thread_count"].string_value)
+    if "inter_op_thread_count" in params:
+        options.inter_op_num_threads = int(params["inter_op_thread_count"].string_value)
+    return options
+
+
+def _dim_value(dim: Any) -> int:
+    return dim if isinstance(dim, int) and dim >= 0 else -1
+
+
+class OnnxRuntimeBackend(Backend):
+    backend_name = "onnxruntime"
+    platforms = ("onnxruntime_onnx",)
+    default_model_filename = "model.onnx"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._session: Any = None
+        self._output_names: list[str] = []
+
+    def model_path(self) -> Path:
+        path = super().model_path()
+        # Triton also accepts a directory holding model.onnx (external weights).
+        if path.is_dir():
+            path = path / "model.onnx"
+        return path
+
+    @classmethod
+    def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
+        """Fill inputs, outputs and max_batch_size from the ONNX file, as Triton does."""
+        from protocol.model_config_pb2 import DataType
+
+        filename = config.default_model_filename or cls.default_model_filename
+        path = version_dir / filename
+        if path.is_dir():
+            path = path / "model.onnx"
+        ort = _import_ort()
+        try:
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - any ORT failure is a load failure
+            raise BackendError(f"unable to load ONNX model '{path}': {exc}") from exc
+        model_inputs = session.get_inputs()
+        model_outputs = session.get_outputs()
+        everything = list(model_inputs) + list(model_outputs)
+        had_io = bool(len(config.input) or len(config.output))
+        can_batch = bool(everything) and all(
+            len(t.shape) > 0 and _dim_value(t.shape[0]) == -1 for t in everything)
+        if not had_io and config.max_batch_size == 0 and can_batch:
+            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+            if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
+                config.dynamic_batching.preferred_batch_size.append(DEFAULT_MAX_BATCH_SIZE)
+        skip = 1 if config.max_batch_size > 0 else 0
+
+        def fill(target: Any, tensors: list[Any]) -> None:
+            existing = {t.name: t for t in target}
+            for tensor in tensors:
+                entry = existing.get(tensor.name)
+                if entry is None:
+                    if had_io and existing:
+                        continue  # a partial config lists what it wants; keep it as written
+                    entry = target.add()
+                    entry.name = tensor.name
+                if entry.data_type == DataType.TYPE_INVALID:
+                    entry.data_type = DataType.Value(_ORT_TO_CONFIG.get(tensor.type, "TYPE_INVALID"))
+                if len(entry.dims) == 0:
+                    entry.dims.extend(_dim_value(d) for d in tensor.shape[skip:])
+
+        fill(config.input, list(model_inputs))
+        fill(config.output, list(model_outputs))
+
+    def load(self) -> None:
+        ort = _import_ort()
+        path = self.model_path()
+        if not path.exists():
+            raise BackendError(f"unable to find model file '{path}'")
+        providers = ["CPUExecutionProvider"]
+        if self.instance.kind == "KIND_GPU":
+            if "CUDAExecutionProvider" in ort.get_available_providers():
+                providers = [("CUDAExecutionProvider", {"device_id": self.instance.device_id}),
+                             "CPUExecutionProvider"]
+            else:
+                log.warning("instance %s asks for KIND_GPU but ONNX Runtime has no CUDA provider "
+                            "here; running on the CPU", self.instance.name)
+        try:
+            self._session = ort.InferenceSession(str(path), sess_options=_session_options(self.config),
+                                                 providers=providers)
+        except Exception as exc:  # noqa: BLE001
+            raise BackendError(f"unable to load ONNX model '{path}': {exc}") from exc
+        self._output_names = [o.name for o in self._session.get_outputs()]
+
+    def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = {name: (array.astype(object) if array.dtype.kind == "O" else array)
+                 for name, array in inputs.items()}
+        try:
+            results = self._session.run(self._output_names, feeds)
+        except Exception as exc:  # noqa: BLE001 - a bad batch fails only itself
+            raise BackendError(f"onnxruntime execution failed: {exc}") from exc
+        return dict(zip(self._output_names, results))
+
+    def unload(self) -> None:
+        self._session = None

@@ -1,0 +1,66 @@
+"""Backend name -> Backend class, resolved lazily so an optional runtime that is missing
+(pyACL on a machine without CANN) only fails the models that use it."""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from backends.base import Backend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from protocol.model_config_pb2 import ModelConfig
+
+# backend name -> "module:Class"
+_BACKENDS: dict[str, str] = {
+    "onnxruntime": "backends.onnxruntime:OnnxRuntimeBackend",
+    "ascend": "npu.backend:AscendBackend",
+    "python": "backends.python:PythonBackend",
+}
+# platform -> backend name
+_PLATFORMS: dict[str, str] = {
+    "onnxruntime_onnx": "onnxruntime",
+    "ascend_om": "ascend",
+}
+# default model file -> backend name, for configs that name neither backend nor platform
+_FILE_HINTS: dict[str, str] = {
+    "model.onnx": "onnxruntime",
+    "model.om": "ascend",
+    "model.py": "python",
+}
+
+
+class UnknownBackend(Exception):
+    pass
+
+
+def backend_name_for(config: "ModelConfig") -> str:
+    """The backend a config selects, from `backend` first and then `platform`."""
+    if config.backend:
+        if config.backend not in _BACKENDS:
+            raise UnknownBackend(f"unknown backend '{config.backend}'")
+        return config.backend
+    if config.platform:
+        if config.platform not in _PLATFORMS:
+            raise UnknownBackend(f"unknown platform '{config.platform}'")
+        return _PLATFORMS[config.platform]
+    raise UnknownBackend("must specify 'platform' or 'backend'")
+
+
+def guess_backend_from_files(names: list[str]) -> str | None:
+    for filename, backend in _FILE_HINTS.items():
+        if filename in names:
+            return backend
+    return None
+
+
+def backend_class(name: str) -> type[Backend]:
+    module_name, _, class_name = _BACKENDS[name].partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)
+
+
+def register(name: str, target: str, platforms: tuple[str, ...] = ()) -> None:
+    """Add a backend ("module:Class"); tests use it for named fake models."""
+    _BACKENDS[name] = target
+    for platform in platforms:
+        _PLATFORMS[platform] = name

@@ -1,0 +1,218 @@
+"""config.pbtxt -> the ModelConfig protobuf, normalised and auto-completed as Triton does it.
+
+Parsing uses protobuf's text format into a message that is field-for-field Triton's, so any
+existing Triton config loads unchanged. The same message serves the HTTP `/config` JSON and the
+gRPC ModelConfig RPC.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+
+from backends import registry
+from backends.base import BackendError
+from protocol.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the model and the field."""
+
+
+def parse_config_text(text: str, path: Path) -> ModelConfig:
+    config = ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        line, column = exc.GetLine(), exc.GetColumn()
+        where = f"{path}:{line}:{column}" if line else str(path)
+        detail = str(exc)
+        # ParseError's text begins with "line:col : "; keep only the explanation.
+        if " : " in detail:
+            detail = detail.split(" : ", 1)[1]
+        raise ConfigError(f"failed to parse {where}: {detail}") from None
+    return config
+
+
+def read_config(model_dir: Path, config_name: str | None = None) -> ModelConfig:
+    """Read `config.pbtxt` (or `configs/<config_name>.pbtxt`); a missing file is an empty config."""
+    path = model_dir / "config.pbtxt"
+    if config_name:
+        custom = model_dir / "configs" / f"{config_name}.pbtxt"
+        if custom.is_file():
+            path = custom
+    if not path.is_file():
+        return ModelConfig()
+    return parse_config_text(path.read_text(encoding="utf-8"), path)
+
+
+def _resolve_backend(config: ModelConfig, name: str, version_dirs: list[Path]) -> str:
+    try:
+        return registry.backend_name_for(config)
+    except registry.UnknownBackend as exc:
+        if config.backend or config.platform:
+            raise ConfigError(f"model '{name}': {exc}") from None
+    files: list[str] = []
+    for version_dir in version_dirs:
+        files.extend(p.name for p in version_dir.iterdir())
+    guessed = registry.guess_backend_from_files(files)
+    if guessed is None:
+        raise ConfigError(f"model '{name}': must specify 'platform' or 'backend' "
+                          f"(no known model file found to infer it from)")
+    return guessed
+
+
+def normalize(config: ModelConfig, name: str, model_dir: Path, version_dirs: list[Path],
+              *, auto_complete: bool = True) -> ModelConfig:
+    """Fill defaults and auto-complete in place, then validate. Returns the same message."""
+    if config.name and config.name != name:
+        raise ConfigError(f"model '{name}': the config's name '{config.name}' must match the "
+                          f"model directory name '{name}'")
+    config.name = name
+    if config.platform == "ensemble":
+        _normalize_common(config, name)
+        return config
+    backend_name = _resolve_backend(config, name, version_dirs)
+    backend_cls = registry_backend_class(backend_name, name)
+    config.backend = backend_name
+    if not config.platform and backend_cls.platforms:
+        config.platform = backend_cls.platforms[0]
+    if not config.default_model_filename:
+        config.default_model_filename = backend_cls.default_model_filename
+    if auto_complete and version_dirs:
+        try:
+            backend_cls.auto_complete(config, model_dir, version_dirs[-1])
+        except BackendError as exc:
+            raise ConfigError(f"model '{name}': auto-complete failed: {exc.message}") from None
+    _normalize_common(config, name)
+    _fill_instance_groups(config, name, backend_name)
+    validate(config)
+    return config
+
+
+def registry_backend_class(backend_name: str, model_name: str) -> Any:
+    try:
+        return registry.backend_class(backend_name)
+    except ImportError as exc:
+        raise ConfigError(f"model '{model_name}': backend '{backend_name}' is not available: "
+                          f"{exc}") from None
+
+
+def _normalize_common(config: ModelConfig, name: str) -> None:
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    optimization = config.optimization
+    optimization.input_pinned_memory.enable = True
+    optimization.output_pinned_memory.enable = True
+
+
+def _fill_instance_groups(config: ModelConfig, name: str, backend_name: str) -> None:
+    if not len(config.instance_group):
+        config.instance_group.add()
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = name if len(config.instance_group) == 1 else f"{name}_{index}"
+        if group.kind == ModelInstanceGroup.KIND_AUTO:
+            # An NPU runtime's natural device is the accelerator; everything else runs on CPU.
+            group.kind = (ModelInstanceGroup.KIND_GPU if backend_name == "ascend"
+                          else ModelInstanceGroup.KIND_CPU)
+        if group.kind == ModelInstanceGroup.KIND_GPU and not len(group.gpus):
+            group.gpus.append(0)
+        if group.count < 1:
+            group.count = 2 if group.kind == ModelInstanceGroup.KIND_CPU else 1
+
+
+def validate(config: ModelConfig) -> None:
+    """Reject configs the server cannot serve, naming the model and the offending field."""
+    name = config.name
+    if config.max_batch_size < 0:
+        raise ConfigError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
+    if not len(config.input):
+        raise ConfigError(f"model '{name}': must specify at least one input")
+    if not len(config.output):
+        raise ConfigError(f"model '{name}': must specify at least one output")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for tensor in tensors:
+            if not tensor.name:
+                raise ConfigError(f"model '{name}': an {kind} has no name")
+            if tensor.name in seen:
+                raise ConfigError(f"model '{name}': {kind} '{tensor.name}' is declared twice")
+            seen.add(tensor.name)
+            if tensor.data_type == DataType.TYPE_INVALID:
+                raise ConfigError(f"model '{name}': {kind} '{tensor.name}' must specify data_type")
+            if not len(tensor.dims) and not (len(tensor.reshape.shape) if tensor.HasField("reshape") else 0):
+                if config.max_batch_size == 0:
+                    raise ConfigError(f"model '{name}': {kind} '{tensor.name}' must specify dims")
+            for dim in tensor.dims:
+                if dim == 0 or dim < -1:
+                    raise ConfigError(f"model '{name}': {kind} '{tensor.name}' has invalid dims "
+                                      f"{list(tensor.dims)}: each must be -1 or positive")
+    if config.HasField("dynamic_batching"):
+        batching = config.dynamic_batching
+        if config.max_batch_size == 0:
+            raise ConfigError(f"model '{name}': dynamic_batching needs max_batch_size > 0")
+        for size in batching.preferred_batch_size:
+            if size < 1 or size > config.max_batch_size:
+                raise ConfigError(f"model '{name}': dynamic_batching preferred_batch_size {size} "
+                                  f"must be between 1 and max_batch_size {config.max_batch_size}")
+        if batching.priority_levels and not (
+                1 <= batching.default_priority_level <= batching.priority_levels):
+            raise ConfigError(f"model '{name}': dynamic_batching default_priority_level must be "
+                              f"between 1 and priority_levels {batching.priority_levels}")
+        for level in batching.priority_queue_policy:
+            if not 1 <= level <= batching.priority_levels:
+                raise ConfigError(f"model '{name}': priority_queue_policy level {level} is outside "
+                                  f"1..priority_levels {batching.priority_levels}")
+        if batching.preserve_ordering and batching.priority_levels > 1:
+            raise ConfigError(f"model '{name}': preserve_ordering cannot be combined with more "
+                              f"than one priority level")
+
+
+# ----- JSON rendering (HTTP /config) -----------------------------------------------------
+
+_INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64,
+                FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_FIXED64,
+                FieldDescriptor.TYPE_SFIXED64}
+
+
+def config_to_json(config: ModelConfig) -> dict[str, Any]:
+    """Triton's /config JSON: proto field names, every scalar printed, 64-bit ints as numbers,
+    enums by name, unset messages (and so unset scheduler blocks) left out."""
+    data = json_format.MessageToDict(config, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    _int64_to_numbers(config.DESCRIPTOR, data)
+    return data
+
+
+def _int64_to_numbers(descriptor: Any, data: dict[str, Any]) -> None:
+    for field in descriptor.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            # JSON object keys stay strings; only the values are converted.
+            value_field = field.message_type.fields_by_name["value"]
+            for key, item in list(value.items()):
+                if value_field.message_type is not None:
+                    _int64_to_numbers(value_field.message_type, item)
+                elif value_field.type in _INT64_TYPES:
+                    value[key] = int(item)
+        elif field.message_type is not None:
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                _int64_to_numbers(field.message_type, item)
+        elif field.type in _INT64_TYPES:
+            data[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+
+
+def config_from_json(text: str) -> ModelConfig:
+    """A ModelConfig from the JSON a repository load request carries as its `config`."""
+    config = ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except json_format.ParseError as exc:
+        raise ConfigError(f"failed to parse the config override: {exc}") from None
+    return config

@@ -1,0 +1,66 @@
+"""Where models and versions live on disk, and which versions a version policy selects."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.model_config_pb2 import ModelConfig
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_REASON = "model appears in two or more repositories"
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    name: str
+    path: Path
+
+
+def scan_repositories(repositories: list[Path]) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
+    """Model directories by name across every repository, and the names found more than once."""
+    found: dict[str, list[Path]] = {}
+    for repository in repositories:
+        if not repository.is_dir():
+            log.error("model repository '%s' does not exist", repository)
+            continue
+        for entry in sorted(repository.iterdir()):
+            if entry.is_dir() and not entry.name.startswith("."):
+                found.setdefault(entry.name, []).append(entry)
+    unique = {name: ModelLocation(name, paths[0]) for name, paths in found.items() if len(paths) == 1}
+    duplicates = {name: paths for name, paths in found.items() if len(paths) > 1}
+    return unique, duplicates
+
+
+def version_directories(model_dir: Path) -> dict[int, Path]:
+    """Positive integer subdirectories; others (leading zeros, non-numbers) are ignored."""
+    versions: dict[int, Path] = {}
+    for entry in model_dir.iterdir():
+        if not entry.is_dir():
+            continue
+        name = entry.name
+        if not name.isdigit() or (len(name) > 1 and name.startswith("0")) or int(name) == 0:
+            if not name.startswith(".") and name != "configs":
+                log.warning("ignoring '%s' in model '%s': not a version directory", name, model_dir.name)
+            continue
+        versions[int(name)] = entry
+    return dict(sorted(versions.items()))
+
+
+def select_versions(config: ModelConfig, available: dict[int, Path]) -> list[int]:
+    """The versions the config's version policy serves, ascending."""
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    numbers = sorted(available)
+    if choice == "all":
+        return numbers
+    if choice == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in available]
+        for version in missing:
+            log.error("model '%s': version %d named by the version policy does not exist",
+                      config.name, version)
+        return [v for v in wanted if v in available]
+    count = policy.latest.num_versions if choice == "latest" else 1
+    return numbers[-max(count, 1):] if numbers else []

@@ -1,0 +1,112 @@
+"""Name -> versions of every model the server knows, and what state each is in.
+
+Publishing a version is a plain assignment on the event loop, so a request resolves either the
+old or the new version, never a half-built one; the scheduler it was submitted to answers it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+from protocol.errors import InvalidArgument, NotFound, Unavailable
+from protocol.model_config_pb2 import ModelConfig
+from scheduler.interface import Scheduler, VersionSpec
+
+
+class ModelState(str, Enum):
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass
+class VersionRecord:
+    version: int
+    state: ModelState
+    reason: str = ""
+    spec: Optional[VersionSpec] = None
+    scheduler: Optional[Scheduler] = None
+    load_seconds: float = 0.0
+
+    @property
+    def serving(self) -> bool:
+        return self.state is ModelState.READY and self.scheduler is not None
+
+    def healthy(self) -> bool:
+        return self.serving and self.scheduler.healthy()  # type: ignore[union-attr]
+
+
+@dataclass
+class ModelRecord:
+    name: str
+    path: Optional[Path] = None
+    # The last config that normalised, shown by /config even when no version is ready.
+    config: Optional[ModelConfig] = None
+    versions: dict[int, VersionRecord] = field(default_factory=dict)
+    # Set when the model failed before any version could be considered (bad config, duplicate).
+    state: ModelState = ModelState.UNKNOWN
+    reason: str = ""
+
+    def ready_versions(self) -> list[int]:
+        return sorted(v for v, record in self.versions.items() if record.serving)
+
+
+def parse_version(version: str, model: str) -> int:
+    """'' or '-1' means the latest ready version (-1); digits give that version."""
+    if version in ("", "-1"):
+        return -1
+    if not version.isdigit():
+        raise InvalidArgument(f"failed to get model version from specified version string "
+                              f"'{version}' (for model '{model}')")
+    return int(version)
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self.models: dict[str, ModelRecord] = {}
+
+    def get(self, name: str) -> ModelRecord:
+        record = self.models.get(name)
+        if record is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return record
+
+    def record(self, name: str) -> ModelRecord:
+        """The record for `name`, created (UNKNOWN) if the server has not seen it yet."""
+        if name not in self.models:
+            self.models[name] = ModelRecord(name)
+        return self.models[name]
+
+    def resolve(self, name: str, version: str = "") -> VersionRecord:
+        """The version an inference request goes to: a READY one, or NOT_FOUND/UNAVAILABLE."""
+        model = self.get(name)
+        number = parse_version(version, name)
+        if number == -1:
+            ready = model.ready_versions()
+            if not ready:
+                if not model.versions and model.state is ModelState.UNKNOWN:
+                    raise NotFound(f"Request for unknown model: '{name}' is not found")
+                raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
+            return model.versions[ready[-1]]
+        record = model.versions.get(number)
+        if record is None:
+            raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
+        if not record.serving:
+            raise Unavailable(f"Request for unknown model: '{name}' version {number} is not at "
+                              f"ready state")
+        return record
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            record = self.resolve(name, version)
+        except Exception:  # noqa: BLE001 - readiness never errors, it answers false
+            return False
+        return record.healthy()
+
+    def serving_versions(self) -> list[tuple[str, VersionRecord]]:
+        return [(name, record) for name, model in sorted(self.models.items())
+                for _, record in sorted(model.versions.items()) if record.serving]

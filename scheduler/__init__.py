@@ -1,0 +1,1 @@
+"""Per-model-version admission, queues, dynamic batching and the instance pool."""

@@ -1,0 +1,111 @@
+"""Per-version inference statistics (Triton's statistics extension) and the hook that feeds
+Prometheus. Recorded once per request and once per batch, at scatter time."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+@dataclass(slots=True)
+class BatchStats:
+    batch_size: int
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class MetricsObserver(Protocol):
+    """What the metrics module implements for one model version (labelled children bound once)."""
+
+    def request_succeeded(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
+                          output_ns: int) -> None: ...
+
+    def request_failed(self, reason: str, total_ns: int) -> None: ...
+
+    def batch_executed(self, batch_size: int) -> None: ...
+
+    def pending_changed(self, delta: int) -> None: ...
+
+
+class FailureReason:
+    REJECTED = "REJECTED"  # timed out in the queue (REJECT policy) or refused at enqueue
+    CANCELED = "CANCELED"  # cancelled by the client while queued
+    BACKEND = "BACKEND"  # the model's execute failed
+    OTHER = "OTHER"
+
+
+@dataclass
+class VersionStatistics:
+    """Counters for one model version. Mutated on the event loop only, except via the lock."""
+
+    name: str
+    version: str
+    observer: MetricsObserver | None = None
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    batch_stats: dict[int, BatchStats] = field(default_factory=dict)
+    pending: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record_success(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
+                       output_ns: int) -> None:
+        """One request answered; compute durations are those of the batch it ran in."""
+        with self._lock:
+            self.success.add(total_ns)
+            self.queue.add(queue_ns)
+            self.compute_input.add(input_ns)
+            self.compute_infer.add(infer_ns)
+            self.compute_output.add(output_ns)
+            self.last_inference_ms = int(time.time() * 1000)
+        if self.observer is not None:
+            self.observer.request_succeeded(total_ns, queue_ns, input_ns, infer_ns, output_ns)
+
+    def record_failure(self, reason: str, total_ns: int) -> None:
+        with self._lock:
+            self.fail.add(total_ns)
+        if self.observer is not None:
+            self.observer.request_failed(reason, total_ns)
+
+    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int,
+                         output_ns: int) -> None:
+        """One model execution of `batch_size` inferences (batch elements)."""
+        with self._lock:
+            self.inference_count += batch_size
+            self.execution_count += 1
+            stats = self.batch_stats.get(batch_size)
+            if stats is None:
+                stats = self.batch_stats[batch_size] = BatchStats(batch_size)
+            stats.compute_input.add(input_ns)
+            stats.compute_infer.add(infer_ns)
+            stats.compute_output.add(output_ns)
+            self.last_inference_ms = int(time.time() * 1000)
+        if self.observer is not None:
+            self.observer.batch_executed(batch_size)
+
+    def pending_changed(self, delta: int) -> None:
+        """Requests accepted but not yet executing (nv_inference_pending_request_count)."""
+        with self._lock:
+            self.pending += delta
+        if self.observer is not None:
+            self.observer.pending_changed(delta)

@@ -1,0 +1,234 @@
+"""Prometheus metrics with Triton's names, types, labels and meanings, plus our histograms.
+
+Triton's counters are exposed under their bare names (`nv_inference_count`, no `_total`), which
+prometheus_client's own text writer would rename, so families are rendered here in the 0.0.4
+text format. Per-version series are bound once when a version loads (at 0) and removed when it
+unloads; updates happen once per request and once per batch.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from scheduler.stats import FailureReason
+
+FAILURE_REASONS = (FailureReason.REJECTED, FailureReason.CANCELED, FailureReason.BACKEND,
+                   FailureReason.OTHER)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+# name -> (type, help); HELP texts describe the same meaning as Triton's.
+_FAMILIES: dict[str, tuple[str, str]] = {
+    "nv_inference_request_success": ("counter", "Number of successful inference requests, all batch sizes"),
+    "nv_inference_request_failure": ("counter", "Number of failed inference requests, all batch sizes"),
+    "nv_inference_count": ("counter", "Number of inferences performed (does not include cached requests)"),
+    "nv_inference_exec_count": ("counter", "Number of model executions performed (does not include cached requests)"),
+    "nv_inference_request_duration_us": ("counter", "Cumulative inference request duration in microseconds (includes cached requests)"),
+    "nv_inference_queue_duration_us": ("counter", "Cumulative inference queuing duration in microseconds (includes cached requests)"),
+    "nv_inference_compute_input_duration_us": ("counter", "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    "nv_inference_compute_infer_duration_us": ("counter", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    "nv_inference_compute_output_duration_us": ("counter", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+    "nv_inference_pending_request_count": ("gauge", "Instantaneous number of pending requests awaiting execution per-model."),
+    "nv_model_load_duration_secs": ("gauge", "Model load time in seconds"),
+}
+
+
+@dataclass
+class VersionMetrics:
+    """The series of one model version; implements scheduler.stats.MetricsObserver."""
+
+    model: str
+    version: str
+    histograms: "ServerMetrics"
+    load_seconds: float = 0.0
+    success: int = 0
+    failure: dict[str, int] = field(default_factory=lambda: {r: 0 for r in FAILURE_REASONS})
+    inference_count: int = 0
+    exec_count: int = 0
+    request_us: float = 0.0
+    queue_us: float = 0.0
+    input_us: float = 0.0
+    infer_us: float = 0.0
+    output_us: float = 0.0
+    pending: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self._latency = self.histograms.latency.labels(self.model, self.version)
+        self._batch = self.histograms.batch_size.labels(self.model, self.version)
+
+    def request_succeeded(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
+                          output_ns: int) -> None:
+        with self._lock:
+            self.success += 1
+            self.request_us += total_ns / 1000
+            self.queue_us += queue_ns / 1000
+            self.input_us += input_ns / 1000
+            self.infer_us += infer_ns / 1000
+            self.output_us += output_ns / 1000
+        self._latency.observe(total_ns / 1e9)
+
+    def request_failed(self, reason: str, total_ns: int) -> None:
+        with self._lock:
+            self.failure[reason] = self.failure.get(reason, 0) + 1
+            self.request_us += total_ns / 1000
+        self._latency.observe(total_ns / 1e9)
+
+    def batch_executed(self, batch_size: int) -> None:
+        with self._lock:
+            self.exec_count += 1
+            self.inference_count += batch_size
+        self._batch.observe(batch_size)
+
+    def pending_changed(self, delta: int) -> None:
+        with self._lock:
+            self.pending += delta
+
+
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat", encoding="ascii") as handle:
+        fields = [int(v) for v in handle.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields), idle
+
+
+def _memory() -> tuple[int, int]:
+    values: dict[str, int] = {}
+    with open("/proc/meminfo", encoding="ascii") as handle:
+        for line in handle:
+            key, _, rest = line.partition(":")
+            values[key] = int(rest.split()[0]) * 1024
+    total = values.get("MemTotal", 0)
+    return total, total - values.get("MemAvailable", values.get("MemFree", 0))
+
+
+class ServerMetrics:
+    """Every metric the server exposes; also the repository manager's VersionHooks."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.latency = Histogram("ascend_inference_request_latency_seconds",
+                                 "End-to-end inference request latency per model version",
+                                 ["model", "version"], registry=self.registry, buckets=LATENCY_BUCKETS)
+        self.batch_size = Histogram("ascend_inference_batch_size",
+                                    "Batch size of each model execution per model version",
+                                    ["model", "version"], registry=self.registry, buckets=BATCH_BUCKETS)
+        self.versions: dict[tuple[str, str], VersionMetrics] = {}
+        self._extra: list[Collector] = []
+        self._cpu_last = _cpu_times() if os.path.exists("/proc/stat") else (0, 0)
+        self._cpu_utilization = 0.0
+        self._lock = threading.Lock()
+
+    # VersionHooks
+    def version_loaded(self, name: str, version: int, load_seconds: float) -> VersionMetrics:
+        key = (name, str(version))
+        metrics = VersionMetrics(name, str(version), self, load_seconds)
+        with self._lock:
+            self.versions[key] = metrics
+        return metrics
+
+    def version_unloaded(self, name: str, version: int) -> None:
+        key = (name, str(version))
+        with self._lock:
+            if self.versions.pop(key, None) is None:
+                return
+        for histogram in (self.latency, self.batch_size):
+            try:
+                histogram.remove(*key)
+            except KeyError:
+                pass
+
+    def add_collector(self, collector: Collector) -> None:
+        """Extra families (NPU telemetry) rendered after ours."""
+        self._extra.append(collector)
+
+    # Rendering
+    def _triton_families(self) -> Iterable[Metric]:
+        with self._lock:
+            versions = list(self.versions.values())
+        families = {name: Metric(name, help_text, kind) for name, (kind, help_text) in _FAMILIES.items()}
+
+        def add(name: str, labels: dict[str, str], value: float) -> None:
+            families[name].add_sample(name, labels, value)
+
+        for v in versions:
+            labels = {"model": v.model, "version": v.version}
+            with v._lock:
+                add("nv_inference_request_success", labels, v.success)
+                for reason, count in v.failure.items():
+                    add("nv_inference_request_failure", {**labels, "reason": reason}, count)
+                add("nv_inference_count", labels, v.inference_count)
+                add("nv_inference_exec_count", labels, v.exec_count)
+                add("nv_inference_request_duration_us", labels, int(v.request_us))
+                add("nv_inference_queue_duration_us", labels, int(v.queue_us))
+                add("nv_inference_compute_input_duration_us", labels, int(v.input_us))
+                add("nv_inference_compute_infer_duration_us", labels, int(v.infer_us))
+                add("nv_inference_compute_output_duration_us", labels, int(v.output_us))
+                add("nv_inference_pending_request_count", labels, v.pending)
+                add("nv_model_load_duration_secs", labels, round(v.load_seconds, 6))
+        yield from families.values()
+
+    def _cpu_families(self) -> Iterable[Metric]:
+        if not os.path.exists("/proc/stat"):
+            return
+        total, idle = _cpu_times()
+        last_total, last_idle = self._cpu_last
+        if total > last_total:
+            self._cpu_utilization = 1.0 - (idle - last_idle) / (total - last_total)
+            self._cpu_last = (total, idle)
+        memory_total, memory_used = _memory()
+        for name, help_text, value in (
+                ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", round(self._cpu_utilization, 6)),
+                ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", memory_total),
+                ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", memory_used)):
+            family = Metric(name, help_text, "gauge")
+            family.add_sample(name, {}, value)
+            yield family
+
+    def render(self) -> bytes:
+        lines: list[str] = []
+        sources: list[Callable[[], Iterable[Metric]]] = [
+            self._triton_families, self._cpu_families, self.registry.collect]
+        sources.extend(c.collect for c in self._extra)
+        for source in sources:
+            for family in source():
+                _render_family(family, lines)
+        return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _format_value(value: float) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if float(value).is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    if value == float("inf"):
+        return "+Inf"
+    return repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _render_family(family: Metric, lines: list[str]) -> None:
+    samples = [s for s in family.samples if not s.name.endswith("_created")]
+    lines.append(f"# HELP {family.name} {family.documentation}")
+    lines.append(f"# TYPE {family.name} {family.type}")
+    for sample in samples:
+        if sample.labels:
+            label_text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(sample.labels.items()))
+            lines.append(f"{sample.name}{{{label_text}}} {_format_value(sample.value)}")
+        else:
+            lines.append(f"{sample.name} {_format_value(sample.value)}")
+
+
+def timestamp_ms() -> int:
+    return int(time.time() * 1000)
