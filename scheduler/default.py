@@ -1,0 +1,400 @@
+"""Queueing and dispatch for one model version, and the default (non-batching) scheduler.
+
+`QueueScheduler` owns what every queueing scheduler shares: admission, the pending count, the
+dispatch task that hands a batch to whichever instance is free, cancellation, scattering results
+onto futures, statistics, drain and stop. What goes into the next batch is its queue's job:
+`FifoQueue` here (one request per execution, oldest first) and the dynamic batcher's queue in
+scheduler/batcher.py.
+
+Every admitted request ends in exactly one of: answered, failed by its batch, rejected on queue
+timeout, cancelled, or failed by drain/stop. Each of those paths records its statistics once and
+takes the request out of the pending count exactly once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+from typing import Hashable, Optional
+
+from protocol.errors import InternalError, ServerError, Unavailable
+from protocol.types import InferRequest
+from scheduler.clock import Clock, MonotonicClock
+from scheduler.interface import Scheduler, VersionSpec
+from scheduler.pool import BatchRun, Failed, InstancePool, Instance
+from scheduler.stats import FailureReason, VersionStatistics
+
+logger = logging.getLogger(__name__)
+
+# Entry states. QUEUED -> RUNNING -> DONE, or QUEUED/RUNNING -> CANCELLED, or QUEUED -> DONE.
+QUEUED, RUNNING, DONE, CANCELLED = range(4)
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One admitted request and what the queue needs to know about it."""
+
+    request: InferRequest
+    future: asyncio.Future
+    rows: int  # batch elements it adds (1 for a model that does not batch)
+    admitted_ns: int
+    level: int = 0
+    deadline_ns: int = 0  # queue timeout; 0 = none
+    delay_on_timeout: bool = False
+    delayed: bool = False
+    key: Hashable = None  # requests share a batch only with equal keys
+    started_ns: int = 0
+    state: int = QUEUED
+
+    @property
+    def live(self) -> bool:
+        """Still waiting in a queue (a cancelled future's callback may not have run yet)."""
+        return self.state == QUEUED and not self.future.done()
+
+
+class RequestQueue(ABC):
+    """Where admitted requests wait, and the rule for which of them form the next batch.
+
+    Queues may keep left entries around and skip them lazily (`Entry.live`); `len()` counts only
+    the entries still waiting, and each method that removes entries adjusts it.
+    """
+
+    @abstractmethod
+    def push(self, entry: Entry) -> None:
+        """Queue `entry` (setting its level, deadline and key); raise Unavailable when full."""
+
+    @abstractmethod
+    def take(self, now_ns: int, flush: bool) -> tuple[list[Entry], Optional[int]]:
+        """The next batch for a free instance (removed from the queue and marked RUNNING), or
+        ([], when to look again: None for 'on the next arrival'). `flush` means no more
+        requests will come: send without waiting."""
+
+    def expire(self, now_ns: int) -> list[Entry]:
+        """Entries whose queue timeout ran out and must be rejected (removed from the queue)."""
+        return []
+
+    def next_deadline(self) -> Optional[int]:
+        """The earliest queue timeout still ahead, for the dispatcher's timer."""
+        return None
+
+    @abstractmethod
+    def discard(self, entry: Entry) -> None:
+        """A waiting entry left on its own (cancelled)."""
+
+    @abstractmethod
+    def clear(self) -> list[Entry]:
+        """Remove and return every entry still QUEUED (a cancelled one included)."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+
+class FifoQueue(RequestQueue):
+    """Oldest first, one request per execution: the default scheduler's queue."""
+
+    def __init__(self) -> None:
+        self._entries: deque[Entry] = deque()
+        self._count = 0
+
+    def push(self, entry: Entry) -> None:
+        self._entries.append(entry)
+        self._count += 1
+
+    def take(self, now_ns: int, flush: bool) -> tuple[list[Entry], Optional[int]]:
+        entries = self._entries
+        while entries:
+            entry = entries.popleft()
+            if entry.live:
+                self._count -= 1
+                entry.state = RUNNING
+                return [entry], None
+        return [], None
+
+    def discard(self, entry: Entry) -> None:
+        self._count -= 1
+
+    def clear(self) -> list[Entry]:
+        left = [entry for entry in self._entries if entry.state == QUEUED]
+        self._entries.clear()
+        self._count = 0
+        return left
+
+    def __len__(self) -> int:
+        return self._count
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    entries: list[Entry]
+    instance: Instance
+    rows: int
+    result: Optional[BatchRun] = None
+
+
+class QueueScheduler(Scheduler):
+    """Admission, dispatch to free instances, and result delivery for one model version."""
+
+    def __init__(self, spec: VersionSpec, stats: VersionStatistics, queue: RequestQueue, *,
+                 clock: Optional[Clock] = None, preserve_ordering: bool = False) -> None:
+        self._spec = spec
+        self._stats = stats
+        self._queue = queue
+        self._clock: Clock = clock or MonotonicClock()
+        self._pool = InstancePool(spec, self._clock)
+        self._preserve_ordering = preserve_ordering
+        self._batching = spec.config.max_batch_size > 0
+        self._accepting = False
+        self._usable = True
+        self._wake = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+        self._running: set[_Batch] = set()
+        self._in_order: deque[_Batch] = deque()
+        self._settled: Optional[asyncio.Event] = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def statistics(self) -> VersionStatistics:
+        return self._stats
+
+    @property
+    def pool(self) -> InstancePool:
+        return self._pool
+
+    async def start(self) -> None:
+        await self._pool.load()
+        self._accepting = True
+        self._task = asyncio.get_running_loop().create_task(
+            self._dispatch_forever(), name=f"scheduler:{self._spec.name}:{self._spec.version}")
+
+    def healthy(self) -> bool:
+        return self._usable and self._pool.healthy()
+
+    async def drain(self, timeout: float) -> None:
+        self._accepting = False
+        self._wake.set()
+        if self._busy():
+            settled = self._settled = asyncio.Event()
+            deadline = self._clock.now_ns() + max(0, int(timeout * 1e9))
+            timer = self._clock.call_at(deadline, settled.set)
+            try:
+                await settled.wait()
+            finally:
+                timer.cancel()
+                self._settled = None
+        self._fail_all(self._not_ready())
+
+    async def stop(self) -> None:
+        if self._accepting or self._busy():
+            await self.drain(0)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        await self._pool.unload()
+
+    # -- admission ------------------------------------------------------------------------
+
+    def submit(self, request: InferRequest) -> asyncio.Future:
+        if not self._accepting or not self._usable:
+            raise self._not_ready()
+        now = self._clock.now_ns()
+        rows = request.batch_size if self._batching and request.batch_size > 0 else 1
+        future = asyncio.get_running_loop().create_future()
+        entry = Entry(request, future, rows, now)
+        try:
+            self._queue.push(entry)
+        except ServerError:
+            self._stats.record_failure(FailureReason.REJECTED, self._since_arrival(request, now))
+            raise
+        request.future = future
+        self._stats.pending_changed(+1)
+        future.add_done_callback(partial(self._future_done, entry))
+        self._wake.set()
+        return future
+
+    def _not_ready(self) -> Unavailable:
+        return Unavailable(f"'{self._spec.name}' version {self._spec.version} "
+                           f"is not at ready state")
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    async def _dispatch_forever(self) -> None:
+        wake = self._wake
+        try:
+            while True:
+                wake.clear()
+                wake_at = self._dispatch()
+                timer = self._clock.call_at(wake_at, wake.set) if wake_at is not None else None
+                await wake.wait()
+                if timer is not None:
+                    timer.cancel()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug here must not strand queued requests
+            logger.exception("scheduler for '%s' version %s failed", self._spec.name,
+                             self._spec.version)
+            self._usable = False
+            self._fail_queued(InternalError("scheduler failed"), FailureReason.OTHER)
+
+    def _dispatch(self) -> Optional[int]:
+        """Reject expired requests, give batches to free instances; return when to look again."""
+        now = self._clock.now_ns()
+        queue = self._queue
+        for entry in queue.expire(now):
+            self._fail_waiting(entry, Unavailable("Request timeout expired"),
+                               FailureReason.REJECTED, now)
+        wake_at: Optional[int] = None
+        while len(queue) and self._pool.has_idle():
+            batch, wake_at = queue.take(now, flush=not self._accepting)
+            if not batch:
+                break
+            instance = self._pool.acquire()
+            assert instance is not None
+            self._launch(instance, batch, now)
+        deadline = queue.next_deadline()
+        if deadline is not None and (wake_at is None or deadline < wake_at):
+            wake_at = deadline
+        self._check_settled()
+        return wake_at
+
+    def _launch(self, instance: Instance, entries: list[Entry], now: int) -> None:
+        for entry in entries:
+            entry.state = RUNNING
+            entry.started_ns = now
+        self._stats.pending_changed(-len(entries))
+        rows = [entry.rows for entry in entries]
+        batch = _Batch(entries, instance, sum(rows))
+        self._running.add(batch)
+        if self._preserve_ordering:
+            self._in_order.append(batch)
+        future = instance.execute([entry.request for entry in entries], rows)
+        future.add_done_callback(partial(self._batch_finished, batch))
+
+    def _batch_finished(self, batch: _Batch, future: asyncio.Future) -> None:
+        try:
+            result: BatchRun = future.result()
+        except BaseException as exc:  # the executor itself failed (shut down under us)
+            result = BatchRun.all_failed(len(batch.entries), InternalError(str(exc) or
+                                         type(exc).__name__), FailureReason.OTHER)
+        batch.result = result
+        instance = batch.instance
+        if result.fatal:
+            instance.healthy = False
+        self._pool.release(instance)
+        if result.executed:
+            self._stats.record_execution(batch.rows, result.input_ns, result.infer_ns,
+                                         result.output_ns)
+        if self._preserve_ordering:
+            in_order = self._in_order
+            while in_order and in_order[0].result is not None:
+                self._deliver(in_order.popleft())
+        else:
+            self._deliver(batch)
+        if not self._pool.healthy() and self._usable:
+            logger.error("'%s' version %s has no healthy instance left", self._spec.name,
+                         self._spec.version)
+            self._usable = False
+            self._fail_queued(self._not_ready(), FailureReason.OTHER)
+        self._check_settled()
+        self._wake.set()
+
+    def _deliver(self, batch: _Batch) -> None:
+        """Set each request's result or error, and record it, once."""
+        self._running.discard(batch)
+        result = batch.result
+        assert result is not None
+        now = self._clock.now_ns()
+        stats = self._stats
+        for entry, outcome in zip(batch.entries, result.outcomes):
+            if entry.state != RUNNING:
+                continue  # cancelled meanwhile, or already failed by drain
+            entry.state = DONE
+            total = self._since_arrival(entry.request, now)
+            future = entry.future
+            if future.done():  # cancelled; its callback has not run yet
+                stats.record_failure(FailureReason.CANCELED, total)
+            elif isinstance(outcome, Failed):
+                future.set_exception(outcome.error)
+                stats.record_failure(outcome.reason, total)
+            else:
+                future.set_result(outcome)
+                queue_ns = max(0, entry.started_ns - entry.request.arrival_ns)
+                stats.record_success(total, queue_ns, result.input_ns, result.infer_ns,
+                                     result.output_ns)
+
+    # -- leaving without running ------------------------------------------------------------
+
+    def _future_done(self, entry: Entry, future: asyncio.Future) -> None:
+        """The caller cancelled: drop the request if it waits, forget its answer if it runs."""
+        if not future.cancelled() or entry.state not in (QUEUED, RUNNING):
+            return
+        was_queued = entry.state == QUEUED
+        entry.state = CANCELLED
+        if was_queued:
+            self._queue.discard(entry)
+            self._stats.pending_changed(-1)
+        self._stats.record_failure(FailureReason.CANCELED,
+                                   self._since_arrival(entry.request, self._clock.now_ns()))
+        self._check_settled()
+        self._wake.set()
+
+    def _fail_waiting(self, entry: Entry, error: ServerError, reason: str, now: int) -> None:
+        """Fail an entry that its queue has already removed."""
+        entry.state = DONE
+        self._stats.pending_changed(-1)
+        if entry.future.cancelled():
+            reason = FailureReason.CANCELED  # its callback has not run yet
+        elif not entry.future.done():
+            entry.future.set_exception(error)
+        self._stats.record_failure(reason, self._since_arrival(entry.request, now))
+
+    def _fail_queued(self, error: ServerError, reason: str) -> None:
+        now = self._clock.now_ns()
+        for entry in self._queue.clear():
+            self._fail_waiting(entry, error, reason, now)
+        self._check_settled()
+
+    def _fail_all(self, error: ServerError) -> None:
+        """After drain: fail what waits and what still runs; late results are then dropped."""
+        self._fail_queued(error, FailureReason.OTHER)
+        now = self._clock.now_ns()
+        for batch in list(self._running):
+            for entry in batch.entries:
+                if entry.state == RUNNING:
+                    entry.state = DONE
+                    if not entry.future.done():
+                        entry.future.set_exception(error)
+                    self._stats.record_failure(FailureReason.OTHER,
+                                               self._since_arrival(entry.request, now))
+        self._running.clear()
+        self._in_order.clear()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _busy(self) -> bool:
+        return bool(len(self._queue) or self._running)
+
+    def _check_settled(self) -> None:
+        if self._settled is not None and not self._busy():
+            self._settled.set()
+
+    @staticmethod
+    def _since_arrival(request: InferRequest, now: int) -> int:
+        return max(0, now - request.arrival_ns)
+
+
+class DefaultScheduler(QueueScheduler):
+    """For models without dynamic_batching: each instance runs one request at a time, all
+    instances in parallel, requests taken oldest first."""
+
+    def __init__(self, spec: VersionSpec, stats: VersionStatistics, *,
+                 clock: Optional[Clock] = None) -> None:
+        super().__init__(spec, stats, FifoQueue(), clock=clock)
+

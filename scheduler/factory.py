@@ -1,0 +1,19 @@
+"""Pick the scheduler a model version's config asks for."""
+from __future__ import annotations
+
+from typing import Optional
+
+from scheduler.batcher import DynamicBatcher
+from scheduler.clock import Clock
+from scheduler.default import DefaultScheduler
+from scheduler.interface import Scheduler, VersionSpec
+from scheduler.stats import VersionStatistics
+
+
+def create_scheduler(spec: VersionSpec, stats: VersionStatistics, *,
+                     clock: Optional[Clock] = None) -> Scheduler:
+    """The dynamic batcher when the config has `dynamic_batching`, else the default scheduler
+    (one request per execution, instances in parallel). Call `start()` on the result to load."""
+    if spec.config.HasField("dynamic_batching"):
+        return DynamicBatcher(spec, stats, clock=clock)
+    return DefaultScheduler(spec, stats, clock=clock)

@@ -1,0 +1,333 @@
+"""The instances of one model version, each with its own Backend object and its own thread.
+
+Every call into a backend (construction, load, each execute, unload) runs on its instance's
+single thread: pyACL contexts belong to a thread, and a backend then needs no locking. A whole
+batch is one hop to that thread: gather, execute, split and response building all happen there,
+and the loop only receives the finished `BatchRun`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from backends.base import Backend, BackendError, InstanceSpec
+from protocol.datatypes import BY_CONFIG_NAME, numpy_to_wire
+from protocol.errors import InternalError, ServerError
+from protocol.types import InferRequest, InferResponse, Tensor
+from scheduler.batch import concat_inputs, split_outputs
+from scheduler.clock import Clock
+from scheduler.stats import FailureReason
+
+if TYPE_CHECKING:  # pragma: no cover
+    from protocol.model_config_pb2 import ModelConfig
+    from scheduler.interface import VersionSpec
+
+logger = logging.getLogger(__name__)
+
+
+class LoadError(InternalError):
+    """An instance could not be created or loaded; the version does not become ready."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """One request's failure inside a batch, with the metric reason it counts under."""
+
+    error: ServerError
+    reason: str
+
+
+Outcome = Union[InferResponse, Failed]
+
+
+@dataclass(slots=True)
+class BatchRun:
+    """What one execution produced, handed from the instance thread back to the loop."""
+
+    outcomes: list[Outcome]
+    executed: bool = False  # the model ran (so it counts as an execution)
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+    fatal: bool = False  # the instance must get no more work
+
+    @classmethod
+    def all_failed(cls, count: int, error: ServerError, reason: str,
+                   fatal: bool = False) -> "BatchRun":
+        failure = Failed(error, reason)
+        return cls([failure] * count, fatal=fatal)
+
+
+@dataclass(frozen=True, slots=True)
+class _OutputSpec:
+    name: str
+    wire: Optional[str]  # KServe datatype; None when the config leaves it unset
+    dtype: Optional[np.dtype]  # numpy dtype to enforce; None for BYTES or unknown
+
+
+def _enum_name(message, field_name: str) -> str:
+    """The enum value's name without importing the generated config module."""
+    enum = message.DESCRIPTOR.fields_by_name[field_name].enum_type
+    return enum.values_by_number[getattr(message, field_name)].name
+
+
+def _output_specs(config: "ModelConfig") -> list[_OutputSpec]:
+    specs: list[_OutputSpec] = []
+    for output in config.output:
+        datatype = BY_CONFIG_NAME.get(_enum_name(output, "data_type"))
+        if datatype is None:
+            specs.append(_OutputSpec(output.name, None, None))
+        else:
+            # BYTES arrays vary in dtype, and BF16 travels as uint16 bit patterns: no casting.
+            dtype = datatype.numpy if datatype.name not in ("BYTES", "BF16") else None
+            specs.append(_OutputSpec(output.name, datatype.name, dtype))
+    return specs
+
+
+def _backend_error(exc: Exception) -> ServerError:
+    """A backend failure as the client sees it: INTERNAL with the backend's own message."""
+    if isinstance(exc, BackendError):
+        return InternalError(exc.message)
+    if isinstance(exc, ServerError):
+        return exc
+    return InternalError(str(exc) or type(exc).__name__)
+
+
+def _input_map(request: InferRequest) -> dict[str, np.ndarray]:
+    return {tensor.name: tensor.data for tensor in request.inputs}
+
+
+def instance_specs(config: "ModelConfig", model_name: str) -> list[tuple[InstanceSpec, bool]]:
+    """(spec, passive) for every instance the config's instance_group asks for.
+
+    Names are `<group name>_<i>`, counting within the group; a group with a `gpus` list gets
+    `count` instances on each listed device, as Triton does. Kinds pass through unchanged: the
+    backend decides what KIND_GPU means on this machine.
+    """
+    groups = list(config.instance_group)
+    specs: list[tuple[InstanceSpec, bool]] = []
+    if not groups:
+        specs.append((InstanceSpec(f"{model_name}_0", "KIND_CPU", 0, 0), False))
+        return specs
+    for group_index, group in enumerate(groups):
+        group_name = group.name or (model_name if len(groups) == 1
+                                    else f"{model_name}_{group_index}")
+        kind = _enum_name(group, "kind")
+        devices = list(group.gpus) if kind == "KIND_GPU" and len(group.gpus) else [0]
+        local = 0
+        for _ in range(max(1, group.count)):
+            for device in devices:
+                spec = InstanceSpec(f"{group_name}_{local}", kind, device, len(specs))
+                specs.append((spec, group.passive))
+                local += 1
+    return specs
+
+
+class Instance:
+    """One backend copy and the single thread that every call into it runs on."""
+
+    def __init__(self, spec: InstanceSpec, version: "VersionSpec", clock: Clock,
+                 outputs: list[_OutputSpec], passive: bool = False) -> None:
+        self.spec = spec
+        self.passive = passive
+        self.healthy = True
+        self.backend: Optional[Backend] = None
+        self._version = version
+        self._version_label = str(version.version)
+        self._clock = clock
+        self._outputs = outputs
+        self._loaded = False
+        self._executor = ThreadPoolExecutor(max_workers=1,
+                                            thread_name_prefix=f"instance-{spec.name}")
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    async def load(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+
+    def _load(self) -> None:
+        version = self._version
+        self.backend = version.backend_cls(version.config, version.model_dir,
+                                           version.version_dir, self.spec)
+        self.backend.load()
+        self._loaded = True
+
+    async def unload(self) -> None:
+        """Unload on the instance thread (after whatever it is running), then end the thread."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._unload)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    def queue_unload(self) -> None:
+        """Unload without waiting: for a load that is being cancelled (runs after it)."""
+        self._executor.submit(self._unload)
+        self._executor.shutdown(wait=False)
+
+    def _unload(self) -> None:
+        if not self._loaded or self.backend is None:
+            return
+        self._loaded = False
+        try:
+            self.backend.unload()
+        except Exception:  # an unload failure must not stop the other instances unloading
+            logger.exception("instance '%s' failed to unload", self.name)
+
+    def execute(self, requests: Sequence[InferRequest], rows: Sequence[int]
+                ) -> "asyncio.Future[BatchRun]":
+        """Run one batch on the instance thread; the returned future resolves on the loop."""
+        return asyncio.get_running_loop().run_in_executor(
+            self._executor, self._run_batch, requests, rows)
+
+    # -- on the instance thread ---------------------------------------------------------
+
+    def _run_batch(self, requests: Sequence[InferRequest], rows: Sequence[int]) -> BatchRun:
+        backend = self.backend
+        assert backend is not None
+        if backend.takes_request_lists:
+            return self._run_request_list(backend, requests)
+        now = self._clock.now_ns
+        start = now()
+        try:
+            inputs = concat_inputs([_input_map(request) for request in requests])
+        except Exception as exc:
+            return BatchRun.all_failed(len(requests), InternalError(f"cannot batch inputs: {exc}"),
+                                       FailureReason.OTHER)
+        gathered = now()
+        try:
+            outputs = backend.execute(inputs)
+        except Exception as exc:
+            return self._execute_failed(backend, exc, len(requests))
+        executed = now()
+        try:
+            if len(requests) == 1:
+                pieces: list[Mapping[str, np.ndarray]] = [outputs]
+            else:
+                pieces = split_outputs(outputs, rows)
+            outcomes: list[Outcome] = [self._response(request, piece)
+                                       for request, piece in zip(requests, pieces)]
+        except Exception as exc:
+            return BatchRun.all_failed(len(requests), InternalError(str(exc)),
+                                       FailureReason.BACKEND)
+        done = now()
+        return BatchRun(outcomes, True, gathered - start, executed - gathered, done - executed)
+
+    def _run_request_list(self, backend: Backend, requests: Sequence[InferRequest]) -> BatchRun:
+        now = self._clock.now_ns
+        start = now()
+        inputs = [_input_map(request) for request in requests]
+        gathered = now()
+        try:
+            results = backend.execute_requests(inputs)
+            if len(results) != len(requests):
+                raise BackendError(f"model returned {len(results)} responses for "
+                                   f"{len(requests)} requests")
+        except Exception as exc:
+            return self._execute_failed(backend, exc, len(requests))
+        executed = now()
+        outcomes: list[Outcome] = []
+        for request, result in zip(requests, results):
+            if isinstance(result, BaseException):
+                error = _backend_error(result) if isinstance(result, Exception) \
+                    else InternalError(repr(result))
+                outcomes.append(Failed(error, FailureReason.BACKEND))
+            else:
+                try:
+                    outcomes.append(self._response(request, result))
+                except Exception as exc:
+                    outcomes.append(Failed(InternalError(str(exc)), FailureReason.BACKEND))
+        done = now()
+        return BatchRun(outcomes, True, gathered - start, executed - gathered, done - executed)
+
+    def _execute_failed(self, backend: Backend, exc: Exception, count: int) -> BatchRun:
+        fatal = isinstance(exc, BackendError) and exc.fatal
+        if not fatal:
+            try:
+                fatal = not backend.healthy()
+            except Exception:
+                fatal = True
+        if fatal:
+            logger.error("instance '%s' is unhealthy after: %s", self.name, exc)
+        return BatchRun.all_failed(count, _backend_error(exc), FailureReason.BACKEND, fatal)
+
+    def _response(self, request: InferRequest,
+                  outputs: Mapping[str, np.ndarray]) -> InferResponse:
+        tensors: list[Tensor] = []
+        if self._outputs:
+            for spec in self._outputs:
+                array = outputs.get(spec.name)
+                if array is None:
+                    continue  # a Python model may return only what was asked for
+                array = np.asarray(array)
+                if spec.dtype is not None and array.dtype != spec.dtype:
+                    array = array.astype(spec.dtype)
+                wire = spec.wire or numpy_to_wire(array.dtype)
+                tensors.append(Tensor(spec.name, wire, tuple(array.shape), array))
+        else:
+            for name, array in outputs.items():
+                array = np.asarray(array)
+                tensors.append(Tensor(name, numpy_to_wire(array.dtype), tuple(array.shape), array))
+        return InferResponse(request.model_name, self._version_label, id=request.id,
+                             outputs=tensors)
+
+
+class InstancePool:
+    """All instances of a version, and which of them are free for the next batch."""
+
+    def __init__(self, version: "VersionSpec", clock: Clock) -> None:
+        self.version = version
+        outputs = _output_specs(version.config)
+        self.instances = [Instance(spec, version, clock, outputs, passive)
+                          for spec, passive in instance_specs(version.config, version.name)]
+        self._idle: deque[Instance] = deque()
+
+    async def load(self) -> None:
+        """Load every instance at once; if any fails, unload the rest and raise LoadError."""
+        try:
+            results = await asyncio.gather(*(instance.load() for instance in self.instances),
+                                           return_exceptions=True)
+        except asyncio.CancelledError:
+            for instance in self.instances:
+                instance.queue_unload()
+            raise
+        failures = [(instance, result) for instance, result in zip(self.instances, results)
+                    if isinstance(result, BaseException)]
+        if failures:
+            await self.unload()
+            instance, exc = failures[0]
+            reason = exc.message if isinstance(exc, (BackendError, ServerError)) else \
+                (str(exc) or type(exc).__name__)
+            raise LoadError(f"instance '{instance.name}' failed to load: {reason}") from exc
+        self._idle.extend(instance for instance in self.instances if not instance.passive)
+
+    async def unload(self) -> None:
+        """Unload each instance on its own thread, all in parallel."""
+        self._idle.clear()
+        await asyncio.gather(*(instance.unload() for instance in self.instances),
+                             return_exceptions=True)
+
+    def acquire(self) -> Optional[Instance]:
+        """A free healthy instance, or None while all are busy."""
+        while self._idle:
+            instance = self._idle.popleft()
+            if instance.healthy:
+                return instance
+        return None
+
+    def has_idle(self) -> bool:
+        return any(instance.healthy for instance in self._idle)
+
+    def release(self, instance: Instance) -> None:
+        if instance.healthy and not instance.passive:
+            self._idle.append(instance)
+
+    def healthy(self) -> bool:
+        return any(instance.healthy and not instance.passive for instance in self.instances)

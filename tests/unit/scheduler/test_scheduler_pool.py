@@ -1,0 +1,300 @@
+"""The instance pool, the default scheduler and the factory, with a named fake model.
+
+The fake model records, per instance, the thread each call ran on; a test can make a given
+instance fail to load, and hold a request (by number) until it releases it.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from backends.base import Backend, BackendError
+from protocol.errors import InternalError, Unavailable
+from protocol.model_config_pb2 import ModelConfig
+from protocol.types import InferRequest, Tensor
+from scheduler.batcher import DynamicBatcher
+from scheduler.clock import ManualClock
+from scheduler.default import DefaultScheduler
+from scheduler.factory import create_scheduler
+from scheduler.interface import VersionSpec
+from scheduler.pool import LoadError, instance_specs
+from scheduler.stats import VersionStatistics
+
+
+class Journal:
+    """Calls made into the fake model, from whichever thread made them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str, int]] = []  # (phase, instance, thread id)
+        self.ran: list[tuple[str, int]] = []  # (instance, request number) as execution began
+        self.fail_load: set[str] = set()
+        self.fatal_on: set[int] = set()
+        self.holds: dict[int, threading.Event] = {}
+
+    def note(self, phase: str, instance: str) -> None:
+        with self.lock:
+            self.calls.append((phase, instance, threading.get_ident()))
+
+    def threads(self, instance: str) -> set[int]:
+        return {thread for _, name, thread in self.calls if name == instance}
+
+    def phases(self, phase: str) -> list[str]:
+        return sorted(name for p, name, _ in self.calls if p == phase)
+
+
+class DoublerModel(Backend):
+    """A named fake model: OUTPUT0 = 2 * INPUT0, OUTPUT1 = the row count as INT32."""
+
+    backend_name = "fake_doubler"
+    default_model_filename = "model.fake"
+    journal: Journal
+
+    def load(self) -> None:
+        self.journal.note("load", self.instance.name)
+        if self.instance.name in self.journal.fail_load:
+            raise BackendError("no device for this instance")
+
+    def execute(self, inputs):
+        journal = self.journal
+        journal.note("execute", self.instance.name)
+        x = inputs["INPUT0"]
+        number = int(x.reshape(-1)[0])
+        with journal.lock:
+            journal.ran.append((self.instance.name, number))
+        gate = journal.holds.get(number)
+        if gate is not None:
+            assert gate.wait(10), "test never released the gate"
+        if number in journal.fatal_on:
+            raise BackendError("device lost", fatal=True)
+        rows = x.shape[0] if x.ndim > 1 else 1
+        return {"OUTPUT1": np.full((rows, 1), rows, np.int32), "OUTPUT0": x * 2}
+
+    def unload(self) -> None:
+        self.journal.note("unload", self.instance.name)
+
+
+def make_spec(config_text: str, journal: Journal) -> VersionSpec:
+    base = """
+        name: "m" backend: "fake"
+        input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] }]
+        output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] },
+                { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 1 ] }]
+    """
+    config = text_format.Parse(base + config_text, ModelConfig())
+    model = type("DoublerModel", (DoublerModel,), {"journal": journal})
+    return VersionSpec("m", 1, config, Path("/nonexistent"), Path("/nonexistent/1"), model)
+
+
+def request(number: int, rows: int = 1, batching: bool = True) -> InferRequest:
+    shape = (rows, 2) if batching else (2,)
+    data = np.full(shape, number, np.float32)
+    return InferRequest("m", id=f"r{number}", batch_size=rows if batching else 0,
+                        arrival_ns=0, inputs=[Tensor("INPUT0", "FP32", shape, data)])
+
+
+async def until(predicate) -> None:
+    for _ in range(5000):
+        if predicate():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never became true")
+
+
+async def results(*futures):
+    return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
+
+
+@pytest.fixture
+def journal() -> Journal:
+    made = Journal()
+    yield made
+    for gate in made.holds.values():
+        gate.set()
+
+
+async def started(spec: VersionSpec, stats: VersionStatistics | None = None) -> DefaultScheduler:
+    scheduler = DefaultScheduler(spec, stats or VersionStatistics("m", "1"), clock=ManualClock())
+    await scheduler.start()
+    return scheduler
+
+
+# -- instances ----------------------------------------------------------------------------------
+
+def test_instance_groups_expand_to_named_instances_per_device(journal):
+    spec = make_spec("""
+        instance_group [{ name: "cpu" kind: KIND_CPU count: 2 },
+                        { name: "npu" kind: KIND_GPU count: 2 gpus: [0, 3] },
+                        { name: "warm" kind: KIND_CPU count: 1 passive: true }]
+    """, journal)
+    specs = instance_specs(spec.config, spec.name)
+    assert [(s.name, s.kind, s.device_id, s.index, passive) for s, passive in specs] == [
+        ("cpu_0", "KIND_CPU", 0, 0, False), ("cpu_1", "KIND_CPU", 0, 1, False),
+        ("npu_0", "KIND_GPU", 0, 2, False), ("npu_1", "KIND_GPU", 3, 3, False),
+        ("npu_2", "KIND_GPU", 0, 4, False), ("npu_3", "KIND_GPU", 3, 5, False),
+        ("warm_0", "KIND_CPU", 0, 6, True),
+    ]
+
+
+def test_an_unnamed_group_takes_the_model_name(journal):
+    spec = make_spec("instance_group [{ kind: KIND_GPU count: 2 }]", journal)
+    assert [(s.name, s.kind) for s, _ in instance_specs(spec.config, "m")] == [
+        ("m_0", "KIND_GPU"), ("m_1", "KIND_GPU")]
+
+
+async def test_each_instance_loads_executes_and_unloads_on_its_own_thread(journal):
+    spec = make_spec("instance_group [{ count: 2 kind: KIND_CPU }]", journal)
+    scheduler = await started(spec)
+    journal.holds[1] = threading.Event()
+    futures = [scheduler.submit(request(1)), scheduler.submit(request(2))]
+    await until(lambda: len(journal.ran) == 2)  # one on each instance
+    journal.holds[1].set()
+    await results(*futures)
+    await scheduler.drain(1)
+    await scheduler.stop()
+    assert journal.phases("load") == journal.phases("unload") == ["m_0", "m_1"]
+    assert journal.phases("execute") == ["m_0", "m_1"]
+    first, second = journal.threads("m_0"), journal.threads("m_1")
+    assert len(first) == 1 and len(second) == 1 and first != second
+    assert threading.get_ident() not in first | second
+
+
+async def test_a_failing_instance_load_unloads_the_others_and_says_which(journal):
+    journal.fail_load = {"m_1"}
+    spec = make_spec("instance_group [{ count: 3 kind: KIND_CPU }]", journal)
+    scheduler = DefaultScheduler(spec, VersionStatistics("m", "1"))
+    with pytest.raises(LoadError) as info:
+        await scheduler.start()
+    assert info.value.message == "instance 'm_1' failed to load: no device for this instance"
+    assert journal.phases("load") == ["m_0", "m_1", "m_2"]
+    assert journal.phases("unload") == ["m_0", "m_2"]
+    with pytest.raises(Unavailable):
+        scheduler.submit(request(1))
+
+
+# -- default scheduler ----------------------------------------------------------------------------
+
+async def test_default_scheduler_runs_instances_in_parallel_one_request_each(journal):
+    spec = make_spec("max_batch_size: 8 instance_group [{ count: 3 kind: KIND_CPU }]", journal)
+    stats = VersionStatistics("m", "1")
+    scheduler = await started(spec, stats)
+    for number in (1, 2, 3):
+        journal.holds[number] = threading.Event()
+    futures = [scheduler.submit(request(n)) for n in (1, 2, 3, 4, 5)]
+    await until(lambda: len(journal.ran) == 3)
+    assert sorted(name for name, _ in journal.ran) == ["m_0", "m_1", "m_2"]
+    assert sorted(n for _, n in journal.ran) == [1, 2, 3]
+    assert stats.pending == 2  # 4 and 5 wait: every instance is busy
+    for gate in journal.holds.values():
+        gate.set()
+    responses = await results(*futures)
+    assert sorted(n for _, n in journal.ran[3:]) == [4, 5]  # each alone, never batched
+    assert [r.outputs[0].data.tolist() for r in responses] == [[[2.0 * n] * 2] for n in range(1, 6)]
+    assert stats.execution_count == 5 and stats.inference_count == 5
+    await scheduler.drain(1)
+    await scheduler.stop()
+
+
+async def test_default_scheduler_takes_requests_oldest_first(journal):
+    spec = make_spec("max_batch_size: 8", journal)
+    scheduler = await started(spec)
+    journal.holds[1] = threading.Event()
+    futures = [scheduler.submit(request(n)) for n in range(1, 6)]
+    await until(lambda: journal.ran)
+    journal.holds[1].set()
+    responses = await results(*futures)
+    assert [n for _, n in journal.ran] == [1, 2, 3, 4, 5]
+    assert [r.outputs[0].shape for r in responses] == [(1, 2)] * 5
+    await scheduler.stop()
+
+
+async def test_default_scheduler_answers_with_every_output_in_config_order(journal):
+    spec = make_spec("max_batch_size: 8", journal)
+    scheduler = await started(spec)
+    (response,) = await results(scheduler.submit(request(3, rows=2)))
+    assert (response.model_name, response.model_version, response.id) == ("m", "1", "r3")
+    assert [(t.name, t.datatype, t.shape) for t in response.outputs] == [
+        ("OUTPUT0", "FP32", (2, 2)), ("OUTPUT1", "INT32", (2, 1))]
+    assert response.outputs[1].data.reshape(-1).tolist() == [2, 2]
+    await scheduler.stop()
+
+
+async def test_a_non_batching_model_counts_one_inference_per_request(journal):
+    spec = make_spec("max_batch_size: 0", journal)
+    stats = VersionStatistics("m", "1")
+    scheduler = await started(spec, stats)
+    responses = await results(*(scheduler.submit(request(n, batching=False)) for n in (1, 2)))
+    assert [r.outputs[0].shape for r in responses] == [(2,), (2,)]
+    assert stats.inference_count == 2 and stats.execution_count == 2
+    assert list(stats.batch_stats) == [1]
+    await scheduler.stop()
+
+
+async def test_a_fatal_instance_gets_no_more_work_while_others_serve(journal):
+    spec = make_spec("max_batch_size: 8 instance_group [{ count: 2 kind: KIND_CPU }]", journal)
+    scheduler = await started(spec)
+    journal.fatal_on = {1}
+    (error,) = await results(scheduler.submit(request(1)))
+    assert isinstance(error, InternalError) and error.message == "device lost"
+    broken = journal.ran[0][0]
+    assert scheduler.healthy()
+    await results(*(scheduler.submit(request(n)) for n in (2, 3, 4)))
+    assert [name for name, _ in journal.ran[1:]] == [n for n in ("m_0", "m_1") if n != broken] * 3
+    journal.fatal_on = {5}
+    await results(scheduler.submit(request(5)))
+    assert not scheduler.healthy()
+    with pytest.raises(Unavailable, match="'m' version 1 is not at ready state"):
+        scheduler.submit(request(6))
+    await scheduler.stop()
+
+
+async def test_stop_without_drain_loses_nothing(journal):
+    spec = make_spec("max_batch_size: 8", journal)
+    stats = VersionStatistics("m", "1")
+    scheduler = await started(spec, stats)
+    journal.holds[1] = threading.Event()
+    running, queued = scheduler.submit(request(1)), scheduler.submit(request(2))
+    await until(lambda: journal.ran)
+    stop = asyncio.ensure_future(scheduler.stop())
+    await until(lambda: queued.done())
+    journal.holds[1].set()
+    await asyncio.wait_for(stop, 10)
+    errors = await results(running, queued)
+    assert all(isinstance(e, Unavailable) for e in errors)
+    assert stats.pending == 0 and stats.fail.count == 2
+    assert journal.phases("unload") == ["m_0"]
+
+
+async def test_a_cancelled_request_is_counted_and_never_runs(journal):
+    spec = make_spec("max_batch_size: 8", journal)
+    stats = VersionStatistics("m", "1")
+    scheduler = await started(spec, stats)
+    journal.holds[1] = threading.Event()
+    running, cancelled = scheduler.submit(request(1)), scheduler.submit(request(2))
+    await until(lambda: journal.ran)
+    cancelled.cancel()
+    journal.holds[1].set()
+    await results(running)
+    await scheduler.drain(1)
+    assert [n for _, n in journal.ran] == [1]
+    assert stats.fail.count == 1 and stats.success.count == 1 and stats.pending == 0
+    await scheduler.stop()
+
+
+# -- factory ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config_text, kind", [
+    ("max_batch_size: 8 dynamic_batching {}", DynamicBatcher),
+    ("max_batch_size: 8", DefaultScheduler),
+    ("max_batch_size: 0", DefaultScheduler),
+])
+def test_factory_picks_the_batcher_only_for_dynamic_batching(journal, config_text, kind):
+    stats = VersionStatistics("m", "1")
+    scheduler = create_scheduler(make_spec(config_text, journal), stats)
+    assert type(scheduler) is kind
+    assert scheduler.statistics is stats
