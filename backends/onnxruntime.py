@@ -60,6 +60,20 @@ def _dim_value(dim: Any) -> int:
     return dim if isinstance(dim, int) and dim >= 0 else -1
 
 
+def _to_ort_strings(array: np.ndarray) -> np.ndarray:
+    """ONNX string tensors hold UTF-8 text; our BYTES elements are Python bytes."""
+    flat = [item.decode("utf-8") if isinstance(item, (bytes, bytearray)) else str(item)
+            for item in array.reshape(-1)]
+    return np.array(flat, dtype=object).reshape(array.shape)
+
+
+def _from_ort_strings(array: np.ndarray) -> np.ndarray:
+    flat = [item.encode("utf-8") if isinstance(item, str) else bytes(item) for item in array.reshape(-1)]
+    result = np.empty(len(flat), dtype=object)
+    result[:] = flat
+    return result.reshape(array.shape)
+
+
 class OnnxRuntimeBackend(Backend):
     backend_name = "onnxruntime"
     platforms = ("onnxruntime_onnx",)
@@ -141,13 +155,14 @@ class OnnxRuntimeBackend(Backend):
         self._output_names = [o.name for o in self._session.get_outputs()]
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = {name: (array.astype(object) if array.dtype.kind == "O" else array)
+        feeds = {name: (_to_ort_strings(array) if array.dtype.kind == "O" else array)
                  for name, array in inputs.items()}
         try:
             results = self._session.run(self._output_names, feeds)
         except Exception as exc:  # noqa: BLE001 - a bad batch fails only itself
             raise BackendError(f"onnxruntime execution failed: {exc}") from exc
-        return dict(zip(self._output_names, results))
+        return {name: (_from_ort_strings(value) if value.dtype.kind in "OU" else value)
+                for name, value in zip(self._output_names, results)}
 
     def unload(self) -> None:
         self._session = None

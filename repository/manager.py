@@ -159,21 +159,23 @@ class ModelManager:
             await self._drain_and_stop(name, version, old)
         return ""
 
-    async def _drain_and_stop(self, name: str, version: int, record: VersionRecord) -> None:
+    async def _drain_and_stop(self, name: str, version: int, record: VersionRecord,
+                              drain_timeout: Optional[float] = None) -> None:
         scheduler = record.scheduler
         assert scheduler is not None
-        await scheduler.drain(self.settings.drain_timeout)
+        await scheduler.drain(self.settings.drain_timeout if drain_timeout is None else drain_timeout)
         await scheduler.stop()
         log.info("retired the previous copy of '%s' version %d", name, version)
 
-    async def _retire(self, record: ModelRecord, version: int) -> None:
+    async def _retire(self, record: ModelRecord, version: int,
+                      drain_timeout: Optional[float] = None) -> None:
         """Stop serving one version: new requests are refused at once, admitted ones finish."""
         current = record.versions[version]
         current.state = ModelState.UNLOADING
         if current.scheduler is not None:
             if self.hooks is not None:
                 self.hooks.version_unloaded(record.name, version)
-            await self._drain_and_stop(record.name, version, current)
+            await self._drain_and_stop(record.name, version, current, drain_timeout)
         record.versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, "unloaded")
 
     async def unload_model(self, name: str) -> None:
@@ -185,12 +187,14 @@ class ModelManager:
             record.state = ModelState.UNAVAILABLE
             record.reason = "unloaded"
 
-    async def shutdown(self) -> None:
-        """Drain and unload everything (server exit)."""
-        for name in list(self.registry.models):
-            record = self.registry.models[name]
-            await asyncio.gather(*(self._retire(record, v) for v, r in list(record.versions.items())
-                                   if r.scheduler is not None))
+    async def shutdown(self, drain_timeout: Optional[float] = None) -> None:
+        """Drain and unload everything (server exit); leftovers past the timeout fail with
+        UNAVAILABLE so every admitted request is answered."""
+        retiring = []
+        for record in list(self.registry.models.values()):
+            retiring += [self._retire(record, v, drain_timeout)
+                         for v, r in list(record.versions.items()) if r.scheduler is not None]
+        await asyncio.gather(*retiring)
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make run` serves the example repository, `make test` passes the
+# tests. Each creates .venv if missing and installs the pinned ranges from pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MODELS := examples/models
+PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
+PYTEST_ARGS ?=
+
+.PHONY: run test install install-test models proto bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+models: $(VENV)/.installed-test
+	$(PY) examples/build_repository.py --output $(MODELS)
+
+run: $(VENV)/.installed-test models
+	$(PY) -m server --model-repository $(MODELS)
+
+test: $(VENV)/.installed-test
+	@if [ -n "$(PERF_ANALYZER_TOOL)" ]; then \
+		PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) || exit 1; \
+		export PERF_ANALYZER; echo "perf_analyzer: $$PERF_ANALYZER"; \
+	fi; \
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-test models
+	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) $(MODELS) .pytest_cache
+
+include protocol/proto.mk

@@ -1,0 +1,155 @@
+"""The composition root: builds the pieces, starts the listeners, and shuts down in order.
+
+Shutdown order on SIGTERM/SIGINT: readiness turns non-ready at once and new requests are refused
+("Server exiting"), in-flight requests finish, listeners close, schedulers drain and instances
+unload, all within --exit-timeout-secs.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from typing import Any, Iterator, Optional
+
+import uvicorn
+
+from repository.manager import ManagerSettings, ModelManager
+from repository.registry import ModelRegistry
+from server.core import InferenceCore
+from server.http import HttpFrontend
+from server.metrics import ServerMetrics
+from server.metrics_http import build_metrics_app
+from server.settings import ServerSettings
+
+log = logging.getLogger("ascend_serve")
+
+
+class _Listener(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to the application."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _uvicorn(app: Any, host: str, port: int, verbose: int) -> _Listener:
+    config = uvicorn.Config(app, host=host, port=port, loop="none", http="httptools",
+                            lifespan="off", access_log=verbose > 1,
+                            log_level="info" if verbose else "warning",
+                            timeout_keep_alive=60, timeout_graceful_shutdown=5)
+    return _Listener(config)
+
+
+class ServerApp:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.metrics = ServerMetrics()
+        self.registry = ModelRegistry()
+        self.manager = ModelManager(
+            ManagerSettings(settings.model_repositories, settings.auto_complete_config,
+                            settings.exit_timeout_secs, settings.model_config_name),
+            self.registry, self.metrics)
+        self.core = InferenceCore(settings, self.registry, self.manager)
+        self._stop = asyncio.Event()
+        self._listeners: list[_Listener] = []
+        self._tasks: list[asyncio.Task] = []
+        self.grpc_server: Optional[Any] = None
+        self._register_npu_telemetry()
+
+    def _register_npu_telemetry(self) -> None:
+        try:
+            from npu.telemetry import npu_collector
+        except ImportError:
+            return
+        self.metrics.add_collector(npu_collector())
+
+    def request_stop(self) -> None:
+        if not self._stop.is_set():
+            log.info("shutdown requested: readiness is now off; draining in-flight requests")
+            self.core.exiting = True
+            self._stop.set()
+
+    async def start(self) -> bool:
+        """Load models and open the listeners. False when startup must abort (--exit-on-error)."""
+        failures = await self.manager.load_all()
+        for name, reason in failures.items():
+            log.error("model '%s' failed to load: %s", name, reason)
+        if failures and self.settings.exit_on_error:
+            log.error("exiting: %d model(s) failed to load and --exit-on-error is set", len(failures))
+            await self.manager.shutdown()
+            return False
+        s = self.settings
+        if s.allow_http:
+            app = HttpFrontend(self.core).build_app()
+            self._listeners.append(_uvicorn(app, s.http_address, s.http_port, s.log_verbose))
+        if s.allow_metrics:
+            self._listeners.append(_uvicorn(build_metrics_app(self.metrics), s.metrics_address,
+                                            s.metrics_port, s.log_verbose))
+        for listener in self._listeners:
+            self._tasks.append(asyncio.create_task(listener.serve()))
+        if s.allow_grpc:
+            from server.grpc import start_grpc_server
+
+            self.grpc_server = await start_grpc_server(self.core, s)
+        # Wait until every listener is bound before declaring the server live.
+        while not all(listener.started for listener in self._listeners):
+            for task in self._tasks:
+                if task.done():
+                    task.result()  # a bind failure surfaces here
+                    return False
+            await asyncio.sleep(0.02)
+        self.core.started = True
+        log.info("ascend-serve started: HTTP %s:%d, gRPC %s:%d, metrics %s:%d", s.http_address,
+                 s.http_port, s.grpc_address, s.grpc_port, s.metrics_address, s.metrics_port)
+        return True
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        try:
+            if not await self.start():
+                await self._close_listeners(1.0)
+                return 1
+        except OSError as exc:
+            log.error("failed to start: %s", exc)
+            await self._close_listeners(1.0)
+            await self.manager.shutdown()
+            return 1
+        await self._stop.wait()
+        await self.shutdown()
+        return 0
+
+    async def shutdown(self) -> None:
+        deadline = time.monotonic() + self.settings.exit_timeout_secs
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        # Keep a little of the budget to answer leftovers and close connections.
+        reserve = min(1.0, self.settings.exit_timeout_secs / 4)
+        drained = await self.core.wait_idle(max(left() - reserve, 0.0))
+        if not drained:
+            log.warning("exit timeout reached with %d request(s) in flight; failing them",
+                        self.core.inflight)
+        try:
+            # Drained: nothing is queued. Not drained: leftovers fail with UNAVAILABLE now.
+            await asyncio.wait_for(self.manager.shutdown(drain_timeout=0.0),
+                                   timeout=max(left(), 0.1))
+        except asyncio.TimeoutError:
+            log.warning("exit timeout reached while unloading models")
+        await self.core.wait_idle(min(left(), 0.5))  # let handlers write those answers
+        await self._close_listeners(left())
+        log.info("ascend-serve stopped")
+
+    async def _close_listeners(self, grace: float) -> None:
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace)
+        for listener in self._listeners:
+            listener.config.timeout_graceful_shutdown = max(int(grace), 1)
+            listener.should_exit = True
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=grace + 1)
