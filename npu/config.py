@@ -1,0 +1,148 @@
+"""The model config against the model's own description: auto-complete, then the check at
+load that the two agree, producing the name-to-tensor binding the backend executes with."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from backends.base import BackendError
+from npu.om_model import ModelDescription, TensorInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from protocol.model_config_pb2 import ModelConfig
+
+GEARS_PARAMETER = "batch_gears"
+
+
+def _type_number(config_name: str) -> int:
+    from protocol import model_config_pb2
+    return model_config_pb2.DataType.Value(config_name)
+
+
+def _type_name(number: int) -> str:
+    from protocol import model_config_pb2
+    return model_config_pb2.DataType.Name(number)
+
+
+def probe_device(config: "ModelConfig") -> int:
+    """The NPU to read the model description on: the first listed in instance_group, else 0."""
+    for group in config.instance_group:
+        if group.gpus:
+            return int(group.gpus[0])
+    return 0
+
+
+def _declares_full_rank(config: "ModelConfig", info: ModelDescription) -> bool:
+    """An input listed with the model's full rank says the config means 'no batching'."""
+    by_name = {t.name: t for t in info.inputs}
+    return any(i.name in by_name and i.dims and len(i.dims) == len(by_name[i.name].dims)
+               for i in config.input)
+
+
+def _complete(entries, tensors: Iterable[TensorInfo], batching: bool, outputs: bool) -> None:
+    tensors = list(tensors)
+    if len(entries) == 0:
+        for tensor in tensors:
+            entry = entries.add()
+            entry.name = tensor.name
+        lookup = {t.name: t for t in tensors}
+    else:
+        lookup = {t.name: t for t in tensors}
+        if outputs:
+            lookup.update({t.raw_name: t for t in tensors})
+    for entry in entries:
+        tensor = lookup.get(entry.name)
+        if tensor is None:
+            continue  # bind() reports it with the list of real names
+        if entry.data_type == 0:
+            entry.data_type = _type_number(tensor.acl_type.config_name)
+        if not entry.dims and not entry.HasField("reshape"):
+            entry.dims.extend(tensor.row_dims if batching else tensor.dims)
+
+
+def complete(config: "ModelConfig", info: ModelDescription) -> None:
+    """Fill what the config leaves out: max_batch_size (the largest gear, or the compiled batch
+    of a static model) when it is 0 and the config does not describe full-rank inputs; the
+    inputs and outputs (names, data types, dims); and the gears as parameter `batch_gears`."""
+    if config.max_batch_size == 0 and info.batch_sizes and not _declares_full_rank(config, info):
+        config.max_batch_size = max(info.batch_sizes)
+    if info.gears:
+        config.parameters[GEARS_PARAMETER].string_value = ",".join(str(g) for g in info.gears)
+    batching = config.max_batch_size > 0
+    _complete(config.input, info.inputs, batching, outputs=False)
+    _complete(config.output, info.outputs, batching, outputs=True)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """How the config's tensors map onto the model's."""
+
+    inputs: tuple[tuple[str, TensorInfo], ...]  # every model input, in model order
+    outputs: tuple[tuple[str, TensorInfo], ...]  # the outputs the config lists (or all)
+    batched: bool  # axis 0 of every tensor is the batch
+
+
+def _dims_agree(config_dims: list[int], model_dims: tuple[int, ...]) -> bool:
+    return len(config_dims) == len(model_dims) and all(
+        c == -1 or m == -1 or c == m for c, m in zip(config_dims, model_dims))
+
+
+def _check_entry(kind: str, entry, tensor: TensorInfo, batching: bool) -> None:
+    want = tensor.acl_type.config_name
+    if entry.data_type and _type_name(entry.data_type) != want:
+        raise BackendError(f"{kind} '{entry.name}': the config says {_type_name(entry.data_type)},"
+                           f" the model has {want}")
+    model_dims = tensor.row_dims if batching else tensor.dims
+    reshaped = entry.HasField("reshape")
+    if entry.dims and not reshaped and not _dims_agree(list(entry.dims), model_dims):
+        raise BackendError(f"{kind} '{entry.name}': the config says dims {list(entry.dims)}, the "
+                           f"model has {list(model_dims)}"
+                           + (" (without the batch dimension)" if batching else ""))
+
+
+def bind(config: "ModelConfig", info: ModelDescription) -> Binding:
+    """Check the config against the model and say which config name is which model tensor."""
+    batching = config.max_batch_size > 0
+    if batching:
+        if not info.batch_sizes:
+            raise BackendError(f"max_batch_size is {config.max_batch_size} but the model has no "
+                               "batch dimension; set max_batch_size: 0 or compile with "
+                               "--dynamic_batch_size")
+        if config.max_batch_size > max(info.batch_sizes):
+            what = "largest gear" if info.gears else "compiled batch size"
+            raise BackendError(f"max_batch_size {config.max_batch_size} exceeds the model's "
+                               f"{what} {max(info.batch_sizes)}")
+    model_inputs = {t.name: t for t in info.inputs}
+    inputs: dict[str, TensorInfo] = {}
+    for entry in config.input:
+        tensor = model_inputs.get(entry.name)
+        if tensor is None:
+            raise BackendError(f"config input '{entry.name}' is not an input of the model "
+                               f"(model inputs: {', '.join(model_inputs)})")
+        _check_entry("input", entry, tensor, batching)
+        inputs[entry.name] = tensor
+    missing = [name for name in model_inputs if name not in inputs]
+    if config.input and missing:
+        raise BackendError(f"model input(s) {', '.join(missing)} missing from the config")
+    model_outputs = {t.name: t for t in info.outputs}
+    model_outputs.update({t.raw_name: t for t in info.outputs})
+    outputs: list[tuple[str, TensorInfo]] = []
+    for entry in config.output:
+        tensor = model_outputs.get(entry.name)
+        if tensor is None:
+            raise BackendError(f"config output '{entry.name}' is not an output of the model "
+                               f"(model outputs: {', '.join(t.name for t in info.outputs)})")
+        _check_entry("output", entry, tensor, batching)
+        outputs.append((entry.name, tensor))
+    ordered_inputs = tuple((t.name, t) for t in info.inputs)
+    if not outputs:
+        outputs = [(t.name, t) for t in info.outputs]
+    return Binding(ordered_inputs, tuple(outputs), batching or info.dynamic)
+
+
+def gears_from_config(config: "ModelConfig") -> Optional[tuple[int, ...]]:
+    """The gears auto-complete recorded, for callers that have a config but no instance."""
+    if GEARS_PARAMETER not in config.parameters:
+        return None
+    raw = config.parameters[GEARS_PARAMETER].string_value
+    return tuple(int(g) for g in raw.split(",") if g.strip())

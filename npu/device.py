@@ -1,0 +1,170 @@
+"""Process-wide pyACL state and the per-instance device binding.
+
+`acl.init` may run once per process, so it is done here behind a lock (a second init's
+"already initialised" counts as success) and `acl.finalize` runs at exit. Each instance then
+opens its own `DeviceSession` on its own thread: a device reference, an explicit context bound
+to that thread, and one stream. Open sessions are listed for the telemetry collector.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from types import ModuleType
+from typing import Callable, Optional, TypeVar
+
+from npu import constants as K
+from npu.errors import AclError, check, recent_message, unwrap
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_init_lock = threading.Lock()
+_initialised: Optional[ModuleType] = None  # the acl module this process initialised
+_atexit_registered = False
+
+_registry_lock = threading.Lock()
+_sessions: list["DeviceSession"] = []
+_current = threading.local()  # .session: the DeviceSession whose context this thread has current
+
+
+def ensure_initialised(acl: ModuleType) -> None:
+    """acl.init once per process (per acl module object, which is the same thing outside tests)."""
+    global _initialised, _atexit_registered
+    with _init_lock:
+        if _initialised is acl:
+            return
+        ret = acl.init()
+        if ret not in (K.SUCCESS, K.REPEAT_INITIALIZE):
+            raise AclError("acl.init", ret, recent_message(acl))
+        _initialised = acl
+        if not _atexit_registered:
+            atexit.register(_finalize_at_exit)
+            _atexit_registered = True
+
+
+def _finalize_at_exit() -> None:
+    global _initialised
+    with _init_lock:
+        acl, _initialised = _initialised, None
+    if acl is None:
+        return
+    try:
+        ret = acl.finalize()
+        if ret not in (K.SUCCESS, K.REPEAT_FINALIZE):
+            log.warning("acl.finalize returned %s at exit", ret)
+    except Exception:  # interpreter teardown: nothing left to report to
+        pass
+
+
+class DeviceSession:
+    """One instance's hold on one NPU: set_device, its own context (current on the thread that
+    opened it) and its own stream. Every method runs on the instance's thread."""
+
+    def __init__(self, acl: ModuleType, device_id: int) -> None:
+        self.acl = acl
+        self.device_id = device_id
+        self.context = 0
+        self.stream = 0
+        self.run_mode = K.RUN_MODE_HOST
+        self._device_set = False
+        self._listed = False
+
+    @classmethod
+    def open(cls, acl: ModuleType, device_id: int, *, stream: bool = True,
+             telemetry: bool = True) -> "DeviceSession":
+        ensure_initialised(acl)
+        session = cls(acl, device_id)
+        try:
+            check(acl, acl.rt.set_device(device_id), f"acl.rt.set_device({device_id})")
+            session._device_set = True
+            session.context = unwrap(acl, acl.rt.create_context(device_id),
+                                     f"acl.rt.create_context({device_id})")
+            _current.session = session  # create_context made it current on this thread
+            if stream:
+                session.stream = unwrap(acl, acl.rt.create_stream(), "acl.rt.create_stream")
+            session.run_mode = unwrap(acl, acl.rt.get_run_mode(), "acl.rt.get_run_mode")
+        except BaseException:
+            session.close()
+            raise
+        if telemetry:
+            with _registry_lock:
+                _sessions.append(session)
+                session._listed = True
+        return session
+
+    @property
+    def h2d(self) -> int:
+        """Copy kind for host numpy -> device (on-device programs copy device to device)."""
+        on_host = self.run_mode == K.RUN_MODE_HOST
+        return K.MEMCPY_HOST_TO_DEVICE if on_host else K.MEMCPY_DEVICE_TO_DEVICE
+
+    @property
+    def d2h(self) -> int:
+        on_host = self.run_mode == K.RUN_MODE_HOST
+        return K.MEMCPY_DEVICE_TO_HOST if on_host else K.MEMCPY_DEVICE_TO_DEVICE
+
+    def bind(self) -> None:
+        """Make this session's context current, if this thread has not got it already."""
+        if getattr(_current, "session", None) is not self:
+            check(self.acl, self.acl.rt.set_context(self.context), "acl.rt.set_context")
+            _current.session = self
+
+    def synchronize(self) -> None:
+        """Wait for the stream (pyACL releases the GIL here, so other instances keep running)."""
+        check(self.acl, self.acl.rt.synchronize_stream(self.stream), "acl.rt.synchronize_stream")
+
+    def close(self) -> list[str]:
+        """Destroy stream, then context, then drop the device reference (the documented order).
+        Carries on past failures and returns them, so one bad step leaks nothing else."""
+        if self._listed:
+            with _registry_lock:  # after this the telemetry thread no longer touches the context
+                _sessions.remove(self)
+            self._listed = False
+        problems: list[str] = []
+        acl = self.acl
+        if self.stream:
+            _collect(problems, acl, acl.rt.destroy_stream(self.stream), "acl.rt.destroy_stream")
+            self.stream = 0
+        if self.context:
+            _collect(problems, acl, acl.rt.destroy_context(self.context), "acl.rt.destroy_context")
+            self.context = 0
+        if getattr(_current, "session", None) is self:
+            _current.session = None
+        if self._device_set:
+            _collect(problems, acl, acl.rt.reset_device(self.device_id),
+                     f"acl.rt.reset_device({self.device_id})")
+            self._device_set = False
+        return problems
+
+
+def _collect(problems: list[str], acl: ModuleType, ret: int, call: str) -> None:
+    try:
+        check(acl, ret, call)
+    except AclError as exc:
+        problems.append(exc.message)
+
+
+def for_each_open_device(read: Callable[[ModuleType, int], T]) -> list[tuple[int, T]]:
+    """Call `read(acl, device_id)` once per device an instance has open, on the calling thread
+    with that instance's context made current, holding the registry lock so the context is not
+    destroyed meanwhile. Returns [] without touching acl when no NPU model is loaded; a device
+    whose query fails is left out (and logged)."""
+    results: list[tuple[int, T]] = []
+    with _registry_lock:
+        seen: set[int] = set()
+        for session in _sessions:
+            if session.device_id in seen:
+                continue
+            seen.add(session.device_id)
+            try:
+                session.bind()
+                results.append((session.device_id, read(session.acl, session.device_id)))
+            except Exception as exc:  # telemetry must never break a scrape
+                log.debug("NPU %s telemetry failed: %s", session.device_id, exc)
+    return results
+
+
+def open_device_ids() -> list[int]:
+    with _registry_lock:
+        return sorted({s.device_id for s in _sessions})

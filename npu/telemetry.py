@@ -1,0 +1,83 @@
+"""NPU gauges for the metrics endpoint, read at scrape time from the devices instances have open.
+
+A prometheus_client custom collector: with no NPU model loaded it yields nothing and never
+imports `acl`. Memory comes from acl.rt.get_mem_info (HBM, falling back to DDR on parts
+without HBM such as the 310P); utilisation from acl.rt.get_device_utilization_rate where the
+binding has it. Temperature and power are not in pyACL: leave them to Huawei's npu-exporter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Iterable, Optional
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from npu import constants as K
+from npu import device
+from npu.errors import check
+
+# pyACL's utilisation keys -> our `engine` label. memory_utilization is reserved (-1).
+_ENGINES = {"cube_utilization": "aicore", "vector_utilization": "vector",
+            "aicpu_utilization": "aicpu"}
+
+
+@dataclass
+class DeviceReading:
+    used_bytes: Optional[int] = None
+    total_bytes: Optional[int] = None
+    utilization: dict[str, float] = field(default_factory=dict)  # engine -> 0..1
+
+
+def _read(acl: ModuleType, device_id: int) -> DeviceReading:
+    """Runs with the device's context current on this thread (device.for_each_open_device)."""
+    reading = DeviceReading()
+    for attr in (K.MEM_HBM, K.MEM_DDR):
+        free, total, ret = acl.rt.get_mem_info(attr)
+        check(acl, ret, "acl.rt.get_mem_info")  # a device that cannot answer is left out
+        if total > 0:
+            reading.used_bytes, reading.total_bytes = total - free, total
+            break
+    utilisation = getattr(acl.rt, "get_device_utilization_rate", None)
+    if utilisation is not None:
+        rates, ret = utilisation(device_id)
+        if ret == 0:
+            for key, engine in _ENGINES.items():
+                value = rates.get(key, -1)
+                if isinstance(value, (int, float)) and value >= 0:
+                    reading.utilization[engine] = value / 100.0
+    return reading
+
+
+class NpuCollector(Collector):
+    """ascend_npu_memory_used_bytes / _total_bytes and ascend_npu_utilization, per device."""
+
+    def describe(self) -> Iterable:
+        return []  # names are only known at scrape; registration must not touch the device
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        readings = device.for_each_open_device(_read)
+        if not readings:
+            return []
+        used = GaugeMetricFamily("ascend_npu_memory_used_bytes",
+                                 "NPU device memory in use, in bytes", labels=["device"])
+        total = GaugeMetricFamily("ascend_npu_memory_total_bytes",
+                                  "NPU device memory available to applications, in bytes",
+                                  labels=["device"])
+        util = GaugeMetricFamily("ascend_npu_utilization",
+                                 "NPU busy fraction (0..1) per engine: aicore, vector, aicpu",
+                                 labels=["device", "engine"])
+        for device_id, reading in readings:
+            label = str(device_id)
+            if reading.total_bytes is not None:
+                used.add_metric([label], float(reading.used_bytes or 0))
+                total.add_metric([label], float(reading.total_bytes))
+            for engine, value in sorted(reading.utilization.items()):
+                util.add_metric([label, engine], value)
+        return [family for family in (used, total, util) if family.samples]
+
+
+def npu_collector() -> Collector:
+    """The collector for server/metrics.py to register once."""
+    return NpuCollector()

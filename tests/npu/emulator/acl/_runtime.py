@@ -1,0 +1,301 @@
+"""The emulator's process-wide state: devices, contexts, streams, handles, faults, violations.
+
+Everything lives on one `Runtime` object (`RT`) guarded by one re-entrant lock, so every call
+into the fake binding is serialised the way the real binding serialises on the GIL; calls that
+really release the GIL (`synchronize_stream`) drop the lock while they wait.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from . import _codes as C
+
+
+class EmulatorViolation(AssertionError):
+    """Misuse that real hardware would punish silently or undefinedly; it fails the test."""
+
+
+class DoubleFree(EmulatorViolation):
+    pass
+
+
+class ConcurrentModelUse(EmulatorViolation):
+    pass
+
+
+class DanglingHostPointer(EmulatorViolation):
+    pass
+
+
+class AclFail(Exception):
+    """Raised inside an emulated call; the entry wrapper turns it into the call's error return."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Config:
+    device_count: int = 2
+    memory_bytes: int = 1 << 30  # per device
+    soc_name: str = "Ascend310P3"
+    has_hbm: bool = False  # 310P: HBM queries are redirected to DDR
+    run_mode: int = C.RUN_MODE_HOST
+    strict_dynamic_sizes: bool = False  # flag dynamic inputs whose buffer is not gear-sized
+    require_gear_before_execute: bool = True  # dynamic model executed without a gear -> 145013
+    dims_show_max_gear: bool = False  # desc dims give the largest gear instead of -1
+    latency_scale: float = 1.0  # multiplies every model's latency_ms
+    fill_byte: int = 0xA5  # fresh device memory is not zeroed
+
+
+@dataclass
+class Fault:
+    fn: str
+    ret: int
+    count: Optional[int] = 1  # None: forever
+    after: int = 0  # let this many matching calls succeed first
+    device: Optional[int] = None
+
+    def take(self, fn: str, device: Optional[int]) -> bool:
+        if fn != self.fn or (self.device is not None and device != self.device):
+            return False
+        if self.after > 0:
+            self.after -= 1
+            return False
+        if self.count is not None:
+            if self.count <= 0:
+                return False
+            self.count -= 1
+        return True
+
+
+@dataclass(eq=False)
+class Context:
+    handle: int
+    device: int
+    default: bool
+    destroyed: bool = False
+    streams: set = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Stream:
+    handle: int
+    ctx: Context
+    pending: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Device:
+    id: int
+    base: int
+    refcount: int = 0
+    default_ctx: Optional[Context] = None
+    charged: int = 0
+    lost: bool = False
+    next_addr: int = 0
+    busy_s: float = 0.0
+    window_start: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class DataBuffer:
+    handle: int
+    addr: int
+    size: int
+
+
+@dataclass(eq=False)
+class Dataset:
+    handle: int
+    buffers: list = field(default_factory=list)
+    gear: Optional[int] = None
+
+
+_HANDLE_BASES = {
+    "context": 0x7A10_0000_0000, "stream": 0x7A20_0000_0000, "desc": 0x7A30_0000_0000,
+    "dataset": 0x7A40_0000_0000, "buffer": 0x7A50_0000_0000,
+}
+DEVICE_BASE = 1 << 48
+DEVICE_SPAN = 1 << 40  # address range per device
+
+
+class Runtime:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.reset()
+
+    def reset(self, config: Optional[Config] = None) -> None:
+        with self.lock:
+            self.config = config or config_from_env()
+            self.tls = threading.local()
+            self.initialised = False
+            self.ever_initialised = False
+            self.devices = {
+                d: Device(d, DEVICE_BASE + d * DEVICE_SPAN, next_addr=DEVICE_BASE + d * DEVICE_SPAN)
+                for d in range(self.config.device_count)
+            }
+            self._counters = {kind: itertools.count(1) for kind in _HANDLE_BASES}
+            self._model_ids = itertools.count(1)
+            self.contexts: dict[int, Context] = {}
+            self.streams: dict[int, Stream] = {}
+            self.buffers: dict[int, DataBuffer] = {}
+            self.datasets: dict[int, Dataset] = {}
+            self.descs: dict[int, Any] = {}
+            self.models: dict[int, Any] = {}
+            self.retired: set[int] = set()  # destroyed handles, to tell a double destroy
+            self.faults: list[Fault] = []
+            self.violations: list[str] = []
+            self.executions: dict[int, dict] = {}
+            from . import _memory
+            self.memory = _memory.Ledger(self)
+            for spec in _env_faults():
+                self.faults.append(Fault(**spec))
+            for dev in _env_lost_devices():
+                if dev in self.devices:
+                    self.devices[dev].lost = True
+
+    # -- handles ------------------------------------------------------------------------------
+    def new_handle(self, kind: str) -> int:
+        return _HANDLE_BASES[kind] + next(self._counters[kind]) * 0x40
+
+    def new_model_id(self) -> int:
+        return next(self._model_ids)
+
+    # -- errors and violations ----------------------------------------------------------------
+    def set_err(self, message: str) -> None:
+        self.tls.err = message
+
+    def take_err(self) -> Optional[str]:
+        message = getattr(self.tls, "err", None)
+        self.tls.err = None
+        return message
+
+    def violate(self, message: str, exc: Optional[type[EmulatorViolation]] = None) -> None:
+        """Record misuse; `assert_clean` fails on it even when the caller swallowed the error."""
+        with self.lock:
+            self.violations.append(message)
+        if exc is not None:
+            raise exc(message)
+
+    # -- preconditions ------------------------------------------------------------------------
+    def require_init(self) -> None:
+        if not self.initialised:
+            raise AclFail(C.UNINITIALIZE, "acl.init has not been called (or acl.finalize was)")
+
+    def require_device_id(self, device: int) -> Device:
+        if device not in self.devices:
+            raise AclFail(C.RT_INVALID_DEVICEID,
+                          f"invalid device id {device}: {len(self.devices)} device(s) visible")
+        return self.devices[device]
+
+    def current_ctx(self) -> Context:
+        ctx = getattr(self.tls, "ctx", None)
+        if ctx is None or ctx.destroyed:
+            raise AclFail(C.RT_CONTEXT_NULL,
+                          "no context is current on this thread: call acl.rt.set_device or "
+                          "acl.rt.set_context on this thread first")
+        return ctx
+
+    def current_ctx_or_none(self) -> Optional[Context]:
+        ctx = getattr(self.tls, "ctx", None)
+        return None if ctx is None or ctx.destroyed else ctx
+
+    def bind(self, ctx: Optional[Context]) -> None:
+        self.tls.ctx = ctx
+
+    def require_alive(self, device: int) -> None:
+        if self.devices[device].lost:
+            raise AclFail(C.RT_LOST_HEARTBEAT,
+                          f"device {device} lost heartbeat (device fault; reset required)")
+
+    # -- faults -------------------------------------------------------------------------------
+    def take_fault(self, fn: str, device: Optional[int]) -> Optional[int]:
+        with self.lock:
+            for fault in self.faults:
+                if fault.take(fn, device):
+                    if fault.ret == C.RT_LOST_HEARTBEAT and device is not None:
+                        self.devices[device].lost = True
+                    return fault.ret
+        return None
+
+
+def config_from_env() -> Config:
+    raw = json.loads(os.environ.get("ACL_EMU_CONFIG", "{}") or "{}")
+    fields = {k: v for k, v in raw.items() if k in Config.__dataclass_fields__}
+    return Config(**fields)
+
+
+def _env_faults() -> list[dict]:
+    return list(json.loads(os.environ.get("ACL_EMU_CONFIG", "{}") or "{}").get("faults", []))
+
+
+def _env_lost_devices() -> list[int]:
+    return list(json.loads(os.environ.get("ACL_EMU_CONFIG", "{}") or "{}").get("lost_devices", []))
+
+
+def _check_args(name: str, spec: str, args: tuple) -> None:
+    required, _, optional = spec.partition("|")
+    if not len(required) <= len(args) <= len(required) + len(optional):
+        raise TypeError(f"acl.{name} args parse failed")
+    for code, value in zip(required + optional, args):
+        ok = (isinstance(value, int) if code == "k" else
+              isinstance(value, str) if code == "s" else True)
+        if not ok:
+            raise TypeError(f"acl.{name} args parse failed")
+
+
+def entry(name: str, spec: str, fail: Optional[Callable[[int], Any]] = None,
+          device_arg: Optional[int] = None, inject: bool = True) -> Callable:
+    """Wrap one emulated call: argument parsing like the C binding ("k" = int, "s" = str),
+    injected faults, and AclFail turned into this call's own error-return shape."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args: Any) -> Any:
+            _check_args(name, spec, args)
+            if fail is not None and inject and RT.faults:
+                if device_arg is not None:
+                    device = args[device_arg]
+                else:
+                    ctx = RT.current_ctx_or_none()
+                    device = ctx.device if ctx else None
+                code = RT.take_fault(name, device)
+                if code is not None:
+                    RT.set_err(f"EZ9999: injected fault in acl.{name}: error {code}")
+                    return fail(code)
+            try:
+                return fn(*args)
+            except AclFail as failure:
+                if fail is None:
+                    raise
+                RT.set_err(failure.message)
+                return fail(failure.code)
+
+        return call
+
+    return decorate
+
+
+def ret_only(code: int) -> int:
+    return code
+
+
+def value_ret(code: int) -> tuple[int, int]:
+    return 0, code
+
+
+def dict_ret(code: int) -> tuple[dict, int]:
+    return {}, code
+
+
+RT = Runtime()

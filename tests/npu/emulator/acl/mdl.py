@@ -1,0 +1,495 @@
+"""acl.mdl: model load, descriptions, datasets, dynamic batch gears and execution."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import _codes as C
+from . import _om
+from ._memory import Allocation
+from ._runtime import (RT, AclFail, ConcurrentModelUse, Context, Dataset, dict_ret, entry,
+                       ret_only, value_ret)
+
+
+@dataclass(eq=False)
+class Model:
+    id: int
+    ctx: Context
+    device: int
+    spec: _om.OmSpec
+    weights: Optional[Allocation]
+    busy: Optional[str] = None
+    gear: Optional[int] = None  # set by set_dynamic_batch_size (GE keeps it per model)
+    cur_gear: Optional[int] = None  # gear of the last execution, for get_cur_output_dims
+
+
+@dataclass(eq=False)
+class Desc:
+    handle: int
+    model_id: Optional[int] = None
+    spec: Optional[_om.OmSpec] = None
+
+
+@dataclass(eq=False)
+class Task:
+    model: Model
+    inputs: list
+    outputs: list
+    gear: Optional[int]
+    latency_s: float = 0.0
+
+
+# -- load / unload ----------------------------------------------------------------------------
+
+
+@entry("mdl.load_from_file", "s", value_ret)
+def load_from_file(path: str) -> tuple[int, int]:
+    with RT.lock:
+        RT.require_init()
+        ctx = RT.current_ctx()
+        RT.require_alive(ctx.device)
+        spec = _om.parse(path)
+        model_id = RT.new_model_id()
+        charge = spec.weight_size + spec.work_size
+        weights = (RT.memory.allocate(ctx.device, charge, owner=f"model {model_id}",
+                                      oom_code=C.GE_MEMORY_ALLOCATION) if charge else None)
+        RT.models[model_id] = Model(model_id, ctx, ctx.device, spec, weights)
+        return model_id, C.SUCCESS
+
+
+@entry("mdl.query_size", "s", lambda code: (0, 0, code))
+def query_size(path: str) -> tuple[int, int, int]:
+    spec = _om.parse(path)
+    return spec.work_size, spec.weight_size, C.SUCCESS
+
+
+def _model(model_id: int, code: int = C.INVALID_MODEL_ID) -> Model:
+    model = RT.models.get(model_id)
+    if model is None:
+        if model_id in RT.retired:
+            RT.violate(f"use of unloaded model id {model_id}")
+        raise AclFail(code, f"model id {model_id} is not loaded")
+    return model
+
+
+@entry("mdl.unload", "k", ret_only)
+def unload(model_id: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        model = _model(model_id)
+        if model.ctx is not RT.current_ctx():
+            raise AclFail(C.RT_MODEL_CONTEXT, f"model {model_id} was loaded in another context")
+        if model.busy:
+            RT.violate(f"unload of model {model_id} while it executes ({model.busy})")
+        if model.weights is not None:
+            RT.memory.release(model.weights.ptr)
+        del RT.models[model_id]
+        RT.retired.add(model_id)
+        return C.SUCCESS
+
+
+# -- description ------------------------------------------------------------------------------
+
+
+@entry("mdl.create_desc", "")
+def create_desc() -> int:
+    with RT.lock:
+        desc = Desc(RT.new_handle("desc"))
+        RT.descs[desc.handle] = desc
+        return desc.handle
+
+
+@entry("mdl.destroy_desc", "k", ret_only)
+def destroy_desc(desc: int) -> int:
+    with RT.lock:
+        if desc not in RT.descs:
+            if desc in RT.retired:
+                RT.violate(f"double destroy of model desc {desc:#x}")
+            raise AclFail(C.INVALID_PARAM, f"desc {desc:#x} does not exist")
+        del RT.descs[desc]
+        RT.retired.add(desc)
+        return C.SUCCESS
+
+
+@entry("mdl.get_desc", "kk", ret_only)
+def get_desc(desc: int, model_id: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        found = RT.descs.get(desc)
+        if found is None:
+            raise AclFail(C.INVALID_PARAM, f"desc {desc:#x} does not exist")
+        model = _model(model_id)
+        found.model_id, found.spec = model_id, model.spec
+        return C.SUCCESS
+
+
+def _spec(desc: int) -> Optional[_om.OmSpec]:
+    found = RT.descs.get(desc)
+    return found.spec if found is not None else None
+
+
+def _tensor(desc: int, index: int, outputs: bool) -> Optional[_om.TensorSpec]:
+    spec = _spec(desc)
+    if spec is None:
+        return None
+    tensors = spec.outputs if outputs else spec.desc_inputs()
+    return tensors[index] if 0 <= index < len(tensors) else None
+
+
+def _size(desc: int, index: int, outputs: bool) -> int:
+    tensor = _tensor(desc, index, outputs)
+    if tensor is None:
+        return 0
+    if tensor.name == C.DYNAMIC_TENSOR_NAME and not outputs:
+        return 8
+    spec = _spec(desc)
+    return tensor.nbytes(spec.max_gear if spec.dynamic else None)
+
+
+def _dims(desc: int, index: int, outputs: bool, gear: Optional[int] = None) -> tuple[dict, int]:
+    tensor = _tensor(desc, index, outputs)
+    if tensor is None:
+        RT.set_err(f"index {index} out of range or desc not filled")
+        return {}, C.INVALID_PARAM
+    dims = list(tensor.dims)
+    spec = _spec(desc)
+    if gear is None and RT.config.dims_show_max_gear and spec is not None and spec.dynamic \
+            and tensor.name != C.DYNAMIC_TENSOR_NAME:
+        gear = spec.max_gear
+    if gear is not None and dims and dims[0] == -1:
+        dims[0] = gear
+    return {"name": tensor.name, "dimCount": len(dims), "dims": dims}, C.SUCCESS
+
+
+@entry("mdl.get_num_inputs", "k")
+def get_num_inputs(desc: int) -> int:
+    spec = _spec(desc)
+    return len(spec.desc_inputs()) if spec else 0
+
+
+@entry("mdl.get_num_outputs", "k")
+def get_num_outputs(desc: int) -> int:
+    spec = _spec(desc)
+    return len(spec.outputs) if spec else 0
+
+
+@entry("mdl.get_input_size_by_index", "kk")
+def get_input_size_by_index(desc: int, index: int) -> int:
+    return _size(desc, index, outputs=False)
+
+
+@entry("mdl.get_output_size_by_index", "kk")
+def get_output_size_by_index(desc: int, index: int) -> int:
+    return _size(desc, index, outputs=True)
+
+
+@entry("mdl.get_input_dims", "kk")
+def get_input_dims(desc: int, index: int) -> tuple[dict, int]:
+    return _dims(desc, index, outputs=False)
+
+
+@entry("mdl.get_output_dims", "kk")
+def get_output_dims(desc: int, index: int) -> tuple[dict, int]:
+    return _dims(desc, index, outputs=True)
+
+
+@entry("mdl.get_cur_output_dims", "kk")
+def get_cur_output_dims(desc: int, index: int) -> tuple[dict, int]:
+    found = RT.descs.get(desc)
+    model = RT.models.get(found.model_id) if found and found.model_id else None
+    spec = _spec(desc)
+    gear = model.cur_gear if model and model.cur_gear else (spec.max_gear if spec else None)
+    return _dims(desc, index, outputs=True, gear=gear)
+
+
+@entry("mdl.get_input_data_type", "kk")
+def get_input_data_type(desc: int, index: int) -> int:
+    tensor = _tensor(desc, index, outputs=False)
+    return tensor.dtype if tensor else -1
+
+
+@entry("mdl.get_output_data_type", "kk")
+def get_output_data_type(desc: int, index: int) -> int:
+    tensor = _tensor(desc, index, outputs=True)
+    return tensor.dtype if tensor else -1
+
+
+@entry("mdl.get_input_format", "kk")
+def get_input_format(desc: int, index: int) -> int:
+    tensor = _tensor(desc, index, outputs=False)
+    return tensor.fmt if tensor else -1
+
+
+@entry("mdl.get_output_format", "kk")
+def get_output_format(desc: int, index: int) -> int:
+    tensor = _tensor(desc, index, outputs=True)
+    return tensor.fmt if tensor else -1
+
+
+@entry("mdl.get_input_name_by_index", "kk")
+def get_input_name_by_index(desc: int, index: int) -> str:
+    tensor = _tensor(desc, index, outputs=False)
+    return tensor.name if tensor else ""
+
+
+@entry("mdl.get_output_name_by_index", "kk")
+def get_output_name_by_index(desc: int, index: int) -> str:
+    tensor = _tensor(desc, index, outputs=True)
+    return tensor.name if tensor else ""
+
+
+def _index_by_name(desc: int, name: str, outputs: bool) -> tuple[int, int]:
+    spec = _spec(desc)
+    tensors = (spec.outputs if outputs else spec.desc_inputs()) if spec else ()
+    for index, tensor in enumerate(tensors):
+        if tensor.name == name:
+            return index, C.SUCCESS
+    RT.set_err(f"no {'output' if outputs else 'input'} named {name!r}")
+    return 0, C.INVALID_PARAM
+
+
+@entry("mdl.get_input_index_by_name", "ks")
+def get_input_index_by_name(desc: int, name: str) -> tuple[int, int]:
+    return _index_by_name(desc, name, outputs=False)
+
+
+@entry("mdl.get_output_index_by_name", "ks")
+def get_output_index_by_name(desc: int, name: str) -> tuple[int, int]:
+    return _index_by_name(desc, name, outputs=True)
+
+
+@entry("mdl.get_dynamic_batch", "k", dict_ret)
+def get_dynamic_batch(desc: int) -> tuple[dict, int]:
+    spec = _spec(desc)
+    if spec is None:
+        raise AclFail(C.INVALID_PARAM, f"desc {desc:#x} does not exist or is not filled")
+    return {"batchCount": len(spec.gears), "batch": list(spec.gears)}, C.SUCCESS
+
+
+# -- datasets ---------------------------------------------------------------------------------
+
+
+@entry("mdl.create_dataset", "")
+def create_dataset() -> int:
+    with RT.lock:
+        dataset = Dataset(RT.new_handle("dataset"))
+        RT.datasets[dataset.handle] = dataset
+        return dataset.handle
+
+
+@entry("mdl.destroy_dataset", "k", ret_only)
+def destroy_dataset(dataset: int) -> int:
+    with RT.lock:
+        if dataset not in RT.datasets:
+            if dataset in RT.retired:
+                RT.violate(f"double destroy of dataset {dataset:#x}")
+            raise AclFail(C.INVALID_PARAM, f"dataset {dataset:#x} does not exist")
+        del RT.datasets[dataset]  # its data buffers stay alive: the caller destroys them
+        RT.retired.add(dataset)
+        return C.SUCCESS
+
+
+@entry("mdl.add_dataset_buffer", "kk", value_ret)
+def add_dataset_buffer(dataset: int, buffer: int) -> tuple[int, int]:
+    with RT.lock:
+        found = RT.datasets.get(dataset)
+        if found is None or buffer not in RT.buffers:
+            raise AclFail(C.INVALID_PARAM, "add_dataset_buffer: unknown dataset or data buffer")
+        found.buffers.append(buffer)
+        return dataset, C.SUCCESS
+
+
+@entry("mdl.get_dataset_num_buffers", "k")
+def get_dataset_num_buffers(dataset: int) -> int:
+    found = RT.datasets.get(dataset)
+    return len(found.buffers) if found else 0
+
+
+@entry("mdl.get_dataset_buffer", "kk")
+def get_dataset_buffer(dataset: int, index: int) -> int:
+    found = RT.datasets.get(dataset)
+    if found is None or not 0 <= index < len(found.buffers):
+        return 0
+    return found.buffers[index]
+
+
+# -- dynamic batch ----------------------------------------------------------------------------
+
+
+@entry("mdl.set_dynamic_batch_size", "kkkk", ret_only)
+def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        ctx = RT.current_ctx()
+        model = _model(model_id)
+        if model.ctx is not ctx:
+            raise AclFail(C.RT_MODEL_CONTEXT, f"model {model_id} was loaded in another context")
+        if batch == 0:
+            raise AclFail(C.INVALID_PARAM, "dynamic batch size must not be 0")
+        found = RT.datasets.get(dataset)
+        if found is None or not 0 <= index < len(found.buffers):
+            raise AclFail(C.INVALID_PARAM, f"no data buffer at index {index} of the dataset")
+        buffer = RT.buffers.get(found.buffers[index])
+        if buffer is None or buffer.addr == 0:
+            raise AclFail(C.INVALID_PARAM, f"data buffer at index {index} has no address")
+        spec = model.spec
+        if not spec.dynamic:
+            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID, f"model {model_id} has no dynamic batch")
+        if index != len(spec.inputs):
+            raise AclFail(C.INVALID_PARAM, f"input {index} is not {C.DYNAMIC_TENSOR_NAME}")
+        if buffer.size < 4:
+            raise AclFail(C.GE_DYNAMIC_INPUT_LENGTH_INVALID, "dynamic tensor buffer too small")
+        if batch not in spec.gears:
+            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
+                          f"batch size {batch} is not one of the model's gears {list(spec.gears)}")
+        value = np.array([batch], dtype=np.uint64 if buffer.size >= 8 else np.uint32)
+        RT.memory.write_device(buffer.addr, value)
+        found.gear = batch
+        model.gear = batch
+        return C.SUCCESS
+
+
+# -- execution --------------------------------------------------------------------------------
+
+
+def _buffers(dataset: int, label: str) -> list:
+    found = RT.datasets.get(dataset) if dataset else None
+    if found is None:
+        raise AclFail(C.INVALID_PARAM, f"{label} dataset is null or destroyed")
+    buffers = []
+    for handle in found.buffers:
+        buffer = RT.buffers.get(handle)
+        if buffer is None:
+            raise AclFail(C.INVALID_PARAM, f"{label} dataset holds a destroyed data buffer")
+        buffers.append(buffer)
+    return buffers
+
+
+def _prepare(model_id: int, in_ds: int, out_ds: int, stream: Optional[int]) -> Task:
+    RT.require_init()
+    ctx = RT.current_ctx()
+    model = _model(model_id, C.GE_EXEC_MODEL_ID_INVALID)
+    if model.ctx is not ctx:
+        raise AclFail(C.RT_MODEL_CONTEXT, f"model {model_id} was loaded in another context")
+    if stream:
+        from .rt import stream_in_current_context
+        stream_in_current_context(stream)
+    inputs, outputs = _buffers(in_ds, "input"), _buffers(out_ds, "output")
+    spec = model.spec
+    if len(inputs) != len(spec.desc_inputs()) or len(outputs) != len(spec.outputs):
+        raise AclFail(C.GE_PARAM_INVALID,
+                      f"model {model_id} has {len(spec.desc_inputs())} inputs and "
+                      f"{len(spec.outputs)} outputs; datasets hold {len(inputs)} and {len(outputs)}")
+    if any(b.addr == 0 for b in inputs):
+        raise AclFail(C.INVALID_PARAM, "input data buffer with a null address")
+    if stream is not None and any(b.addr == 0 for b in outputs):
+        raise AclFail(C.INVALID_PARAM, "execute_async needs allocated output buffers")
+    gear = None
+    if spec.dynamic:
+        gear = model.gear
+        dataset_gear = RT.datasets[in_ds].gear
+        if dataset_gear is None and RT.config.require_gear_before_execute:
+            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
+                          "dynamic model executed without set_dynamic_batch_size")
+        if dataset_gear is not None and gear != dataset_gear:
+            RT.violate(f"model {model_id}: gear {gear} set through another dataset, this one "
+                       f"says {dataset_gear} (shared model state raced)")
+        gear = gear or spec.max_gear
+        if RT.config.strict_dynamic_sizes:
+            for tensor, buffer in zip(spec.inputs, inputs):
+                if buffer.size != tensor.nbytes(gear):
+                    RT.violate(f"input {tensor.name}: buffer of {buffer.size} bytes for gear {gear}"
+                               f" (expected {tensor.nbytes(gear)})")
+    else:
+        for tensor, buffer in zip(spec.inputs + spec.outputs, inputs + outputs):
+            if buffer.addr and buffer.size + 64 < tensor.nbytes(None):
+                raise AclFail(C.GE_PARAM_INVALID,
+                              f"buffer for {tensor.name} holds {buffer.size} bytes, the model "
+                              f"needs {tensor.nbytes(None)}")
+    RT.require_alive(model.device)
+    if model.busy:
+        RT.violate(f"model {model_id} entered concurrently by {threading.current_thread().name} "
+                   f"while {model.busy} runs it", ConcurrentModelUse)
+    for tensor, buffer in zip(spec.outputs, outputs):
+        if buffer.addr == 0:  # synchronous execute allocates (0, 0) outputs for the caller
+            alloc = RT.memory.allocate(model.device, tensor.nbytes(gear))
+            buffer.addr, buffer.size = alloc.ptr, alloc.size
+    batch = gear if gear is not None else 1
+    latency = (spec.latency_fixed_s + spec.latency_per_sample_s * batch) * RT.config.latency_scale
+    model.busy = f"thread {threading.current_thread().name}"
+    return Task(model, [(b.addr, b.size) for b in inputs], [(b.addr, b.size) for b in outputs],
+                gear, latency)
+
+
+def _compute(task: Task) -> int:
+    model, spec = task.model, task.model.spec
+    try:
+        RT.require_alive(model.device)
+        if RT.models.get(model.id) is not model:
+            raise AclFail(C.GE_EXEC_MODEL_ID_INVALID, f"model {model.id} was unloaded")
+        arrays = {}
+        for tensor, (addr, size) in zip(spec.inputs, task.inputs):
+            need = tensor.nbytes(task.gear)
+            raw = np.zeros(need, dtype=np.uint8)
+            take = min(need, size)
+            raw[:take] = RT.memory.read_device(addr, take)
+            arrays[tensor.name] = raw.view(tensor.np_dtype).reshape(tensor.shape(task.gear))
+        code = _om.poisoned(spec, arrays)
+        if code is not None:
+            if code == C.RT_LOST_HEARTBEAT:
+                RT.devices[model.device].lost = True
+            raise AclFail(code, f"model {model.id} execution failed on device {model.device} "
+                                f"(emulated fault, error {code})")
+        outputs = _om.run(spec, arrays, task.gear)
+        for tensor, (addr, size) in zip(spec.outputs, task.outputs):
+            value = outputs[tensor.name]
+            if value.nbytes > size + (0 if spec.dynamic else 64):
+                raise AclFail(C.GE_PARAM_INVALID,
+                              f"output buffer for {tensor.name} holds {size} bytes, the gear "
+                              f"needs {value.nbytes}")
+            RT.memory.write_device(addr, value)
+        model.cur_gear = task.gear
+        record = RT.executions.setdefault(model.id, {"count": 0})
+        record.update(count=record["count"] + 1, gear=task.gear, inputs=arrays)
+        RT.devices[model.device].busy_s += task.latency_s
+        return C.SUCCESS
+    except AclFail as failure:
+        RT.set_err(failure.message)
+        return failure.code
+
+
+def run_task(task: Task, hold_lock: bool) -> int:
+    """Wait out the emulated latency (holding the lock for a synchronous execute, as the real
+    one holds the GIL; without it under synchronize_stream), then compute."""
+    try:
+        if hold_lock:
+            with RT.lock:
+                time.sleep(task.latency_s)
+                return _compute(task)
+        time.sleep(task.latency_s)
+        with RT.lock:
+            return _compute(task)
+    finally:
+        task.model.busy = None
+
+
+@entry("mdl.execute", "kkk", ret_only)
+def execute(model_id: int, in_ds: int, out_ds: int) -> int:
+    with RT.lock:
+        task = _prepare(model_id, in_ds, out_ds, None)
+        return run_task(task, hold_lock=True)
+
+
+@entry("mdl.execute_async", "kkkk", ret_only)
+def execute_async(model_id: int, in_ds: int, out_ds: int, stream: int) -> int:
+    with RT.lock:
+        task = _prepare(model_id, in_ds, out_ds, stream)
+        if stream:
+            RT.streams[stream].pending.append(task)
+        else:  # the context's default stream: emulate as synchronous
+            return run_task(task, hold_lock=True)
+        return C.SUCCESS

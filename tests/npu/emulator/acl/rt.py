@@ -1,0 +1,290 @@
+"""acl.rt: devices, contexts, streams, memory and device telemetry, as the real binding shapes them."""
+from __future__ import annotations
+
+import time
+
+from . import _codes as C
+from ._runtime import RT, AclFail, Context, Stream, entry, ret_only, value_ret
+
+# -- devices and contexts ---------------------------------------------------------------------
+
+
+@entry("rt.set_device", "k", ret_only, device_arg=0)
+def set_device(device_id: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        dev = RT.require_device_id(device_id)
+        if dev.lost:
+            raise AclFail(507033, f"device {device_id} setup error (driver or firmware fault)")
+        dev.refcount += 1
+        if dev.default_ctx is None:
+            dev.default_ctx = Context(RT.new_handle("context"), device_id, default=True)
+            RT.contexts[dev.default_ctx.handle] = dev.default_ctx
+        RT.bind(dev.default_ctx)
+        return C.SUCCESS
+
+
+@entry("rt.reset_device", "k", ret_only, device_arg=0)
+def reset_device(device_id: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        dev = RT.require_device_id(device_id)
+        if dev.refcount <= 0:
+            RT.violate(f"reset_device({device_id}) without a matching set_device")
+            raise AclFail(C.RT_PARAM_INVALID, f"device {device_id} is not set")
+        dev.refcount -= 1
+        if dev.refcount == 0:
+            _release_device(dev)
+        return C.SUCCESS
+
+
+def _release_device(dev) -> None:
+    """Refcount reached 0: the default context and its streams go; anything else is a leak."""
+    leaks = []
+    user = [a for a in RT.memory.live.values() if a.device == dev.id and a.owner == "user"]
+    if user:
+        leaks.append(f"{len(user)} device allocation(s) ({sum(a.size for a in user)} bytes)")
+    models = [m for m in RT.models.values() if m.device == dev.id]
+    if models:
+        leaks.append(f"{len(models)} loaded model(s)")
+    contexts = [c for c in RT.contexts.values() if c.device == dev.id and not c.default]
+    if contexts:
+        leaks.append(f"{len(contexts)} explicit context(s)")
+    if leaks:
+        RT.violate(f"reset_device({dev.id}) left " + ", ".join(leaks))
+    ctx = dev.default_ctx
+    if ctx is not None:
+        for handle in list(ctx.streams):
+            RT.streams.pop(handle, None)
+            RT.retired.add(handle)
+        ctx.destroyed = True
+        RT.contexts.pop(ctx.handle, None)
+        RT.retired.add(ctx.handle)
+        dev.default_ctx = None
+
+
+@entry("rt.get_device", "", value_ret)
+def get_device() -> tuple[int, int]:
+    with RT.lock:
+        return RT.current_ctx().device, C.SUCCESS
+
+
+@entry("rt.get_device_count", "", value_ret)
+def get_device_count() -> tuple[int, int]:
+    return len(RT.devices), C.SUCCESS
+
+
+@entry("rt.get_run_mode", "", value_ret)
+def get_run_mode() -> tuple[int, int]:
+    return RT.config.run_mode, C.SUCCESS
+
+
+@entry("rt.create_context", "k", value_ret, device_arg=0)
+def create_context(device_id: int) -> tuple[int, int]:
+    with RT.lock:
+        RT.require_init()
+        RT.require_device_id(device_id)
+        RT.require_alive(device_id)
+        ctx = Context(RT.new_handle("context"), device_id, default=False)
+        RT.contexts[ctx.handle] = ctx
+        RT.bind(ctx)
+        return ctx.handle, C.SUCCESS
+
+
+def _context(handle: int) -> Context:
+    ctx = RT.contexts.get(handle)
+    if ctx is None:
+        if handle in RT.retired:
+            RT.violate(f"use of destroyed context {handle:#x}")
+        raise AclFail(C.RT_PARAM_INVALID, f"context {handle:#x} does not exist")
+    return ctx
+
+
+@entry("rt.destroy_context", "k", ret_only)
+def destroy_context(context: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        ctx = _context(context)
+        if ctx.default:
+            raise AclFail(C.RT_PARAM_INVALID, "the default context is released by reset_device")
+        models = [m for m in RT.models.values() if m.ctx is ctx]
+        if ctx.streams or models:
+            RT.violate(f"destroy_context({context:#x}) with {len(ctx.streams)} live stream(s) "
+                       f"and {len(models)} loaded model(s)")
+        for handle in list(ctx.streams):
+            RT.streams.pop(handle, None)
+            RT.retired.add(handle)
+        ctx.destroyed = True
+        del RT.contexts[context]
+        RT.retired.add(context)
+        if RT.current_ctx_or_none() is None:
+            RT.bind(None)
+        return C.SUCCESS
+
+
+@entry("rt.set_context", "k", ret_only)
+def set_context(context: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        RT.bind(_context(context))
+        return C.SUCCESS
+
+
+@entry("rt.get_context", "", value_ret)
+def get_context() -> tuple[int, int]:
+    with RT.lock:
+        return RT.current_ctx().handle, C.SUCCESS
+
+
+# -- streams ----------------------------------------------------------------------------------
+
+
+@entry("rt.create_stream", "", value_ret)
+def create_stream() -> tuple[int, int]:
+    with RT.lock:
+        RT.require_init()
+        ctx = RT.current_ctx()
+        RT.require_alive(ctx.device)
+        stream = Stream(RT.new_handle("stream"), ctx)
+        RT.streams[stream.handle] = stream
+        ctx.streams.add(stream.handle)
+        return stream.handle, C.SUCCESS
+
+
+def stream_in_current_context(handle: int) -> Stream:
+    ctx = RT.current_ctx()
+    stream = RT.streams.get(handle)
+    if stream is None:
+        if handle in RT.retired:
+            RT.violate(f"use of destroyed stream {handle:#x}")
+        raise AclFail(C.RT_PARAM_INVALID, f"stream {handle:#x} does not exist")
+    if stream.ctx is not ctx:
+        raise AclFail(C.RT_STREAM_CONTEXT, f"stream {handle:#x} belongs to another context")
+    return stream
+
+
+@entry("rt.destroy_stream", "k", ret_only)
+def destroy_stream(stream: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        found = stream_in_current_context(stream)
+        if found.pending:
+            RT.violate(f"destroy_stream({stream:#x}) with unsynchronised work")
+            for task in found.pending:
+                task.model.busy = None
+            found.pending.clear()
+        del RT.streams[stream]
+        found.ctx.streams.discard(stream)
+        RT.retired.add(stream)
+        return C.SUCCESS
+
+
+@entry("rt.synchronize_stream", "k", ret_only, inject=False)
+def synchronize_stream(stream: int) -> int:
+    """Runs the stream's queued executions. The waits happen without the emulator lock, the way
+    the real call releases the GIL, so instances on other threads overlap."""
+    with RT.lock:
+        RT.require_init()
+        found = stream_in_current_context(stream)
+        tasks, found.pending = found.pending, []
+        device = found.ctx.device
+    from . import mdl
+    first_error = C.SUCCESS
+    for task in tasks:
+        code = mdl.run_task(task, hold_lock=False)
+        if code and not first_error:
+            first_error = code
+    injected = RT.take_fault("rt.synchronize_stream", device)
+    if injected is not None:
+        RT.set_err(f"EZ9999: injected fault in acl.rt.synchronize_stream: error {injected}")
+        return injected
+    if not first_error and RT.devices[device].lost:
+        RT.set_err(f"device {device} lost heartbeat")
+        return C.RT_LOST_HEARTBEAT
+    return first_error
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+@entry("rt.malloc", "kk", value_ret)
+def malloc(size: int, policy: int) -> tuple[int, int]:
+    with RT.lock:
+        RT.require_init()
+        ctx = RT.current_ctx()
+        RT.require_alive(ctx.device)
+        if policy not in range(6):
+            raise AclFail(C.INVALID_PARAM, f"invalid malloc policy {policy}")
+        return RT.memory.allocate(ctx.device, size).ptr, C.SUCCESS
+
+
+@entry("rt.free", "k", ret_only)
+def free(ptr: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        RT.memory.release(ptr)
+        return C.SUCCESS
+
+
+@entry("rt.malloc_host", "k", value_ret)
+def malloc_host(size: int) -> tuple[int, int]:
+    with RT.lock:
+        RT.require_init()
+        RT.current_ctx()
+        return RT.memory.malloc_host(size), C.SUCCESS
+
+
+@entry("rt.free_host", "k", ret_only)
+def free_host(ptr: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        RT.memory.free_host(ptr)
+        return C.SUCCESS
+
+
+@entry("rt.memcpy", "kkkkk", ret_only)
+def memcpy(dst: int, dst_max: int, src: int, count: int, kind: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        RT.current_ctx()
+        RT.memory.copy(dst, dst_max, src, count, kind)
+        return C.SUCCESS
+
+
+@entry("rt.memset", "kkkk", ret_only)
+def memset(ptr: int, max_size: int, value: int, count: int) -> int:
+    with RT.lock:
+        RT.require_init()
+        RT.current_ctx()
+        RT.memory.fill(ptr, max_size, value, count)
+        return C.SUCCESS
+
+
+# -- telemetry --------------------------------------------------------------------------------
+
+
+@entry("rt.get_mem_info", "k", lambda code: (0, 0, code))
+def get_mem_info(attr: int) -> tuple[int, int, int]:
+    with RT.lock:
+        RT.require_init()
+        ctx = RT.current_ctx()
+        RT.require_alive(ctx.device)
+        dev = RT.devices[ctx.device]
+        total = RT.config.memory_bytes
+        answers = attr == C.MEM_DDR and not RT.config.has_hbm or attr == C.MEM_HBM
+        if not answers:
+            return 0, 0, C.SUCCESS
+        return total - dev.charged, total, C.SUCCESS
+
+
+@entry("rt.get_device_utilization_rate", "k", lambda code: ({}, code), device_arg=0)
+def get_device_utilization_rate(device_id: int) -> tuple[dict, int]:
+    with RT.lock:
+        RT.require_init()
+        dev = RT.require_device_id(device_id)
+        now = time.monotonic()
+        window = max(now - dev.window_start, 1e-9)
+        cube = min(100, int(round(100 * dev.busy_s / window)))
+        dev.busy_s, dev.window_start = 0.0, now
+        return ({"cube_utilization": cube, "vector_utilization": -1, "aicpu_utilization": 0,
+                 "memory_utilization": -1, "utilization_extend": 0}, C.SUCCESS)

@@ -1,0 +1,112 @@
+"""Stand-in `.om` files and model repositories for the pyACL emulator.
+
+Used by tests/npu and, later, by the end-to-end tests: `write_model_repository` lays out a
+model directory (`config.pbtxt` with `backend: "ascend"`, `1/model.om`), and `emulator_env`
+gives a server subprocess the emulator as its `acl` (tests/npu/emulator first on PYTHONPATH).
+The file format is documented in tests/npu/emulator/acl/_om.py, which reads it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+EMULATOR_PATH = Path(__file__).resolve().parent / "emulator"
+
+# Triton wire names -> aclDataType numbers.
+ACL_TYPE = {"FP32": 0, "FP16": 1, "INT8": 2, "INT32": 3, "UINT8": 4, "INT16": 6, "UINT16": 7,
+            "UINT32": 8, "INT64": 9, "UINT64": 10, "FP64": 11, "BOOL": 12, "BF16": 27}
+FORMAT_ND = 2
+
+
+def tensor(name: str, dtype: str = "FP32", dims: Sequence[int] = (-1, 4)) -> dict:
+    return {"name": name, "dtype": ACL_TYPE[dtype], "format": FORMAT_ND, "dims": list(dims)}
+
+
+def atc_output_name(name: str, index: int) -> str:
+    """How ATC names an output converted from ONNX: `op:edge:name`."""
+    return f"PartitionedCall_{name}_{index}:0:{name}"
+
+
+def write_om(path: Path | str, inputs: Sequence[dict], outputs: Sequence[dict], *,
+             gears: Optional[Iterable[int]] = None, compute: Sequence[dict] = (),
+             weight_size: int = 4096, work_size: int = 4096,
+             latency_ms: Optional[Mapping[str, float]] = None,
+             poison: Optional[Mapping[str, Any]] = None, atc_names: bool = True) -> Path:
+    """Write a stand-in model. Outputs and `compute` use plain names; with `atc_names` the
+    file carries ATC-style `op:0:name` output names, as real OM files do."""
+    path = Path(path)
+    rename = {o["name"]: atc_output_name(o["name"], i) if atc_names else o["name"]
+              for i, o in enumerate(outputs)}
+    manifest: dict[str, Any] = {
+        "format": "acl-emulator-om", "version": 1,
+        "inputs": list(inputs),
+        "outputs": [dict(o, name=rename[o["name"]]) for o in outputs],
+        "weight_size": weight_size, "work_size": work_size,
+        "compute": [dict(op, output=rename[op["output"]]) for op in compute],
+    }
+    if gears:
+        manifest["dynamic_batch"] = list(gears)
+    if latency_ms:
+        manifest["latency_ms"] = dict(latency_ms)
+    if poison:
+        manifest["poison"] = dict(poison)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=1))
+    return path
+
+
+def scale_model(path: Path | str, *, gears: Optional[Iterable[int]] = (4, 1, 8, 2),
+                features: int = 4, scale: float = 2.0, bias: float = 1.0, static_batch: int = 0,
+                dtype: str = "FP32", **kwargs: Any) -> Path:
+    """INPUT0 [-1, features] -> OUTPUT0 = INPUT0 * scale + bias, OUTPUT1 = row sums.
+    Gears unsorted on purpose; `gears=None, static_batch=N` makes a static model of batch N."""
+    first = -1 if gears else (static_batch or 1)
+    return write_om(
+        path,
+        inputs=[tensor("INPUT0", dtype, (first, features))],
+        outputs=[tensor("OUTPUT0", dtype, (first, features)), tensor("OUTPUT1", "FP32", (first, 1))],
+        gears=gears,
+        compute=[{"op": "scale_add", "inputs": ["INPUT0"], "output": "OUTPUT0",
+                  "scale": scale, "bias": bias},
+                 {"op": "row_sum", "inputs": ["INPUT0"], "output": "OUTPUT1"}],
+        **kwargs)
+
+
+def write_model_repository(root: Path | str, name: str = "npu_scale", *,
+                           max_batch_size: Optional[int] = None, gpus: Sequence[int] = (0,),
+                           count: int = 1, dynamic_batching: bool = True,
+                           max_queue_delay_us: int = 2000, extra_config: str = "",
+                           om_writer=scale_model, **om_kwargs: Any) -> Path:
+    """<root>/<name>/config.pbtxt (backend "ascend") and <root>/<name>/1/model.om.
+    Inputs and outputs are left to auto-complete unless `extra_config` declares them."""
+    model_dir = Path(root) / name
+    om_writer(model_dir / "1" / "model.om", **om_kwargs)
+    lines = [f'name: "{name}"', 'backend: "ascend"']
+    if max_batch_size is not None:
+        lines.append(f"max_batch_size: {max_batch_size}")
+    lines.append("instance_group [ { kind: KIND_GPU, count: %d, gpus: [ %s ] } ]"
+                 % (count, ", ".join(str(g) for g in gpus)))
+    if dynamic_batching:
+        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}")
+    if extra_config:
+        lines.append(extra_config)
+    (model_dir / "config.pbtxt").write_text("\n".join(lines) + "\n")
+    return model_dir
+
+
+def emulator_env(base: Optional[Mapping[str, str]] = None, *,
+                 config: Optional[Mapping[str, Any]] = None,
+                 report_path: Optional[Path | str] = None) -> dict[str, str]:
+    """Environment for a server subprocess whose `import acl` gets the emulator. `config` is
+    the emulator's settings (device_count, memory_bytes, faults=[{fn, ret, count, after}] ...);
+    `report_path` makes it write its leak and misuse report there at exit."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(EMULATOR_PATH)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if config:
+        env["ACL_EMU_CONFIG"] = json.dumps(dict(config))
+    if report_path:
+        env["ACL_EMU_REPORT"] = str(report_path)
+    return env
