@@ -1,8 +1,8 @@
 """The composition root: builds the pieces, starts the listeners, and shuts down in order.
 
 Shutdown order on SIGTERM/SIGINT: readiness turns non-ready at once and new requests are refused
-("Server exiting"), in-flight requests finish, listeners close, schedulers drain and instances
-unload, all within --exit-timeout-secs.
+("Server exiting"), repository polling stops, in-flight requests finish, listeners close,
+schedulers drain and instances unload, all within --exit-timeout-secs.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 import uvicorn
 
 from repository.manager import ManagerSettings, ModelManager
+from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from server.core import InferenceCore
 from server.http import HttpFrontend
@@ -49,8 +50,13 @@ class ServerApp:
         self.registry = ModelRegistry()
         self.manager = ModelManager(
             ManagerSettings(settings.model_repositories, settings.auto_complete_config,
-                            settings.exit_timeout_secs, settings.model_config_name),
+                            settings.exit_timeout_secs, settings.model_config_name,
+                            load_dependencies=settings.model_control_mode == "explicit"),
             self.registry, self.metrics)
+        self.poller: Optional[RepositoryPoller] = None
+        if settings.model_control_mode == "poll":
+            self.poller = RepositoryPoller(settings.model_repositories, self.manager,
+                                           settings.repository_poll_secs)
         self.core = InferenceCore(settings, self.registry, self.manager)
         self._stop = asyncio.Event()
         self._listeners: list[_Listener] = []
@@ -73,7 +79,9 @@ class ServerApp:
 
     async def start(self) -> bool:
         """Load models and open the listeners. False when startup must abort (--exit-on-error)."""
-        failures = await self.manager.load_all()
+        if self.poller is not None:
+            await self.poller.prime()  # before loading: a change during startup is seen later
+        failures = await self._startup_load()
         for name, reason in failures.items():
             log.error("model '%s' failed to load: %s", name, reason)
         if failures and self.settings.exit_on_error:
@@ -101,9 +109,23 @@ class ServerApp:
                     return False
             await asyncio.sleep(0.02)
         self.core.started = True
-        log.info("ascend-serve started: HTTP %s:%d, gRPC %s:%d, metrics %s:%d", s.http_address,
-                 s.http_port, s.grpc_address, s.grpc_port, s.metrics_address, s.metrics_port)
+        if self.poller is not None:
+            self.poller.start()
+        endpoints = [f"{kind} {address}:{port}" for kind, enabled, address, port in (
+            ("HTTP", s.allow_http, s.http_address, s.http_port),
+            ("gRPC", s.allow_grpc, s.grpc_address, s.grpc_port),
+            ("metrics", s.allow_metrics, s.metrics_address, s.metrics_port)) if enabled]
+        log.info("ascend-serve started: %s", ", ".join(endpoints))
         return True
+
+    async def _startup_load(self) -> dict[str, str]:
+        """Everything, except in explicit mode: only --load-model names ('*' for all)."""
+        s = self.settings
+        if s.model_control_mode != "explicit" or "*" in s.load_models:
+            if s.load_models and s.model_control_mode != "explicit":
+                log.warning("--load-model is ignored unless --model-control-mode=explicit")
+            return await self.manager.load_all()
+        return await self.manager.load_models(s.load_models)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -131,6 +153,9 @@ class ServerApp:
 
         # Keep a little of the budget to answer leftovers and close connections.
         reserve = min(1.0, self.settings.exit_timeout_secs / 4)
+        if self.poller is not None:
+            # No new loads from here; one already running gets a share of the budget.
+            await self.poller.stop(timeout=max(left() - reserve, 0.0) / 2)
         drained = await self.core.wait_idle(max(left() - reserve, 0.0))
         if not drained:
             log.warning("exit timeout reached with %d request(s) in flight; failing them",

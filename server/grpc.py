@@ -1,0 +1,529 @@
+"""The gRPC frontend: Triton's GRPCInferenceService and grpc.health.v1.Health on grpc.aio.
+
+Every RPC decodes once through protocol/grpc_codec.py, calls server/core.py, and maps every
+error through protocol/errors.py, so a failure gives the same message as over HTTP and the
+matching status code. Handlers run as tasks on the server's event loop: when a client cancels
+or its deadline passes, grpc.aio cancels the task, which cancels the awaited scheduler future,
+so a queued request is dropped (and counted CANCELED) instead of executed.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, NoReturn, Optional
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protocol import grpc_codec as codec
+from protocol import grpc_service_pb2 as pb
+from protocol.errors import (InvalidArgument, NotFound, ServerError, Unavailable, Unsupported,
+                             as_server_error)
+from protocol.grpc_service_pb2_grpc import (GRPCInferenceServiceServicer,
+                                            add_GRPCInferenceServiceServicer_to_server)
+from server.core import InferenceCore
+from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+# Clients send this metadata to get a failed stream request as a real gRPC status (closing the
+# stream) instead of an error_message on an open stream.
+STREAM_ERROR_HEADER = "triton_grpc_error"
+HEALTH_POLL_SECONDS = 0.5
+_NO_SHM = "shared memory is not supported by this server"
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ServerError) -> NoReturn:
+    """End the RPC with the status the one error table gives, and the error's message."""
+    await context.abort(grpc.StatusCode[error.grpc_status_name()], error.message)
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def guarded(handler: Unary) -> Unary:
+    """Every failure becomes a gRPC status with its message; nothing escapes as UNKNOWN."""
+
+    @functools.wraps(handler)
+    async def rpc(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except ServerError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - never let a request take the server down
+            log.exception("unexpected error in %s", handler.__name__)
+            error = as_server_error(exc)
+        await abort(context, error)
+
+    return rpc
+
+
+def _no_repository_name(repository_name: str) -> None:
+    if repository_name:
+        raise Unsupported("'repository_name' specification is not supported")
+
+
+# ----- trace and log settings ---------------------------------------------------------------
+TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+TRACE_DEFAULTS: dict[str, list[str]] = {
+    "trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"],
+    "log_frequency": ["0"], "trace_file": [""], "trace_mode": ["triton"],
+}
+
+
+class TraceSettings:
+    """Triton's trace settings, global and per model. Tracing itself is not implemented, so a
+    level other than OFF is refused rather than silently accepted."""
+
+    def __init__(self) -> None:
+        self.global_settings = {k: list(v) for k, v in TRACE_DEFAULTS.items()}
+        self.models: dict[str, dict[str, list[str]]] = {}
+
+    def current(self, model: str = "") -> dict[str, list[str]]:
+        return {**self.global_settings, **self.models.get(model, {})} if model else \
+            dict(self.global_settings)
+
+    def update(self, changes: dict[str, Optional[list[str]]], model: str = "") -> None:
+        for key, values in changes.items():
+            if values is not None:
+                _check_trace_value(key, values)
+        target = self.models.setdefault(model, {}) if model else self.global_settings
+        for key, values in changes.items():
+            if values is not None:
+                target[key] = values
+            elif model:
+                target.pop(key, None)
+            else:
+                target[key] = list(TRACE_DEFAULTS[key])
+
+
+def _check_trace_value(key: str, values: list[str]) -> None:
+    if key not in TRACE_DEFAULTS:
+        raise InvalidArgument(f"unknown trace setting '{key}'")
+    if key == "trace_level":
+        unknown = [v for v in values if v not in TRACE_LEVELS]
+        if unknown:
+            raise InvalidArgument(f"invalid trace_level {unknown}: expected {list(TRACE_LEVELS)}")
+        if any(v != "OFF" for v in values):
+            raise Unsupported("tracing is not supported by this server; trace_level can only "
+                              "be OFF")
+        return
+    if len(values) != 1:
+        raise InvalidArgument(f"trace setting '{key}' takes exactly one value")
+    if key in ("trace_rate", "trace_count", "log_frequency"):
+        text = values[0]
+        if not text.lstrip("-").isdigit() or int(text) < (-1 if key == "trace_count" else 0):
+            raise InvalidArgument(f"invalid value '{text}' for trace setting '{key}'")
+
+
+class LogSettings:
+    """Triton's log settings; changes apply to this process's Python logging."""
+
+    FORMATS = ("default", "ISO8601")
+
+    def __init__(self, verbose: int) -> None:
+        self.values: dict[str, Any] = {
+            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+            "log_verbose_level": verbose, "log_format": "default",
+        }
+
+    def update(self, changes: dict[str, Any]) -> None:
+        for key, value in changes.items():
+            self._check(key, value)
+        self.values.update(changes)
+        logging.getLogger().setLevel(self._level())
+
+    def _check(self, key: str, value: Any) -> None:
+        if key not in self.values:
+            raise InvalidArgument(f"unknown log setting '{key}'")
+        if key == "log_file":
+            if value != self.values["log_file"]:
+                raise Unsupported("log file location can not be updated through network "
+                                  "protocol")
+        elif key == "log_verbose_level":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument("log_verbose_level must be a non-negative integer")
+        elif key == "log_format":
+            if value not in self.FORMATS:
+                raise InvalidArgument(f"invalid log_format '{value}': expected one of "
+                                      f"{list(self.FORMATS)}")
+        elif not isinstance(value, bool):
+            raise InvalidArgument(f"log setting '{key}' must be a boolean")
+
+    def _level(self) -> int:
+        v = self.values
+        if v["log_verbose_level"] > 0:
+            return logging.DEBUG
+        if v["log_info"]:
+            return logging.INFO
+        if v["log_warning"]:
+            return logging.WARNING
+        return logging.ERROR if v["log_error"] else logging.CRITICAL
+
+
+# ----- streaming ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Failure:
+    error: ServerError
+    request_id: str
+
+
+_END = object()
+
+
+async def _infer(core: InferenceCore, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    """One inference, wire to wire: the path both ModelInfer and ModelStreamInfer take."""
+    request = codec.decode_infer_request(message)
+    response = await core.infer(request)
+    return codec.encode_infer_response(response, message.id)
+
+
+def _wants_status_errors(context: grpc.aio.ServicerContext) -> bool:
+    for key, value in context.invocation_metadata() or ():
+        if key.lower() == STREAM_ERROR_HEADER:
+            return str(value).strip().lower() == "true"
+    return False
+
+
+class InferStream:
+    """One ModelStreamInfer call. Each request runs in its own task, so several are in flight
+    at once; answers go out in completion order, each carrying its request's id. The stream
+    ends once reading has stopped and every request has been answered."""
+
+    def __init__(self, core: InferenceCore, context: grpc.aio.ServicerContext) -> None:
+        self.core = core
+        self.context = context
+        self.raise_errors = _wants_status_errors(context)
+        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.tasks: set[asyncio.Task] = set()
+        self.reader: Optional[asyncio.Task] = None
+        self.closing = False
+        self.cut_short = False  # shutdown stopped reading before the client finished
+        self._ended = False
+
+    async def responses(self, requests: AsyncIterator[pb.ModelInferRequest]
+                        ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        if self.closing:  # the call arrived while the server was closing
+            await abort(self.context, Unavailable("Server exiting"))
+        self.reader = asyncio.create_task(self._read(requests))
+        self.reader.add_done_callback(lambda _: self._end_when_settled())
+        try:
+            while (item := await self.outbox.get()) is not _END:
+                if isinstance(item, _Failure):
+                    if self.raise_errors:
+                        await abort(self.context, item.error)
+                    yield codec.stream_error(item.error.message, item.request_id)
+                else:
+                    yield item
+        finally:
+            self._cancel_all()
+        if self.cut_short:
+            await abort(self.context, Unavailable("Server exiting"))
+
+    def close(self) -> None:
+        """Server shutdown: read no more requests, answer those in flight, then end."""
+        self.closing = True
+        if self.reader is not None and not self.reader.done():
+            self.cut_short = True
+            self.reader.cancel()
+
+    async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
+        try:
+            async for message in requests:
+                self._spawn(message)
+        except Exception as exc:  # noqa: BLE001 - the call broke; still end the stream cleanly
+            log.debug("stream read ended: %s", exc)
+
+    def _spawn(self, message: pb.ModelInferRequest) -> None:
+        task = asyncio.create_task(self._answer(message))
+        self.tasks.add(task)
+        task.add_done_callback(self._answered)
+
+    def _answered(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self._end_when_settled()
+
+    def _end_when_settled(self) -> None:
+        """Queue the end marker (after every answer) once reading stopped and none is left."""
+        if not self._ended and self.reader is not None and self.reader.done() and not self.tasks:
+            self._ended = True
+            self.outbox.put_nowait(_END)
+
+    async def _answer(self, message: pb.ModelInferRequest) -> None:
+        try:
+            item: Any = codec.stream_response(await _infer(self.core, message))
+        except ServerError as exc:
+            item = _Failure(exc, message.id)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
+            log.exception("unexpected error in a streamed inference")
+            item = _Failure(as_server_error(exc), message.id)
+        self.outbox.put_nowait(item)
+
+    def _cancel_all(self) -> None:
+        """The call ended (client cancel, deadline, error): nothing it started may run on."""
+        if self.reader is not None and not self.reader.done():
+            self.reader.cancel()
+        for task in list(self.tasks):
+            task.cancel()
+
+
+# ----- the inference service ----------------------------------------------------------------
+class InferenceServicer(GRPCInferenceServiceServicer):
+    def __init__(self, core: InferenceCore, settings: ServerSettings) -> None:
+        self.core = core
+        self.trace = TraceSettings()
+        self.logging = LogSettings(settings.log_verbose)
+        self.streams: set[InferStream] = set()
+        self.closing = False
+
+    def close(self) -> None:
+        """Shutdown: end every open stream, and any that starts from now on."""
+        self.closing = True
+        for stream in list(self.streams):
+            stream.close()
+
+    # ----- health and metadata ------------------------------------------------------------
+    def _not_exiting(self) -> None:
+        """While shutting down, health answers UNAVAILABLE "Server exiting", as over HTTP."""
+        if self.core.exiting:
+            raise Unavailable("Server exiting")
+
+    @guarded
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        self._not_exiting()
+        return pb.ServerLiveResponse(live=self.core.live())
+
+    @guarded
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any
+                          ) -> pb.ServerReadyResponse:
+        self._not_exiting()
+        return pb.ServerReadyResponse(ready=self.core.ready())
+
+    @guarded
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any
+                         ) -> pb.ModelReadyResponse:
+        """Unknown models and versions are not ready, never an error (tritonclient raises)."""
+        return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
+
+    @guarded
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any
+                             ) -> pb.ServerMetadataResponse:
+        return codec.encode_server_metadata(self.core.server_metadata())
+
+    @guarded
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any
+                            ) -> pb.ModelMetadataResponse:
+        return codec.encode_model_metadata(self.core.model_metadata(request.name, request.version))
+
+    @guarded
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any
+                          ) -> pb.ModelConfigResponse:
+        return codec.encode_model_config(self.core.model_config(request.name, request.version))
+
+    @guarded
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any
+                              ) -> pb.ModelStatisticsResponse:
+        return codec.encode_statistics_response(
+            self.core.statistics(request.name, request.version))
+
+    # ----- inference ----------------------------------------------------------------------
+    @guarded
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.ModelInferResponse:
+        return await _infer(self.core, request)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: grpc.aio.ServicerContext
+                               ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        stream = InferStream(self.core, context)
+        if self.closing:
+            stream.close()
+        self.streams.add(stream)
+        try:
+            async for response in stream.responses(request_iterator):
+                yield response
+        finally:
+            self.streams.discard(stream)
+
+    # ----- repository ---------------------------------------------------------------------
+    @guarded
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any
+                              ) -> pb.RepositoryIndexResponse:
+        _no_repository_name(request.repository_name)
+        return codec.encode_repository_index(self.core.repository_index(request.ready))
+
+    @guarded
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any
+                                  ) -> pb.RepositoryModelLoadResponse:
+        _no_repository_name(request.repository_name)
+        config, files = codec.decode_load_parameters(request.model_name, request.parameters)
+        await self.core.load_model(request.model_name, config, files or None)
+        return pb.RepositoryModelLoadResponse()
+
+    @guarded
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any
+                                    ) -> pb.RepositoryModelUnloadResponse:
+        _no_repository_name(request.repository_name)
+        dependents = codec.decode_unload_dependents(request.parameters)
+        await self.core.unload_model(request.model_name, dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    # ----- shared memory: nothing can be registered, so status is empty and unregister a no-op
+    @guarded
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
+                                       context: Any) -> pb.SystemSharedMemoryStatusResponse:
+        if request.name:
+            raise NotFound(f"Unable to find system shared memory region: '{request.name}'")
+        return pb.SystemSharedMemoryStatusResponse()
+
+    @guarded
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
+                                         context: Any) -> pb.SystemSharedMemoryRegisterResponse:
+        raise Unsupported(f"System {_NO_SHM}")
+
+    @guarded
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+                                           context: Any
+                                           ) -> pb.SystemSharedMemoryUnregisterResponse:
+        """perf_analyzer unregisters everything ("") at startup; with no regions that succeeds."""
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @guarded
+    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
+                                     context: Any) -> pb.CudaSharedMemoryStatusResponse:
+        if request.name:
+            raise NotFound(f"Unable to find cuda shared memory region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @guarded
+    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
+                                       context: Any) -> pb.CudaSharedMemoryRegisterResponse:
+        raise Unsupported(f"CUDA {_NO_SHM}")
+
+    @guarded
+    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
+                                         context: Any) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ----- trace and logging --------------------------------------------------------------
+    @guarded
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any
+                           ) -> pb.TraceSettingResponse:
+        model = request.model_name
+        if model:
+            self.core.model_config(model)  # unknown model -> its usual error
+        if request.settings:
+            self.trace.update(codec.decode_trace_settings(request.settings), model)
+        return codec.encode_trace_settings(self.trace.current(model))
+
+    @guarded
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any
+                          ) -> pb.LogSettingsResponse:
+        if request.settings:
+            self.logging.update(codec.decode_log_settings(request.settings))
+        return codec.encode_log_settings(self.logging.values)
+
+
+# ----- grpc.health.v1 -----------------------------------------------------------------------
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """Kubernetes `grpc:` probes: SERVING exactly when the server is ready (core.ready()).
+
+    Like Triton, every service name answers with the server's readiness."""
+
+    def __init__(self, core: InferenceCore, poll_seconds: float = HEALTH_POLL_SECONDS) -> None:
+        self.core = core
+        self.poll_seconds = poll_seconds
+        self.closing = asyncio.Event()
+
+    def status(self) -> int:
+        return health_pb2.HealthCheckResponse.SERVING if self.core.ready() else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: Any
+                    ) -> health_pb2.HealthCheckResponse:
+        return health_pb2.HealthCheckResponse(status=self.status())
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any
+                    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        """The current status at once, then each change; ends (NOT_SERVING) at shutdown."""
+        last: Optional[int] = None
+        while not self.closing.is_set():
+            status = self.status()
+            if status != last:
+                last = status
+                yield health_pb2.HealthCheckResponse(status=status)
+            try:
+                await asyncio.wait_for(self.closing.wait(), self.poll_seconds)
+            except asyncio.TimeoutError:
+                pass
+        if last != health_pb2.HealthCheckResponse.NOT_SERVING:
+            yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def close(self) -> None:
+        self.closing.set()
+
+
+# ----- the server ---------------------------------------------------------------------------
+# --grpc-infer-response-compression-level -> grpc core's compression level, as Triton maps it.
+# (grpc.aio ignores ServicerContext.set_compression, so the level is set for the whole server;
+# the other responses are tiny.) Requests may be compressed whatever the level.
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
+
+def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
+    """Triton's message limits (2 GiB - 1 by default, grpcio's own default is 4 MiB); no
+    SO_REUSEPORT, so a port already in use fails the start instead of sharing traffic."""
+    size = settings.grpc_max_message_size
+    return [
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+        ("grpc.so_reuseport", 0),
+        ("grpc.default_compression_level",
+         COMPRESSION_LEVELS[settings.grpc_infer_response_compression_level]),
+    ]
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class GrpcFrontend:
+    """The running gRPC server. `stop()` first ends the long-lived calls (health watches, open
+    streams once their in-flight requests are answered), so shutdown need not wait the whole
+    grace period for clients that never hang up."""
+
+    def __init__(self, core: InferenceCore, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.server = grpc.aio.server(options=server_options(settings))
+        self.inference = InferenceServicer(core, settings)
+        self.health = HealthServicer(core)
+        add_GRPCInferenceServiceServicer_to_server(self.inference, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = 0
+
+    async def start(self) -> None:
+        address = _address(self.settings.grpc_address, self.settings.grpc_port)
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"failed to bind gRPC to {address}: {exc}") from None
+        if not self.port:
+            raise OSError(f"failed to bind gRPC to {address}")
+        await self.server.start()
+
+    async def stop(self, grace: Optional[float]) -> None:
+        self.health.close()
+        self.inference.close()
+        await self.server.stop(grace)
+
+
+async def start_grpc_server(core: InferenceCore, settings: ServerSettings) -> GrpcFrontend:
+    """Bind and start the gRPC listener (raising OSError when the address cannot be bound)."""
+    frontend = GrpcFrontend(core, settings)
+    await frontend.start()
+    return frontend
