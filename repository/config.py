@@ -124,9 +124,32 @@ def _fill_instance_groups(config: ModelConfig, name: str, backend_name: str) -> 
             group.count = 2 if group.kind == ModelInstanceGroup.KIND_CPU else 1
 
 
+def _plain_relative(path: str) -> bool:
+    """A path that stays inside the directory it is joined to (no absolute part, no `..`)."""
+    return bool(path) and "\x00" not in path and "\\" not in path and not path.startswith("/") \
+        and all(part not in ("", ".", "..") for part in path.split("/"))
+
+
+def _check_file_names(config: ModelConfig) -> None:
+    """File names a config points at must stay inside the model directory: a config can come
+    from the network (a load request's `config`), and must not make the server read elsewhere."""
+    name = config.name
+    named = [("default_model_filename", config.default_model_filename)]
+    named += [(f"output '{t.name}' label_filename", t.label_filename)
+              for t in config.output if t.label_filename]
+    named += [(f"model_warmup '{w.name}' input '{key}' input_data_file", item.input_data_file)
+              for w in config.model_warmup for key, item in w.inputs.items()
+              if item.WhichOneof("input_data_type") == "input_data_file"]
+    for field_name, value in named:
+        if value and not _plain_relative(value):
+            raise ConfigError(f"model '{name}': {field_name} '{value}' must be a relative path "
+                              f"inside the model directory")
+
+
 def validate(config: ModelConfig) -> None:
     """Reject configs the server cannot serve, naming the model and the offending field."""
     name = config.name
+    _check_file_names(config)
     if config.max_batch_size < 0:
         raise ConfigError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
     if not len(config.input):

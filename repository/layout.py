@@ -18,12 +18,14 @@ class ModelLocation:
     path: Path
 
 
-def scan_repositories(repositories: list[Path]) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
+def scan_repositories(repositories: list[Path], *, quiet: bool = False
+                      ) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
     """Model directories by name across every repository, and the names found more than once."""
     found: dict[str, list[Path]] = {}
     for repository in repositories:
         if not repository.is_dir():
-            log.error("model repository '%s' does not exist", repository)
+            if not quiet:
+                log.error("model repository '%s' does not exist", repository)
             continue
         for entry in sorted(repository.iterdir()):
             if entry.is_dir() and not entry.name.startswith("."):
@@ -33,15 +35,20 @@ def scan_repositories(repositories: list[Path]) -> tuple[dict[str, ModelLocation
     return unique, duplicates
 
 
-def version_directories(model_dir: Path) -> dict[int, Path]:
-    """Positive integer subdirectories; others (leading zeros, non-numbers) are ignored."""
+# Model-level subdirectories that are not versions and deserve no warning.
+_KNOWN_SUBDIRS = ("configs", "warmup")
+
+
+def version_directories(model_dir: Path, *, quiet: bool = False) -> dict[int, Path]:
+    """Positive integer subdirectories; others (leading zeros, non-numbers) are ignored, with a
+    warning unless `quiet` (the poller looks every few seconds and would repeat it forever)."""
     versions: dict[int, Path] = {}
     for entry in model_dir.iterdir():
         if not entry.is_dir():
             continue
         name = entry.name
         if not name.isdigit() or (len(name) > 1 and name.startswith("0")) or int(name) == 0:
-            if not name.startswith(".") and name != "configs":
+            if not quiet and not name.startswith(".") and name not in _KNOWN_SUBDIRS:
                 log.warning("ignoring '%s' in model '%s': not a version directory", name, model_dir.name)
             continue
         versions[int(name)] = entry

@@ -1,9 +1,10 @@
 """Loads, swaps and unloads model versions.
 
-A (re)load builds and starts the new version's scheduler in the background while whatever was
-serving keeps serving, publishes it in one assignment, then drains the old copy (its queued and
-running requests finish) and unloads it on its instance threads. A failed load never takes the
-old copy down; its reason shows in the repository index.
+A (re)load builds, starts and warms the new version's scheduler in the background while whatever
+was serving keeps serving, publishes it in one assignment, then drains the old copy (its queued
+and running requests finish, bounded by the drain timeout) and unloads it on its instance
+threads. Versions the new load no longer selects retire only when every selected version
+loaded, so a failed load never takes anything down; its reason shows in the repository index.
 """
 from __future__ import annotations
 
@@ -12,18 +13,23 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Callable, Collection, Mapping, Optional, Protocol
 
-from backends.base import BackendError
 from protocol.model_config_pb2 import ModelConfig
 from repository import layout
 from repository.config import ConfigError, normalize, read_config, registry_backend_class
+from repository.overrides import (OverrideError, checked_path, create_override_directory,
+                                  remove_override_directory)
 from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord
+from repository.warmup import run_warmup
 from scheduler.factory import create_scheduler
-from scheduler.interface import VersionSpec
+from scheduler.interface import Scheduler, VersionSpec
 from scheduler.stats import MetricsObserver, VersionStatistics
 
 log = logging.getLogger(__name__)
+
+UNLOADED = "unloaded"
+RELOAD_FAILED = "reload failed, still serving the previous copy: "
 
 
 class VersionHooks(Protocol):
@@ -35,7 +41,7 @@ class VersionHooks(Protocol):
 
 
 class LoadError(Exception):
-    pass
+    """A load that did not (fully) succeed; the message is the one clients see."""
 
 
 @dataclass
@@ -44,6 +50,19 @@ class ManagerSettings:
     auto_complete: bool = True
     drain_timeout: float = 30.0
     config_name: Optional[str] = None
+    # Explicit mode: loading an ensemble also loads the models its steps use (Triton does).
+    load_dependencies: bool = False
+
+
+def not_in_repository(name: str) -> str:
+    return f"failed to load '{name}', failed to poll from model repository"
+
+
+def plausible_name(name: str) -> bool:
+    """A name that could be a model directory. Others get the unknown-model answer, so a
+    client learns nothing about the filesystem from the reply."""
+    return bool(name) and name not in (".", "..") and not name.startswith(".") and \
+        not any(c in name for c in "/\\\x00") and len(name.encode()) <= 255
 
 
 class ModelManager:
@@ -52,21 +71,34 @@ class ModelManager:
         self.settings = settings
         self.registry = registry
         self.hooks = hooks
+        # Builds a version's scheduler; replaceable (ensembles need the core's infer).
+        self.create_scheduler: Callable[[VersionSpec, VersionStatistics], Scheduler] = create_scheduler
         # One load or unload at a time per model; different models load concurrently.
         self._locks: dict[str, asyncio.Lock] = {}
+        # Private directories built from load requests' file overrides, per model.
+        self._private: dict[str, set[Path]] = {}
+        # Ensemble -> the members that loading it loaded (unload_dependents unloads them).
+        self._dependents: dict[str, set[str]] = {}
+        self._retiring: dict[int, asyncio.Task] = {}
+        self._closing = False
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
     def model_names(self) -> list[str]:
-        unique, duplicates = layout.scan_repositories(self.settings.repositories)
+        unique, duplicates = layout.scan_repositories(self.settings.repositories, quiet=True)
         return sorted(set(unique) | set(duplicates))
 
+    # ----- startup ------------------------------------------------------------------------
     async def load_all(self) -> dict[str, str]:
         """Load every model in the repositories concurrently; returns name -> failure reason."""
-        names = self.model_names()
-        results = await asyncio.gather(*(self._load_reporting(name) for name in names))
-        return {name: reason for name, reason in zip(names, results) if reason}
+        return await self.load_models(self.model_names())
+
+    async def load_models(self, names: Collection[str]) -> dict[str, str]:
+        """Load the named models concurrently; returns name -> failure reason."""
+        ordered = sorted(set(names))
+        results = await asyncio.gather(*(self._load_reporting(name) for name in ordered))
+        return {name: reason for name, reason in zip(ordered, results) if reason}
 
     async def _load_reporting(self, name: str) -> str:
         try:
@@ -75,21 +107,23 @@ class ModelManager:
             return str(exc)
         return ""
 
+    # ----- load ---------------------------------------------------------------------------
     def _locate(self, name: str) -> Path:
         unique, duplicates = layout.scan_repositories(self.settings.repositories)
         if name in duplicates:
-            raise LoadError(layout.DUPLICATE_REASON)
+            raise ConfigError(layout.DUPLICATE_REASON)
         if name not in unique:
-            raise LoadError(f"failed to load '{name}', failed to poll from model repository")
+            raise LoadError(not_in_repository(name))
         return unique[name].path
 
-    def _prepare(self, name: str, model_dir: Path, override: Optional[ModelConfig]
-                 ) -> tuple[ModelConfig, dict[int, Path], list[int]]:
+    def _prepare(self, name: str, model_dir: Path, override: Optional[ModelConfig],
+                 only: Optional[Collection[int]]) -> tuple[ModelConfig, dict[int, Path], list[int]]:
         """Blocking part of a load (file reads, auto-complete opening the model): off the loop."""
-        config = ModelConfig() if override is None else _copy(override)
-        if override is None:
-            config = read_config(model_dir, self.settings.config_name)
+        config = read_config(model_dir, self.settings.config_name) if override is None \
+            else _copy(override)
         available = layout.version_directories(model_dir)
+        if only is not None:
+            available = {v: path for v, path in available.items() if v in only}
         selected_dirs = [available[v] for v in sorted(available)]
         normalize(config, name, model_dir, selected_dirs, auto_complete=self.settings.auto_complete)
         versions = layout.select_versions(config, available)
@@ -98,103 +132,255 @@ class ModelManager:
                               f"of model '{name}'")
         return config, available, versions
 
-    async def load_model(self, name: str, override: Optional[ModelConfig] = None) -> None:
-        """Load (or reload) `name`. Raises LoadError with the reason when nothing new serves."""
+    async def load_model(self, name: str, override: Optional[ModelConfig] = None, *,
+                         versions: Optional[Collection[int]] = None, keep: Collection[int] = (),
+                         files: Optional[Mapping[str, bytes]] = None) -> None:
+        """Load (or reload) `name` with a hot swap. Raises LoadError when anything failed.
+
+        `versions` limits the version directories considered (the poller passes the complete
+        ones); versions in `keep` that serve with an identical config are left as they are.
+        `files` builds a private model directory from override contents (needs `override`)."""
         async with self._lock(name):
-            record = self.registry.record(name)
-            try:
-                model_dir = self._locate(name)
-                record.path = model_dir
-                config, available, versions = await asyncio.to_thread(
-                    self._prepare, name, model_dir, override)
-            except (LoadError, ConfigError, BackendError, OSError) as exc:
-                reason = str(exc)
-                record.reason = reason
-                if not record.ready_versions():
-                    record.state = ModelState.UNAVAILABLE
-                log.error("failed to load model '%s': %s", name, reason)
-                raise LoadError(reason) from None
-            record.config = config
-            record.state = ModelState.UNKNOWN
-            record.reason = ""
-            outcomes = await asyncio.gather(*(
-                self._load_version(record, config, model_dir, version, available[version])
-                for version in versions))
-            failures = [reason for reason in outcomes if reason]
+            await self._load_locked(name, override, versions, keep, files, ())
+
+    async def _load_locked(self, name: str, override: Optional[ModelConfig],
+                           only: Optional[Collection[int]], keep: Collection[int],
+                           files: Optional[Mapping[str, bytes]], chain: tuple[str, ...]) -> None:
+        if self._closing:
+            raise LoadError(f"failed to load '{name}': the server is shutting down")
+        try:
+            model_dir = await asyncio.to_thread(self._source, name, override, files)
+        except ConfigError as exc:  # found in two repositories
+            self._fail_model(self.registry.record(name), str(exc))
+            raise LoadError(f"failed to load '{name}': {exc}") from None
+        record = self.registry.record(name)
+        private: Optional[Path] = None
+        try:
+            if model_dir is None:
+                private = model_dir = await asyncio.to_thread(create_override_directory, files or {})
+            config, available, versions = await asyncio.to_thread(
+                self._prepare, name, model_dir, override, only)
+            if self.settings.load_dependencies:
+                await self._load_dependencies(name, config, chain)
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, the old copy stays
+            if private is not None:
+                await asyncio.to_thread(remove_override_directory, private)
+            reason = getattr(exc, "message", None) or str(exc)
+            self._fail_model(record, reason)
+            log.error("failed to load model '%s': %s", name, reason)
+            raise LoadError(f"failed to load '{name}': {reason}") from None
+        if private is not None:
+            self._private.setdefault(name, set()).add(private)
+        record.path = model_dir
+        record.config = config
+        record.state = ModelState.UNKNOWN
+        record.reason = ""
+        failures = await self._swap(record, config, model_dir, available, versions, keep)
+        await self._release_private(name)
+        if failures:
+            raise LoadError(f"failed to load '{name}': {failures[0]}")
+
+    def _source(self, name: str, override: Optional[ModelConfig],
+                files: Optional[Mapping[str, bytes]]) -> Optional[Path]:
+        """The model's repository directory, or None when `files` make up the model. A request
+        refused here (unknown name, bad override path) changes nothing, not even the index."""
+        if not plausible_name(name):
+            raise LoadError(not_in_repository(name))
+        if not files:
+            return self._locate(name)
+        if override is None:
+            raise LoadError(not_in_repository(name))
+        try:
+            for key in files:
+                checked_path(key)
+        except OverrideError as exc:
+            raise LoadError(f"failed to load '{name}': {exc}") from None
+        return None
+
+    async def _swap(self, record: ModelRecord, config: ModelConfig, model_dir: Path,
+                    available: dict[int, Path], versions: list[int], keep: Collection[int]
+                    ) -> list[str]:
+        """Load the selected versions next to what serves; retire the rest only if all loaded.
+        Returns the failures."""
+        kept = [v for v in versions if v in keep and _same(record.versions.get(v), config)]
+        for version in kept:
+            record.versions[version].reason = ""
+        outcomes = await asyncio.gather(*(
+            self._load_version(record, config, model_dir, version, available[version])
+            for version in versions if version not in kept))
+        failures = [reason for reason in outcomes if reason]
+        if not failures:
             retired = [v for v in list(record.versions) if v not in versions
                        and record.versions[v].state is not ModelState.UNAVAILABLE]
             await asyncio.gather(*(self._retire(record, v) for v in retired))
-            if failures and not record.ready_versions():
-                raise LoadError(failures[0])
+            for version in [v for v, r in record.versions.items()
+                            if r.state is ModelState.UNAVAILABLE and v not in available]:
+                del record.versions[version]  # gone from disk: nothing left to report
+        return failures
+
+    def _fail_model(self, record: ModelRecord, reason: str) -> None:
+        """A load failed before any version was tried: show why, keep what serves."""
+        serving = [r for r in record.versions.values() if r.serving]
+        for version in serving:
+            version.reason = RELOAD_FAILED + reason
+        if not serving:
+            record.state = ModelState.UNAVAILABLE
+            record.reason = reason
+            if all(r.state is ModelState.UNAVAILABLE for r in record.versions.values()):
+                record.versions.clear()  # the model-level reason is the one to show
+
+    async def _load_dependencies(self, name: str, config: ModelConfig, chain: tuple[str, ...]) -> None:
+        if config.platform != "ensemble":
+            return
+        members = sorted({step.model_name for step in config.ensemble_scheduling.step})
+        for member in members:
+            if member == name or member in chain:
+                raise ConfigError(f"circular dependency between ensemble '{name}' and '{member}'")
+            async with self._lock(member):
+                current = self.registry.models.get(member)
+                if current is not None and current.ready_versions():
+                    continue
+                try:
+                    await self._load_locked(member, None, None, (), None, chain + (name,))
+                except LoadError as exc:
+                    raise ConfigError(f"ensemble '{name}' depends on '{member}': {exc}") from None
+            self._dependents.setdefault(name, set()).add(member)
 
     async def _load_version(self, record: ModelRecord, config: ModelConfig, model_dir: Path,
                             version: int, version_dir: Path) -> str:
         name = record.name
-        backend_cls = registry_backend_class(config.backend, name)
-        spec = VersionSpec(name, version, _copy(config), model_dir, version_dir, backend_cls)
-        stats = VersionStatistics(name, str(version))
-        scheduler = create_scheduler(spec, stats)
         old = record.versions.get(version)
-        if old is None or not old.serving:
+        replacing = old is not None and old.serving
+        if not replacing:
             record.versions[version] = VersionRecord(version, ModelState.LOADING)
         started = time.monotonic()
+        scheduler: Optional[Scheduler] = None
         try:
+            # An ensemble has no runtime of its own; its scheduler runs the member models.
+            backend_cls = None if config.platform == "ensemble" else \
+                registry_backend_class(config.backend, name)
+            spec = VersionSpec(name, version, _copy(config), model_dir, version_dir,
+                               backend_cls)  # type: ignore[arg-type]
+            stats = VersionStatistics(name, str(version))
+            scheduler = self.create_scheduler(spec, stats)
             await scheduler.start()
+            await run_warmup(spec, scheduler)
+            if self._closing:
+                raise LoadError("the server is shutting down")
         except Exception as exc:  # noqa: BLE001 - any failure becomes this version's reason
+            if scheduler is not None:
+                await _stop_quietly(scheduler)
             reason = getattr(exc, "message", None) or str(exc)
             log.error("failed to load '%s' version %d: %s", name, version, reason)
-            if old is not None and old.serving:
-                old.reason = f"reload failed, still serving the previous copy: {reason}"
+            if replacing:
+                old.reason = RELOAD_FAILED + reason  # type: ignore[union-attr]
             else:
                 record.versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
-            return reason
+            return f"version {version}: {reason}"
         seconds = time.monotonic() - started
         if self.hooks is not None:
-            if old is not None and old.serving:
+            if replacing:
                 self.hooks.version_unloaded(name, version)
             stats.observer = self.hooks.version_loaded(name, version, seconds)
         record.versions[version] = VersionRecord(version, ModelState.READY, "", spec, scheduler, seconds)
         log.info("loaded '%s' version %d in %.2fs", name, version, seconds)
-        if old is not None and old.scheduler is not None:
-            await self._drain_and_stop(name, version, old)
+        if replacing:
+            await self._drain_and_stop(name, version, old)  # type: ignore[arg-type]
         return ""
 
+    # ----- retire ---------------------------------------------------------------------------
     async def _drain_and_stop(self, name: str, version: int, record: VersionRecord,
                               drain_timeout: Optional[float] = None) -> None:
         scheduler = record.scheduler
         assert scheduler is not None
         await scheduler.drain(self.settings.drain_timeout if drain_timeout is None else drain_timeout)
         await scheduler.stop()
-        log.info("retired the previous copy of '%s' version %d", name, version)
+        log.info("retired '%s' version %d", name, version)
 
     async def _retire(self, record: ModelRecord, version: int,
                       drain_timeout: Optional[float] = None) -> None:
-        """Stop serving one version: new requests are refused at once, admitted ones finish."""
+        """Stop serving one version: new requests are refused at once, admitted ones finish.
+        Retiring the same copy twice (an unload meeting shutdown) waits for the first."""
         current = record.versions[version]
+        running = self._retiring.get(id(current))
+        if running is None:
+            running = asyncio.ensure_future(self._retire_copy(record, version, current, drain_timeout))
+            self._retiring[id(current)] = running
+            running.add_done_callback(lambda _: self._retiring.pop(id(current), None))
+        await asyncio.shield(running)
+
+    async def _retire_copy(self, record: ModelRecord, version: int, current: VersionRecord,
+                           drain_timeout: Optional[float]) -> None:
         current.state = ModelState.UNLOADING
         if current.scheduler is not None:
             if self.hooks is not None:
                 self.hooks.version_unloaded(record.name, version)
             await self._drain_and_stop(record.name, version, current, drain_timeout)
-        record.versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, "unloaded")
+        if record.versions.get(version) is current:  # a newer copy may have been loaded since
+            record.versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, UNLOADED)
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload every version (in-flight requests finish). Unknown names are a no-op."""
+        await self.remove_model(name, UNLOADED)
+        members = self._dependents.pop(name, set())
+        if unload_dependents:
+            for member in sorted(members):
+                await self.remove_model(member, UNLOADED)
+
+    async def remove_model(self, name: str, reason: str) -> None:
+        """Retire every version of `name` and mark it UNAVAILABLE with `reason`."""
         async with self._lock(name):
-            record = self.registry.get(name)
-            await asyncio.gather(*(self._retire(record, v) for v in list(record.versions)
-                                   if record.versions[v].state is not ModelState.UNAVAILABLE
-                                   or record.versions[v].reason != "unloaded"))
+            record = self.registry.models.get(name)
+            if record is None:
+                if reason == UNLOADED:
+                    return
+                record = self.registry.record(name)
             record.state = ModelState.UNAVAILABLE
-            record.reason = "unloaded"
+            record.reason = reason
+            await asyncio.gather(*(self._retire(record, v) for v, r in list(record.versions.items())
+                                   if r.state is not ModelState.UNAVAILABLE or r.reason != UNLOADED))
+            if reason != UNLOADED:
+                record.versions.clear()  # the model-level reason is the one to show
+            await self._release_private(name)
+
+    async def _release_private(self, name: str) -> None:
+        """Delete override directories no running copy of `name` uses any more."""
+        owned = self._private.get(name)
+        if not owned:
+            return
+        record = self.registry.models.get(name)
+        in_use = set() if record is None else {
+            r.spec.model_dir for r in record.versions.values()
+            if r.scheduler is not None and r.spec is not None}
+        for directory in sorted(owned - in_use):
+            owned.discard(directory)
+            await asyncio.to_thread(remove_override_directory, directory)
 
     async def shutdown(self, drain_timeout: Optional[float] = None) -> None:
         """Drain and unload everything (server exit); leftovers past the timeout fail with
-        UNAVAILABLE so every admitted request is answered."""
+        UNAVAILABLE so every admitted request is answered. Loads still running are not
+        published."""
+        self._closing = True
         retiring = []
         for record in list(self.registry.models.values()):
             retiring += [self._retire(record, v, drain_timeout)
                          for v, r in list(record.versions.items()) if r.scheduler is not None]
         await asyncio.gather(*retiring)
+        for name in list(self._private):
+            await self._release_private(name)
+
+
+def _same(current: Optional[VersionRecord], config: ModelConfig) -> bool:
+    """A serving copy that an unchanged version may keep (its config is identical)."""
+    return current is not None and current.serving and current.spec is not None \
+        and current.spec.config == config
+
+
+async def _stop_quietly(scheduler: Scheduler) -> None:
+    try:
+        await scheduler.stop()
+    except Exception:  # noqa: BLE001 - the load already failed; report that, not this
+        log.exception("stopping a version that failed to load")
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

@@ -55,7 +55,25 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["none", "low", "medium", "high"])
     add("--model-config-name", default=None, help="use configs/<name>.pbtxt where present")
     add("--metrics-interval-ms", type=int, default=2000)
+    add("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+        help="none: load everything at startup; poll: also follow repository changes; "
+             "explicit: load --load-model models, then only through the repository API "
+             "(default none)")
+    add("--repository-poll-secs", type=_positive_float, default=15.0,
+        help="seconds between repository polls in poll mode (default 15)")
+    add("--load-model", action="append", dest="load_models", default=[], metavar="NAME",
+        help="in explicit mode, a model to load at startup; repeat for several, '*' for all")
     return parser
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{value}'") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got '{value}'")
+    return number
 
 
 def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
@@ -72,6 +90,8 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         grpc_max_message_size=args.grpc_max_message_size,
         grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
         model_config_name=args.model_config_name, metrics_interval_ms=args.metrics_interval_ms,
+        model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs, load_models=list(args.load_models),
     )
 
 

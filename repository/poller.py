@@ -1,0 +1,220 @@
+"""`--model-control-mode=poll`: rescan the repositories and load, reload or unload what changed.
+
+Copying a model into a watched repository is not atomic, so nothing is acted on until it has
+stayed the same for two polls in a row: a version directory (or the model-level files, or a
+model's presence) whose files still change between polls is left alone, and a model being
+copied in is invisible until its files are complete. What was last handed to the manager is
+remembered per model as content fingerprints, so only real changes cause a load, unchanged
+versions are kept serving, and a load that failed is not retried until the files change again.
+Each model's load or unload runs as its own task: a slow drain never holds up other models or
+later polls, and no failure stops the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Collection, Optional, Protocol
+
+from repository import layout
+from repository.fingerprint import (MODEL_LEVEL, ContentHasher, Fingerprint, ModelFiles,
+                                    scan_model)
+
+log = logging.getLogger(__name__)
+
+
+class PollTarget(Protocol):
+    """The part of the model manager the poller drives."""
+
+    async def load_model(self, name: str, override: None = None, *,
+                         versions: Optional[Collection[int]] = None,
+                         keep: Collection[int] = ()) -> None: ...
+
+    async def remove_model(self, name: str, reason: str) -> None: ...
+
+
+@dataclass
+class Applied:
+    """What the manager was last asked to serve for one model."""
+
+    path: Path
+    model: Fingerprint
+    versions: dict[int, Fingerprint]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing a poll decided: load `versions` (keeping `keep` as they serve) or remove."""
+
+    name: str
+    kind: str  # "load" | "remove"
+    versions: frozenset[int] = frozenset()
+    keep: frozenset[int] = frozenset()
+    reason: str = ""
+
+
+@dataclass
+class Observation:
+    """One scan: where each model name was found, and the files of those found once."""
+
+    locations: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    files: dict[str, ModelFiles] = field(default_factory=dict)
+    # Content fingerprints of the units that are stable (or of every unit when priming).
+    stable: dict[str, dict[Optional[int], Fingerprint]] = field(default_factory=dict)
+
+
+class RepositoryPoller:
+    def __init__(self, repositories: list[Path], target: PollTarget, interval: float) -> None:
+        self.repositories = repositories
+        self.target = target
+        self.interval = interval
+        self._hasher = ContentHasher()
+        self._previous = Observation()
+        self._applied: dict[str, Applied] = {}
+        self._duplicates: set[str] = set()
+        self._running: dict[str, asyncio.Task] = {}
+        self._loop_task: Optional[asyncio.Task] = None
+
+    # ----- scanning (off the event loop) --------------------------------------------------
+    def _observe(self, previous: Observation, prime: bool) -> Observation:
+        unique, duplicates = layout.scan_repositories(self.repositories, quiet=True)
+        seen = Observation()
+        for name, paths in duplicates.items():
+            seen.locations[name] = tuple(paths)
+        for name, location in unique.items():
+            seen.locations[name] = (location.path,)
+            files = seen.files[name] = scan_model(location.path)
+            before = previous.files.get(name)
+            stable: dict[Optional[int], Fingerprint] = {}
+            for unit, stats in files.units.items():
+                unchanged = before is not None and before.path == files.path and \
+                    before.units.get(unit) == stats
+                if prime or unchanged:
+                    try:
+                        stable[unit] = self._hasher.fingerprint(files.path, stats)
+                    except OSError as exc:  # vanished or unreadable: not settled, try later
+                        log.debug("cannot read model '%s' yet: %s", name, exc)
+            seen.stable[name] = stable
+        self._hasher.end_round()
+        return seen
+
+    # ----- deciding (on the loop; pure bookkeeping) ---------------------------------------
+    def _decide(self, seen: Observation) -> list[Action]:
+        previous, self._previous = self._previous, seen
+        actions: list[Action] = []
+        names = set(seen.locations) | set(previous.locations) | set(self._applied) | self._duplicates
+        for name in sorted(names):
+            if name in self._running:
+                continue  # re-examined once its current load or unload is done
+            where = seen.locations.get(name, ())
+            if where != previous.locations.get(name, ()):
+                continue  # appeared, vanished or moved since the last poll: wait
+            action = self._decide_model(name, where, seen)
+            if action is not None:
+                actions.append(action)
+        return actions
+
+    def _decide_model(self, name: str, where: tuple[Path, ...], seen: Observation
+                      ) -> Optional[Action]:
+        applied = self._applied.get(name)
+        if len(where) > 1:
+            if name in self._duplicates:
+                return None
+            self._duplicates.add(name)
+            self._applied.pop(name, None)
+            return Action(name, "remove", reason=layout.DUPLICATE_REASON)
+        self._duplicates.discard(name)
+        if not where:
+            if applied is None:
+                return None
+            del self._applied[name]
+            return Action(name, "remove", reason="unloaded")
+        files = seen.files[name]
+        stable = seen.stable.get(name, {})
+        if MODEL_LEVEL not in stable:
+            return None  # config or labels still being written
+        ready = {v: stable[v] for v in files.versions if v in stable}
+        settling = [v for v in files.versions if v not in stable]
+        if applied is None:
+            if not ready:
+                return None  # nothing complete to load yet
+        elif any(v in applied.versions for v in settling):
+            return None  # a served version is being rewritten in place: wait for the result
+        wanted = Applied(files.path, stable[MODEL_LEVEL], ready)
+        if wanted == applied:
+            return None
+        keep: set[int] = set()
+        if applied is not None and applied.path == wanted.path and applied.model == wanted.model:
+            keep = {v for v, fp in ready.items() if applied.versions.get(v) == fp}
+        self._applied[name] = wanted
+        return Action(name, "load", frozenset(ready), frozenset(keep))
+
+    # ----- acting ---------------------------------------------------------------------------
+    async def _act(self, action: Action) -> None:
+        try:
+            if action.kind == "remove":
+                log.info("model '%s' left the repository (%s): unloading", action.name,
+                         action.reason)
+                await self.target.remove_model(action.name, action.reason)
+            else:
+                log.info("model '%s' changed on disk: loading (complete versions %s, unchanged "
+                         "%s)", action.name, sorted(action.versions), sorted(action.keep))
+                await self.target.load_model(action.name, versions=action.versions,
+                                             keep=action.keep)
+        except Exception as exc:  # noqa: BLE001 - a failed load never stops later polls
+            log.error("poll: %s of model '%s' failed: %s", action.kind, action.name, exc)
+
+    def _launch(self, action: Action) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(self._act(action),
+                                                      name=f"poll:{action.name}")
+        self._running[action.name] = task
+        task.add_done_callback(lambda _: self._running.pop(action.name, None))
+        return task
+
+    # ----- public ---------------------------------------------------------------------------
+    async def prime(self) -> None:
+        """Take what is on disk now as what the startup load serves."""
+        seen = await asyncio.to_thread(self._observe, Observation(), True)
+        self._previous = seen
+        for name, files in seen.files.items():
+            stable = seen.stable[name]
+            if all(unit in stable for unit in files.units):  # else: treated as new once readable
+                self._applied[name] = Applied(files.path, stable[MODEL_LEVEL],
+                                              {v: stable[v] for v in files.versions})
+        self._duplicates = {name for name, where in seen.locations.items() if len(where) > 1}
+
+    async def poll(self) -> list[asyncio.Task]:
+        """One pass: scan, decide, start the loads and unloads (returned, to await in tests)."""
+        seen = await asyncio.to_thread(self._observe, self._previous, False)
+        return [self._launch(action) for action in self._decide(seen)]
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep polling whatever one pass hit
+                log.exception("poll of the model repositories failed")
+
+    def start(self) -> None:
+        self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="repository-poll")
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop polling; give loads already started `timeout` seconds, then cancel them."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+            self._loop_task = None
+        running = list(self._running.values())
+        if running:
+            done, pending = await asyncio.wait(running, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)

@@ -1,0 +1,118 @@
+"""Model control flags, config file names that must stay inside the model directory, and
+strict readiness over the registry's states."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+
+from examples.build_repository import simple_config
+from protocol.model_config_pb2 import ModelConfig
+from repository.config import ConfigError, validate
+from repository.manager import ManagerSettings, ModelManager, plausible_name
+from repository.registry import ModelRegistry, ModelState, VersionRecord
+from server.cli import settings_from_args
+from server.core import InferenceCore
+from server.settings import ServerSettings
+
+
+def test_control_flags_parse_with_triton_names(tmp_path: Path) -> None:
+    settings = settings_from_args([
+        "--model-repository", str(tmp_path / "a"), "--model-repository", str(tmp_path / "b"),
+        "--model-control-mode", "explicit", "--load-model", "simple", "--load-model", "other",
+        "--repository-poll-secs", "0.5"])
+    assert settings.model_control_mode == "explicit"
+    assert settings.load_models == ["simple", "other"]
+    assert settings.repository_poll_secs == 0.5
+    assert [p.name for p in settings.model_repositories] == ["a", "b"]
+    defaults = settings_from_args(["--model-repository", str(tmp_path)])
+    assert (defaults.model_control_mode, defaults.repository_poll_secs, defaults.load_models) == \
+        ("none", 15.0, [])
+
+
+@pytest.mark.parametrize("argv", [["--model-control-mode", "sometimes"],
+                                  ["--repository-poll-secs", "0"],
+                                  ["--repository-poll-secs", "soon"]])
+def test_bad_control_flags_are_refused(tmp_path: Path, argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        settings_from_args(["--model-repository", str(tmp_path), *argv])
+
+
+def _config(extra: str) -> ModelConfig:
+    return text_format.Parse(simple_config("m", 8) + extra, ModelConfig())
+
+
+@pytest.mark.parametrize("extra", [
+    'default_model_filename: "../../elsewhere.onnx"',
+    'default_model_filename: "/etc/passwd"',
+    'output [ { name: "EXTRA" data_type: TYPE_INT32 dims: [1] label_filename: "../secret" } ]',
+    'model_warmup [ { name: "w" batch_size: 1 inputs [ { key: "INPUT0" value: '
+    '{ data_type: TYPE_INT32 dims: [16] input_data_file: "../../secret" } } ] } ]',
+])
+def test_config_file_names_must_stay_in_the_model_directory(extra: str) -> None:
+    with pytest.raises(ConfigError, match="must be a relative path inside the model directory"):
+        validate(_config(extra))
+
+
+def test_plain_file_names_are_fine() -> None:
+    validate(_config('default_model_filename: "sub/model.onnx"'))
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "a\\b", "a\x00b", "", "x" * 256])
+def test_names_that_cannot_be_model_directories(name: str) -> None:
+    assert not plausible_name(name)
+
+
+def _core(strict: bool = True) -> tuple[InferenceCore, ModelRegistry]:
+    registry = ModelRegistry()
+    settings = ServerSettings(strict_readiness=strict)
+    core = InferenceCore(settings, registry, ModelManager(ManagerSettings([]), registry))
+    core.started = True
+    return core, registry
+
+
+class _Healthy:
+    def __init__(self, ok: bool = True) -> None:
+        self.ok = ok
+
+    def healthy(self) -> bool:
+        return self.ok
+
+
+def _serving(ok: bool = True) -> VersionRecord:
+    return VersionRecord(1, ModelState.READY, scheduler=_Healthy(ok))  # type: ignore[arg-type]
+
+
+def test_never_ready_without_a_serving_model() -> None:
+    core, registry = _core(strict=False)
+    assert not core.ready()
+    registry.record("m").versions[1] = VersionRecord(1, ModelState.LOADING)
+    assert not core.ready()
+
+
+def test_strict_readiness_follows_what_each_model_is_meant_to_do() -> None:
+    core, registry = _core()
+    registry.record("a").versions[1] = _serving()
+    assert core.ready()
+    registry.record("loading").versions[1] = VersionRecord(1, ModelState.LOADING)
+    assert core.ready()  # a first load in progress does not flip readiness (Triton #7014)
+    registry.record("never_loaded")
+    assert core.ready()
+    unloaded = registry.record("unloaded")
+    unloaded.state, unloaded.reason = ModelState.UNAVAILABLE, "unloaded"
+    unloaded.versions[1] = VersionRecord(1, ModelState.UNAVAILABLE, "unloaded")
+    assert core.ready()
+    kept = registry.record("kept")  # a failed new version while the old one serves
+    kept.versions[1] = _serving()
+    kept.versions[2] = VersionRecord(2, ModelState.UNAVAILABLE, "corrupt")
+    assert core.ready()
+    broken = registry.record("broken")
+    broken.versions[1] = VersionRecord(1, ModelState.UNAVAILABLE, "corrupt")
+    assert not core.ready()
+    core_loose, registry_loose = _core(strict=False)
+    registry_loose.models = registry.models
+    assert core_loose.ready()
+    del registry.models["broken"]
+    registry.record("sick").versions[1] = _serving(ok=False)
+    assert not core.ready()
