@@ -375,6 +375,10 @@ def build_repository(output: Path = DEFAULT_OUTPUT) -> Path:
     output.mkdir(parents=True, exist_ok=True)
     for build in BUILDERS.values():
         build(output)
+    # The pipeline (python preprocess -> classifier -> python postprocess) uses `classifier`.
+    from examples.pipeline import build_pipeline
+
+    build_pipeline(output)
     return output
 
 
@@ -386,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     output = build_repository(args.output)
     elapsed = time.perf_counter() - start
-    print(f"built {len(BUILDERS)} models in {output} ({elapsed:.2f} s): {', '.join(BUILDERS)}")
+    from examples.pipeline import PIPELINE_BUILDERS
+
+    names = [*BUILDERS, *PIPELINE_BUILDERS]
+    print(f"built {len(names)} models in {output} ({elapsed:.2f} s): {', '.join(names)}")
     return 0
 
 

@@ -148,6 +148,7 @@ class QueueScheduler(Scheduler):
         self._batching = spec.config.max_batch_size > 0
         self._accepting = False
         self._usable = True
+        self.failure_reason = ""  # why the last instance was lost (shown in the index)
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
         self._running: set[_Batch] = set()
@@ -171,7 +172,7 @@ class QueueScheduler(Scheduler):
             self._dispatch_forever(), name=f"scheduler:{self._spec.name}:{self._spec.version}")
 
     def healthy(self) -> bool:
-        return self._usable and self._pool.healthy()
+        return self._usable and self._pool.ready()
 
     async def drain(self, timeout: float) -> None:
         self._accepting = False
@@ -287,6 +288,8 @@ class QueueScheduler(Scheduler):
         instance = batch.instance
         if result.fatal:
             instance.healthy = False
+            self.failure_reason = next((o.error.message for o in result.outcomes
+                                        if isinstance(o, Failed)), "")
         self._pool.release(instance)
         if result.executed:
             self._stats.record_execution(batch.rows, result.input_ns, result.infer_ns,

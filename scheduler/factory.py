@@ -6,14 +6,18 @@ from typing import Optional
 from scheduler.batcher import DynamicBatcher
 from scheduler.clock import Clock
 from scheduler.default import DefaultScheduler
+from scheduler.ensemble import EnsembleScheduler, Infer
 from scheduler.interface import Scheduler, VersionSpec
 from scheduler.stats import VersionStatistics
 
 
 def create_scheduler(spec: VersionSpec, stats: VersionStatistics, *,
-                     clock: Optional[Clock] = None) -> Scheduler:
+                     clock: Optional[Clock] = None, infer: Optional[Infer] = None) -> Scheduler:
     """The dynamic batcher when the config has `dynamic_batching`, else the default scheduler
     (one request per execution, instances in parallel). Call `start()` on the result to load."""
+    if spec.config.platform == "ensemble":
+        assert infer is not None, "an ensemble needs the core's infer"
+        return EnsembleScheduler(spec, stats, infer)
     if spec.config.HasField("dynamic_batching"):
         return DynamicBatcher(spec, stats, clock=clock)
     return DefaultScheduler(spec, stats, clock=clock)

@@ -331,3 +331,8 @@ class InstancePool:
 
     def healthy(self) -> bool:
         return any(instance.healthy and not instance.passive for instance in self.instances)
+
+    def ready(self) -> bool:
+        """Some instance can run work now (a backend restarting its worker cannot)."""
+        return any(i.healthy and not i.passive and (i.backend is None or i.backend.healthy())
+                   for i in self.instances)

@@ -6,6 +6,7 @@ them to its wire form through protocol/errors.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ from protocol.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from protocol import datatypes
 from repository.config import ConfigError, config_from_json
-from repository.manager import LoadError, ModelManager
-from repository.registry import ModelRegistry, ModelState, VersionRecord, parse_version
+from repository.manager import UNLOADED, LoadError, ModelManager
+from repository.registry import (ModelRecord, ModelRegistry, ModelState, VersionRecord,
+                                 parse_version)
+from scheduler.factory import create_scheduler
 from scheduler.stats import FailureReason, VersionStatistics
 from scheduler.validation import validate_request
 from server.settings import ServerSettings
@@ -77,32 +80,25 @@ class InferenceCore:
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # Ensemble steps go through infer_admitted: their model's own scheduler and batcher.
+        manager.create_scheduler = functools.partial(create_scheduler, infer=self.infer_admitted)
 
     # ----- health --------------------------------------------------------------------------
     def live(self) -> bool:
         return self.started and not self.exiting
 
     def ready(self) -> bool:
-        """Kubernetes readiness: live, at least one model serving, and with strict readiness
-        every known model serving and healthy."""
+        """Kubernetes readiness: live and at least one model serving. With strict readiness
+        also every model the server is meant to serve has a healthy ready version; a model on
+        its first load does not count against it (Triton #7014), an unloaded one is not meant
+        to serve."""
         if not self.live():
             return False
-        serving = self.registry.serving_versions()
-        if not serving:
+        if not self.registry.serving_versions():
             return False
         if not self.settings.strict_readiness:
             return True
-        for model in self.registry.models.values():
-            if model.reason == "unloaded":
-                continue
-            if not model.ready_versions():
-                return False
-            for record in model.versions.values():
-                if record.state is ModelState.UNAVAILABLE and record.reason != "unloaded":
-                    return False
-                if record.serving and not record.healthy():
-                    return False
-        return True
+        return all(_model_counts_as_ready(model) for model in self.registry.models.values())
 
     # ----- metadata and config -----------------------------------------------------------
     def server_metadata(self) -> dict:
@@ -167,16 +163,25 @@ class InferenceCore:
                     entries.append(IndexEntry(name, "", model.state.value, model.reason))
                 continue
             for number, record in sorted(model.versions.items()):
-                if ready_only and not record.serving:
+                if ready_only and not record.healthy():
                     continue
                 reason = record.reason or (model.reason if not record.serving else "")
-                entries.append(IndexEntry(name, str(number), record.state.value, reason))
+                state = record.state.value
+                if record.serving and not record.healthy():
+                    state = ModelState.UNAVAILABLE.value
+                    reason = getattr(record.scheduler, "failure_reason", "") or "not ready"
+                entries.append(IndexEntry(name, str(number), state, reason))
         return entries
+
+    def _check_explicit(self) -> None:
+        if self.settings.model_control_mode != "explicit":
+            raise Unavailable(POLLING_REFUSAL)
 
     async def load_model(self, name: str, config_json: Optional[str] = None,
                          files: Optional[dict[str, bytes]] = None) -> None:
-        if self.settings.model_control_mode != "explicit":
-            raise Unavailable(POLLING_REFUSAL)
+        """Load or hot-reload `name`; `config_json` replaces config.pbtxt, and `files` (which
+        need it) make up the whole model directory, written to a private temporary one."""
+        self._check_explicit()
         override = None
         if config_json is not None:
             try:
@@ -184,19 +189,22 @@ class InferenceCore:
             except ConfigError as exc:
                 raise InvalidArgument(f"failed to load '{name}': {exc}") from None
         try:
-            await self.manager.load_model(name, override)
+            await self.manager.load_model(name, override, files=files or None)
         except LoadError as exc:
-            raise InvalidArgument(f"failed to load '{name}': {exc}") from None
+            raise InvalidArgument(str(exc)) from None
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        if self.settings.model_control_mode != "explicit":
-            raise Unavailable(POLLING_REFUSAL)
-        await self.manager.unload_model(name)
+        self._check_explicit()
+        await self.manager.unload_model(name, unload_dependents)
 
     # ----- inference ---------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
         if self.exiting:
             raise Unavailable("Server exiting")
+        return await self.infer_admitted(request)
+
+    async def infer_admitted(self, request: InferRequest) -> InferResponse:
+        """infer() without the exiting check: ensemble steps of a request already admitted."""
         record = self.registry.resolve(request.model_name, request.model_version)
         scheduler = record.scheduler
         assert scheduler is not None and record.spec is not None
@@ -263,3 +271,15 @@ def _type_name(value: int) -> str:
     from protocol.model_config_pb2 import DataType
 
     return DataType.Name(value)
+
+
+def _model_counts_as_ready(model: ModelRecord) -> bool:
+    """Strict readiness for one model: its serving versions are healthy, and it serves unless
+    it was unloaded, was never loaded, or is still on its first load."""
+    if any(record.serving and not record.healthy() for record in model.versions.values()):
+        return False
+    if model.ready_versions() or model.reason == UNLOADED:
+        return True
+    if not model.versions:
+        return model.state is ModelState.UNKNOWN
+    return all(record.state is ModelState.LOADING for record in model.versions.values())

@@ -46,7 +46,11 @@ def _parse_config(pb, repo: Path, name: str):
 
 
 def test_layout(repo: Path) -> None:
-    assert sorted(p.name for p in repo.iterdir()) == sorted(MODELS)
+    from examples.pipeline import PIPELINE_BUILDERS
+
+    assert sorted(p.name for p in repo.iterdir()) == sorted([*MODELS, *PIPELINE_BUILDERS])
+    assert (repo / "preprocess" / "1" / "model.py").is_file()
+    assert (repo / "pipeline" / "config.pbtxt").is_file()
     for name in MODELS:
         assert (repo / name / "config.pbtxt").is_file()
         assert (repo / name / "1" / "model.onnx").is_file()
@@ -208,5 +212,8 @@ def test_configs_parse_as_triton_model_config(repo: Path) -> None:
 
 def test_cli_builds_into_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert br.main(["--output", str(tmp_path / "repo")]) == 0
-    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == sorted(MODELS)
-    assert "built 6 models" in capsys.readouterr().out
+    from examples.pipeline import PIPELINE_BUILDERS
+
+    names = sorted([*MODELS, *PIPELINE_BUILDERS])
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == names
+    assert f"built {len(names)} models" in capsys.readouterr().out

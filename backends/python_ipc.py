@@ -1,0 +1,208 @@
+"""The wire between the server and a Python model's worker process.
+
+Control messages are small pickled dicts on a Unix stream socket, each framed by a 4-byte
+length. Tensor data never travels on the socket: each side owns one growable shared-memory
+arena (an anonymous memfd, mmap'd by both processes) and copies its tensors into it once; the
+other side maps the same memory and reads them in place. When an arena must grow, its owner
+makes a bigger one and passes the new file descriptor along with the next message
+(SCM_RIGHTS), so there are no names in /dev/shm to leak when a process is killed.
+
+Fixed-size tensors are raw bytes in the arena. BYTES tensors (numpy object arrays) are pickled
+into the arena instead, since their elements have no fixed layout.
+
+Used by both processes, so it imports only the standard library and numpy.
+"""
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import pickle
+import socket
+import struct
+import tempfile
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+HEADER = struct.Struct("<I")
+MAX_FDS = 4
+ALIGN = 64
+MIN_ARENA = 1 << 20
+
+# One tensor in an arena: (name, numpy dtype string or "" when pickled, shape, offset, nbytes).
+TensorRef = tuple[str, str, tuple[int, ...], int, int]
+
+
+class ChannelClosed(ConnectionError):
+    """The other process closed its end (it exited, or was killed)."""
+
+
+# ----- messages -----------------------------------------------------------------------------
+
+def send_message(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+    """Send one framed message; `fds` ride along with its first byte."""
+    payload = pickle.dumps(dict(message), protocol=pickle.HIGHEST_PROTOCOL)
+    data = HEADER.pack(len(payload)) + payload
+    if fds:
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        sent = sock.sendmsg([data], ancillary)
+        if sent < len(data):
+            sock.sendall(memoryview(data)[sent:])
+    else:
+        sock.sendall(data)
+
+
+def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """Receive one framed message and any file descriptors sent with it."""
+    header = bytearray()
+    fds: list[int] = []
+    while len(header) < HEADER.size:
+        try:
+            chunk, got_fds, _flags, _addr = socket.recv_fds(sock, HEADER.size - len(header),
+                                                            MAX_FDS)
+        except OSError as exc:
+            if isinstance(exc, TimeoutError):
+                raise
+            raise ChannelClosed(str(exc)) from exc
+        if not chunk:
+            raise ChannelClosed("the other process closed the channel")
+        header += chunk
+        fds.extend(got_fds)
+    (length,) = HEADER.unpack(header)
+    payload = bytearray(length)
+    view = memoryview(payload)
+    received = 0
+    while received < length:
+        try:
+            count = sock.recv_into(view[received:])
+        except OSError as exc:
+            if isinstance(exc, TimeoutError):
+                raise
+            raise ChannelClosed(str(exc)) from exc
+        if count == 0:
+            raise ChannelClosed("the other process closed the channel mid-message")
+        received += count
+    return pickle.loads(payload), fds
+
+
+# ----- shared-memory arenas -----------------------------------------------------------------
+
+def _anonymous_file() -> int:
+    """A file descriptor for memory shared by fd passing only (nothing named to clean up)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("ascend-serve-tensors", getattr(os, "MFD_CLOEXEC", 0))
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    fd, path = tempfile.mkstemp(prefix="ascend-serve-", dir=folder)
+    os.unlink(path)
+    return fd
+
+
+def _round_up(value: int, step: int) -> int:
+    return (value + step - 1) // step * step
+
+
+class ArenaWriter:
+    """The arena this process writes tensors into; grows (by replacement) when needed."""
+
+    def __init__(self, min_size: int = MIN_ARENA) -> None:
+        self._min_size = min_size
+        self._fd = -1
+        self._map: Optional[mmap.mmap] = None
+        self.size = 0
+
+    def pack(self, groups: Sequence[Mapping[str, np.ndarray]]
+             ) -> tuple[list[list[TensorRef]], Optional[int]]:
+        """Copy every tensor of every group into the arena.
+
+        Returns each group's refs, and the new arena's file descriptor when the arena was
+        replaced (the reader must map it before reading the refs; send it with the message).
+        """
+        plans: list[list[tuple[str, Any, int, int]]] = []
+        offset = 0
+        for group in groups:
+            plan = []
+            for name, value in group.items():
+                array_value = np.asarray(value)
+                if array_value.dtype == object:
+                    blob: Any = pickle.dumps(array_value, protocol=pickle.HIGHEST_PROTOCOL)
+                    nbytes = len(blob)
+                else:
+                    blob = array_value
+                    nbytes = array_value.nbytes
+                plan.append((name, blob, offset, nbytes))
+                offset = _round_up(offset + nbytes, ALIGN)
+            plans.append(plan)
+        new_fd = self._reserve(offset)
+        assert self._map is not None
+        refs: list[list[TensorRef]] = []
+        for plan in plans:
+            group_refs: list[TensorRef] = []
+            for name, blob, start, nbytes in plan:
+                if isinstance(blob, bytes):
+                    self._map[start:start + nbytes] = blob
+                    group_refs.append((name, "", (), start, nbytes))
+                else:
+                    if nbytes:
+                        target = np.ndarray(blob.shape, blob.dtype, buffer=self._map, offset=start)
+                        target[...] = blob
+                        del target
+                    group_refs.append((name, blob.dtype.str, tuple(blob.shape), start, nbytes))
+            refs.append(group_refs)
+        return refs, new_fd
+
+    def _reserve(self, needed: int) -> Optional[int]:
+        if self._map is not None and needed <= self.size:
+            return None
+        size = _round_up(max(needed, 2 * self.size, self._min_size), mmap.PAGESIZE)
+        fd = _anonymous_file()
+        try:
+            os.ftruncate(fd, size)
+            mapped = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.close()
+        self._fd, self._map, self.size = fd, mapped, size
+        return fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._map = None  # views handed out keep the old mapping alive until they go
+        self.size = 0
+
+
+class ArenaReader:
+    """The other process's arena, mapped here for reading."""
+
+    def __init__(self) -> None:
+        self._map: Optional[mmap.mmap] = None
+
+    def adopt(self, fd: int) -> None:
+        """Map a newly received arena (taking ownership of `fd`, which is closed here)."""
+        try:
+            size = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def view(self, ref: TensorRef) -> np.ndarray:
+        """The tensor in place (valid until the writer's next pack); BYTES are unpickled."""
+        name, dtype, shape, offset, nbytes = ref
+        if self._map is None:
+            raise ChannelClosed(f"tensor '{name}' refers to an arena that was never received")
+        if not dtype:
+            return pickle.loads(memoryview(self._map)[offset:offset + nbytes])
+        if nbytes == 0:
+            return np.empty(shape, dtype=np.dtype(dtype))
+        return np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=offset)
+
+    def copy(self, ref: TensorRef) -> np.ndarray:
+        """The tensor as an array of its own, safe to keep after the writer's next pack."""
+        value = self.view(ref)
+        return value if not ref[1] else value.copy()
+
+    def close(self) -> None:
+        self._map = None

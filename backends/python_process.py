@@ -1,0 +1,211 @@
+"""The server's handle on one worker process: spawn it, talk to it, notice when it dies.
+
+Every call is a strict request/reply on the socket, made from the instance's own thread, so
+the arenas are never written while the other side reads them. When the process dies the
+socket reports end-of-file (or is severed by the supervisor), and the pending call raises
+WorkerDied at once.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from backends.python_ipc import ArenaReader, ArenaWriter, ChannelClosed, recv_message, send_message
+
+# The folder holding the `backends` package and the pb_utils module, for the worker's sys.path.
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+class WorkerDied(Exception):
+    """The worker process exited (or was killed) before answering."""
+
+    def __init__(self, detail: str, before_send: bool = False) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        # It was gone before the message left: the work never started and may be retried.
+        self.before_send = before_send
+
+
+class WorkerReplyError(Exception):
+    """The worker answered with an error (the model raised); the message says what."""
+
+
+# One request's result: its output arrays, or (TritonError code, message) from the model.
+Result = dict[str, np.ndarray] | tuple[int, str]
+
+
+def describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONUNBUFFERED"] = "1"  # model prints reach the server log as they happen
+    return env
+
+
+class WorkerProcess:
+    """One `python -m backends.python_worker` child and its socket and arenas."""
+
+    def __init__(self, process: subprocess.Popen, sock: socket.socket) -> None:
+        self.process = process
+        self._sock = sock
+        self._inputs = ArenaWriter()
+        self._outputs = ArenaReader()
+        # Held for a whole call, so close() (from the supervisor) never pulls the socket out
+        # from under a call in progress; sever() first wakes such a call.
+        self._call_lock = threading.RLock()
+        self._closed = False
+
+    @classmethod
+    def spawn(cls) -> "WorkerProcess":
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "backends.python_worker", "--fd", str(child.fileno())],
+                pass_fds=(child.fileno(),), env=_worker_env(), stdin=subprocess.DEVNULL)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        return cls(process, parent)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    # ----- calls -------------------------------------------------------------------------
+
+    def call(self, message: Mapping[str, Any], fds: Sequence[int] = (),
+             timeout: Optional[float] = None) -> tuple[dict[str, Any], list[int]]:
+        """Send one message and wait for its reply; WorkerDied if the process goes first."""
+        sent = False
+        try:
+            with self._call_lock:
+                if self._closed or self.process.poll() is not None:
+                    raise ChannelClosed("closed")
+                self._sock.settimeout(timeout)
+                send_message(self._sock, message, fds)
+                sent = True
+                return recv_message(self._sock)
+        except TimeoutError:
+            self.kill()
+            raise WorkerDied(f"did not answer '{message.get('op')}' within {timeout:g} s") \
+                from None
+        except (ChannelClosed, OSError):
+            raise WorkerDied(describe_exit(self._exit_code()), before_send=not sent) from None
+
+    def initialize(self, model_file: Path, version_dir: Path, args: Mapping[str, str],
+                   timeout: Optional[float]) -> None:
+        reply, _ = self.call({"op": "init", "model_file": str(model_file),
+                              "version_dir": str(version_dir), "args": dict(args)},
+                             timeout=timeout)
+        if not reply.get("ok"):
+            raise WorkerReplyError(reply.get("error", "initialize failed"))
+
+    def auto_complete(self, model_file: Path, version_dir: Path, config: dict,
+                      timeout: Optional[float]) -> dict:
+        reply, _ = self.call({"op": "auto_complete", "model_file": str(model_file),
+                              "version_dir": str(version_dir), "config": config},
+                             timeout=timeout)
+        if not reply.get("ok"):
+            raise WorkerReplyError(reply.get("error", "auto_complete_config failed"))
+        return reply["config"]
+
+    def execute(self, requests: Sequence[Mapping[str, np.ndarray]],
+                output_names: Sequence[str]) -> list[Result]:
+        """Run one list of requests; each result is its outputs or the model's error for it.
+        Raises WorkerReplyError when the model's execute raised (the whole list failed).
+        Only ever called from one thread at a time (the instance's), like the arenas' use."""
+        with self._call_lock:
+            if self._closed:
+                raise WorkerDied(describe_exit(self._exit_code()), before_send=True)
+            refs, new_fd = self._inputs.pack(requests)
+            reply, fds = self.call({"op": "execute", "requests": refs,
+                                    "outputs": list(output_names)},
+                                   [new_fd] if new_fd is not None else ())
+            for extra in fds[1:]:
+                os.close(extra)
+            if fds:
+                self._outputs.adopt(fds[0])
+            results = self._results(reply)
+        return results
+
+    def _results(self, reply: dict[str, Any]) -> list[Result]:
+        if not reply.get("ok"):
+            raise WorkerReplyError(reply.get("error", "execute failed"))
+        results: list[Result] = []
+        for group, error in zip(reply["outputs"], reply["errors"]):
+            if error is not None:
+                results.append((int(error[0]), str(error[1])))
+            else:
+                results.append({ref[0]: self._outputs.copy(ref) for ref in group})
+        return results
+
+    def finalize(self, timeout: float) -> None:
+        """Ask the model to finalize and the process to exit; kill it if it does not."""
+        try:
+            self.call({"op": "finalize"}, timeout=timeout)
+        except WorkerDied:
+            pass
+        finally:
+            self.close(timeout)
+
+    # ----- process control ---------------------------------------------------------------
+
+    def wait(self) -> int:
+        """Block until the process exits; returns its exit code (negative: signal)."""
+        return self.process.wait()
+
+    def sever(self) -> None:
+        """Wake any call blocked on the socket (a grandchild may still hold the other end)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.kill()
+            except ProcessLookupError:
+                pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the channel (the worker exits on end-of-file), then make sure it is gone."""
+        self.sever()
+        with self._call_lock:
+            self._closed = True
+            self._sock.close()
+            self._inputs.close()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.process.wait()
+        self._outputs.close()
+
+    def _exit_code(self) -> Optional[int]:
+        try:
+            return self.process.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return None

@@ -1,0 +1,194 @@
+"""The process one Python model instance runs in (`python -m backends.python_worker --fd N`).
+
+It loads `model.py`, instantiates `TritonPythonModel`, and then answers the server's messages
+one at a time on the inherited socket: init, execute, auto_complete, finalize. A separate
+process per instance lets Python models run in parallel despite the GIL, and keeps a crashing
+model from taking the server down.
+
+Startup must stay fast (tests start many workers): import nothing beyond the standard
+library, numpy and the model-side utils here; the model itself imports what it needs.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import sys
+import traceback
+from types import ModuleType
+from typing import Any, Optional
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+from backends.python_ipc import (ArenaReader, ArenaWriter, ChannelClosed, TensorRef,
+                                 recv_message, send_message)
+
+MODEL_MODULE = "model"
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def load_model_module(model_file: str, version_dir: str) -> ModuleType:
+    """Import model.py by path, with its folder on sys.path so sibling modules import too."""
+    if version_dir not in sys.path:
+        sys.path.insert(0, version_dir)
+    spec = importlib.util.spec_from_file_location(MODEL_MODULE, model_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import '{model_file}'")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODEL_MODULE] = module
+    spec.loader.exec_module(module)
+    if not hasattr(module, "TritonPythonModel"):
+        raise AttributeError(f"'{model_file}' does not define class TritonPythonModel")
+    return module
+
+
+class WorkerLoop:
+    """Holds the model and both arenas; `serve` runs until finalize or until the server goes."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.inputs = ArenaReader()
+        self.outputs = ArenaWriter()
+        self.model: Any = None
+        self.model_name = ""
+        self.instance_name = ""
+
+    def serve(self) -> int:
+        while True:
+            try:
+                message, fds = recv_message(self.sock)
+            except ChannelClosed:
+                return 0  # the server went away: nothing left to answer
+            op = message.get("op")
+            handler = getattr(self, f"on_{op}", None)
+            if handler is None:
+                self.reply({"ok": False, "error": f"unknown operation '{op}'"})
+                continue
+            reply, reply_fds = handler(message, fds)
+            try:
+                self.reply(reply, reply_fds)
+            except (ChannelClosed, OSError):
+                return 0
+            if op == "finalize":
+                return 0
+
+    def reply(self, message: dict, fds: Optional[list[int]] = None) -> None:
+        send_message(self.sock, message, fds or ())
+
+    # ----- operations ------------------------------------------------------------------------
+
+    def on_init(self, message: dict, fds: list[int]) -> tuple[dict, None]:
+        args = message["args"]
+        self.model_name = args.get("model_name", "")
+        self.instance_name = args.get("model_instance_name", "")
+        try:
+            module = load_model_module(message["model_file"], message["version_dir"])
+            self.model = module.TritonPythonModel()
+            initialize = getattr(self.model, "initialize", None)
+            if initialize is not None:
+                initialize(args)
+        except BaseException as exc:  # noqa: BLE001 - reported to the server as the load error
+            traceback.print_exc()
+            return {"ok": False, "error": _describe(exc)}, None
+        return {"ok": True}, None
+
+    def on_auto_complete(self, message: dict, fds: list[int]) -> tuple[dict, None]:
+        try:
+            module = load_model_module(message["model_file"], message["version_dir"])
+            completer = getattr(module.TritonPythonModel, "auto_complete_config", None)
+            config = pb_utils.ModelConfig(message["config"])
+            if completer is not None:
+                config = completer(config)
+                if not isinstance(config, pb_utils.ModelConfig):
+                    raise TypeError("auto_complete_config must return the ModelConfig it was given")
+        except BaseException as exc:  # noqa: BLE001
+            traceback.print_exc()
+            return {"ok": False, "error": _describe(exc)}, None
+        return {"ok": True, "config": config.as_dict()}, None
+
+    def on_execute(self, message: dict, fds: list[int]) -> tuple[dict, Optional[list[int]]]:
+        if fds:
+            self.inputs.adopt(fds[0])
+            for extra in fds[1:]:
+                os.close(extra)
+        requests = [self._request(refs, message["outputs"]) for refs in message["requests"]]
+        try:
+            responses = self.model.execute(requests)
+            results = self._check(responses, len(requests))
+        except BaseException as exc:  # noqa: BLE001 - fails this batch, not the worker
+            traceback.print_exc()
+            return {"ok": False, "error": self._failure_text(exc)}, None
+        groups: list[dict[str, np.ndarray]] = []
+        errors: list[Optional[tuple[int, str]]] = []
+        for result in results:
+            if isinstance(result, pb_utils.TritonError):
+                groups.append({})
+                errors.append((result.code(), result.message()))
+            else:
+                groups.append({t.name(): t.as_numpy() for t in result.output_tensors()})
+                errors.append(None)
+        try:
+            refs, new_fd = self.outputs.pack(groups)
+        except BaseException as exc:  # noqa: BLE001
+            traceback.print_exc()
+            return {"ok": False, "error": self._failure_text(exc)}, None
+        return {"ok": True, "outputs": refs, "errors": errors}, ([new_fd] if new_fd is not None
+                                                                  else None)
+
+    def on_finalize(self, message: dict, fds: list[int]) -> tuple[dict, None]:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            try:
+                finalize()
+            except BaseException as exc:  # noqa: BLE001
+                traceback.print_exc()
+                return {"ok": False, "error": _describe(exc)}, None
+        return {"ok": True}, None
+
+    # ----- helpers ---------------------------------------------------------------------------
+
+    def _request(self, refs: list[TensorRef], outputs: list[str]) -> pb_utils.InferenceRequest:
+        tensors = [pb_utils.Tensor(ref[0], self.inputs.view(ref)) for ref in refs]
+        return pb_utils.InferenceRequest(self.model_name, tensors, outputs)
+
+    def _failure_text(self, exc: BaseException) -> str:
+        return (f"Failed to process the request(s) for model instance '{self.instance_name}', "
+                f"message: {_describe(exc)}")
+
+    @staticmethod
+    def _check(responses: Any, expected: int) -> list[Any]:
+        """Each entry: the response, or its TritonError."""
+        if not isinstance(responses, (list, tuple)):
+            raise TypeError(f"execute must return a list of InferenceResponse, got "
+                            f"{type(responses).__name__}")
+        if len(responses) != expected:
+            raise ValueError(f"execute returned {len(responses)} responses for {expected} requests")
+        results: list[Any] = []
+        for response in responses:
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise TypeError(f"execute must return InferenceResponse objects, got "
+                                f"{type(response).__name__}")
+            results.append(response.error() if response.has_error() else response)
+        return results
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[argv.index("--fd") + 1])
+    # Ctrl-C in a terminal reaches the whole process group; the server decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=fd)
+    try:
+        return WorkerLoop(sock).serve()
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The worker wire: framed messages with file descriptors, and the shared-memory arenas."""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from backends.python_ipc import (ArenaReader, ArenaWriter, ChannelClosed, recv_message,
+                                 send_message)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    yield left, right
+    left.close()
+    right.close()
+
+
+def test_messages_keep_their_boundaries(pair: tuple[socket.socket, socket.socket]) -> None:
+    left, right = pair
+    send_message(left, {"op": "a", "n": 1})
+    send_message(left, {"op": "b", "blob": b"x" * 100_000})
+    first, fds = recv_message(right)
+    assert first == {"op": "a", "n": 1} and fds == []
+    second, _ = recv_message(right)
+    assert second["op"] == "b" and len(second["blob"]) == 100_000
+
+
+def test_file_descriptors_travel_with_their_message(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    left, right = pair
+    read_end, write_end = os.pipe()
+    try:
+        send_message(left, {"op": "fd"}, [write_end])
+        send_message(left, {"op": "plain"})
+        message, fds = recv_message(right)
+        assert message == {"op": "fd"} and len(fds) == 1
+        os.write(fds[0], b"hi")
+        os.close(fds[0])
+        assert os.read(read_end, 2) == b"hi"
+        assert recv_message(right) == ({"op": "plain"}, [])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_closed_peer_raises_channel_closed(pair: tuple[socket.socket, socket.socket]) -> None:
+    left, right = pair
+    left.close()
+    with pytest.raises(ChannelClosed):
+        recv_message(right)
+
+
+def _transfer(writer: ArenaWriter, reader: ArenaReader, groups):  # type: ignore[no-untyped-def]
+    refs, fd = writer.pack(groups)
+    if fd is not None:
+        reader.adopt(os.dup(fd))  # the receiving process gets its own descriptor
+    return refs
+
+
+def test_arena_round_trips_every_kind_of_tensor() -> None:
+    writer, reader = ArenaWriter(), ArenaReader()
+    strided = np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2]  # not contiguous
+    groups = [
+        {"F": np.linspace(0, 1, 10, dtype=np.float32).reshape(2, 5), "S": strided},
+        {"B": np.array([b"abc", b"", "d\u00e9"], dtype=object), "E": np.zeros((0, 3), np.float64),
+         "BOOL": np.array([True, False])},
+    ]
+    refs = _transfer(writer, reader, groups)
+    for group, group_refs in zip(groups, refs):
+        assert [ref[0] for ref in group_refs] == list(group)
+        for ref in group_refs:
+            out = reader.copy(ref)
+            expected = group[ref[0]]
+            assert out.shape == expected.shape and out.dtype == expected.dtype
+            assert (out == expected).all()
+    offsets = [ref[3] for group_refs in refs for ref in group_refs]
+    assert all(offset % 64 == 0 for offset in offsets)
+    writer.close()
+
+
+def test_fixed_size_tensors_are_read_in_place() -> None:
+    writer, reader = ArenaWriter(), ArenaReader()
+    refs = _transfer(writer, reader, [{"X": np.arange(4, dtype=np.int64)}])
+    view = reader.view(refs[0][0])
+    assert not view.flags.owndata  # a view over the shared memory, not a copy
+    refs2, fd = writer.pack([{"X": np.full(4, 7, dtype=np.int64)}])
+    assert fd is None  # same arena reused
+    assert (view == 7).all()  # the reader sees the writer's new data in place
+    writer.close()
+
+
+def test_arena_grows_by_replacement_and_reader_follows() -> None:
+    writer, reader = ArenaWriter(min_size=4096), ArenaReader()
+    _transfer(writer, reader, [{"X": np.zeros(10, np.uint8)}])
+    small = writer.size
+    big = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    refs, fd = writer.pack([{"X": big}])
+    assert fd is not None and writer.size > small
+    reader.adopt(os.dup(fd))
+    assert np.array_equal(reader.copy(refs[0][0]), big)
+    writer.close()
