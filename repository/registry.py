@@ -31,6 +31,9 @@ class VersionRecord:
     spec: Optional[VersionSpec] = None
     scheduler: Optional[Scheduler] = None
     load_seconds: float = 0.0
+    # Label files read on first use, per output; they live and die with this loaded copy,
+    # so a reload with a changed labels file shows the new labels.
+    labels: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def serving(self) -> bool:

@@ -10,7 +10,6 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from protocol.classification import classify, read_labels
@@ -76,7 +75,6 @@ class InferenceCore:
         self.manager = manager
         self.started = False
         self.exiting = False
-        self._labels: dict[Path, list[str]] = {}
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -244,19 +242,22 @@ class InferenceCore:
         response.outputs = outputs
         return response
 
-    def _labels_for(self, record: VersionRecord, output: str) -> list[str]:
+    @staticmethod
+    def _labels_for(record: VersionRecord, output: str) -> list[str]:
+        if output in record.labels:
+            return record.labels[output]
         spec = record.spec
         assert spec is not None
+        labels: list[str] = []
         for tensor in spec.config.output:
             if tensor.name == output and tensor.label_filename:
-                path = spec.model_dir / tensor.label_filename
-                if path not in self._labels:
-                    try:
-                        self._labels[path] = read_labels(path)
-                    except OSError:
-                        self._labels[path] = []
-                return self._labels[path]
-        return []
+                try:
+                    labels = read_labels(spec.model_dir / tensor.label_filename)
+                except OSError:
+                    log.warning("model '%s': cannot read label file '%s'", spec.name,
+                                tensor.label_filename)
+        record.labels[output] = labels
+        return labels
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight; False if the timeout passed first."""

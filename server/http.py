@@ -7,7 +7,7 @@ through protocol/errors.py to `{"error": "..."}` with Triton's status codes.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable
 
 import orjson
 from fastapi import FastAPI

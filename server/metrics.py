@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
@@ -228,7 +228,3 @@ def _render_family(family: Metric, lines: list[str]) -> None:
             lines.append(f"{sample.name}{{{label_text}}} {_format_value(sample.value)}")
         else:
             lines.append(f"{sample.name} {_format_value(sample.value)}")
-
-
-def timestamp_ms() -> int:
-    return int(time.time() * 1000)
