@@ -34,6 +34,7 @@ SERVER_VERSION = "0.1.0"
 EXTENSIONS = [
     "classification",
     "model_repository",
+    "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
     "binary_tensor_data",
