@@ -21,8 +21,6 @@ Files are written through a temporary file and a rename, as build_repository.py 
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -205,19 +203,9 @@ ensemble_scheduling {
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write atomically (temporary file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    from examples.build_repository import _write_text as write  # late: that module imports us
+
+    write(path, text)
 
 
 def _default_labels() -> Sequence[str]:
