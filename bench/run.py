@@ -1,0 +1,191 @@
+"""Run the benchmark end to end and write bench/RESULTS.md.
+
+    make bench                                   # or, with a perf_analyzer binary at hand:
+    PERF_ANALYZER=/path/to/perf_analyzer python bench/run.py [--quick] [--results FILE]
+
+Steps: build `dense_compute`, `dense_compute_nobatch` and `simple` into bench/out/models (the
+example builder, so the files are byte-identical to examples/models), plus a supplementary
+`dense_compute_2048` (the same model with 2048-wide layers); measure the dense models offline at
+batch 1..64 and `simple`'s direct batch-1 latency; serve them and drive them with perf_analyzer
+over HTTP and gRPC; measure offline once more; write the report. About 6 minutes on 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import offline, report, served  # noqa: E402
+from examples.build_repository import (DENSE_WIDTH, build_dense_compute,  # noqa: E402
+                                       build_dense_compute_nobatch, build_simple,
+                                       dense_compute_config, make_dense_compute_model)
+from tests.serverproc import running_server  # noqa: E402
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+CONCURRENCIES = (1, 8, 32, 64)
+PROTOCOLS = ("http", "grpc")
+BATCHING_MODELS = {"on": "dense_compute", "off": "dense_compute_nobatch"}
+LATENCY_MODEL = "simple"
+HEAVY_WIDTH = 2048
+HEAVY_MODEL = f"dense_compute_{HEAVY_WIDTH}"
+QUICK_FLAGS = ("--measurement-interval", "1000", "--stability-percentage", "100",
+               "--max-trials", "3")
+
+_START = time.monotonic()
+
+
+def progress(message: str) -> None:
+    print(f"[{time.monotonic() - _START:6.1f}s] {message}", flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="ascend-serve served/offline benchmark")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="report file (default bench/RESULTS.md; OUT_DIR/RESULTS.md with "
+                             "--quick)")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="models, perf_analyzer CSVs and logs, server log, results.json "
+                             "(default bench/out; bench/out/quick with --quick)")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS))
+    parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)))
+    parser.add_argument("--no-heavy", action="store_true",
+                        help=f"skip the supplementary {HEAVY_MODEL} measurement")
+    parser.add_argument("--quick", action="store_true",
+                        help="short windows and one offline repetition: a smoke run, not numbers")
+    return parser.parse_args(argv)
+
+
+def find_perf_analyzer() -> str:
+    path = os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
+    if not path:
+        sys.exit("perf_analyzer not found: set PERF_ANALYZER (make bench does, through "
+                 "../shared/tools/install-perf-analyzer) or put it on PATH")
+    return path
+
+
+def build_heavy(repo: Path) -> Path:
+    """`dense_compute` with wider layers: same config (batching, 1 instance, 1 thread)."""
+    model_dir = repo / HEAVY_MODEL
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    model = make_dense_compute_model(width=HEAVY_WIDTH)
+    (model_dir / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    config = dense_compute_config(HEAVY_MODEL).replace(f"dims: [ {DENSE_WIDTH} ]",
+                                                       f"dims: [ {HEAVY_WIDTH} ]")
+    (model_dir / "config.pbtxt").write_text(config)
+    return model_dir
+
+
+def measure_offline(model_dirs: list[Path], into: dict[str, list[offline.Throughput]],
+                    repetitions: int, seconds: float, when: str) -> None:
+    """Offline runs before and after the served ones; the best of both is the reference."""
+    for model_dir in model_dirs:
+        progress(f"offline {model_dir.name} ({when}): batch {list(BATCH_SIZES)}, "
+                 f"best of {repetitions} x {seconds}s")
+        runs = offline.throughput(model_dir, BATCH_SIZES, repetitions, seconds)
+        for t in runs:
+            progress(f"  batch {t.batch_size:3d}: {t.best_infer_per_sec:10,.0f} inf/s")
+        earlier = into.get(model_dir.name)
+        into[model_dir.name] = offline.merge(earlier, runs) if earlier else runs
+
+
+def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
+                   flags: tuple[str, ...]) -> tuple[list[str], dict[str, list[served.Point]]]:
+    """Serve `repo`, drive each point with perf_analyzer; returns the commands and the points."""
+    protocols = [p for p in args.protocols.split(",") if p]
+    concurrencies = [int(c) for c in args.concurrency.split(",") if c]
+    points: dict[str, list[served.Point]] = {"latency": [], "served": [], "heavy": []}
+    pa_dir = args.out_dir / "perf_analyzer"
+    pa_dir.mkdir(parents=True, exist_ok=True)
+    with running_server([repo], log_dir=args.out_dir) as server:
+        commands = [f"# server (log: {server.log_path}):",
+                    shlex.join(str(a) for a in server.process.args)]
+        progress(f"server pid {server.pid} on http {server.http_url}, grpc {server.grpc_url}")
+        urls = {"http": server.http_url, "grpc": server.grpc_url}
+
+        def measure(kind: str, model: str, protocol: str, concurrency: int) -> None:
+            point = served.run_point(perf_analyzer, model, protocol, urls[protocol], server.base,
+                                     server.pid, concurrency, pa_dir, flags)
+            points[kind].append(point)
+            if point.ok:
+                progress(f"  {model} {protocol} c{concurrency}: {point.infer_per_sec:,.0f} inf/s, "
+                         f"p50 {point.p50_us / 1e3:.2f} ms, p99 {point.p99_us / 1e3:.2f} ms, "
+                         f"batch {point.server.avg_batch:.1f} ({point.seconds:.0f}s"
+                         f"{', retried' if point.retried else ''})")
+            else:
+                progress(f"  {model} {protocol} c{concurrency}: FAILED {point.error}")
+
+        for protocol in protocols:
+            measure("latency", LATENCY_MODEL, protocol, 1)
+        for model in BATCHING_MODELS.values():
+            for protocol in protocols:
+                for concurrency in concurrencies:
+                    measure("served", model, protocol, concurrency)
+        if not args.no_heavy:
+            for protocol in protocols:
+                measure("heavy", HEAVY_MODEL, protocol, report.RATIO_CONCURRENCY)
+        if not server.alive():
+            progress("the server died during the run; see its log")
+    return commands, points
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    perf_analyzer = find_perf_analyzer()
+    args.out_dir = args.out_dir or ROOT / "bench" / "out" / ("quick" if args.quick else "")
+    results_path = args.results or (args.out_dir / "RESULTS.md" if args.quick
+                                    else ROOT / "bench" / "RESULTS.md")
+    flags = QUICK_FLAGS if args.quick else served.CONVERGE_FLAGS
+    repetitions, seconds = (1, 0.2) if args.quick else (3, 0.5)
+    load_before = report.load_average()
+    machine = report.machine_info(perf_analyzer)
+    progress(f"machine: {machine['nproc']} CPUs, {machine['CPU']}, load {load_before}")
+
+    repo = args.out_dir / "models"
+    for build in (build_dense_compute, build_dense_compute_nobatch, build_simple):
+        build(repo)
+    offline_dirs = [repo / BATCHING_MODELS["on"]]
+    if not args.no_heavy:
+        offline_dirs.append(build_heavy(repo))
+    progress(f"models built in {repo}")
+
+    offline_runs: dict[str, list[offline.Throughput]] = {}
+    measure_offline(offline_dirs, offline_runs, repetitions, seconds, "before serving")
+    direct = offline.latency(repo / LATENCY_MODEL, calls=500 if args.quick else 3000,
+                             repetitions=repetitions)
+    progress(f"offline {LATENCY_MODEL} batch 1: p50 {direct.p50_us:.1f} µs, "
+             f"p99 {direct.p99_us:.1f} µs")
+    server_commands, points = measure_served(perf_analyzer, repo, args, flags)
+    measure_offline(offline_dirs, offline_runs, repetitions, seconds, "after serving")
+
+    results = report.Results(
+        machine=machine,
+        commands=[f"# started as: {shlex.join([sys.executable, *sys.argv])}", *server_commands,
+                  "# perf_analyzer, one call per point:"],
+        offline=offline_runs, offline_of={BATCHING_MODELS["off"]: BATCHING_MODELS["on"]},
+        direct=direct, served=points["served"], latency=points["latency"],
+        heavy=points["heavy"], batching_models=BATCHING_MODELS, heavy_model=HEAVY_MODEL,
+        notes=[f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
+               f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
+               + (" (--quick: smoke run, not numbers)" if args.quick else "")])
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(report.render(results))
+    raw_path = args.out_dir / "results.json"
+    raw_path.write_text(json.dumps(dataclasses.asdict(results), indent=1))
+    progress(f"wrote {results_path} and {raw_path}")
+    for line in report.verdicts(results):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
