@@ -90,7 +90,7 @@ class ServerApp:
             return False
         s = self.settings
         if s.allow_http:
-            app = HttpFrontend(self.core).build_app()
+            app = HttpFrontend(self.core).build_asgi()
             self._listeners.append(_uvicorn(app, s.http_address, s.http_port, s.log_verbose))
         if s.allow_metrics:
             self._listeners.append(_uvicorn(build_metrics_app(self.metrics), s.metrics_address,

@@ -7,7 +7,8 @@ through protocol/errors.py to `{"error": "..."}` with Triton's status codes.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+import re
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import orjson
 from fastapi import FastAPI
@@ -16,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from protocol import compression, rest_codec
-from protocol.errors import InvalidArgument, ServerError, TooLarge, Unsupported, as_server_error
+from protocol.errors import (Cancelled, InvalidArgument, ServerError, TooLarge, Unsupported,
+                             as_server_error)
 from repository.config import config_to_json
 from scheduler.stats import Duration, VersionStatistics
 from server.core import InferenceCore, ModelMetadata
@@ -31,12 +33,16 @@ def json_response(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type=JSON)
 
 
-def error_response(error: ServerError) -> Response:
-    response = Response(rest_codec.encode_error(error.message), status_code=error.http_status(),
-                        media_type=JSON)
+def error_headers(error: ServerError) -> dict[str, str]:
+    """An unknown Content-Encoding answer tells the client which encodings work."""
     if isinstance(error, Unsupported) and "compression" in error.message:
-        response.headers["Accept-Encoding"] = "gzip, deflate"
-    return response
+        return {"Accept-Encoding": compression.ACCEPT_ENCODING}
+    return {}
+
+
+def error_response(error: ServerError) -> Response:
+    return Response(rest_codec.encode_error(error.message), status_code=error.http_status(),
+                    headers=error_headers(error), media_type=JSON)
 
 
 def empty(status: int = 200) -> Response:
@@ -74,26 +80,28 @@ class HttpFrontend:
                         f"bytes. Use --http-max-input-size to increase the limit.")
 
     async def read_body(self, request: Request) -> bytes:
+        return await self.collect_body(request.stream(), request.headers)
+
+    async def collect_body(self, chunks: AsyncIterator[bytes], headers: Mapping[str, str]) -> bytes:
         """The whole (decompressed) body, refusing anything over --http-max-input-size before
         it is buffered."""
         limit = self.settings.http_max_input_size
-        declared = request.headers.get("content-length")
+        declared = headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
                 raise InvalidArgument(f"invalid Content-Length '{declared}'")
             if int(declared) > limit:
                 raise self._too_large()
-        chunks: list[bytes] = []
+        parts: list[bytes] = []
         total = 0
-        async for chunk in request.stream():
+        async for chunk in chunks:
             total += len(chunk)
             if total > limit:
                 raise self._too_large()
             if chunk:
-                chunks.append(chunk)
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        encoding = request.headers.get("content-encoding")
-        return compression.decompress(body, encoding, limit)
+                parts.append(chunk)
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        return compression.decompress(body, headers.get("content-encoding"), limit)
 
     async def json_body(self, request: Request) -> Any:
         body = await self.read_body(request)
@@ -142,10 +150,17 @@ class HttpFrontend:
 
     # ----- inference ----------------------------------------------------------------------
     async def infer(self, request: Request) -> Response:
+        """The routed form of infer; POSTs normally take FastInferApp's shorter path."""
         name, version = _model_path(request)
-        body = await self.read_body(request)
-        header = request.headers.get(HEADER_LENGTH)
-        header_length = rest_codec.parse_header_length(header)
+        payload, headers, media_type = await self.infer_reply(
+            name, version, request.headers, request.stream())
+        return Response(payload, status_code=200, headers=headers, media_type=media_type)
+
+    async def infer_reply(self, name: str, version: str, headers: Mapping[str, str],
+                          chunks: AsyncIterator[bytes]) -> tuple[bytes, dict[str, str], str]:
+        """Body in, (payload, extra headers, content type) out: decode once, infer, encode once."""
+        body = await self.collect_body(chunks, headers)
+        header_length = rest_codec.parse_header_length(headers.get(HEADER_LENGTH))
         if header_length == 0:
             infer_request = self._decode_raw(body, name, version)
         else:
@@ -157,16 +172,16 @@ class HttpFrontend:
         response = await self.core.infer(infer_request)
         payload, json_length = rest_codec.encode_infer_response(
             response, infer_request.outputs, binary_default)
-        headers: dict[str, str] = {}
+        extra: dict[str, str] = {}
         media_type = JSON
         if json_length is not None:
-            headers["Inference-Header-Content-Length"] = str(json_length)
+            extra["Inference-Header-Content-Length"] = str(json_length)
             media_type = "application/octet-stream"
-        encoding = compression.choose_response_encoding(request.headers.get("accept-encoding"))
+        encoding = compression.choose_response_encoding(headers.get("accept-encoding"))
         if encoding:
             payload = compression.compress(payload, encoding)
-            headers["Content-Encoding"] = encoding
-        return Response(payload, status_code=200, headers=headers, media_type=media_type)
+            extra["Content-Encoding"] = encoding
+        return payload, extra, media_type
 
     def _decode_raw(self, body: bytes, name: str, version: str) -> Any:
         config = self.core.model_config(name, version)
@@ -269,6 +284,64 @@ class HttpFrontend:
             return json_response({"error": text}, exc.status_code)
 
         return app
+
+    def build_asgi(self) -> "FastInferApp":
+        """The app to serve: inference POSTs on the short path, everything else through FastAPI."""
+        return FastInferApp(self, self.build_app())
+
+
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+
+
+class FastInferApp:
+    """ASGI entry point that answers `POST /v2/models/{m}[/versions/{v}]/infer` directly.
+
+    The inference route is the hot path: skipping the router walk and the middleware stack for
+    it takes a large share of the per-request CPU off the event loop (see bench/FINDINGS.md).
+    Every other request, and any non-POST to an infer path (405), goes to the FastAPI app.
+    """
+
+    def __init__(self, frontend: HttpFrontend, fallback: Any) -> None:
+        self.frontend = frontend
+        self.fallback = fallback
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.fullmatch(scope["path"])
+            if match is not None:
+                await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
+                return
+        await self.fallback(scope, receive, send)
+
+    async def _infer(self, scope: dict, receive: Callable, send: Callable, name: str,
+                     version: str) -> None:
+        # ASGI servers give header names in lower case.
+        headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+        try:
+            payload, extra, media_type = await self.frontend.infer_reply(
+                name, version, headers, _request_chunks(receive))
+            status = 200
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
+            error = exc if isinstance(exc, ServerError) else as_server_error(exc)
+            if not isinstance(exc, ServerError):
+                log.exception("unexpected error on %s", scope["path"])
+            payload, extra, media_type = rest_codec.encode_error(error.message), error_headers(error), JSON
+            status = error.http_status()
+        raw_headers = [(b"content-type", media_type.encode()),
+                       (b"content-length", str(len(payload)).encode())]
+        raw_headers += [(key.lower().encode(), value.encode()) for key, value in extra.items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+async def _request_chunks(receive: Callable) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Cancelled("the client disconnected before sending the whole request")
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
 
 
 def _exiting() -> ServerError:

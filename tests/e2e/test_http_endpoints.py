@@ -168,6 +168,7 @@ def test_unknown_compression_is_501(http: httpx.Client) -> None:
     reply = http.post("/v2/models/simple/infer", content=b"{}", headers={"Content-Encoding": "br"})
     assert reply.status_code == 501
     assert "Unsupported compression type" in reply.json()["error"]
+    assert reply.headers["accept-encoding"] == "gzip, deflate"
 
 
 def test_statistics(http: httpx.Client) -> None:
