@@ -152,7 +152,39 @@ class OnnxRuntimeBackend(Backend):
                                                  providers=providers)
         except Exception as exc:  # noqa: BLE001
             raise BackendError(f"unable to load ONNX model '{path}': {exc}") from exc
+        self._check_config_matches_model()
         self._output_names = [o.name for o in self._session.get_outputs()]
+
+    def _check_config_matches_model(self) -> None:
+        """Refuse a config whose inputs or outputs the model does not have (names, data types,
+        fixed dims), as Triton does at load, instead of failing every request later."""
+        from protocol.model_config_pb2 import DataType
+
+        skip = 1 if self.config.max_batch_size > 0 else 0
+        model_io = {"input": {t.name: t for t in self._session.get_inputs()},
+                    "output": {t.name: t for t in self._session.get_outputs()}}
+        for kind, declared in (("input", self.config.input), ("output", self.config.output)):
+            available = model_io[kind]
+            for tensor in declared:
+                actual = available.get(tensor.name)
+                if actual is None:
+                    raise BackendError(f"model '{self.config.name}': unexpected {kind} "
+                                       f"'{tensor.name}', the model's {kind}s are "
+                                       f"{sorted(available)}")
+                wanted = DataType.Name(tensor.data_type)
+                if _ORT_TO_CONFIG.get(actual.type) != wanted:
+                    raise BackendError(f"model '{self.config.name}': {kind} '{tensor.name}' is "
+                                       f"{wanted} in the config but {actual.type} in the model")
+                if tensor.HasField("reshape"):
+                    continue
+                model_dims = [_dim_value(d) for d in actual.shape[skip:]]
+                config_dims = [int(d) for d in tensor.dims]
+                compatible = len(model_dims) == len(config_dims) and all(
+                    m == -1 or c == -1 or m == c for m, c in zip(model_dims, config_dims))
+                if not compatible:
+                    raise BackendError(f"model '{self.config.name}': {kind} '{tensor.name}' has "
+                                       f"dims {config_dims} in the config but {model_dims} in "
+                                       f"the model" + (" (after the batch dimension)" if skip else ""))
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = {name: (_to_ort_strings(array) if array.dtype.kind == "O" else array)
