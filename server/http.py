@@ -6,9 +6,10 @@ through protocol/errors.py to `{"error": "..."}` with Triton's status codes.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import orjson
 from fastapi import FastAPI
@@ -317,16 +318,27 @@ class FastInferApp:
                      version: str) -> None:
         # ASGI servers give header names in lower case.
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
+        body = _RequestBody(receive)
         try:
             payload, extra, media_type = await self.frontend.infer_reply(
-                name, version, headers, _request_chunks(receive))
+                name, version, headers, body.chunks())
             status = 200
+        except asyncio.CancelledError:
+            if not body.disconnected:
+                raise
+            # The client went away: its queued request was cancelled and will not run.
+            task = asyncio.current_task()
+            if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled
+                task.uncancel()
+            return
         except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
             error = exc if isinstance(exc, ServerError) else as_server_error(exc)
             if not isinstance(exc, ServerError):
                 log.exception("unexpected error on %s", scope["path"])
             payload, extra, media_type = rest_codec.encode_error(error.message), error_headers(error), JSON
             status = error.http_status()
+        finally:
+            body.close()
         raw_headers = [(b"content-type", media_type.encode()),
                        (b"content-length", str(len(payload)).encode())]
         raw_headers += [(key.lower().encode(), value.encode()) for key, value in extra.items()]
@@ -334,14 +346,41 @@ class FastInferApp:
         await send({"type": "http.response.body", "body": payload})
 
 
-async def _request_chunks(receive: Callable) -> AsyncIterator[bytes]:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Cancelled("the client disconnected before sending the whole request")
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
+class _RequestBody:
+    """Yields the request body, then watches the connection while the request is served, so
+    a client that disconnects cancels its request (a queued one then never runs)."""
+
+    def __init__(self, receive: Callable) -> None:
+        self._receive = receive
+        self._watch: Optional[asyncio.Future] = None
+        self.disconnected = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise Cancelled("the client disconnected before sending the whole request")
+            yield message.get("body", b"")
+            if not message.get("more_body", False):
+                self._start_watch()
+                return
+
+    def _start_watch(self) -> None:
+        handler = asyncio.current_task()
+        self._watch = asyncio.ensure_future(self._receive())
+
+        def on_message(watch: asyncio.Future) -> None:
+            if watch.cancelled() or watch.exception() is not None:
+                return
+            if watch.result()["type"] == "http.disconnect" and handler is not None:
+                self.disconnected = True
+                handler.cancel()
+
+        self._watch.add_done_callback(on_message)
+
+    def close(self) -> None:
+        if self._watch is not None and not self._watch.done():
+            self._watch.cancel()
 
 
 def _exiting() -> ServerError:

@@ -109,6 +109,29 @@ def test_metrics_move_by_exactly_the_requests_made(small_repository: Path, tmp_p
             assert httpx.post(server.metrics_url).status_code == 405
 
 
+def test_a_client_that_disconnects_cancels_its_queued_request(small_repository: Path,
+                                                              tmp_path: Path) -> None:
+    with running_server([small_repository], log_dir=tmp_path) as server:
+        with pytest.raises(httpx.TimeoutException):
+            # waits 1.5 s in the batching queue; the client gives up after 0.3 s
+            httpx.post(server.base + "/v2/models/slow_queue/infer", json=_body(), timeout=0.3)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            stats = httpx.get(server.base + "/v2/models/slow_queue/stats").json()["model_stats"][0]
+            if stats["inference_stats"]["fail"]["count"]:
+                break
+            time.sleep(0.1)
+        time.sleep(2.0)  # past the queue delay: a request still queued would have run by now
+        stats = httpx.get(server.base + "/v2/models/slow_queue/stats").json()["model_stats"][0]
+        assert stats["inference_stats"]["fail"]["count"] == 1
+        assert stats["execution_count"] == 0 and stats["inference_count"] == 0
+        text = httpx.get(server.metrics_url).text
+        labels = {"model": "slow_queue", "version": "1"}
+        assert _metric(text, "nv_inference_request_failure", reason="CANCELED", **labels) == 1
+        assert _metric(text, "nv_inference_pending_request_count", **labels) == 0
+        assert httpx.post(server.base + "/v2/models/simple/infer", json=_body()).status_code == 200
+
+
 def test_sigterm_drains_in_flight_requests(small_repository: Path, tmp_path: Path) -> None:
     server = start_server([small_repository], ["--exit-timeout-secs", "20"], log_dir=tmp_path)
     try:
