@@ -81,9 +81,14 @@ def throughput(model_dir: Path, batch_sizes: Sequence[int], repetitions: int = 3
     noisy moment on the machine does not spoil every repetition of one size."""
     session = open_session(model_dir)
     feeds = {b: random_feeds(session, b, seed=b) for b in batch_sizes}
-    for b in batch_sizes:  # warm-up: first runs allocate and plan
-        for _ in range(20):
+    # Warm-up, since first runs allocate and plan: 20 runs, cut short after 0.5 s for a heavy
+    # model, never fewer than 2.
+    for b in batch_sizes:
+        start = time.perf_counter()
+        for i in range(20):
             session.run(None, feeds[b])
+            if i >= 1 and time.perf_counter() - start > 0.5:
+                break
     runs: dict[int, list[float]] = {b: [] for b in batch_sizes}
     for _ in range(repetitions):
         for b in batch_sizes:

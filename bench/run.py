@@ -3,11 +3,12 @@
     make bench                                   # or, with a perf_analyzer binary at hand:
     PERF_ANALYZER=/path/to/perf_analyzer python bench/run.py [--quick] [--results FILE]
 
-Steps: build `dense_compute`, `dense_compute_nobatch` and `simple` into bench/out/models (the
-example builder, so the files are byte-identical to examples/models), plus a supplementary
-`dense_compute_2048` (the same model with 2048-wide layers); measure the dense models offline at
-batch 1..64 and `simple`'s direct batch-1 latency; serve them and drive them with perf_analyzer
-over HTTP and gRPC; measure offline once more; write the report. About 6 minutes on 2 cores.
+Steps: build `conv_compute`, `conv_compute_nobatch`, `dense_compute`, `dense_compute_nobatch` and
+`simple` into bench/out/models (the example builder, so the files are byte-identical to
+examples/models); measure `conv_compute` (the throughput target's model) and `dense_compute` (the
+per-request overhead reference) offline at batch 1..64, and `simple`'s direct batch-1 latency;
+serve them and drive them with perf_analyzer over HTTP and gRPC; measure offline once more; write
+the report. About 8 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -26,18 +27,23 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import offline, report, served  # noqa: E402
-from examples.build_repository import (DENSE_WIDTH, build_dense_compute,  # noqa: E402
-                                       build_dense_compute_nobatch, build_simple,
-                                       dense_compute_config, make_dense_compute_model)
+from examples.build_repository import (build_conv_compute,  # noqa: E402
+                                       build_conv_compute_nobatch, build_dense_compute,
+                                       build_dense_compute_nobatch, build_simple)
 from tests.serverproc import running_server  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONCURRENCIES = (1, 8, 32, 64)
 PROTOCOLS = ("http", "grpc")
-BATCHING_MODELS = {"on": "dense_compute", "off": "dense_compute_nobatch"}
+# The throughput target's model: compute (ms per inference) dominates per-request overhead.
+TARGET_MODELS = {"on": "conv_compute", "off": "conv_compute_nobatch"}
+# The per-request overhead reference: a few µs of compute, so it measures the server's cost.
+REFERENCE_MODELS = {"on": "dense_compute", "off": "dense_compute_nobatch"}
 LATENCY_MODEL = "simple"
-HEAVY_WIDTH = 2048
-HEAVY_MODEL = f"dense_compute_{HEAVY_WIDTH}"
+BUILDERS = (build_conv_compute, build_conv_compute_nobatch, build_dense_compute,
+            build_dense_compute_nobatch, build_simple)
+# Offline window per repetition and batch size: `conv_compute` at batch 64 is ~0.2 s a call.
+OFFLINE_SECONDS = {TARGET_MODELS["on"]: 1.0, REFERENCE_MODELS["on"]: 0.5}
 QUICK_FLAGS = ("--measurement-interval", "1000", "--stability-percentage", "100",
                "--max-trials", "3")
 
@@ -58,10 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(default bench/out; bench/out/quick with --quick)")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)))
-    parser.add_argument("--no-heavy", action="store_true",
-                        help=f"skip the supplementary {HEAVY_MODEL} measurement")
+    parser.add_argument("--no-reference", action="store_true",
+                        help=f"skip the per-request overhead reference ({REFERENCE_MODELS['on']})")
     parser.add_argument("--quick", action="store_true",
-                        help="short windows and one offline repetition: a smoke run, not numbers")
+                        help="short windows and one offline repetition: a smoke run, not numbers "
+                             "(the report says so in its header)")
     return parser.parse_args(argv)
 
 
@@ -73,27 +80,17 @@ def find_perf_analyzer() -> str:
     return path
 
 
-def build_heavy(repo: Path) -> Path:
-    """`dense_compute` with wider layers: same config (batching, 1 instance, 1 thread)."""
-    model_dir = repo / HEAVY_MODEL
-    (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    model = make_dense_compute_model(width=HEAVY_WIDTH)
-    (model_dir / "1" / "model.onnx").write_bytes(model.SerializeToString())
-    config = dense_compute_config(HEAVY_MODEL).replace(f"dims: [ {DENSE_WIDTH} ]",
-                                                       f"dims: [ {HEAVY_WIDTH} ]")
-    (model_dir / "config.pbtxt").write_text(config)
-    return model_dir
-
-
 def measure_offline(model_dirs: list[Path], into: dict[str, list[offline.Throughput]],
-                    repetitions: int, seconds: float, when: str) -> None:
+                    repetitions: int, quick: bool, when: str) -> None:
     """Offline runs before and after the served ones; the best of both is the reference."""
     for model_dir in model_dirs:
+        seconds = 0.2 if quick else OFFLINE_SECONDS[model_dir.name]
         progress(f"offline {model_dir.name} ({when}): batch {list(BATCH_SIZES)}, "
                  f"best of {repetitions} x {seconds}s")
         runs = offline.throughput(model_dir, BATCH_SIZES, repetitions, seconds)
         for t in runs:
-            progress(f"  batch {t.batch_size:3d}: {t.best_infer_per_sec:10,.0f} inf/s")
+            progress(f"  batch {t.batch_size:3d}: {t.best_infer_per_sec:10,.0f} inf/s "
+                     f"({t.batch_us / t.batch_size:,.1f} µs per inference)")
         earlier = into.get(model_dir.name)
         into[model_dir.name] = offline.merge(earlier, runs) if earlier else runs
 
@@ -103,9 +100,10 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
     """Serve `repo`, drive each point with perf_analyzer; returns the commands and the points."""
     protocols = [p for p in args.protocols.split(",") if p]
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
-    points: dict[str, list[served.Point]] = {"latency": [], "served": [], "heavy": []}
+    points: dict[str, list[served.Point]] = {"latency": [], "served": []}
     pa_dir = args.out_dir / "perf_analyzer"
     pa_dir.mkdir(parents=True, exist_ok=True)
+    groups = [TARGET_MODELS] + ([] if args.no_reference else [REFERENCE_MODELS])
     with running_server([repo], log_dir=args.out_dir) as server:
         commands = [f"# server (log: {server.log_path}):",
                     shlex.join(str(a) for a in server.process.args)]
@@ -126,13 +124,11 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
 
         for protocol in protocols:
             measure("latency", LATENCY_MODEL, protocol, 1)
-        for model in BATCHING_MODELS.values():
-            for protocol in protocols:
-                for concurrency in concurrencies:
-                    measure("served", model, protocol, concurrency)
-        if not args.no_heavy:
-            for protocol in protocols:
-                measure("heavy", HEAVY_MODEL, protocol, report.RATIO_CONCURRENCY)
+        for group in groups:
+            for model in group.values():
+                for protocol in protocols:
+                    for concurrency in concurrencies:
+                        measure("served", model, protocol, concurrency)
         if not server.alive():
             progress("the server died during the run; see its log")
     return commands, points
@@ -145,35 +141,41 @@ def main(argv: list[str] | None = None) -> int:
     results_path = args.results or (args.out_dir / "RESULTS.md" if args.quick
                                     else ROOT / "bench" / "RESULTS.md")
     flags = QUICK_FLAGS if args.quick else served.CONVERGE_FLAGS
-    repetitions, seconds = (1, 0.2) if args.quick else (3, 0.5)
+    repetitions = 1 if args.quick else 3
     load_before = report.load_average()
     machine = report.machine_info(perf_analyzer)
     progress(f"machine: {machine['nproc']} CPUs, {machine['CPU']}, load {load_before}")
 
     repo = args.out_dir / "models"
-    for build in (build_dense_compute, build_dense_compute_nobatch, build_simple):
+    shutil.rmtree(repo, ignore_errors=True)  # the server loads every model folder it finds
+    builders = [b for b in BUILDERS
+                if not (args.no_reference and b in (build_dense_compute,
+                                                     build_dense_compute_nobatch))]
+    for build in builders:
         build(repo)
-    offline_dirs = [repo / BATCHING_MODELS["on"]]
-    if not args.no_heavy:
-        offline_dirs.append(build_heavy(repo))
+    offline_dirs = [repo / TARGET_MODELS["on"]]
+    if not args.no_reference:
+        offline_dirs.append(repo / REFERENCE_MODELS["on"])
     progress(f"models built in {repo}")
 
     offline_runs: dict[str, list[offline.Throughput]] = {}
-    measure_offline(offline_dirs, offline_runs, repetitions, seconds, "before serving")
+    measure_offline(offline_dirs, offline_runs, repetitions, args.quick, "before serving")
     direct = offline.latency(repo / LATENCY_MODEL, calls=500 if args.quick else 3000,
                              repetitions=repetitions)
     progress(f"offline {LATENCY_MODEL} batch 1: p50 {direct.p50_us:.1f} µs, "
              f"p99 {direct.p99_us:.1f} µs")
     server_commands, points = measure_served(perf_analyzer, repo, args, flags)
-    measure_offline(offline_dirs, offline_runs, repetitions, seconds, "after serving")
+    measure_offline(offline_dirs, offline_runs, repetitions, args.quick, "after serving")
 
     results = report.Results(
         machine=machine,
         commands=[f"# started as: {shlex.join([sys.executable, *sys.argv])}", *server_commands,
                   "# perf_analyzer, one call per point:"],
-        offline=offline_runs, offline_of={BATCHING_MODELS["off"]: BATCHING_MODELS["on"]},
+        offline=offline_runs,
+        offline_of={TARGET_MODELS["off"]: TARGET_MODELS["on"],
+                    REFERENCE_MODELS["off"]: REFERENCE_MODELS["on"]},
         direct=direct, served=points["served"], latency=points["latency"],
-        heavy=points["heavy"], batching_models=BATCHING_MODELS, heavy_model=HEAVY_MODEL,
+        target_models=TARGET_MODELS, reference_models=REFERENCE_MODELS, quick=args.quick,
         notes=[f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
                f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
                + (" (--quick: smoke run, not numbers)" if args.quick else "")])

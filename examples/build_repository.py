@@ -23,6 +23,14 @@ Models (the repository layout is ``<output>/<model>/config.pbtxt`` and
                             max_batch_size 64, dynamic batching (2000 us), 1 CPU instance,
                             intra_op_thread_count 1.
 ``dense_compute_nobatch``   the same model and config without dynamic batching.
+``conv_compute``            INPUT FP32 [3, 64, 64] -> PROBABILITIES FP32 [10]: 4 x (Conv 3x3,
+                            32 channels, stride 1 + Relu), GlobalAveragePool, Flatten,
+                            Gemm 32 -> 10, Softmax. About 117 M multiply-adds (2.5 to 3.5 ms
+                            on one CPU thread) per inference from 115 KiB of weights: compute
+                            that dominates per-request serving overhead (the benchmark's
+                            throughput model). max_batch_size 64, dynamic batching (2000 us),
+                            1 CPU instance, intra_op_thread_count 1.
+``conv_compute_nobatch``    the same model and config without dynamic batching.
 ``identity_bytes``          INPUT BYTES [-1] -> OUTPUT BYTES [-1] (Identity); max_batch_size 0.
 ==========================  ================================================================
 
@@ -43,6 +51,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
+if __package__ in (None, ""):
+    # Run as a script (python examples/build_repository.py): make `examples.*` importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from onnx import TensorProto, helper, numpy_helper
 
 #: Opset and IR version that onnxruntime >= 1.17 loads.
@@ -68,9 +80,14 @@ SIMPLE_DIM = 16
 CLASSIFIER_INPUT_DIMS = (3, 32, 32)
 DENSE_WIDTH = 256
 DENSE_LAYERS = 4
+CONV_INPUT_DIMS = (3, 64, 64)
+CONV_CHANNELS = 32
+CONV_LAYERS = 4
+CONV_CLASSES = 10
 
 CLASSIFIER_SEED = 20240601
 DENSE_SEED = 20240602
+CONV_SEED = 20240603
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,6 +231,25 @@ def dense_compute_config(name: str = "dense_compute", dynamic_batching: bool = T
     )
 
 
+def conv_compute_config(name: str = "conv_compute", dynamic_batching: bool = True) -> str:
+    """`dense_compute`'s serving setup (batching, 1 CPU instance, 1 ORT thread) for the CNN."""
+    extra: list[str] = []
+    if dynamic_batching:
+        extra.append(_dynamic_batching(2000))
+    extra.append("instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]")
+    extra.append(
+        'parameters {\n  key: "intra_op_thread_count"\n'
+        '  value: {\n    string_value: "1"\n  }\n}'
+    )
+    return _config(
+        name,
+        64,
+        [_tensor_block("INPUT", "TYPE_FP32", CONV_INPUT_DIMS)],
+        [_tensor_block("PROBABILITIES", "TYPE_FP32", (CONV_CLASSES,))],
+        extra,
+    )
+
+
 def identity_bytes_config(name: str = "identity_bytes") -> str:
     return _config(
         name,
@@ -313,6 +349,52 @@ def make_dense_compute_model(seed: int = DENSE_SEED, width: int = DENSE_WIDTH,
     return _finish_model(graph, f"{layers} dense {width}x{width} MatMul + Tanh layers.")
 
 
+def make_conv_compute_model(seed: int = CONV_SEED, channels: int = CONV_CHANNELS,
+                            layers: int = CONV_LAYERS) -> onnx.ModelProto:
+    """``layers`` x (Conv 3x3, pad 1, stride 1 + Relu) at full resolution, GlobalAveragePool,
+    Flatten, Gemm -> 10, Softmax. Compute grows with the image, weights do not: 4 layers of 32
+    channels on 64x64 are ~117 M multiply-adds per inference from ~28 K parameters."""
+    rng = np.random.default_rng(seed)
+    c_in = CONV_INPUT_DIMS[0]
+    initializers = []
+    nodes = []
+    current = "INPUT"
+    for i in range(layers):
+        fan_in = c_in * 9
+        weight = (rng.standard_normal((channels, c_in, 3, 3)) * np.sqrt(2.0 / fan_in))
+        bias = rng.standard_normal(channels) * 0.1
+        initializers += [numpy_helper.from_array(weight.astype(np.float32), f"conv{i}.weight"),
+                         numpy_helper.from_array(bias.astype(np.float32), f"conv{i}.bias")]
+        nodes += [
+            helper.make_node("Conv", [current, f"conv{i}.weight", f"conv{i}.bias"], [f"conv{i}"],
+                             name=f"conv{i}", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"], name=f"relu{i}"),
+        ]
+        current, c_in = f"relu{i}", channels
+    fc = rng.standard_normal((channels, CONV_CLASSES)) * np.sqrt(2.0 / channels)
+    initializers += [
+        numpy_helper.from_array(fc.astype(np.float32), "fc.weight"),
+        numpy_helper.from_array((rng.standard_normal(CONV_CLASSES) * 0.1).astype(np.float32),
+                                "fc.bias"),
+    ]
+    nodes += [
+        helper.make_node("GlobalAveragePool", [current], ["pooled"], name="pool"),
+        helper.make_node("Flatten", ["pooled"], ["features"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["features", "fc.weight", "fc.bias"], ["logits"], name="fc"),
+        helper.make_node("Softmax", ["logits"], ["PROBABILITIES"], name="softmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_compute",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", *CONV_INPUT_DIMS])],
+        [helper.make_tensor_value_info("PROBABILITIES", TensorProto.FLOAT,
+                                       ["batch", CONV_CLASSES])],
+        initializers,
+    )
+    return _finish_model(graph, f"{layers} Conv 3x3 x {channels} channels + Relu at full "
+                                "resolution, then pool and a 10-way softmax: compute-bound.")
+
+
 def make_identity_bytes_model() -> onnx.ModelProto:
     """OUTPUT = Identity(INPUT) on a 1-D string tensor."""
     graph = helper.make_graph(
@@ -355,6 +437,17 @@ def build_dense_compute_nobatch(repo: Path, name: str = "dense_compute_nobatch")
     return build_dense_compute(repo, name, dynamic_batching=False)
 
 
+def build_conv_compute(repo: Path, name: str = "conv_compute",
+                       dynamic_batching: bool = True) -> Path:
+    return _write_model_dir(
+        repo, name, make_conv_compute_model(), conv_compute_config(name, dynamic_batching)
+    )
+
+
+def build_conv_compute_nobatch(repo: Path, name: str = "conv_compute_nobatch") -> Path:
+    return build_conv_compute(repo, name, dynamic_batching=False)
+
+
 def build_identity_bytes(repo: Path, name: str = "identity_bytes") -> Path:
     return _write_model_dir(repo, name, make_identity_bytes_model(), identity_bytes_config(name))
 
@@ -365,6 +458,8 @@ BUILDERS = {
     "classifier": build_classifier,
     "dense_compute": build_dense_compute,
     "dense_compute_nobatch": build_dense_compute_nobatch,
+    "conv_compute": build_conv_compute,
+    "conv_compute_nobatch": build_conv_compute_nobatch,
     "identity_bytes": build_identity_bytes,
 }
 

@@ -23,6 +23,8 @@ MODELS = (
     "classifier",
     "dense_compute",
     "dense_compute_nobatch",
+    "conv_compute",
+    "conv_compute_nobatch",
     "identity_bytes",
 )
 
@@ -146,6 +148,52 @@ def test_dense_compute(repo: Path) -> None:
         assert float(np.std(y)) > 0.05  # values stay bounded, not collapsed to zero
 
 
+def test_conv_compute(repo: Path) -> None:
+    for name in ("conv_compute", "conv_compute_nobatch"):
+        assert (repo / name / "1" / "model.onnx").read_bytes() == (
+            repo / "conv_compute" / "1" / "model.onnx"
+        ).read_bytes()
+    # Small file, real compute: 4 full-resolution 3x3 convolutions of 32 channels.
+    assert (repo / "conv_compute" / "1" / "model.onnx").stat().st_size < 200_000
+    import onnx
+
+    model = onnx.load(str(repo / "conv_compute" / "1" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node] == [
+        "Conv", "Relu", "Conv", "Relu", "Conv", "Relu", "Conv", "Relu",
+        "GlobalAveragePool", "Flatten", "Gemm", "Softmax",
+    ]
+
+    sess = _session(repo, "conv_compute")
+    (inp,) = sess.get_inputs()
+    (out,) = sess.get_outputs()
+    assert (inp.name, inp.type, inp.shape) == ("INPUT", "tensor(float)", ["batch", 3, 64, 64])
+    assert (out.name, out.type, out.shape) == ("PROBABILITIES", "tensor(float)", ["batch", 10])
+
+    images = np.random.default_rng(3).random((5, 3, 64, 64), dtype=np.float32)
+    (probs,) = sess.run(None, {"INPUT": images})
+    assert probs.shape == (5, 10) and probs.dtype == np.float32
+    assert np.all(probs > 0) and np.all(probs < 1)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+    # Deterministic, and a request's answer does not depend on the batch it is run in.
+    (again,) = sess.run(None, {"INPUT": images})
+    np.testing.assert_array_equal(probs, again)
+    for i in (0, 4):
+        (single,) = sess.run(None, {"INPUT": images[i:i + 1]})
+        np.testing.assert_allclose(single[0], probs[i], rtol=1e-5, atol=1e-6)
+    (batch64,) = sess.run(None, {"INPUT": np.concatenate([images] * 13)[:64]})
+    assert batch64.shape == (64, 10)
+    np.testing.assert_allclose(batch64[5:10], probs, rtol=1e-5, atol=1e-6)
+    # Real computation: solid red, green and blue images give different distributions.
+    colours = np.eye(3, dtype=np.float32)[:, :, None, None] * np.ones((1, 1, 64, 64), np.float32)
+    (colour_probs,) = sess.run(None, {"INPUT": colours})
+    assert not np.allclose(colour_probs[0], colour_probs[1], atol=1e-3)
+    assert not np.allclose(colour_probs[1], colour_probs[2], atol=1e-3)
+    # The same weights as a fresh build: fixed seeds, not a random model per build.
+    rebuilt = ort.InferenceSession(br.make_conv_compute_model().SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(rebuilt.run(None, {"INPUT": colours})[0], colour_probs)
+
+
 def test_identity_bytes(repo: Path) -> None:
     sess = _session(repo, "identity_bytes")
     (inp,) = sess.get_inputs()
@@ -195,6 +243,22 @@ def test_configs_parse_as_triton_model_config(repo: Path) -> None:
         assert cfg.max_batch_size == 64
         assert [(i.name, list(i.dims)) for i in cfg.input] == [("INPUT", [256])]
         assert [(o.name, list(o.dims)) for o in cfg.output] == [("OUTPUT", [256])]
+        assert len(cfg.instance_group) == 1
+        assert cfg.instance_group[0].count == 1
+        assert cfg.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+        assert cfg.parameters["intra_op_thread_count"].string_value == "1"
+
+    conv, conv_nobatch = configs["conv_compute"], configs["conv_compute_nobatch"]
+    assert conv.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert not conv_nobatch.HasField("dynamic_batching")
+    for cfg in (conv, conv_nobatch):
+        assert cfg.max_batch_size == 64
+        assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [
+            ("INPUT", pb.TYPE_FP32, [3, 64, 64])
+        ]
+        assert [(o.name, o.data_type, list(o.dims)) for o in cfg.output] == [
+            ("PROBABILITIES", pb.TYPE_FP32, [10])
+        ]
         assert len(cfg.instance_group) == 1
         assert cfg.instance_group[0].count == 1
         assert cfg.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
