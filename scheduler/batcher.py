@@ -180,7 +180,8 @@ class BatchQueue(RequestQueue):
 
     # -- sealing a batch ----------------------------------------------------------------------
 
-    def take(self, now_ns: int, flush: bool) -> tuple[list[Entry], Optional[int]]:
+    def take(self, now_ns: int, flush: bool, arriving: bool = False
+             ) -> tuple[list[Entry], Optional[int]]:
         self._compact()
         batch: list[Entry] = []
         rows = 0
@@ -205,6 +206,8 @@ class BatchQueue(RequestQueue):
         if not batch:
             return [], None
         delay_exceeded = self._delay_ns > 0 and now_ns - oldest >= self._delay_ns
+        if delay_exceeded and arriving and not flush:
+            return [], oldest + self._delay_ns  # due: the timer's pass seals it this turn
         if best and not delay_exceeded and not flush:
             batch = batch[:best]
         elif not (flush or send_now or delay_exceeded or self._delay_ns == 0

@@ -1,10 +1,16 @@
 """Queueing and dispatch for one model version, and the default (non-batching) scheduler.
 
-`QueueScheduler` owns what every queueing scheduler shares: admission, the pending count, the
-dispatch task that hands a batch to whichever instance is free, cancellation, scattering results
-onto futures, statistics, drain and stop. What goes into the next batch is its queue's job:
+`QueueScheduler` owns what every queueing scheduler shares: admission, the pending count,
+dispatch (handing a batch to whichever instance is free), cancellation, scattering results onto
+futures, statistics, drain and stop. What goes into the next batch is its queue's job:
 `FifoQueue` here (one request per execution, oldest first) and the dynamic batcher's queue in
 scheduler/batcher.py.
+
+Dispatch happens where something changed, without a task switch on the hot path: `submit()` runs
+a dispatch pass itself (so a request that finds an idle instance is launched before `submit`
+returns), and so does the callback that delivers a finished batch (so the instance gets its next
+batch at once). A dispatch task remains for what happens later: the queue delay and queue
+timeouts (one timer, always set for the next moment a pass is due), cancellation and drain.
 
 Every admitted request ends in exactly one of: answered, failed by its batch, rejected on queue
 timeout, cancelled, or failed by drain/stop. Each of those paths records its statistics once and
@@ -18,11 +24,11 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 from protocol.errors import InternalError, ServerError, Unavailable
 from protocol.types import InferRequest
-from scheduler.clock import Clock, MonotonicClock
+from scheduler.clock import Clock, MonotonicClock, TimerHandle
 from scheduler.interface import Scheduler, VersionSpec
 from scheduler.pool import BatchRun, Failed, InstancePool, Instance
 from scheduler.stats import FailureReason, VersionStatistics
@@ -48,6 +54,7 @@ class Entry:
     key: Hashable = None  # requests share a batch only with equal keys
     started_ns: int = 0
     state: int = QUEUED
+    on_cancel: Optional[Callable[[asyncio.Future], None]] = None  # its future's done callback
 
     @property
     def live(self) -> bool:
@@ -67,10 +74,14 @@ class RequestQueue(ABC):
         """Queue `entry` (setting its level, deadline and key); raise Unavailable when full."""
 
     @abstractmethod
-    def take(self, now_ns: int, flush: bool) -> tuple[list[Entry], Optional[int]]:
+    def take(self, now_ns: int, flush: bool, arriving: bool = False
+             ) -> tuple[list[Entry], Optional[int]]:
         """The next batch for a free instance (removed from the queue and marked RUNNING), or
         ([], when to look again: None for 'on the next arrival'). `flush` means no more
-        requests will come: send without waiting."""
+        requests will come: send without waiting. `arriving` means the caller is `submit()`:
+        a batch that is due only because its queue delay ran out is then left to the timer's
+        pass (return it as due, not the batch), which also takes what else arrives in this
+        loop turn; sealing it mid-turn would cut those off and make batches smaller."""
 
     def expire(self, now_ns: int) -> list[Entry]:
         """Entries whose queue timeout ran out and must be rejected (removed from the queue)."""
@@ -103,7 +114,8 @@ class FifoQueue(RequestQueue):
         self._entries.append(entry)
         self._count += 1
 
-    def take(self, now_ns: int, flush: bool) -> tuple[list[Entry], Optional[int]]:
+    def take(self, now_ns: int, flush: bool, arriving: bool = False
+             ) -> tuple[list[Entry], Optional[int]]:
         entries = self._entries
         while entries:
             entry = entries.popleft()
@@ -151,6 +163,8 @@ class QueueScheduler(Scheduler):
         self.failure_reason = ""  # why the last instance was lost (shown in the index)
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
+        self._timer: Optional[TimerHandle] = None
+        self._timer_at: Optional[int] = None  # when `_timer` fires
         self._running: set[_Batch] = set()
         self._in_order: deque[_Batch] = deque()
         self._settled: Optional[asyncio.Event] = None
@@ -198,6 +212,7 @@ class QueueScheduler(Scheduler):
             except asyncio.CancelledError:
                 pass
             self._task = None
+        self._set_timer(None)
         await self._pool.unload()
 
     # -- admission ------------------------------------------------------------------------
@@ -216,8 +231,9 @@ class QueueScheduler(Scheduler):
             raise
         request.future = future
         self._stats.pending_changed(+1)
-        future.add_done_callback(partial(self._future_done, entry))
-        self._wake.set()
+        entry.on_cancel = partial(self._future_done, entry)
+        future.add_done_callback(entry.on_cancel)
+        self._dispatch_now(arriving=True)  # launched before we return, when the rules allow
         return future
 
     def _not_ready(self) -> Unavailable:
@@ -227,25 +243,43 @@ class QueueScheduler(Scheduler):
     # -- dispatch -------------------------------------------------------------------------
 
     async def _dispatch_forever(self) -> None:
+        """Run a pass whenever woken: by the timer, a cancellation or drain."""
         wake = self._wake
+        while True:
+            wake.clear()
+            self._dispatch_now()
+            await wake.wait()
+
+    def _dispatch_now(self, arriving: bool = False) -> None:
+        """One dispatch pass here and now, then the timer for the next one."""
         try:
-            while True:
-                wake.clear()
-                wake_at = self._dispatch()
-                timer = self._clock.call_at(wake_at, wake.set) if wake_at is not None else None
-                await wake.wait()
-                if timer is not None:
-                    timer.cancel()
-        except asyncio.CancelledError:
-            raise
+            self._set_timer(self._dispatch(arriving))
         except Exception:  # a bug here must not strand queued requests
             logger.exception("scheduler for '%s' version %s failed", self._spec.name,
                              self._spec.version)
             self._usable = False
             self._fail_queued(InternalError("scheduler failed"), FailureReason.OTHER)
 
-    def _dispatch(self) -> Optional[int]:
-        """Reject expired requests, give batches to free instances; return when to look again."""
+    def _set_timer(self, when: Optional[int]) -> None:
+        """Keep one timer, at `when` (None: none), that wakes the task for a pass.
+
+        Every pass says when the next is due, so the timer follows the last pass, as a fresh
+        timer per pass would; it is only kept, not remade, when the moment did not change.
+        """
+        if when == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._clock.call_at(when, self._timer_fired) if when is not None else None
+
+    def _timer_fired(self) -> None:
+        self._timer = self._timer_at = None
+        self._wake.set()
+
+    def _dispatch(self, arriving: bool = False) -> Optional[int]:
+        """Reject expired requests, give batches to free instances; return when to look again.
+        `arriving`: the pass of `submit()` (see `RequestQueue.take`)."""
         now = self._clock.now_ns()
         queue = self._queue
         for entry in queue.expire(now):
@@ -253,7 +287,7 @@ class QueueScheduler(Scheduler):
                                FailureReason.REJECTED, now)
         wake_at: Optional[int] = None
         while len(queue) and self._pool.has_idle():
-            batch, wake_at = queue.take(now, flush=not self._accepting)
+            batch, wake_at = queue.take(now, not self._accepting, arriving)
             if not batch:
                 break
             instance = self._pool.acquire()
@@ -275,15 +309,10 @@ class QueueScheduler(Scheduler):
         self._running.add(batch)
         if self._preserve_ordering:
             self._in_order.append(batch)
-        future = instance.execute([entry.request for entry in entries], rows)
-        future.add_done_callback(partial(self._batch_finished, batch))
+        instance.execute([entry.request for entry in entries], rows, self._batch_finished, batch)
 
-    def _batch_finished(self, batch: _Batch, future: asyncio.Future) -> None:
-        try:
-            result: BatchRun = future.result()
-        except BaseException as exc:  # the executor itself failed (shut down under us)
-            result = BatchRun.all_failed(len(batch.entries), InternalError(str(exc) or
-                                         type(exc).__name__), FailureReason.OTHER)
+    def _batch_finished(self, batch: _Batch, result: BatchRun) -> None:
+        """On the loop, once per batch (the instance thread's only call back)."""
         batch.result = result
         instance = batch.instance
         if result.fatal:
@@ -291,6 +320,8 @@ class QueueScheduler(Scheduler):
             self.failure_reason = next((o.error.message for o in result.outcomes
                                         if isinstance(o, Failed)), "")
         self._pool.release(instance)
+        if len(self._queue) and self._pool.has_idle():
+            self._dispatch_now()  # the next batch first: the instance need not wait for the loop
         if result.executed:
             self._stats.record_execution(batch.rows, result.input_ns, result.infer_ns,
                                          result.output_ns)
@@ -300,13 +331,13 @@ class QueueScheduler(Scheduler):
                 self._deliver(in_order.popleft())
         else:
             self._deliver(batch)
-        if not self._pool.healthy() and self._usable:
+        # Only a fatal result takes an instance out, so only then can the last one be gone.
+        if result.fatal and self._usable and not self._pool.healthy():
             logger.error("'%s' version %s has no healthy instance left", self._spec.name,
                          self._spec.version)
             self._usable = False
             self._fail_queued(self._not_ready(), FailureReason.OTHER)
         self._check_settled()
-        self._wake.set()
 
     def _deliver(self, batch: _Batch) -> None:
         """Set each request's result or error, and record it, once."""
@@ -319,16 +350,21 @@ class QueueScheduler(Scheduler):
             if entry.state != RUNNING:
                 continue  # cancelled meanwhile, or already failed by drain
             entry.state = DONE
-            total = self._since_arrival(entry.request, now)
+            arrival_ns = entry.request.arrival_ns
+            total = max(0, now - arrival_ns)
             future = entry.future
             if future.done():  # cancelled; its callback has not run yet
                 stats.record_failure(FailureReason.CANCELED, total)
-            elif isinstance(outcome, Failed):
+                continue
+            # Answered now, so the cancel watch has nothing left to do: unhooking it saves
+            # the loop a callback per request.
+            future.remove_done_callback(entry.on_cancel)
+            if isinstance(outcome, Failed):
                 future.set_exception(outcome.error)
                 stats.record_failure(outcome.reason, total)
             else:
                 future.set_result(outcome)
-                queue_ns = max(0, entry.started_ns - entry.request.arrival_ns)
+                queue_ns = max(0, entry.started_ns - arrival_ns)
                 stats.record_success(total, queue_ns, result.input_ns, result.infer_ns,
                                      result.output_ns)
 

@@ -265,6 +265,39 @@ async def test_largest_preferred_size_is_sent_and_the_rest_waits(batcher):
     assert h.recorder.batches[-1] == [5]
 
 
+async def test_a_batch_that_can_be_sealed_is_launched_inside_submit(batcher):
+    h = await batcher(TRITON_CASE)
+    first = h.submit(1)
+    assert h.pending == 1  # waits: no preferred size yet, and the delay has not run out
+    second = h.submit(2)
+    assert h.pending == 0  # [1, 2] is a preferred size: handed over before submit returned
+    await results(first, second)
+    assert h.recorder.batches == [[1, 2]]
+
+
+async def test_requests_arriving_in_the_turn_the_delay_runs_out_share_its_batch(batcher):
+    h = await batcher("max_queue_delay_microseconds: 1000")
+    first = h.submit(1)
+    await h.settle()
+    h.clock.advance(1 * MS)  # the delay runs out; the timer's pass comes on the next loop turn
+    later = [h.submit(2), h.submit(3)]  # arrivals of this same turn are not cut off
+    await results(first, *later)
+    assert h.recorder.batches == [[1, 2, 3]]
+
+
+async def test_the_next_batch_starts_in_the_callback_that_answers_the_last(batcher):
+    h = await batcher("")
+    zero = await busy(h)
+    one, two = h.submit(1), h.submit(2)
+    assert h.pending == 2
+    h.recorder.release_all()
+    async with asyncio.timeout(10):
+        await zero
+    assert h.pending == 0  # [1, 2] was launched before request 0's answer was set
+    await results(one, two)
+    assert h.recorder.batches == [[0], [1, 2]]
+
+
 async def test_zero_delay_sends_what_is_there(batcher):
     h = await batcher("preferred_batch_size: [4]")
     await results(h.submit(1))

@@ -22,7 +22,7 @@ from scheduler.clock import ManualClock
 from scheduler.default import DefaultScheduler
 from scheduler.factory import create_scheduler
 from scheduler.interface import VersionSpec
-from scheduler.pool import LoadError, instance_specs
+from scheduler.pool import BatchRun, InstancePool, LoadError, instance_specs
 from scheduler.stats import VersionStatistics
 
 
@@ -284,6 +284,74 @@ async def test_a_cancelled_request_is_counted_and_never_runs(journal):
     assert [n for _, n in journal.ran] == [1]
     assert stats.fail.count == 1 and stats.success.count == 1 and stats.pending == 0
     await scheduler.stop()
+
+
+# -- the hot path: dispatch without a loop turn, one callback per batch -----------------------
+
+async def test_a_request_that_finds_an_idle_instance_is_launched_inside_submit(journal):
+    spec = make_spec("max_batch_size: 8", journal)
+    stats = VersionStatistics("m", "1")
+    scheduler = await started(spec, stats)
+    journal.holds[1] = threading.Event()
+    first = scheduler.submit(request(1))
+    assert stats.pending == 0  # already handed to the instance, before any loop turn
+    second = scheduler.submit(request(2))
+    assert stats.pending == 1  # the only instance is busy
+    journal.holds[1].set()
+    async with asyncio.timeout(10):
+        await first
+    # The callback that answered the first request had already launched the second.
+    assert stats.pending == 0
+    await results(second)
+    await scheduler.stop()
+
+
+class BuggyDoubler(DoublerModel):
+    """Breaks the instance thread's batch path itself (not the model's execute)."""
+
+    @property
+    def takes_request_lists(self) -> bool:  # read on the instance thread for every batch
+        raise RuntimeError("bug in the batch path")
+
+
+async def test_a_bug_on_the_instance_thread_fails_its_batch_not_the_thread(journal):
+    spec = make_spec("max_batch_size: 8", journal)
+    buggy = type("BuggyDoubler", (BuggyDoubler,), {"journal": journal})
+    spec = VersionSpec(spec.name, 1, spec.config, spec.model_dir, spec.version_dir, buggy)
+    stats = VersionStatistics("m", "1")
+    scheduler = await started(spec, stats)
+    errors = await results(scheduler.submit(request(1)), scheduler.submit(request(2)))
+    assert [(type(e), e.message) for e in errors] == [(InternalError, "bug in the batch path")] * 2
+    assert scheduler.healthy() and stats.fail.count == 2 and stats.pending == 0
+    await scheduler.stop()
+    assert journal.phases("unload") == ["m_0"]  # the thread lived on to unload
+    assert journal.threads("m_0") and len(journal.threads("m_0")) == 1
+
+
+async def test_execute_calls_back_once_on_the_loop_and_fails_after_unload(journal):
+    spec = make_spec("max_batch_size: 8", journal)
+    pool = InstancePool(spec, ManualClock())
+    await pool.load()
+    instance = pool.acquire()
+    assert instance is not None
+    calls: list[tuple[str, BatchRun, int]] = []
+
+    def on_done(tag: str, result: BatchRun) -> None:
+        calls.append((tag, result, threading.get_ident()))
+
+    instance.execute([request(3)], [1], on_done, "first")
+    await until(lambda: calls)
+    await pool.unload()
+    instance.execute([request(4)], [1], on_done, "late")
+    await until(lambda: len(calls) == 2)
+    await asyncio.sleep(0.01)
+    (tag, ran, thread), (late_tag, late, late_thread) = calls
+    assert (tag, ran.executed, ran.outcomes[0].outputs[0].data.tolist()) == ("first", True,
+                                                                             [[6.0, 6.0]])
+    assert thread == late_thread == threading.get_ident()
+    assert late_tag == "late" and not late.executed
+    assert late.outcomes[0].error.message == "instance 'm_0' is unloaded"
+    assert journal.phases("execute") == ["m_0"]  # the late batch never reached the model
 
 
 # -- factory ---------------------------------------------------------------------------------------
