@@ -27,6 +27,12 @@ class Clock(Protocol):
         ...
 
 
+# uvloop keeps timers in whole milliseconds and fires a sub-half-millisecond delay at once, so a
+# dispatcher re-arming a 0.3 ms timer would spin until the moment passes. Waiting for at least
+# one tick instead may send a batch up to a millisecond late, never early.
+_MIN_TIMER_S = 0.001
+
+
 class MonotonicClock:
     """time.monotonic_ns and event-loop timers: the clock every server instance uses."""
 
@@ -35,6 +41,8 @@ class MonotonicClock:
 
     def call_at(self, when_ns: int, callback: Callable[[], None]) -> TimerHandle:
         delay_s = max(0, when_ns - time.monotonic_ns()) / 1e9
+        if 0 < delay_s < _MIN_TIMER_S:
+            delay_s = _MIN_TIMER_S
         return asyncio.get_running_loop().call_later(delay_s, callback)
 
 
