@@ -9,7 +9,7 @@ from typing import Any
 
 from protocol import datatypes
 from protocol.errors import InvalidArgument
-from protocol.model_config_pb2 import ModelConfig
+from protocol.model_config_pb2 import DataType, ModelConfig
 from protocol.types import InferRequest
 
 
@@ -50,7 +50,7 @@ def validate_request(request: InferRequest, config: ModelConfig) -> None:
     batch_size = 0
     for tensor in request.inputs:
         spec = expected[tensor.name]
-        wanted = datatypes.config_to_wire(_dtype_name(spec.data_type))
+        wanted = datatypes.config_to_wire(DataType.Name(spec.data_type))
         if tensor.datatype != wanted:
             raise InvalidArgument(f"{prefix}inference input '{tensor.name}' data-type is "
                                   f"'{tensor.datatype}', but model '{model}' expects '{wanted}'")
@@ -94,12 +94,6 @@ def validate_request(request: InferRequest, config: ModelConfig) -> None:
                 raise InvalidArgument(f"{prefix}output '{output.name}' already exists in request")
             seen.add(output.name)
     _apply_schedule_parameters(request, config)
-
-
-def _dtype_name(value: int) -> str:
-    from protocol.model_config_pb2 import DataType
-
-    return DataType.Name(value)
 
 
 def _uint_parameter(request: InferRequest, key: str) -> int:
