@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from backends.base import Backend, BackendError
+from protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.model_config_pb2 import ModelConfig
@@ -60,10 +61,14 @@ def _dim_value(dim: Any) -> int:
     return dim if isinstance(dim, int) and dim >= 0 else -1
 
 
-def _to_ort_strings(array: np.ndarray) -> np.ndarray:
+def _to_ort_strings(name: str, array: np.ndarray) -> np.ndarray:
     """ONNX string tensors hold UTF-8 text; our BYTES elements are Python bytes."""
-    flat = [item.decode("utf-8") if isinstance(item, (bytes, bytearray)) else str(item)
-            for item in array.reshape(-1)]
+    try:
+        flat = [item.decode("utf-8") if isinstance(item, (bytes, bytearray)) else str(item)
+                for item in array.reshape(-1)]
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"input '{name}': a BYTES element is not valid UTF-8 ({exc.reason} "
+                              f"at byte {exc.start}); this ONNX model takes text strings") from None
     return np.array(flat, dtype=object).reshape(array.shape)
 
 
@@ -187,7 +192,7 @@ class OnnxRuntimeBackend(Backend):
                                        f"the model" + (" (after the batch dimension)" if skip else ""))
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = {name: (_to_ort_strings(array) if array.dtype.kind == "O" else array)
+        feeds = {name: (_to_ort_strings(name, array) if array.dtype.kind == "O" else array)
                  for name, array in inputs.items()}
         try:
             results = self._session.run(self._output_names, feeds)
