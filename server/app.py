@@ -20,6 +20,7 @@ from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from server.core import InferenceCore
 from server.http import HttpFrontend
+from server.http_protocol import protocol_class
 from server.metrics import ServerMetrics
 from server.metrics_http import build_metrics_app
 from server.settings import ServerSettings
@@ -35,8 +36,8 @@ class _Listener(uvicorn.Server):
         yield
 
 
-def _uvicorn(app: Any, host: str, port: int, verbose: int) -> _Listener:
-    config = uvicorn.Config(app, host=host, port=port, loop="none", http="httptools",
+def _uvicorn(app: Any, host: str, port: int, verbose: int, http: Any = "httptools") -> _Listener:
+    config = uvicorn.Config(app, host=host, port=port, loop="none", http=http,
                             lifespan="off", access_log=verbose > 1,
                             log_level="info" if verbose else "warning",
                             timeout_keep_alive=60, timeout_graceful_shutdown=5)
@@ -90,8 +91,9 @@ class ServerApp:
             return False
         s = self.settings
         if s.allow_http:
-            app = HttpFrontend(self.core).build_asgi()
-            self._listeners.append(_uvicorn(app, s.http_address, s.http_port, s.log_verbose))
+            frontend = HttpFrontend(self.core)
+            self._listeners.append(_uvicorn(frontend.build_app(), s.http_address, s.http_port,
+                                            s.log_verbose, protocol_class(frontend)))
         if s.allow_metrics:
             self._listeners.append(_uvicorn(build_metrics_app(self.metrics), s.metrics_address,
                                             s.metrics_port, s.log_verbose))

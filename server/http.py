@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import orjson
@@ -18,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from protocol import compression, rest_codec
-from protocol.errors import (Cancelled, InvalidArgument, ServerError, TooLarge, Unsupported,
+from protocol.errors import (InvalidArgument, ServerError, TooLarge, Unsupported,
                              as_server_error)
 from repository.config import config_to_json
 from scheduler.stats import Duration, VersionStatistics
@@ -75,34 +74,45 @@ class HttpFrontend:
         self.settings = core.settings
 
     # ----- body handling ------------------------------------------------------------------
-    def _too_large(self) -> TooLarge:
+    def too_large(self) -> TooLarge:
         limit = self.settings.http_max_input_size
         return TooLarge(f"request body size exceeds the maximum allowed input size of {limit} "
                         f"bytes. Use --http-max-input-size to increase the limit.")
 
-    async def read_body(self, request: Request) -> bytes:
-        return await self.collect_body(request.stream(), request.headers)
-
-    async def collect_body(self, chunks: AsyncIterator[bytes], headers: Mapping[str, str]) -> bytes:
-        """The whole (decompressed) body, refusing anything over --http-max-input-size before
-        it is buffered."""
+    def check_declared_length(self, headers: Mapping[str, str]) -> int:
+        """Refuse a Content-Length over --http-max-input-size before reading; the limit."""
         limit = self.settings.http_max_input_size
         declared = headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
                 raise InvalidArgument(f"invalid Content-Length '{declared}'")
             if int(declared) > limit:
-                raise self._too_large()
+                raise self.too_large()
+        return limit
+
+    @staticmethod
+    def error_headers(error: ServerError) -> dict[str, str]:
+        return error_headers(error)
+
+    async def read_body(self, request: Request) -> Any:
+        """The whole body with its Content-Encoding undone."""
+        body = await self.collect_body(request.stream(), request.headers)
+        return compression.decompress(body, request.headers.get("content-encoding"),
+                                      self.settings.http_max_input_size)
+
+    async def collect_body(self, chunks: AsyncIterator[bytes], headers: Mapping[str, str]) -> bytes:
+        """The whole body as sent, refusing anything over --http-max-input-size before it is
+        buffered."""
+        limit = self.check_declared_length(headers)
         parts: list[bytes] = []
         total = 0
         async for chunk in chunks:
             total += len(chunk)
             if total > limit:
-                raise self._too_large()
+                raise self.too_large()
             if chunk:
                 parts.append(chunk)
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        return compression.decompress(body, headers.get("content-encoding"), limit)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def json_body(self, request: Request) -> Any:
         body = await self.read_body(request)
@@ -151,7 +161,8 @@ class HttpFrontend:
 
     # ----- inference ----------------------------------------------------------------------
     async def infer(self, request: Request) -> Response:
-        """The routed form of infer; POSTs normally take FastInferApp's shorter path."""
+        """The routed (ASGI) form of infer; the server answers infer POSTs in
+        server/http_protocol.py without ASGI."""
         name, version = _model_path(request)
         payload, headers, media_type = await self.infer_reply(
             name, version, request.headers, request.stream())
@@ -160,7 +171,13 @@ class HttpFrontend:
     async def infer_reply(self, name: str, version: str, headers: Mapping[str, str],
                           chunks: AsyncIterator[bytes]) -> tuple[bytes, dict[str, str], str]:
         """Body in, (payload, extra headers, content type) out: decode once, infer, encode once."""
-        body = await self.collect_body(chunks, headers)
+        return await self.infer_body(name, version, headers, await self.collect_body(chunks, headers))
+
+    async def infer_body(self, name: str, version: str, headers: Mapping[str, str],
+                         body: Any) -> tuple[bytes, dict[str, str], str]:
+        """infer_reply for a body already read (and within the size limit)."""
+        body = compression.decompress(body, headers.get("content-encoding"),
+                                      self.settings.http_max_input_size)
         header_length = rest_codec.parse_header_length(headers.get(HEADER_LENGTH))
         if header_length == 0:
             infer_request = self._decode_raw(body, name, version)
@@ -286,101 +303,6 @@ class HttpFrontend:
 
         return app
 
-    def build_asgi(self) -> "FastInferApp":
-        """The app to serve: inference POSTs on the short path, everything else through FastAPI."""
-        return FastInferApp(self, self.build_app())
-
-
-_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
-
-
-class FastInferApp:
-    """ASGI entry point that answers `POST /v2/models/{m}[/versions/{v}]/infer` directly.
-
-    The inference route is the hot path: skipping the router walk and the middleware stack for
-    it takes a large share of the per-request CPU off the event loop (see bench/FINDINGS.md).
-    Every other request, and any non-POST to an infer path (405), goes to the FastAPI app.
-    """
-
-    def __init__(self, frontend: HttpFrontend, fallback: Any) -> None:
-        self.frontend = frontend
-        self.fallback = fallback
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
-                await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
-                return
-        await self.fallback(scope, receive, send)
-
-    async def _infer(self, scope: dict, receive: Callable, send: Callable, name: str,
-                     version: str) -> None:
-        # ASGI servers give header names in lower case.
-        headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
-        body = _RequestBody(receive)
-        try:
-            payload, extra, media_type = await self.frontend.infer_reply(
-                name, version, headers, body.chunks())
-            status = 200
-        except asyncio.CancelledError:
-            if not body.disconnected:
-                raise
-            # The client went away: its queued request was cancelled and will not run.
-            task = asyncio.current_task()
-            if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled
-                task.uncancel()
-            return
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
-            error = exc if isinstance(exc, ServerError) else as_server_error(exc)
-            if not isinstance(exc, ServerError):
-                log.exception("unexpected error on %s", scope["path"])
-            payload, extra, media_type = rest_codec.encode_error(error.message), error_headers(error), JSON
-            status = error.http_status()
-        finally:
-            body.close()
-        raw_headers = [(b"content-type", media_type.encode()),
-                       (b"content-length", str(len(payload)).encode())]
-        raw_headers += [(key.lower().encode(), value.encode()) for key, value in extra.items()]
-        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-        await send({"type": "http.response.body", "body": payload})
-
-
-class _RequestBody:
-    """Yields the request body, then watches the connection while the request is served, so
-    a client that disconnects cancels its request (a queued one then never runs)."""
-
-    def __init__(self, receive: Callable) -> None:
-        self._receive = receive
-        self._watch: Optional[asyncio.Future] = None
-        self.disconnected = False
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while True:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                raise Cancelled("the client disconnected before sending the whole request")
-            yield message.get("body", b"")
-            if not message.get("more_body", False):
-                self._start_watch()
-                return
-
-    def _start_watch(self) -> None:
-        handler = asyncio.current_task()
-        self._watch = asyncio.ensure_future(self._receive())
-
-        def on_message(watch: asyncio.Future) -> None:
-            if watch.cancelled() or watch.exception() is not None:
-                return
-            if watch.result()["type"] == "http.disconnect" and handler is not None:
-                self.disconnected = True
-                handler.cancel()
-
-        self._watch.add_done_callback(on_message)
-
-    def close(self) -> None:
-        if self._watch is not None and not self._watch.done():
-            self._watch.cancel()
 
 
 def _exiting() -> ServerError:

@@ -1,0 +1,192 @@
+"""The HTTP connection protocol: uvicorn's httptools protocol, with infer POSTs answered directly.
+
+Why not plain ASGI for inference: at concurrency 1 the event loop's CPU per request *is* the
+latency the server adds, and on a small machine the ASGI plumbing around one infer call cost more
+than decoding, validating and encoding it (bench/FINDINGS.md section 7): a receive/send message
+dict each way, an `asyncio.Event` wait, a second task watching for a disconnect, and two socket
+writes per response (status and headers, then body), each a syscall that also wakes the client.
+
+Here uvicorn still parses, keeps connections alive, pipelines, pauses reading and handles
+shutdown; only the request's task differs. For `POST /v2/models/{m}[/versions/{v}]/infer` the task
+reads the body uvicorn buffered, calls `HttpFrontend.infer_body` and writes status, headers and
+body in one `transport.write`. A client that disconnects cancels the task from
+`connection_lost` (so its queued request never runs). As everywhere in uvicorn, a client that
+half-closes (shuts down its sending side) counts as gone: at the TCP level that FIN looks the
+same as a client that closed, and dropping the abandoned request is the case worth having.
+Every other request goes to the ASGI (FastAPI) app unchanged.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any, Mapping, Optional
+
+from uvicorn.protocols.http.httptools_impl import (STATUS_LINE, HttpToolsProtocol,
+                                                    RequestResponseCycle)
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+from protocol import rest_codec
+from protocol.errors import Cancelled, ServerError, as_server_error
+
+log = logging.getLogger(__name__)
+
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+# The request headers the infer path reads (uvicorn gives names in lower case).
+_WANTED_HEADERS = {name.encode("latin-1"): name for name in (
+    "content-length", "content-encoding", "inference-header-content-length", "accept-encoding")}
+# Above this size the payload is written on its own rather than joined to the headers (a copy).
+_JOIN_LIMIT = 64 * 1024
+
+
+def fast_path_supported() -> bool:
+    """The uvicorn internals the fast path hooks into (stable since uvicorn 0.29)."""
+    cycle_fields = ("body", "more_body", "message_event", "disconnected", "keep_alive",
+                    "waiting_for_100_continue", "flow", "on_response", "response_complete")
+    init = RequestResponseCycle.__init__.__code__.co_names
+    return (hasattr(HttpToolsProtocol, "_start_asgi_task")
+            and all(name in init for name in cycle_fields))
+
+
+def protocol_class(frontend: Any) -> type[HttpToolsProtocol]:
+    """A protocol class bound to one HttpFrontend (uvicorn builds one protocol per connection)."""
+    if not fast_path_supported():
+        log.warning("this uvicorn version lacks the hooks of the direct inference path; "
+                    "inference requests go through ASGI")
+        return HttpToolsProtocol
+    return type("InferHttpProtocol", (InferHttpProtocol,), {"frontend": frontend})
+
+
+class InferHttpProtocol(HttpToolsProtocol):
+    """uvicorn's protocol; infer POSTs run `_serve_infer` instead of the ASGI app."""
+
+    frontend: Any  # server.http.HttpFrontend, set by protocol_class()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._infer_task: Optional[asyncio.Task] = None
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        scope = cycle.scope
+        if scope["method"] == "POST" and app is self.app:  # not the 503 of limit_concurrency
+            match = INFER_PATH.fullmatch(scope["path"])
+            if match is not None:
+                task = self.loop.create_task(
+                    self._serve_infer(cycle, match.group(1), match.group(2) or ""))
+                self._infer_task = task
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        super().connection_lost(exc)
+        task = self._infer_task
+        if task is not None and not task.done():
+            task.cancel()  # the queued request is dropped; nobody is left to answer
+
+    async def _serve_infer(self, cycle: RequestResponseCycle, name: str, version: str) -> None:
+        headers = {_WANTED_HEADERS[key]: value.decode("latin-1")
+                   for key, value in cycle.scope["headers"] if key in _WANTED_HEADERS}
+        try:
+            body = await self._read_body(cycle, headers)
+            payload, extra, media_type = await self.frontend.infer_body(name, version, headers,
+                                                                         body)
+            status = 200
+        except asyncio.CancelledError:
+            if not cycle.disconnected:
+                raise  # shutdown or a real cancellation: let it propagate
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):  # handled: the client is gone
+                task.uncancel()
+            return
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
+            if cycle.disconnected:
+                return
+            error = exc if isinstance(exc, ServerError) else as_server_error(exc)
+            if not isinstance(exc, ServerError):
+                log.exception("unexpected error on %s", cycle.scope["path"])
+            payload = rest_codec.encode_error(error.message)
+            extra, media_type = self.frontend.error_headers(error), "application/json"
+            status = error.http_status()
+            if cycle.more_body:  # refused before the whole body came: do not read the rest
+                cycle.keep_alive = False
+        finally:
+            self._infer_task = None
+        await self._respond(cycle, status, media_type, payload, extra)
+
+    async def _read_body(self, cycle: RequestResponseCycle, headers: Mapping[str, str]) -> Any:
+        """The body uvicorn buffered; waits for the rest only when it has not all arrived.
+
+        A small request arrives with its headers, so the usual case awaits nothing. Large ones
+        are taken chunk by chunk (no copy: each chunk is uvicorn's own buffer), refused once
+        they pass --http-max-input-size.
+        """
+        limit = self.frontend.check_declared_length(headers)
+        if cycle.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
+        if not cycle.more_body:
+            body = cycle.body
+            cycle.body = bytearray()
+            if len(body) > limit:
+                raise self.frontend.too_large()
+            return body
+        parts: list[bytearray] = []
+        total = 0
+        while True:
+            chunk = cycle.body
+            if chunk:
+                cycle.body = bytearray()
+                total += len(chunk)
+                if total > limit:
+                    raise self.frontend.too_large()
+                parts.append(chunk)
+            if cycle.disconnected:
+                raise Cancelled("the client disconnected before sending the whole request")
+            if not cycle.more_body:
+                break
+            cycle.flow.resume_reading()
+            await cycle.message_event.wait()
+            cycle.message_event.clear()
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _respond(self, cycle: RequestResponseCycle, status: int, media_type: str,
+                       payload: bytes, extra: Mapping[str, str]) -> None:
+        """Status line, headers and a small body in a single write; then uvicorn's bookkeeping."""
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return
+        head = [STATUS_LINE[status]]
+        for key, value in cycle.default_headers:  # server, date
+            head += [key, b": ", value, b"\r\n"]
+        head += [b"content-type: ", media_type.encode("latin-1"),
+                 b"\r\ncontent-length: ", str(len(payload)).encode("latin-1"), b"\r\n"]
+        for key, value in extra.items():  # our own names and values: no CR/LF in them
+            head += [key.lower().encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        if len(payload) <= _JOIN_LIMIT:
+            head.append(payload)
+            self.transport.write(b"".join(head))
+        else:
+            self.transport.write(b"".join(head))
+            self.transport.write(payload)
+        if cycle.access_log:
+            cycle.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(cycle.scope),
+                                     "POST", get_path_with_query_string(cycle.scope),
+                                     cycle.scope["http_version"], status)
+        cycle.response_started = cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        on_response, cycle.on_response = cycle.on_response, _nothing
+        on_response()
+
+
+def _nothing() -> None:
+    """A finished cycle's on_response (uvicorn's run_asgi does the same)."""
