@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.model_config_pb2 import ModelConfig
@@ -34,6 +34,8 @@ class VersionRecord:
     # Label files read on first use, per output; they live and die with this loaded copy,
     # so a reload with a changed labels file shows the new labels.
     labels: dict[str, list[str]] = field(default_factory=dict)
+    # scheduler.validation.RequestRules of spec.config, built on the first request.
+    request_rules: Any = None
 
     @property
     def serving(self) -> bool:
@@ -89,12 +91,15 @@ class ModelRegistry:
         model = self.get(name)
         number = parse_version(version, name)
         if number == -1:
-            ready = model.ready_versions()
-            if not ready:
+            latest: Optional[VersionRecord] = None
+            for record in model.versions.values():  # no sort: this runs per request
+                if record.serving and (latest is None or record.version > latest.version):
+                    latest = record
+            if latest is None:
                 if not model.versions and model.state is ModelState.UNKNOWN:
                     raise NotFound(f"Request for unknown model: '{name}' is not found")
                 raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
-            return model.versions[ready[-1]]
+            return latest
         record = model.versions.get(number)
         if record is None:
             raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")

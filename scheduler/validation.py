@@ -5,7 +5,7 @@ follow Triton's core wording, prefixed with the request id, so clients see famil
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Union
 
 from protocol import datatypes
 from protocol.errors import InvalidArgument
@@ -21,79 +21,135 @@ def _fmt(shape: Any) -> str:
     return "[" + ",".join(str(int(d)) for d in shape) + "]"
 
 
-def _shape_matches(expected: list[int], actual: tuple[int, ...]) -> bool:
-    return len(expected) == len(actual) and all(e == -1 or e == a for e, a in zip(expected, actual))
+def _shape_matches(expected: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    if len(expected) != len(actual):
+        return False
+    for want, got in zip(expected, actual):
+        if want != -1 and want != got:
+            return False
+    return True
 
 
-def validate_request(request: InferRequest, config: ModelConfig) -> None:
-    """Raise InvalidArgument naming the offending input/output; fill scheduling fields."""
-    prefix = _prefix(request)
-    model = config.name
-    expected = {tensor.name: tensor for tensor in config.input}
-    given: dict[str, Any] = {}
+class _InputRule:
+    __slots__ = ("wire", "dims", "reshape")
+
+    def __init__(self, wire: str, dims: tuple[int, ...], reshape: Optional[tuple[int, ...]]):
+        self.wire = wire
+        self.dims = dims
+        self.reshape = reshape
+
+
+class _QueuePolicy:
+    __slots__ = ("timeout_us", "allow_override")
+
+    def __init__(self, policy: Any) -> None:
+        self.timeout_us = int(policy.default_timeout_microseconds)
+        self.allow_override = bool(policy.allow_timeout_override)
+
+
+class RequestRules:
+    """What validation needs from a model config, read out of the protobuf once per loaded
+    version (protobuf field access and enum names cost more than the checks themselves)."""
+
+    __slots__ = ("model", "max_batch_size", "inputs", "required", "outputs", "dynamic",
+                 "priority_levels", "default_priority", "default_policy", "priority_policies")
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.model = config.name
+        self.max_batch_size = int(config.max_batch_size)
+        self.inputs = {
+            spec.name: _InputRule(
+                datatypes.config_to_wire(DataType.Name(spec.data_type)),
+                tuple(int(d) for d in spec.dims),
+                tuple(int(d) for d in spec.reshape.shape) if spec.HasField("reshape") else None)
+            for spec in config.input}
+        self.required = [spec.name for spec in config.input if not spec.optional]
+        self.outputs = frozenset(spec.name for spec in config.output)
+        self.dynamic = config.HasField("dynamic_batching")
+        batching = config.dynamic_batching
+        self.priority_levels = int(batching.priority_levels)
+        self.default_priority = int(batching.default_priority_level)
+        self.default_policy = _QueuePolicy(batching.default_queue_policy)
+        self.priority_policies = {int(level): _QueuePolicy(policy)
+                                  for level, policy in batching.priority_queue_policy.items()}
+
+
+def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRules]) -> None:
+    """Raise InvalidArgument naming the offending input/output; fill scheduling fields.
+
+    `config` is best given as the loaded version's RequestRules (built once); a ModelConfig
+    works too, at the cost of building them for this one call.
+    """
+    rules = config if isinstance(config, RequestRules) else RequestRules(config)
+    model = rules.model
+    expected = rules.inputs
+    given: set[str] = set()
     for tensor in request.inputs:
         if tensor.name in given:
-            raise InvalidArgument(f"{prefix}input '{tensor.name}' already exists in request")
+            raise InvalidArgument(f"{_prefix(request)}input '{tensor.name}' already exists in "
+                                  "request")
         if tensor.name not in expected:
-            raise InvalidArgument(f"{prefix}unexpected inference input '{tensor.name}' for model "
-                                  f"'{model}'")
-        given[tensor.name] = tensor
-    required = [t.name for t in config.input if not t.optional]
-    missing = [name for name in required if name not in given]
-    if missing:
-        raise InvalidArgument(
-            f"{prefix}expected {len(required)} inputs but got {len(given)} inputs for model "
-            f"'{model}'. Got input(s) {sorted(given)}, but missing required input(s) {missing}. "
-            f"Please provide all required input(s).")
+            raise InvalidArgument(f"{_prefix(request)}unexpected inference input "
+                                  f"'{tensor.name}' for model '{model}'")
+        given.add(tensor.name)
+    if len(given) != len(expected):
+        missing = [name for name in rules.required if name not in given]
+        if missing:
+            raise InvalidArgument(
+                f"{_prefix(request)}expected {len(rules.required)} inputs but got {len(given)} "
+                f"inputs for model '{model}'. Got input(s) {sorted(given)}, but missing required "
+                f"input(s) {missing}. Please provide all required input(s).")
 
-    batching = config.max_batch_size > 0
+    batching = rules.max_batch_size > 0
     batch_size = 0
+    rows = 0
     for tensor in request.inputs:
-        spec = expected[tensor.name]
-        wanted = datatypes.config_to_wire(DataType.Name(spec.data_type))
-        if tensor.datatype != wanted:
-            raise InvalidArgument(f"{prefix}inference input '{tensor.name}' data-type is "
-                                  f"'{tensor.datatype}', but model '{model}' expects '{wanted}'")
-        dims = list(spec.dims)
+        rule = expected[tensor.name]
+        if tensor.datatype != rule.wire:
+            raise InvalidArgument(f"{_prefix(request)}inference input '{tensor.name}' data-type "
+                                  f"is '{tensor.datatype}', but model '{model}' expects "
+                                  f"'{rule.wire}'")
         shape = tensor.shape
         if batching:
             if len(shape) == 0:
-                raise InvalidArgument(f"{prefix}unexpected shape for input '{tensor.name}' for "
-                                      f"model '{model}'. Expected {_fmt([-1] + dims)}, got []")
+                raise InvalidArgument(f"{_prefix(request)}unexpected shape for input "
+                                      f"'{tensor.name}' for model '{model}'. Expected "
+                                      f"{_fmt((-1,) + rule.dims)}, got []")
             rows = shape[0]
             if batch_size == 0:
                 batch_size = rows
             elif rows != batch_size:
-                raise InvalidArgument(f"{prefix}input '{tensor.name}' batch size does not match "
-                                      f"other inputs for '{model}'")
-            inner = shape[1:]
+                raise InvalidArgument(f"{_prefix(request)}input '{tensor.name}' batch size does "
+                                      f"not match other inputs for '{model}'")
+            inner = tuple(shape[1:])
         else:
-            inner = shape
-        if not _shape_matches(dims, tuple(inner)):
-            shown = [-1] + dims if batching else dims
-            raise InvalidArgument(f"{prefix}unexpected shape for input '{tensor.name}' for model "
-                                  f"'{model}'. Expected {_fmt(shown)}, got {_fmt(shape)}")
-        if spec.HasField("reshape"):
-            target = ([rows] if batching else []) + [int(d) for d in spec.reshape.shape]
+            inner = tuple(shape)
+        if not _shape_matches(rule.dims, inner):
+            shown = (-1,) + rule.dims if batching else rule.dims
+            raise InvalidArgument(f"{_prefix(request)}unexpected shape for input '{tensor.name}' "
+                                  f"for model '{model}'. Expected {_fmt(shown)}, got "
+                                  f"{_fmt(shape)}")
+        if rule.reshape is not None:
+            target = ((rows,) if batching else ()) + rule.reshape
             tensor.data = tensor.data.reshape(target)
-            tensor.shape = tuple(target)
+            tensor.shape = target
     if batching:
-        if batch_size < 1 or batch_size > config.max_batch_size:
-            raise InvalidArgument(f"{prefix}inference request batch-size must be <= "
-                                  f"{config.max_batch_size} for '{model}'")
+        if batch_size < 1 or batch_size > rules.max_batch_size:
+            raise InvalidArgument(f"{_prefix(request)}inference request batch-size must be <= "
+                                  f"{rules.max_batch_size} for '{model}'")
     request.batch_size = batch_size
 
     if request.outputs is not None:
-        known = {tensor.name for tensor in config.output}
         seen: set[str] = set()
         for output in request.outputs:
-            if output.name not in known:
-                raise InvalidArgument(f"{prefix}unexpected inference output '{output.name}' for "
-                                      f"model '{model}'")
+            if output.name not in rules.outputs:
+                raise InvalidArgument(f"{_prefix(request)}unexpected inference output "
+                                      f"'{output.name}' for model '{model}'")
             if output.name in seen:
-                raise InvalidArgument(f"{prefix}output '{output.name}' already exists in request")
+                raise InvalidArgument(f"{_prefix(request)}output '{output.name}' already exists "
+                                      "in request")
             seen.add(output.name)
-    _apply_schedule_parameters(request, config)
+    _apply_schedule_parameters(request, rules)
 
 
 def _uint_parameter(request: InferRequest, key: str) -> int:
@@ -104,25 +160,26 @@ def _uint_parameter(request: InferRequest, key: str) -> int:
     return value
 
 
-def _apply_schedule_parameters(request: InferRequest, config: ModelConfig) -> None:
+def _apply_schedule_parameters(request: InferRequest, rules: RequestRules) -> None:
     """Map the `priority` and `timeout` parameters onto the model's queue policy."""
-    priority = _uint_parameter(request, "priority")
-    timeout = _uint_parameter(request, "timeout")
-    if not config.HasField("dynamic_batching"):
+    if request.parameters:
+        priority = _uint_parameter(request, "priority")
+        timeout = _uint_parameter(request, "timeout")
+    else:
+        priority = timeout = 0
+    if not rules.dynamic:
         request.priority = 0
         request.timeout_us = 0
         return
-    batching = config.dynamic_batching
-    levels = batching.priority_levels
+    levels = rules.priority_levels
     if levels:
-        request.priority = priority if 1 <= priority <= levels else batching.default_priority_level
+        request.priority = priority if 1 <= priority <= levels else rules.default_priority
     else:
         request.priority = 0
-    policy = batching.default_queue_policy
-    if request.priority and request.priority in batching.priority_queue_policy:
-        policy = batching.priority_queue_policy[request.priority]
-    effective = policy.default_timeout_microseconds
+    policy = rules.priority_policies.get(request.priority, rules.default_policy) \
+        if request.priority else rules.default_policy
+    effective = policy.timeout_us
     # Triton applies an override only when it shortens a non-zero default.
-    if policy.allow_timeout_override and timeout and timeout < effective:
+    if policy.allow_override and timeout and timeout < effective:
         effective = timeout
     request.timeout_us = effective

@@ -23,7 +23,7 @@ from repository.registry import (ModelRecord, ModelRegistry, ModelState, Version
                                  parse_version)
 from scheduler.factory import create_scheduler
 from scheduler.stats import FailureReason, VersionStatistics
-from scheduler.validation import validate_request
+from scheduler.validation import RequestRules, validate_request
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -207,9 +207,11 @@ class InferenceCore:
         record = self.registry.resolve(request.model_name, request.model_version)
         scheduler = record.scheduler
         assert scheduler is not None and record.spec is not None
-        config = record.spec.config
+        rules = record.request_rules
+        if rules is None:
+            rules = record.request_rules = RequestRules(record.spec.config)
         try:
-            validate_request(request, config)
+            validate_request(request, rules)
         except ServerError:
             scheduler.statistics.record_failure(FailureReason.OTHER,
                                                 time.monotonic_ns() - request.arrival_ns)
