@@ -168,6 +168,9 @@ class QueueScheduler(Scheduler):
         self._running: set[_Batch] = set()
         self._in_order: deque[_Batch] = deque()
         self._settled: Optional[asyncio.Event] = None
+        # Kept at start: asking asyncio for the running loop costs a getpid() syscall per call
+        # on Python 3.11, and submit() would ask once per request.
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -182,7 +185,8 @@ class QueueScheduler(Scheduler):
     async def start(self) -> None:
         await self._pool.load()
         self._accepting = True
-        self._task = asyncio.get_running_loop().create_task(
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(
             self._dispatch_forever(), name=f"scheduler:{self._spec.name}:{self._spec.version}")
 
     def healthy(self) -> bool:
@@ -222,7 +226,7 @@ class QueueScheduler(Scheduler):
             raise self._not_ready()
         now = self._clock.now_ns()
         rows = request.batch_size if self._batching and request.batch_size > 0 else 1
-        future = asyncio.get_running_loop().create_future()
+        future = (self._loop or asyncio.get_running_loop()).create_future()
         entry = Entry(request, future, rows, now)
         try:
             self._queue.push(entry)

@@ -182,6 +182,7 @@ class Instance:
         self._jobs: "queue.SimpleQueue[Optional[_Job]]" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._closed = False  # no more jobs are taken; the thread ends after those queued
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop of the first call
 
     @property
     def name(self) -> str:
@@ -228,7 +229,7 @@ class Instance:
         No future is made: the thread calls back through `loop.call_soon_threadsafe` once, and
         `tag` (the caller's own record of the batch) saves a closure per batch.
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         if self._closed:  # unloaded under the caller: answer on the loop, as a result would be
             loop.call_soon(on_done, tag, BatchRun.all_failed(
                 len(requests), InternalError(f"instance '{self.name}' is unloaded"),
@@ -242,7 +243,7 @@ class Instance:
         """Run `function` on the instance thread; the future takes its result or exception."""
         if self._closed:
             raise RuntimeError(f"instance '{self.name}' is unloaded")
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._put((_capture, (function,), loop, _settle, future))
         return future
