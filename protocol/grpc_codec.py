@@ -99,8 +99,8 @@ def _check_no_shared_memory(parameters: Mapping[str, pb.InferParameter]) -> None
 
 # ----- inputs -------------------------------------------------------------------------------
 def _shape(name: str, dims: Iterable[int]) -> tuple[int, ...]:
-    shape = tuple(int(d) for d in dims)
-    if any(d < 0 for d in shape):
+    shape = tuple(dims)  # int64 fields: already Python ints
+    if shape and min(shape) < 0:
         raise InvalidArgument(f"invalid shape {list(shape)} for input '{name}': dimensions must "
                               f"be non-negative")
     return shape

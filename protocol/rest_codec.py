@@ -44,6 +44,8 @@ def parse_header_length(value: Optional[str]) -> Optional[int]:
     """
     if value is None:
         return None
+    if value.isascii() and value.isdigit() and len(value) <= 20:  # the usual form, no regex
+        return int(value)
     text = value.strip()
     if not _HEADER_LENGTH_RE.fullmatch(text):
         raise InvalidArgument(f"Unable to parse {HEADER_LENGTH_HEADER}, got: {value[:64]}")
