@@ -19,6 +19,7 @@ import uvicorn
 from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
+from scheduler import affinity
 from server.core import InferenceCore
 from server.http import HttpFrontend
 from server.http_protocol import protocol_class
@@ -162,6 +163,8 @@ class ServerApp:
             await self.manager.shutdown()
             return 1
         _settle_heap()
+        if self.settings.colocate_cheap_instances:
+            affinity.pin_event_loop(asyncio.get_running_loop())
         await self._stop.wait()
         await self.shutdown()
         return 0

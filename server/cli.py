@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-verbose", type=int, default=0, help="verbose logging level (default 0)")
     flag("--disable-auto-complete-config", False, "do not fill configs from model files")
     flag("--exit-on-error", True, "exit when a model fails to load at startup")
+    flag("--colocate-cheap-instances", True,
+         "keep the event loop on one CPU and move instance threads whose batches cost them "
+         "little CPU onto it (Linux; see scheduler/affinity.py)")
     add("--http-max-input-size", type=int, default=DEFAULT_MAX_INPUT_SIZE,
         help="largest accepted HTTP request body, after decompression (default 64 MiB)")
     add("--grpc-max-message-size", type=int, default=GRPC_MAX_MESSAGE,
@@ -86,7 +89,9 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         strict_readiness=args.strict_readiness, exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose, auto_complete_config=not args.disable_auto_complete_config,
-        exit_on_error=args.exit_on_error, http_max_input_size=args.http_max_input_size,
+        exit_on_error=args.exit_on_error,
+        colocate_cheap_instances=args.colocate_cheap_instances,
+        http_max_input_size=args.http_max_input_size,
         grpc_max_message_size=args.grpc_max_message_size,
         grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
         model_config_name=args.model_config_name, metrics_interval_ms=args.metrics_interval_ms,

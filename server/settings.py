@@ -25,6 +25,7 @@ class ServerSettings:
     log_verbose: int = 0
     auto_complete_config: bool = True
     exit_on_error: bool = True
+    colocate_cheap_instances: bool = True  # scheduler/affinity.py
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     json_max_depth: int = 100
     grpc_max_message_size: int = GRPC_MAX_MESSAGE
