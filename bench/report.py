@@ -91,6 +91,11 @@ class Results:
     reference_models: dict[str, str]  # "on"/"off" -> model name: the overhead reference
     quick: bool = False  # --quick: a smoke run, not numbers
     notes: list[str] = field(default_factory=list)  # load averages, duration, flags
+    # simple, concurrency 1, against bench/floor.py: the same stacks answering from memory
+    floor: list[Point] = field(default_factory=list)
+
+    def floor_of(self, protocol: str) -> Optional[Point]:
+        return next((p for p in self.floor if p.protocol == protocol and p.ok), None)
 
     def best_offline(self, model: str) -> Throughput:
         runs = self.offline[self.offline_of.get(model, model)]
@@ -214,6 +219,18 @@ def _latency_table(r: Results) -> list[str]:
                          f"| {p.p99_us:,.0f} | {p.p50_us - d.p50_us:,.0f} |")
         else:
             lines.append(f"| perf_analyzer {p.protocol}, concurrency 1 | failed: {p.error} | | |")
+    for p in r.floor:
+        label = (f"floor: perf_analyzer {p.protocol}, concurrency 1, against the same stack "
+                 "answering from memory (`bench/floor.py`)")
+        if p.ok:
+            lines.append(f"| {label} | {p.p50_us:,.0f} | {p.p99_us:,.0f} | - |")
+        else:
+            lines.append(f"| {label} | failed: {p.error} | | |")
+    for p in r.latency:
+        base = r.floor_of(p.protocol)
+        if p.ok and base is not None:
+            lines.append(f"| the server's own share over {p.protocol}: served p50 - floor p50 "
+                         f"| {p.p50_us - base.p50_us:,.0f} | | |")
     return lines
 
 
@@ -255,8 +272,12 @@ def verdicts(r: Results) -> list[str]:
             continue
         added = p.p50_us - r.direct.p50_us
         verdict = "met" if added <= ADDED_P50_TARGET_US else "not met"
+        base = r.floor_of(p.protocol)
+        floor_note = (f" (the same {p.protocol} stack answering from memory, `bench/floor.py`: "
+                      f"{base.p50_us:,.0f} µs p50, so {p.p50_us - base.p50_us:,.0f} µs of it is "
+                      "the server's own work)") if base is not None else ""
         lines.append(f"- {label}: **{verdict}** — {p.p50_us:,.0f} µs served - "
-                     f"{r.direct.p50_us:,.1f} µs direct = {added:,.0f} µs added")
+                     f"{r.direct.p50_us:,.1f} µs direct = {added:,.0f} µs added{floor_note}")
     return lines + _ratio_lines(r, r.reference_models, target=False)
 
 
@@ -292,7 +313,9 @@ def render(r: Results) -> str:
     out += [f"- {key}: {value}" for key, value in r.machine.items()]
     out += [*[f"- {note}" for note in r.notes], "", "## Commands", "", "```"]
     out += r.commands
-    out += [*(p.command_line for p in r.latency + r.served), "```", ""]
+    out += [*(p.command_line for p in r.latency + r.served),
+            "# the floor server (bench/floor.py, canned answers from the real server), then:",
+            *(p.command_line for p in r.floor), "```", ""]
     if any(p.retried for p in r.latency + r.served):
         out += ["† in the tables: perf_analyzer did not stabilise with the first flags and the "
                 f"point was measured again with `{' '.join(RETRY_FLAGS)}` (the command shown).", ""]

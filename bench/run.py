@@ -16,21 +16,25 @@ import argparse
 import dataclasses
 import json
 import os
+import pickle
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import offline, report, served  # noqa: E402
+from bench import floor, offline, report, served  # noqa: E402
 from examples.build_repository import (build_conv_compute,  # noqa: E402
                                        build_conv_compute_nobatch, build_dense_compute,
                                        build_dense_compute_nobatch, build_simple)
-from tests.serverproc import running_server  # noqa: E402
+from tests.serverproc import free_port, running_server  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONCURRENCIES = (1, 8, 32, 64)
@@ -100,7 +104,7 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
     """Serve `repo`, drive each point with perf_analyzer; returns the commands and the points."""
     protocols = [p for p in args.protocols.split(",") if p]
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
-    points: dict[str, list[served.Point]] = {"latency": [], "served": []}
+    points: dict[str, list[served.Point]] = {"latency": [], "served": [], "floor": []}
     pa_dir = args.out_dir / "perf_analyzer"
     pa_dir.mkdir(parents=True, exist_ok=True)
     groups = [TARGET_MODELS] + ([] if args.no_reference else [REFERENCE_MODELS])
@@ -124,6 +128,11 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
 
         for protocol in protocols:
             measure("latency", LATENCY_MODEL, protocol, 1)
+        # Right after the served latency, so both see the machine in the same state; the real
+        # server sits idle meanwhile.
+        points["floor"] = measure_floor(perf_analyzer,
+                                        floor.capture(server.base, server.grpc_url, LATENCY_MODEL),
+                                        protocols, args.out_dir, flags)
         for group in groups:
             for model in group.values():
                 for protocol in protocols:
@@ -132,6 +141,47 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
         if not server.alive():
             progress("the server died during the run; see its log")
     return commands, points
+
+
+def measure_floor(perf_analyzer: str, canned: dict, protocols: list[str], out_dir: Path,
+                  flags: tuple[str, ...]) -> list[served.Point]:
+    """`simple` at concurrency 1 against bench/floor.py: the same stacks answering from memory."""
+    canned_path = out_dir / "floor-canned.pickle"
+    canned_path.write_bytes(pickle.dumps(canned))
+    http_port, grpc_port = free_port(), free_port()
+    command = [sys.executable, "-m", "bench.floor", "--canned", str(canned_path),
+               "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    log = open(out_dir / "floor.log", "w")
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    urls = {"http": f"127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}"}
+    base = f"http://127.0.0.1:{http_port}"
+    points = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if httpx.get(base + "/v2", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        floor_dir = out_dir / "perf_analyzer" / "floor"
+        floor_dir.mkdir(parents=True, exist_ok=True)
+        for protocol in protocols:
+            point = served.run_point(perf_analyzer, LATENCY_MODEL, protocol, urls[protocol], base,
+                                     process.pid, 1, floor_dir, flags)
+            points.append(point)
+            progress(f"  floor (answers from memory) {protocol} c1: p50 "
+                     f"{point.p50_us / 1e3:.2f} ms" if point.ok else f"  floor {protocol}: "
+                     f"FAILED {point.error}")
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+    return points
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         offline_of={TARGET_MODELS["off"]: TARGET_MODELS["on"],
                     REFERENCE_MODELS["off"]: REFERENCE_MODELS["on"]},
         direct=direct, served=points["served"], latency=points["latency"],
+        floor=points["floor"],
         target_models=TARGET_MODELS, reference_models=REFERENCE_MODELS, quick=args.quick,
         notes=[f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
                f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"

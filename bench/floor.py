@@ -1,0 +1,206 @@
+"""The latency floor: a server that answers `simple` from memory, over the server's own stacks.
+
+At concurrency 1 the served p50 also holds perf_analyzer's own client work, loopback TCP and the
+frontend stack (uvloop with uvicorn's httptools protocol for HTTP, grpc.aio for gRPC), which no
+server code on top of them can remove. This module serves canned answers, captured from the
+real server earlier in the same run, over those same stacks; driven by the same perf_analyzer
+flags it measures that floor, so the report can say how much of the latency is the stack's and
+how much is the server's (decode, validation, the hop to the instance thread and back, encode).
+
+Run as `python -m bench.floor --canned FILE --http-port P --grpc-port Q` (bench/run.py does).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+from google.protobuf import json_format
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from protocol import grpc_service_pb2 as pb  # noqa: E402
+from protocol import grpc_service_pb2_grpc as service  # noqa: E402
+
+# gRPC methods perf_analyzer calls, with their response types.
+_GRPC_ANSWERS = {"ServerMetadata": pb.ServerMetadataResponse, "ServerLive": pb.ServerLiveResponse,
+                 "ServerReady": pb.ServerReadyResponse, "ModelReady": pb.ModelReadyResponse,
+                 "ModelMetadata": pb.ModelMetadataResponse, "ModelConfig": pb.ModelConfigResponse,
+                 "ModelStatistics": pb.ModelStatisticsResponse,
+                 "ModelInfer": pb.ModelInferResponse}
+
+
+def capture(http_base: str, grpc_target: str, model: str) -> dict[str, Any]:
+    """The real server's answers to what perf_analyzer asks, for both protocols: metadata,
+    config, statistics, and one batch-1 inference with binary inputs and outputs."""
+    canned: dict[str, Any] = {"model": model, "http": {}, "grpc": {}}
+    with httpx.Client(base_url=http_base, timeout=10.0) as client:
+        for key, path in (("server", "/v2"), ("metadata", f"/v2/models/{model}"),
+                          ("config", f"/v2/models/{model}/config"),
+                          ("stats", f"/v2/models/{model}/stats")):
+            canned["http"][key] = client.get(path).content
+        metadata = json.loads(canned["http"]["metadata"])
+        header = json.dumps({
+            "inputs": [{"name": t["name"], "datatype": t["datatype"], "shape": [1, *t["shape"][1:]],
+                        "parameters": {"binary_data_size": _zeros(t).nbytes}}
+                       for t in metadata["inputs"]],
+            "outputs": [{"name": t["name"], "parameters": {"binary_data": True}}
+                        for t in metadata["outputs"]]}).encode()
+        body = header + b"".join(_zeros(t).tobytes() for t in metadata["inputs"])
+        reply = client.post(f"/v2/models/{model}/infer", content=body,
+                            headers={"Inference-Header-Content-Length": str(len(header)),
+                                     "Accept-Encoding": "identity"})
+        reply.raise_for_status()
+        canned["http"]["infer"] = reply.content
+        canned["http"]["infer_header_length"] = reply.headers["inference-header-content-length"]
+    with grpc.insecure_channel(grpc_target) as channel:
+        stub = service.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name=model)
+        for tensor in metadata["inputs"]:
+            request.inputs.add(name=tensor["name"], datatype=tensor["datatype"],
+                               shape=[1, *tensor["shape"][1:]])
+            request.raw_input_contents.append(_zeros(tensor).tobytes())
+        calls = {"ServerMetadata": pb.ServerMetadataRequest(),
+                 "ServerLive": pb.ServerLiveRequest(), "ServerReady": pb.ServerReadyRequest(),
+                 "ModelReady": pb.ModelReadyRequest(name=model),
+                 "ModelMetadata": pb.ModelMetadataRequest(name=model),
+                 "ModelConfig": pb.ModelConfigRequest(name=model),
+                 "ModelStatistics": pb.ModelStatisticsRequest(name=model),
+                 "ModelInfer": request}
+        for method, message in calls.items():
+            canned["grpc"][method] = getattr(stub, method)(message).SerializeToString()
+    return canned
+
+
+def _zeros(tensor: dict[str, Any]) -> np.ndarray:
+    dtypes = {"INT32": np.int32, "FP32": np.float32, "INT64": np.int64}
+    return np.zeros([1, *tensor["shape"][1:]], dtype=dtypes[tensor["datatype"]])
+
+
+def http_app(canned: dict[str, Any]) -> Any:
+    """An ASGI app that answers every path from memory (the infer POST included)."""
+    model = canned["model"]
+    answers = {f"/v2/models/{model}/infer":
+               (canned["http"]["infer"], [(b"content-type", b"application/octet-stream"),
+                                          (b"inference-header-content-length",
+                                           canned["http"]["infer_header_length"].encode())])}
+    for key, path in (("server", "/v2"), ("metadata", f"/v2/models/{model}"),
+                      ("config", f"/v2/models/{model}/config"),
+                      ("stats", f"/v2/models/{model}/stats")):
+        answers[path] = (canned["http"][key], [(b"content-type", b"application/json")])
+
+    stats_path = f"/v2/models/{model}/stats"
+    template = json.loads(canned["http"]["stats"])
+    served = [0]
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        path = scope["path"]
+        if path == stats_path:
+            body = json.dumps(_counted(template, served[0])).encode()
+            headers = [(b"content-type", b"application/json")]
+        else:
+            served[0] += path.endswith("/infer")
+            body, headers = answers.get(path, (b"", []))
+        status = 200 if path in answers or path == stats_path else 404
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def _counted(stats: dict[str, Any], served: int) -> dict[str, Any]:
+    """The captured statistics with every count set to the requests this server answered
+    (perf_analyzer refuses statistics that do not move), durations scaled alike."""
+    def scale(duration: dict[str, int], count: int) -> dict[str, int]:
+        per_call = duration["ns"] // duration["count"] if duration["count"] else 0
+        return {"count": count, "ns": per_call * count}
+
+    models = []
+    for entry in stats["model_stats"]:
+        entry = dict(entry, inference_count=served, execution_count=served)
+        entry["inference_stats"] = {key: scale(value, served if value["count"] else 0)
+                                    for key, value in entry["inference_stats"].items()}
+        entry["batch_stats"] = [
+            {key: (scale(value, served) if isinstance(value, dict) else value)
+             for key, value in batch.items()} for batch in entry["batch_stats"][:1]]
+        models.append(entry)
+    return {"model_stats": models}
+
+
+def grpc_servicer(canned: dict[str, Any]) -> service.GRPCInferenceServiceServicer:
+    """A servicer whose every method perf_analyzer uses returns its captured answer (the
+    statistics counting what this server answered)."""
+    methods = {}
+    for name, kind in _GRPC_ANSWERS.items():
+        answer = kind.FromString(canned["grpc"][name])
+
+        async def method(self: Any, request: Any, context: Any, answer: Any = answer) -> Any:
+            return answer
+
+        methods[name] = method
+    template = json.loads(canned["http"]["stats"])
+    served = [0]
+    infer_answer = pb.ModelInferResponse.FromString(canned["grpc"]["ModelInfer"])
+
+    async def model_infer(self: Any, request: Any, context: Any) -> Any:
+        served[0] += 1
+        return infer_answer
+
+    async def model_statistics(self: Any, request: Any, context: Any) -> Any:
+        return json_format.ParseDict(_counted(template, served[0]),
+                                     pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    methods.update(ModelInfer=model_infer, ModelStatistics=model_statistics)
+    return type("CannedServicer", (service.GRPCInferenceServiceServicer,), methods)()
+
+
+async def serve(canned: dict[str, Any], host: str, http_port: int, grpc_port: int) -> None:
+    import uvicorn
+
+    server = grpc.aio.server()
+    service.add_GRPCInferenceServiceServicer_to_server(grpc_servicer(canned), server)
+    server.add_insecure_port(f"{host}:{grpc_port}")
+    await server.start()
+    config = uvicorn.Config(http_app(canned), host=host, port=http_port, loop="none",
+                            http="httptools", lifespan="off", access_log=False,
+                            log_level="warning")
+    try:
+        await uvicorn.Server(config).serve()
+    finally:
+        await server.stop(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--canned", type=Path, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, required=True)
+    args = parser.parse_args(argv)
+    canned = pickle.loads(args.canned.read_bytes())
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    runner(serve(canned, args.host, args.http_port, args.grpc_port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
