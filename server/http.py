@@ -6,9 +6,8 @@ through protocol/errors.py to `{"error": "..."}` with Triton's status codes.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import orjson
 from fastapi import FastAPI
@@ -89,10 +88,6 @@ class HttpFrontend:
             if int(declared) > limit:
                 raise self.too_large()
         return limit
-
-    @staticmethod
-    def error_headers(error: ServerError) -> dict[str, str]:
-        return error_headers(error)
 
     async def read_body(self, request: Request) -> Any:
         """The whole body with its Content-Encoding undone."""

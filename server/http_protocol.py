@@ -28,6 +28,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from protocol import rest_codec
 from protocol.errors import Cancelled, ServerError, as_server_error
+from server.http import error_headers
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class InferHttpProtocol(HttpToolsProtocol):
             if not isinstance(exc, ServerError):
                 log.exception("unexpected error on %s", cycle.scope["path"])
             payload = rest_codec.encode_error(error.message)
-            extra, media_type = self.frontend.error_headers(error), "application/json"
+            extra, media_type = error_headers(error), "application/json"
             status = error.http_status()
             if cycle.more_body:  # refused before the whole body came: do not read the rest
                 cycle.keep_alive = False
