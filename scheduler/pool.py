@@ -281,14 +281,14 @@ class Instance:
             work, args, loop, on_done, tag = job
             begun = thread_time()
             result = work(*args)  # never raises: see _capture and _run_batch_safely
-            cpu_ns = thread_time() - begun
             if on_done is not None:
                 try:
                     loop.call_soon_threadsafe(on_done, tag, result)
                 except RuntimeError:  # the loop closed meanwhile: nobody waits for this
                     pass
+            # Read after the hand-back: the clock is a syscall, and the caller is waiting.
             if work == run_batch:  # loads and unloads say nothing about a batch's cost
-                placement.job_done(cpu_ns)
+                placement.job_done(thread_time() - begun)
             del job, work, args, loop, on_done, tag, result  # drop the batch while idle
 
     # -- on the instance thread ---------------------------------------------------------
