@@ -7,7 +7,7 @@ back as views (slices), never copies.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -84,14 +84,3 @@ def drop_padding(outputs: Mapping[str, np.ndarray], rows: int) -> dict[str, np.n
     """The first `rows` rows of every output (a view; the arrays themselves when none padded)."""
     return {name: (array if array.shape[0] == rows else array[:rows])
             for name, array in outputs.items()}
-
-
-def pad_rows(inputs: Mapping[str, np.ndarray], target: int) -> dict[str, np.ndarray]:
-    """Zero rows appended to each input up to `target` rows (for a fixed batch gear)."""
-    return {name: _join([array], target) for name, array in inputs.items()}
-
-
-def pick_gear(rows: int, gears: Iterable[int]) -> Optional[int]:
-    """The smallest gear that holds `rows` rows, or None when every gear is smaller."""
-    fitting = [gear for gear in gears if gear >= rows]
-    return min(fitting) if fitting else None

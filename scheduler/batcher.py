@@ -1,6 +1,6 @@
 """Triton's dynamic batcher: priority queues with their policies, and the rule that seals a batch.
 
-The dispatcher (scheduler/default.py) asks for a batch only when an instance is free, so while
+The dispatcher (scheduler/queue_scheduler.py) asks for a batch only when an instance is free, so while
 every instance is busy requests pile up here and the next batch is bigger. Sealing follows
 Triton's DynamicBatchScheduler::GetDynamicBatch: walk the queue (level 1 first, FIFO within a
 level, delayed requests after the level's others), add whole requests while they fit and share
@@ -19,41 +19,17 @@ from typing import TYPE_CHECKING, Hashable, Iterator, Optional
 from protocol.errors import Unavailable
 from protocol.types import InferRequest
 from scheduler.clock import Clock
-from scheduler.default import QUEUED, RUNNING, Entry, QueueScheduler, RequestQueue
+from scheduler.queue_scheduler import QUEUED, RUNNING, Entry, QueueScheduler, RequestQueue
 from scheduler.interface import VersionSpec
+from scheduler.policy import LevelPolicy, QueuePolicy
 from scheduler.stats import VersionStatistics
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig, ModelQueuePolicy
-
-_DELAY = 1  # ModelQueuePolicy.TimeoutAction.DELAY
-
-
-@dataclass(frozen=True, slots=True)
-class QueuePolicy:
-    """One priority level's ModelQueuePolicy."""
-
-    delay_on_timeout: bool = False
-    default_timeout_us: int = 0
-    allow_timeout_override: bool = False
-    max_queue_size: int = 0  # 0 = unbounded
-
-    @classmethod
-    def from_config(cls, policy: "ModelQueuePolicy") -> "QueuePolicy":
-        return cls(policy.timeout_action == _DELAY, policy.default_timeout_microseconds,
-                   policy.allow_timeout_override, policy.max_queue_size)
-
-    def timeout_us(self, requested_us: int) -> int:
-        """The queue timeout a request gets: its own only when allowed, set and shorter.
-        Idempotent, so a timeout validation already resolved passes through unchanged."""
-        if self.allow_timeout_override and 0 < requested_us < self.default_timeout_us:
-            return requested_us
-        return self.default_timeout_us
-
+    from protocol.model_config_pb2 import ModelConfig
 
 @dataclass(slots=True)
 class _Level:
-    policy: QueuePolicy
+    policy: LevelPolicy
     waiting: deque = field(default_factory=deque)  # in arrival order
     delayed: deque = field(default_factory=deque)  # timed out under DELAY, behind the others
     count: int = 0
@@ -70,11 +46,7 @@ class BatchQueue(RequestQueue):
         self._preferred = preferred
         self._max_preferred = max(preferred) if preferred else self._max_rows
         self._delay_ns = batching.max_queue_delay_microseconds * 1000
-        self._priority_levels = batching.priority_levels
-        self._default_level = batching.default_priority_level if self._priority_levels else 0
-        self._default_policy = QueuePolicy.from_config(batching.default_queue_policy)
-        self._level_policies = {level: QueuePolicy.from_config(policy)
-                                for level, policy in batching.priority_queue_policy.items()}
+        self._policy = QueuePolicy(config)
         self._levels: dict[int, _Level] = {}
         self._level_order: list[int] = []  # levels that exist so far, highest priority first
         self._deadlines: list[tuple[int, int, Entry]] = []
@@ -88,13 +60,14 @@ class BatchQueue(RequestQueue):
 
     def push(self, entry: Entry) -> None:
         request = entry.request
-        level_no = self._level_of(request)
+        # Admission already resolved the request's level and timeout through the same policy.
+        level_no = self._policy.level_of(request.priority)
         level = self._level(level_no)
         policy = level.policy
         if policy.max_queue_size and level.count >= policy.max_queue_size:
             raise Unavailable("Exceeds maximum queue size")
         entry.level = level_no
-        timeout_us = policy.timeout_us(request.timeout_us)
+        timeout_us = request.timeout_us
         if timeout_us:
             entry.deadline_ns = entry.admitted_ns + timeout_us * 1000
             entry.delay_on_timeout = policy.delay_on_timeout
@@ -104,18 +77,10 @@ class BatchQueue(RequestQueue):
         level.count += 1
         self._count += 1
 
-    def _level_of(self, request: InferRequest) -> int:
-        if not self._priority_levels:
-            return 0
-        if 1 <= request.priority <= self._priority_levels:
-            return request.priority
-        return self._default_level
-
     def _level(self, number: int) -> _Level:
         level = self._levels.get(number)
         if level is None:
-            policy = self._level_policies.get(number, self._default_policy)
-            level = self._levels[number] = _Level(policy)
+            level = self._levels[number] = _Level(self._policy.for_level(number))
             bisect.insort(self._level_order, number)
         return level
 

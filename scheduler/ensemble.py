@@ -122,8 +122,7 @@ class EnsembleScheduler(Scheduler):
     """Runs each admitted request's DAG as one asyncio task; the task is the request's future."""
 
     def __init__(self, spec: VersionSpec, stats: VersionStatistics, infer: Infer) -> None:
-        self._spec = spec
-        self._stats = stats
+        super().__init__(spec, stats)
         self._infer = infer
         self._name = spec.name
         self._steps: list[Step] = []
@@ -131,10 +130,6 @@ class EnsembleScheduler(Scheduler):
         self._tasks: set[asyncio.Task] = set()
         self._accepting = False
         self._aborting = False
-
-    @property
-    def statistics(self) -> VersionStatistics:
-        return self._stats
 
     @property
     def steps(self) -> list[Step]:
@@ -147,14 +142,13 @@ class EnsembleScheduler(Scheduler):
     def healthy(self) -> bool:
         return self._accepting
 
-    def submit(self, request: InferRequest) -> asyncio.Future:
+    def _admit(self, request: InferRequest) -> asyncio.Future:
         if not self._accepting:
             raise Unavailable(f"'{self._name}' version {self._spec.version} is not at ready state")
         task = asyncio.get_running_loop().create_task(
             self._run(request), name=f"ensemble:{self._name}:{request.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        request.future = task
         return task
 
     async def drain(self, timeout: float) -> None:

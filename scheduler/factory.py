@@ -5,7 +5,7 @@ from typing import Optional
 
 from scheduler.batcher import DynamicBatcher
 from scheduler.clock import Clock
-from scheduler.default import DefaultScheduler
+from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.ensemble import EnsembleScheduler, Infer
 from scheduler.interface import Scheduler, VersionSpec
 from scheduler.stats import VersionStatistics

@@ -32,6 +32,7 @@ from protocol.types import InferRequest, InferResponse, Tensor
 from scheduler.affinity import ThreadPlacement
 from scheduler.batch import concat_inputs, split_outputs
 from scheduler.clock import Clock
+from scheduler.interface import LoadError
 from scheduler.stats import FailureReason
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,11 +40,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from scheduler.interface import VersionSpec
 
 logger = logging.getLogger(__name__)
-
-
-class LoadError(InternalError):
-    """An instance could not be created or loaded; the version does not become ready."""
-
 
 @dataclass(frozen=True, slots=True)
 class Failed:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
+
+from protocol.types import BatchStatisticsSnapshot, DurationSnapshot, StatisticsSnapshot
 
 
 @dataclass(slots=True)
@@ -16,6 +18,9 @@ class Duration:
     def add(self, ns: int, count: int = 1) -> None:
         self.count += count
         self.ns += ns
+
+    def snapshot(self) -> DurationSnapshot:
+        return DurationSnapshot(self.count, self.ns)
 
 
 @dataclass(slots=True)
@@ -109,3 +114,40 @@ class VersionStatistics:
             self.pending += delta
         if self.observer is not None:
             self.observer.pending_changed(delta)
+
+    def snapshot(self) -> StatisticsSnapshot:
+        """Every counter copied under the lock as one immutable value: what the statistics
+        endpoints encode, so their counts agree with each other and no codec holds the lock."""
+        with self._lock:
+            return StatisticsSnapshot(
+                name=self.name,
+                version=self.version,
+                last_inference_ms=self.last_inference_ms,
+                inference_count=self.inference_count,
+                execution_count=self.execution_count,
+                success=self.success.snapshot(),
+                fail=self.fail.snapshot(),
+                queue=self.queue.snapshot(),
+                compute_input=self.compute_input.snapshot(),
+                compute_infer=self.compute_infer.snapshot(),
+                compute_output=self.compute_output.snapshot(),
+                cache_hit=self.cache_hit.snapshot(),
+                cache_miss=self.cache_miss.snapshot(),
+                batch_stats=tuple(
+                    BatchStatisticsSnapshot(size, b.compute_input.snapshot(),
+                                            b.compute_infer.snapshot(), b.compute_output.snapshot())
+                    for size, b in sorted(self.batch_stats.items())),
+                pending=self.pending,
+            )
+
+    def reset(self) -> None:
+        """Counters back to their initial values, keeping name, version, observer and pending
+        (requests still queued): after warm-up, statistics describe client traffic only."""
+        fresh = VersionStatistics(self.name, self.version)
+        with self._lock:
+            for item in fields(self):
+                if item.name not in _KEPT_ON_RESET:
+                    setattr(self, item.name, getattr(fresh, item.name))
+
+
+_KEPT_ON_RESET = frozenset({"name", "version", "observer", "pending", "_lock"})

@@ -1,7 +1,8 @@
 """Check a decoded request against its model config, once, before it is queued.
 
-Sets the scheduling fields the batcher relies on (batch_size, priority, timeout_us). Messages
-follow Triton's core wording, prefixed with the request id, so clients see familiar text.
+Sets the scheduling fields the batcher relies on: batch_size here, priority level and queue
+timeout through the version's queue policy (scheduler/policy.py). Messages follow Triton's core
+wording, prefixed with the request id, so clients see familiar text.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from protocol import datatypes
 from protocol.errors import InvalidArgument
 from protocol.model_config_pb2 import DataType, ModelConfig
 from protocol.types import InferRequest
+from scheduler.policy import QueuePolicy
 
 
 def _prefix(request: InferRequest) -> str:
@@ -39,20 +41,11 @@ class _InputRule:
         self.reshape = reshape
 
 
-class _QueuePolicy:
-    __slots__ = ("timeout_us", "allow_override")
-
-    def __init__(self, policy: Any) -> None:
-        self.timeout_us = int(policy.default_timeout_microseconds)
-        self.allow_override = bool(policy.allow_timeout_override)
-
-
 class RequestRules:
     """What validation needs from a model config, read out of the protobuf once per loaded
     version (protobuf field access and enum names cost more than the checks themselves)."""
 
-    __slots__ = ("model", "max_batch_size", "inputs", "required", "outputs", "dynamic",
-                 "priority_levels", "default_priority", "default_policy", "priority_policies")
+    __slots__ = ("model", "max_batch_size", "inputs", "required", "outputs", "queue_policy")
 
     def __init__(self, config: ModelConfig) -> None:
         self.model = config.name
@@ -65,13 +58,7 @@ class RequestRules:
             for spec in config.input}
         self.required = [spec.name for spec in config.input if not spec.optional]
         self.outputs = frozenset(spec.name for spec in config.output)
-        self.dynamic = config.HasField("dynamic_batching")
-        batching = config.dynamic_batching
-        self.priority_levels = int(batching.priority_levels)
-        self.default_priority = int(batching.default_priority_level)
-        self.default_policy = _QueuePolicy(batching.default_queue_policy)
-        self.priority_policies = {int(level): _QueuePolicy(policy)
-                                  for level, policy in batching.priority_queue_policy.items()}
+        self.queue_policy = QueuePolicy(config)
 
 
 def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRules]) -> None:
@@ -149,37 +136,4 @@ def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRu
                 raise InvalidArgument(f"{_prefix(request)}output '{output.name}' already exists "
                                       "in request")
             seen.add(output.name)
-    _apply_schedule_parameters(request, rules)
-
-
-def _uint_parameter(request: InferRequest, key: str) -> int:
-    value = request.parameters.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"{_prefix(request)}parameter '{key}' must be a non-negative "
-                              f"integer, got {value!r}")
-    return value
-
-
-def _apply_schedule_parameters(request: InferRequest, rules: RequestRules) -> None:
-    """Map the `priority` and `timeout` parameters onto the model's queue policy."""
-    if request.parameters:
-        priority = _uint_parameter(request, "priority")
-        timeout = _uint_parameter(request, "timeout")
-    else:
-        priority = timeout = 0
-    if not rules.dynamic:
-        request.priority = 0
-        request.timeout_us = 0
-        return
-    levels = rules.priority_levels
-    if levels:
-        request.priority = priority if 1 <= priority <= levels else rules.default_priority
-    else:
-        request.priority = 0
-    policy = rules.priority_policies.get(request.priority, rules.default_policy) \
-        if request.priority else rules.default_policy
-    effective = policy.timeout_us
-    # Triton applies an override only when it shortens a non-zero default.
-    if policy.allow_override and timeout and timeout < effective:
-        effective = timeout
-    request.timeout_us = effective
+    rules.queue_policy.apply(request)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from scheduler.batch import concat_inputs, drop_padding, pad_rows, pick_gear, split_outputs
+from scheduler.batch import concat_inputs, drop_padding, split_outputs
 
 
 def test_single_request_is_passed_through_without_copy():
@@ -51,15 +51,11 @@ def test_padding_to_a_gear_adds_zero_rows_in_one_copy():
     b = np.full((2, 2), 2, np.float32)
     batched = concat_inputs([{"X": a}, {"X": b}], pad_to=4)
     assert batched["X"].tolist() == [[1, 1], [2, 2], [2, 2], [0, 0]]
-    assert pad_rows({"X": a}, 3)["X"].tolist() == [[1, 1], [0, 0], [0, 0]]
-    assert pad_rows({"S": np.array([b"x"], dtype=object)}, 2)["S"].tolist() == [b"x", b""]
-    assert pad_rows({"X": a}, 1)["X"] is a
+    strings = concat_inputs([{"S": np.array([b"x"], dtype=object)}], pad_to=2)
+    assert strings["S"].tolist() == [b"x", b""]
 
 
-def test_drop_padding_and_gear_choice():
+def test_drop_padding():
     out = {"Y": np.arange(4)}
     assert drop_padding(out, 4)["Y"] is out["Y"]
     assert drop_padding(out, 3)["Y"].tolist() == [0, 1, 2]
-    assert pick_gear(3, [1, 4, 8]) == 4
-    assert pick_gear(4, [8, 4, 1]) == 4
-    assert pick_gear(9, [1, 4, 8]) is None

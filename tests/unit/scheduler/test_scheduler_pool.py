@@ -19,7 +19,7 @@ from protocol.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import DynamicBatcher
 from scheduler.clock import ManualClock
-from scheduler.default import DefaultScheduler
+from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.factory import create_scheduler
 from scheduler.interface import VersionSpec
 from scheduler.pool import BatchRun, InstancePool, LoadError, instance_specs
@@ -148,7 +148,7 @@ def test_an_unnamed_group_takes_the_model_name(journal):
 
 
 async def test_each_instance_loads_executes_and_unloads_on_its_own_thread(journal):
-    spec = make_spec("instance_group [{ count: 2 kind: KIND_CPU }]", journal)
+    spec = make_spec("max_batch_size: 8 instance_group [{ count: 2 kind: KIND_CPU }]", journal)
     scheduler = await started(spec)
     journal.holds[1] = threading.Event()
     futures = [scheduler.submit(request(1)), scheduler.submit(request(2))]
@@ -166,7 +166,7 @@ async def test_each_instance_loads_executes_and_unloads_on_its_own_thread(journa
 
 async def test_a_failing_instance_load_unloads_the_others_and_says_which(journal):
     journal.fail_load = {"m_1"}
-    spec = make_spec("instance_group [{ count: 3 kind: KIND_CPU }]", journal)
+    spec = make_spec("max_batch_size: 8 instance_group [{ count: 3 kind: KIND_CPU }]", journal)
     scheduler = DefaultScheduler(spec, VersionStatistics("m", "1"))
     with pytest.raises(LoadError) as info:
         await scheduler.start()

@@ -1,6 +1,5 @@
 """scheduler/ensemble.py with a fake `infer`: graph checks, DAG order and concurrency,
-errors naming the step, statistics, drain. (Lives here until a tests/unit/scheduler slot is
-agreed; it needs no backend.)"""
+errors naming the step, statistics, drain. It needs no backend."""
 from __future__ import annotations
 
 import asyncio

@@ -151,8 +151,7 @@ class QueueScheduler(Scheduler):
 
     def __init__(self, spec: VersionSpec, stats: VersionStatistics, queue: RequestQueue, *,
                  clock: Optional[Clock] = None, preserve_ordering: bool = False) -> None:
-        self._spec = spec
-        self._stats = stats
+        super().__init__(spec, stats)
         self._queue = queue
         self._clock: Clock = clock or MonotonicClock()
         self._pool = InstancePool(spec, self._clock)
@@ -173,10 +172,6 @@ class QueueScheduler(Scheduler):
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     # -- lifecycle ------------------------------------------------------------------------
-
-    @property
-    def statistics(self) -> VersionStatistics:
-        return self._stats
 
     @property
     def pool(self) -> InstancePool:
@@ -221,7 +216,10 @@ class QueueScheduler(Scheduler):
 
     # -- admission ------------------------------------------------------------------------
 
-    def submit(self, request: InferRequest) -> asyncio.Future:
+    def _now_ns(self) -> int:
+        return self._clock.now_ns()
+
+    def _admit(self, request: InferRequest) -> asyncio.Future:
         if not self._accepting or not self._usable:
             raise self._not_ready()
         now = self._clock.now_ns()
@@ -233,7 +231,6 @@ class QueueScheduler(Scheduler):
         except ServerError:
             self._stats.record_failure(FailureReason.REJECTED, self._since_arrival(request, now))
             raise
-        request.future = future
         self._stats.pending_changed(+1)
         entry.on_cancel = partial(self._future_done, entry)
         future.add_done_callback(entry.on_cancel)
