@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Mapping, Optional, Protocol
 
+from protocol.classification import read_labels
 from protocol.model_config_pb2 import ModelConfig
 from repository import layout
 from repository.config import ConfigError, normalize, read_config, registry_backend_class
@@ -22,8 +23,9 @@ from repository.overrides import (OverrideError, checked_path, create_override_d
                                   remove_override_directory)
 from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord
 from repository.warmup import run_warmup
+from scheduler.ensemble import Infer
 from scheduler.factory import create_scheduler
-from scheduler.interface import Scheduler, VersionSpec
+from scheduler.interface import LoadError, Scheduler, VersionSpec
 from scheduler.stats import MetricsObserver, VersionStatistics
 
 log = logging.getLogger(__name__)
@@ -38,10 +40,6 @@ class VersionHooks(Protocol):
     def version_loaded(self, name: str, version: int, load_seconds: float) -> Optional[MetricsObserver]: ...
 
     def version_unloaded(self, name: str, version: int) -> None: ...
-
-
-class LoadError(Exception):
-    """A load that did not (fully) succeed; the message is the one clients see."""
 
 
 @dataclass
@@ -65,14 +63,22 @@ def plausible_name(name: str) -> bool:
         not any(c in name for c in "/\\\x00") and len(name.encode()) <= 255
 
 
+SchedulerFactory = Callable[..., Scheduler]
+
+
 class ModelManager:
+    """`infer` is the server's in-process infer (server/inference.py), which the ensembles this
+    manager builds send their steps through; `scheduler_factory(spec, stats, infer=...)` builds
+    each version's scheduler (tests hand in fakes)."""
+
     def __init__(self, settings: ManagerSettings, registry: ModelRegistry,
-                 hooks: Optional[VersionHooks] = None) -> None:
+                 hooks: Optional[VersionHooks] = None, *, infer: Optional[Infer] = None,
+                 scheduler_factory: SchedulerFactory = create_scheduler) -> None:
         self.settings = settings
         self.registry = registry
         self.hooks = hooks
-        # Builds a version's scheduler; replaceable (ensembles need the core's infer).
-        self.create_scheduler: Callable[[VersionSpec, VersionStatistics], Scheduler] = create_scheduler
+        self._infer = infer
+        self._scheduler_factory = scheduler_factory
         # One load or unload at a time per model; different models load concurrently.
         self._locks: dict[str, asyncio.Lock] = {}
         # Private directories built from load requests' file overrides, per model.
@@ -262,7 +268,8 @@ class ModelManager:
             spec = VersionSpec(name, version, _copy(config), model_dir, version_dir,
                                backend_cls)  # type: ignore[arg-type]
             stats = VersionStatistics(name, str(version))
-            scheduler = self.create_scheduler(spec, stats)
+            scheduler = self._scheduler_factory(spec, stats, infer=self._infer)
+            labels = await asyncio.to_thread(_read_output_labels, spec)
             await scheduler.start()
             await run_warmup(spec, scheduler)
             if self._closing:
@@ -282,7 +289,8 @@ class ModelManager:
             if replacing:
                 self.hooks.version_unloaded(name, version)
             stats.observer = self.hooks.version_loaded(name, version, seconds)
-        record.versions[version] = VersionRecord(version, ModelState.READY, "", spec, scheduler, seconds)
+        record.versions[version] = VersionRecord(version, ModelState.READY, "", spec, scheduler,
+                                                 seconds, labels)
         log.info("loaded '%s' version %d in %.2fs", name, version, seconds)
         if replacing:
             await self._drain_and_stop(name, version, old)  # type: ignore[arg-type]
@@ -381,6 +389,20 @@ async def _stop_quietly(scheduler: Scheduler) -> None:
         await scheduler.stop()
     except Exception:  # noqa: BLE001 - the load already failed; report that, not this
         log.exception("stopping a version that failed to load")
+
+
+def _read_output_labels(spec: VersionSpec) -> dict[str, list[str]]:
+    """Each output's classification labels (`label_filename`), read once per loaded copy so a
+    reload shows changed labels. An unreadable file means no labels, as in Triton."""
+    labels: dict[str, list[str]] = {}
+    for tensor in spec.config.output:
+        if tensor.label_filename:
+            try:
+                labels[tensor.name] = read_labels(spec.model_dir / tensor.label_filename)
+            except OSError:
+                log.warning("model '%s': cannot read label file '%s'", spec.name,
+                            tensor.label_filename)
+    return labels
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

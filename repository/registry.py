@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.model_config_pb2 import ModelConfig
@@ -31,11 +31,8 @@ class VersionRecord:
     spec: Optional[VersionSpec] = None
     scheduler: Optional[Scheduler] = None
     load_seconds: float = 0.0
-    # Label files read on first use, per output; they live and die with this loaded copy,
-    # so a reload with a changed labels file shows the new labels.
+    # Classification labels per output, read when this copy loaded (a reload re-reads them).
     labels: dict[str, list[str]] = field(default_factory=dict)
-    # scheduler.validation.RequestRules of spec.config, built on the first request.
-    request_rules: Any = None
 
     @property
     def serving(self) -> bool:

@@ -2,14 +2,15 @@
 
 The first requests on a fresh model copy are slow (lazy allocations, kernel selection, NPU
 graph preparation), so each sample runs `count` times through the version's own scheduler while
-the previous copy still serves. As in Triton, a sample of batch size N is N single-row requests
+the previous copy still serves. The samples enter where client requests do, `Scheduler.submit`
+(validation, queue, batcher), only without resolving the version by name: the new copy is not
+published until its warm-up passed. As in Triton, a sample of batch size N is N single-row requests
 sent together, so the batcher can group them. A failing sample fails the load. Afterwards the
 counters start again from zero: statistics and metrics describe client traffic only.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -19,8 +20,6 @@ from protocol.errors import ServerError
 from protocol.model_config_pb2 import DataType, ModelConfig, ModelWarmup
 from protocol.types import InferRequest, Tensor
 from scheduler.interface import Scheduler, VersionSpec
-from scheduler.stats import VersionStatistics
-from scheduler.validation import validate_request
 
 WARMUP_DIR = "warmup"
 
@@ -123,21 +122,10 @@ async def run_warmup(spec: VersionSpec, scheduler: Scheduler) -> None:
                 for request in requests:
                     clone = InferRequest(request.model_name, request.model_version,
                                          id=request.id, inputs=list(request.inputs))
-                    validate_request(clone, spec.config)
-                    futures.append(scheduler.submit(clone))
+                    futures.append(scheduler.submit(clone))  # validates, as for clients
                 await asyncio.gather(*futures)
             except ServerError as exc:
                 raise _sample_error(sample, exc.message) from None
             except Exception as exc:  # noqa: BLE001 - a backend failure fails the load
                 raise _sample_error(sample, str(exc)) from None
-    forget_counts(scheduler.statistics)
-
-
-def forget_counts(stats: VersionStatistics) -> None:
-    """Reset a version's counters to their initial values (keeping name, version, observer)."""
-    fresh = VersionStatistics(stats.name, stats.version)
-    with stats._lock:
-        for item in dataclasses.fields(VersionStatistics):
-            if item.name in ("name", "version", "observer", "pending", "_lock"):
-                continue
-            setattr(stats, item.name, getattr(fresh, item.name))
+    scheduler.statistics.reset()

@@ -21,10 +21,12 @@ from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from scheduler import affinity
 from server.core import InferenceCore
+from server.inference import InferencePath
 from server.http import HttpFrontend
 from server.http_protocol import protocol_class
 from server.metrics import ServerMetrics
 from server.metrics_http import build_metrics_app
+from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
 
 log = logging.getLogger("ascend_serve")
@@ -68,16 +70,20 @@ class ServerApp:
         self.settings = settings
         self.metrics = ServerMetrics()
         self.registry = ModelRegistry()
+        # The one in-process infer: frontends call it through the core, ensembles directly.
+        self.inference = InferencePath(self.registry)
         self.manager = ModelManager(
             ManagerSettings(settings.model_repositories, settings.auto_complete_config,
                             settings.exit_timeout_secs, settings.model_config_name,
                             load_dependencies=settings.model_control_mode == "explicit"),
-            self.registry, self.metrics)
+            self.registry, self.metrics, infer=self.inference.infer_admitted)
         self.poller: Optional[RepositoryPoller] = None
         if settings.model_control_mode == "poll":
             self.poller = RepositoryPoller(settings.model_repositories, self.manager,
                                            settings.repository_poll_secs)
-        self.core = InferenceCore(settings, self.registry, self.manager)
+        self.core = InferenceCore(settings, self.registry, self.manager, self.inference)
+        # One trace/log settings object for both frontends: a change over one reads back on both.
+        self.runtime = RuntimeSettings.create(settings.log_verbose)
         self._stop = asyncio.Event()
         self._listeners: list[_Listener] = []
         self._tasks: list[asyncio.Task] = []
@@ -110,7 +116,7 @@ class ServerApp:
             return False
         s = self.settings
         if s.allow_http:
-            frontend = HttpFrontend(self.core)
+            frontend = HttpFrontend(self.core, self.runtime)
             self._listeners.append(_uvicorn(frontend.build_app(), s.http_address, s.http_port,
                                             s.log_verbose, protocol_class(frontend)))
         if s.allow_metrics:
@@ -121,7 +127,7 @@ class ServerApp:
         if s.allow_grpc:
             from server.grpc import start_grpc_server
 
-            self.grpc_server = await start_grpc_server(self.core, s)
+            self.grpc_server = await start_grpc_server(self.core, s, self.runtime)
         # Wait until every listener is bound before declaring the server live.
         while not all(listener.started for listener in self._listeners):
             for task in self._tasks:

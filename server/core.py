@@ -5,25 +5,20 @@ them to its wire form through protocol/errors.py.
 """
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
-import time
-from dataclasses import dataclass
 from typing import Optional
 
-from protocol.classification import classify, read_labels
-from protocol.errors import InternalError, InvalidArgument, ServerError, Unavailable
+from protocol.config_json import ConfigJsonError, config_from_json
+from protocol.errors import InvalidArgument, ServerError, Unavailable
 from protocol.model_config_pb2 import ModelConfig
-from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from protocol.types import (IndexEntry, InferRequest, InferResponse, ModelMetadata,
+                            StatisticsSnapshot, TensorMetadata)
 from protocol import datatypes
-from repository.config import ConfigError, config_from_json
-from repository.manager import UNLOADED, LoadError, ModelManager
+from repository.manager import UNLOADED, ModelManager
 from repository.registry import (ModelRecord, ModelRegistry, ModelState, VersionRecord,
                                  parse_version)
-from scheduler.factory import create_scheduler
-from scheduler.stats import FailureReason, VersionStatistics
-from scheduler.validation import RequestRules, validate_request
+from scheduler.interface import LoadError
+from server.inference import InferencePath
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -44,43 +39,27 @@ EXTENSIONS = [
 POLLING_REFUSAL = "explicit model load / unload is not allowed if polling is enabled"
 
 
-@dataclass(frozen=True)
-class TensorMetadata:
-    name: str
-    datatype: str
-    shape: list[int]
-
-
-@dataclass(frozen=True)
-class ModelMetadata:
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[TensorMetadata]
-    outputs: list[TensorMetadata]
-
-
-@dataclass(frozen=True)
-class IndexEntry:
-    name: str
-    version: str = ""
-    state: str = ""
-    reason: str = ""
-
-
 class InferenceCore:
     def __init__(self, settings: ServerSettings, registry: ModelRegistry,
-                 manager: ModelManager) -> None:
+                 manager: ModelManager, path: InferencePath) -> None:
         self.settings = settings
         self.registry = registry
         self.manager = manager
+        self.path = path
         self.started = False
-        self.exiting = False
-        self.inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        # Ensemble steps go through infer_admitted: their model's own scheduler and batcher.
-        manager.create_scheduler = functools.partial(create_scheduler, infer=self.infer_admitted)
+
+    @property
+    def exiting(self) -> bool:
+        """Shutdown has begun: readiness is off and new requests are refused."""
+        return self.path.exiting
+
+    @exiting.setter
+    def exiting(self, value: bool) -> None:
+        self.path.exiting = value
+
+    @property
+    def inflight(self) -> int:
+        return self.path.inflight
 
     # ----- health --------------------------------------------------------------------------
     def live(self) -> bool:
@@ -133,9 +112,11 @@ class InferenceCore:
         return self.live() and self.registry.is_ready(name, version)
 
     # ----- statistics --------------------------------------------------------------------
-    def statistics(self, name: str = "", version: str = "") -> list[VersionStatistics]:
+    def statistics(self, name: str = "", version: str = "") -> list[StatisticsSnapshot]:
+        """A consistent copy of each serving version's counters (all models when no name)."""
         if not name:
-            return [r.scheduler.statistics for _, r in self.registry.serving_versions()]  # type: ignore[union-attr]
+            return [r.scheduler.statistics.snapshot()  # type: ignore[union-attr]
+                    for _, r in self.registry.serving_versions()]
         try:
             model = self.registry.get(name)
             number = parse_version(version, name)
@@ -145,7 +126,7 @@ class InferenceCore:
                    if r.serving and (number == -1 or v == number)]
         if not records:
             raise InvalidArgument(f"requested model '{name}' is not available")
-        return [r.scheduler.statistics for r in records]  # type: ignore[union-attr]
+        return [r.scheduler.statistics.snapshot() for r in records]  # type: ignore[union-attr]
 
     # ----- repository ---------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
@@ -185,7 +166,7 @@ class InferenceCore:
         if config_json is not None:
             try:
                 override = config_from_json(config_json)
-            except ConfigError as exc:
+            except ConfigJsonError as exc:
                 raise InvalidArgument(f"failed to load '{name}': {exc}") from None
         try:
             await self.manager.load_model(name, override, files=files or None)
@@ -197,78 +178,18 @@ class InferenceCore:
         await self.manager.unload_model(name, unload_dependents)
 
     # ----- inference ---------------------------------------------------------------------
-    async def infer(self, request: InferRequest) -> InferResponse:
-        if self.exiting:
-            raise Unavailable("Server exiting")
-        return await self.infer_admitted(request)
+    def resolve(self, name: str, version: str = "") -> VersionRecord:
+        """The version an inference request for (name, version) goes to."""
+        return self.path.resolve(name, version)
 
-    async def infer_admitted(self, request: InferRequest) -> InferResponse:
-        """infer() without the exiting check: ensemble steps of a request already admitted."""
-        record = self.registry.resolve(request.model_name, request.model_version)
-        scheduler = record.scheduler
-        assert scheduler is not None and record.spec is not None
-        rules = record.request_rules
-        if rules is None:
-            rules = record.request_rules = RequestRules(record.spec.config)
-        try:
-            validate_request(request, rules)
-        except ServerError:
-            scheduler.statistics.record_failure(FailureReason.OTHER,
-                                                time.monotonic_ns() - request.arrival_ns)
-            raise
-        self.inflight += 1
-        self._idle.clear()
-        try:
-            response = await scheduler.submit(request)
-        finally:
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
-        return self._select_outputs(response, request.outputs, record)
-
-    def _select_outputs(self, response: InferResponse, requested: Optional[list[RequestedOutput]],
-                        record: VersionRecord) -> InferResponse:
-        if requested is None:
-            return response
-        by_name = {t.name: t for t in response.outputs}
-        config = record.spec.config  # type: ignore[union-attr]
-        outputs: list[Tensor] = []
-        for wanted in requested:
-            tensor = by_name.get(wanted.name)
-            if tensor is None:
-                raise InternalError(f"model '{response.model_name}' did not produce the requested "
-                                    f"output '{wanted.name}'")
-            if wanted.classification > 0:
-                labels = self._labels_for(record, wanted.name)
-                tensor = classify(tensor, wanted.classification, config.max_batch_size > 0, labels)
-            outputs.append(tensor)
-        response.outputs = outputs
-        return response
-
-    @staticmethod
-    def _labels_for(record: VersionRecord, output: str) -> list[str]:
-        if output in record.labels:
-            return record.labels[output]
-        spec = record.spec
-        assert spec is not None
-        labels: list[str] = []
-        for tensor in spec.config.output:
-            if tensor.name == output and tensor.label_filename:
-                try:
-                    labels = read_labels(spec.model_dir / tensor.label_filename)
-                except OSError:
-                    log.warning("model '%s': cannot read label file '%s'", spec.name,
-                                tensor.label_filename)
-        record.labels[output] = labels
-        return labels
+    async def infer(self, request: InferRequest,
+                    record: Optional[VersionRecord] = None) -> InferResponse:
+        """The one in-process infer (server/inference.py); `record` when already resolved."""
+        return await self.path.infer(request, record)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight; False if the timeout passed first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await self.path.wait_idle(timeout)
 
 
 def _type_name(value: int) -> str:

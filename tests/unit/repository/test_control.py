@@ -14,6 +14,7 @@ from repository.manager import ManagerSettings, ModelManager, plausible_name
 from repository.registry import ModelRegistry, ModelState, VersionRecord
 from server.cli import settings_from_args
 from server.core import InferenceCore
+from server.inference import InferencePath
 from server.settings import ServerSettings
 
 
@@ -67,7 +68,8 @@ def test_names_that_cannot_be_model_directories(name: str) -> None:
 def _core(strict: bool = True) -> tuple[InferenceCore, ModelRegistry]:
     registry = ModelRegistry()
     settings = ServerSettings(strict_readiness=strict)
-    core = InferenceCore(settings, registry, ModelManager(ManagerSettings([]), registry))
+    core = InferenceCore(settings, registry, ModelManager(ManagerSettings([]), registry),
+                         InferencePath(registry))
     core.started = True
     return core, registry
 

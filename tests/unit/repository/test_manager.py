@@ -11,7 +11,7 @@ from backends.base import BackendError
 from examples.build_repository import simple_config
 from protocol.errors import Unavailable
 from protocol.types import InferRequest, InferResponse, Tensor
-from repository.config import config_from_json
+from protocol.config_json import config_from_json
 from repository.manager import LoadError, ManagerSettings, ModelManager
 from repository.overrides import PREFIX
 from repository.registry import ModelRegistry, ModelState
@@ -24,9 +24,8 @@ class FakeScheduler(Scheduler):
 
     instances: list["FakeScheduler"] = []
 
-    def __init__(self, spec: VersionSpec, stats: VersionStatistics) -> None:
-        self.spec = spec
-        self._stats = stats
+    def __init__(self, spec: VersionSpec, stats: VersionStatistics, **_: object) -> None:
+        super().__init__(spec, stats)
         tag_file = spec.version_dir / "tag"
         self.tag = tag_file.read_text() if tag_file.exists() else "untagged"
         self.hold = False
@@ -35,10 +34,6 @@ class FakeScheduler(Scheduler):
         self.stopped = False
         self.submitted = 0
         FakeScheduler.instances.append(self)
-
-    @property
-    def statistics(self) -> VersionStatistics:
-        return self._stats
 
     async def start(self) -> None:
         if (self.spec.version_dir / "fail").exists():
@@ -53,6 +48,10 @@ class FakeScheduler(Scheduler):
             Tensor("TAG", "BYTES", (1,), np.array([self.tag.encode()], dtype=object))])
 
     def submit(self, request: InferRequest) -> asyncio.Future:
+        """No validation: these tests are about loading and swapping, not requests."""
+        return self._admit(request)
+
+    def _admit(self, request: InferRequest) -> asyncio.Future:
         if not self.accepting:
             raise Unavailable(f"'{self.spec.name}' version {self.spec.version} is not at ready state")
         self.submitted += 1
@@ -120,8 +119,8 @@ def manager_for(repo: Path, **settings) -> tuple[ModelManager, ModelRegistry, Ho
     registry = ModelRegistry()
     hooks = Hooks()
     manager = ModelManager(ManagerSettings([repo], auto_complete=False, drain_timeout=5.0,
-                                           **settings), registry, hooks)  # type: ignore[arg-type]
-    manager.create_scheduler = FakeScheduler  # type: ignore[assignment]
+                                           **settings), registry, hooks,  # type: ignore[arg-type]
+                           scheduler_factory=FakeScheduler)
     return manager, registry, hooks
 
 
@@ -338,3 +337,19 @@ async def test_shutdown_retires_everything_and_refuses_new_loads(repo: Path) -> 
 @pytest.fixture(autouse=True)
 def _forget_instances() -> None:
     FakeScheduler.instances.clear()
+
+
+async def test_labels_are_read_when_a_copy_loads_and_again_on_reload(repo: Path) -> None:
+    manager, registry, _ = manager_for(repo)
+    model_dir = model(repo)
+    config = (model_dir / "config.pbtxt").read_text()
+    (model_dir / "config.pbtxt").write_text(
+        config.replace('"OUTPUT0"', '"OUTPUT0" label_filename: "labels.txt"'))
+    (model_dir / "labels.txt").write_text("cat\ndog\n")
+    await manager.load_model("m")
+    assert registry.resolve("m").labels == {"OUTPUT0": ["cat", "dog"]}
+    (model_dir / "labels.txt").write_text("emu\n")
+    assert registry.resolve("m").labels == {"OUTPUT0": ["cat", "dog"]}  # the loaded copy's
+    (model_dir / "1" / "tag").write_text("b")  # a change, so the reload builds a new copy
+    await manager.load_model("m")
+    assert registry.resolve("m").labels == {"OUTPUT0": ["emu"]}

@@ -1,0 +1,90 @@
+"""The one in-process infer: pick the version, submit, answer with the outputs asked for.
+
+Every caller takes this door: both frontends, ensemble steps, and later BLS calls from Python
+models and shadow traffic. It is built once in server/app.py and handed to whoever needs it
+(the model manager passes `infer_admitted` to the ensembles it builds), so nothing reaches
+back into the server through a patched attribute.
+
+The path resolves the version (where a traffic policy will pick one), keeps count of what is
+in flight so shutdown can wait for it, and submits to that version's scheduler, which validates
+and queues (scheduler/interface.py). Classification and output selection happen here, once the
+answer is back, with the labels the version read when it loaded.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+from protocol.classification import classify
+from protocol.errors import InternalError, server_exiting
+from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from repository.registry import ModelRegistry, VersionRecord
+
+
+class InferencePath:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+        self.exiting = False
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def resolve(self, name: str, version: str = "") -> VersionRecord:
+        """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE."""
+        return self.registry.resolve(name, version)
+
+    async def infer(self, request: InferRequest,
+                    record: Optional[VersionRecord] = None) -> InferResponse:
+        """A request from a client; refused once the server is exiting. `record` is the
+        version when the caller already resolved it (to decode a raw binary body)."""
+        if self.exiting:
+            raise server_exiting()
+        return await self.infer_admitted(request, record)
+
+    async def infer_admitted(self, request: InferRequest,
+                             record: Optional[VersionRecord] = None) -> InferResponse:
+        """`infer` without the exiting check: work on behalf of a request already admitted
+        (an ensemble's steps), which must finish during the drain."""
+        if record is None:
+            record = self.registry.resolve(request.model_name, request.model_version)
+        scheduler = record.scheduler
+        assert scheduler is not None
+        future = scheduler.submit(request)  # validates; raises at once when refused
+        self.inflight += 1
+        self._idle.clear()
+        try:
+            response = await future
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+        return _select_outputs(response, request.outputs, record)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no inference is in flight; False if the timeout passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+def _select_outputs(response: InferResponse, requested: Optional[list[RequestedOutput]],
+                    record: VersionRecord) -> InferResponse:
+    """Keep the outputs asked for, in the order asked, classified where asked."""
+    if requested is None:
+        return response
+    by_name = {t.name: t for t in response.outputs}
+    batching = record.scheduler.rules.max_batch_size > 0  # type: ignore[union-attr]
+    outputs: list[Tensor] = []
+    for wanted in requested:
+        tensor = by_name.get(wanted.name)
+        if tensor is None:
+            raise InternalError(f"model '{response.model_name}' did not produce the requested "
+                                f"output '{wanted.name}'")
+        if wanted.classification > 0:
+            tensor = classify(tensor, wanted.classification, batching,
+                              record.labels.get(wanted.name, []))
+        outputs.append(tensor)
+    response.outputs = outputs
+    return response
