@@ -31,6 +31,7 @@ from backends.base import Backend, BackendError
 from backends.python_process import (Result, WorkerDied, WorkerProcess, WorkerReplyError,
                                      describe_exit)
 from protocol import errors
+from protocol.config_json import config_to_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.model_config_pb2 import ModelConfig
@@ -81,12 +82,6 @@ def _parameter(config: "ModelConfig", key: str, default: float) -> float:
     return default
 
 
-def _config_json(config: "ModelConfig") -> dict:
-    from repository.config import config_to_json  # late: repository imports backends
-
-    return config_to_json(config)
-
-
 class PythonBackend(Backend):
     backend_name = "python"
     default_model_filename = "model.py"
@@ -126,7 +121,7 @@ class PythonBackend(Backend):
             return  # skip a process start for the (common) model without one
         worker = WorkerProcess.spawn()
         try:
-            completed = worker.auto_complete(path, version_dir, _config_json(config),
+            completed = worker.auto_complete(path, version_dir, config_to_json(config),
                                              AUTO_COMPLETE_TIMEOUT_S)
         except (WorkerReplyError, WorkerDied) as exc:
             raise BackendError(f"auto_complete_config of '{path}': {exc}") from None
@@ -175,7 +170,7 @@ class PythonBackend(Backend):
     def _args(self) -> dict[str, str]:
         """The `args` dict Triton's python backend passes to `initialize`."""
         return {
-            "model_config": json.dumps(_config_json(self.config)),
+            "model_config": json.dumps(config_to_json(self.config)),
             "model_instance_kind": self.instance.kind.removeprefix("KIND_"),
             "model_instance_name": self.instance.name,
             "model_instance_device_id": str(self.instance.device_id),

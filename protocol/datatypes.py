@@ -121,13 +121,6 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int, name: str) -> np.n
     return items
 
 
-def raw_byte_size(datatype: DataType, shape: tuple[int, ...]) -> Optional[int]:
-    """Bytes a fixed-size tensor occupies on the wire; None for BYTES."""
-    if datatype.itemsize == 0:
-        return None
-    return element_count(shape) * datatype.itemsize
-
-
 def tensor_from_raw(datatype: DataType, shape: tuple[int, ...], raw: bytes | memoryview,
                     name: str) -> np.ndarray:
     """A zero-copy numpy view over raw little-endian bytes (or a parsed BYTES object array)."""

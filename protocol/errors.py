@@ -6,6 +6,7 @@ HttpCodeFromError and its gRPC status mapping).
 """
 from __future__ import annotations
 
+import logging
 from enum import Enum
 
 
@@ -100,3 +101,24 @@ def as_server_error(exc: BaseException) -> ServerError:
     if isinstance(exc, ServerError):
         return exc
     return InternalError(f"{type(exc).__name__}: {exc}")
+
+
+def client_error(exc: BaseException, logger: logging.Logger, where: str) -> ServerError:
+    """The error a client is answered with for `exc`, for both frontends' one mapping each.
+
+    A ServerError is the answer as it is; anything else is a bug, so it is logged with its
+    traceback on `logger` ("unexpected error in <where>": a path, an RPC) and answered as
+    INTERNAL."""
+    if isinstance(exc, ServerError):
+        return exc
+    logger.error("unexpected error in %s", where, exc_info=exc)
+    return as_server_error(exc)
+
+
+SERVER_EXITING = "Server exiting"
+
+
+def server_exiting() -> Unavailable:
+    """What a request refused during shutdown gets (HTTP 503, gRPC UNAVAILABLE), built here so
+    health, infer and open streams word it alike on both protocols."""
+    return Unavailable(SERVER_EXITING)

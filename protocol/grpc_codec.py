@@ -8,17 +8,16 @@ against the model config belong to scheduler/validation.py. Nothing here imports
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
 from protocol import datatypes
 from protocol import grpc_service_pb2 as pb
 from protocol.errors import InvalidArgument
-from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
-
-if TYPE_CHECKING:  # pragma: no cover
-    from scheduler.stats import Duration, VersionStatistics
+from protocol.types import (DurationSnapshot, IndexEntry, InferRequest, InferResponse,
+                            ModelMetadata, RequestedOutput, StatisticsSnapshot, Tensor,
+                            TensorMetadata)
 
 # Request parameters Triton reads itself, with the InferParameter kinds it accepts for each.
 _TYPED_PARAMETERS: dict[str, tuple[str, ...]] = {
@@ -231,39 +230,18 @@ def stream_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:
 
 
 # ----- metadata, config, index --------------------------------------------------------------
-class TensorMetadataLike(Protocol):
-    name: str
-    datatype: str
-    shape: list[int]
-
-
-class ModelMetadataLike(Protocol):
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: Sequence[TensorMetadataLike]
-    outputs: Sequence[TensorMetadataLike]
-
-
-class IndexEntryLike(Protocol):
-    name: str
-    version: str
-    state: str
-    reason: str
-
-
 def encode_server_metadata(metadata: Mapping[str, Any]) -> pb.ServerMetadataResponse:
     return pb.ServerMetadataResponse(name=metadata["name"], version=metadata["version"],
                                      extensions=list(metadata["extensions"]))
 
 
-def _tensor_metadata(items: Sequence[TensorMetadataLike]
+def _tensor_metadata(items: Sequence[TensorMetadata]
                      ) -> list[pb.ModelMetadataResponse.TensorMetadata]:
     return [pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype,
                                                     shape=list(t.shape)) for t in items]
 
 
-def encode_model_metadata(meta: ModelMetadataLike) -> pb.ModelMetadataResponse:
+def encode_model_metadata(meta: ModelMetadata) -> pb.ModelMetadataResponse:
     return pb.ModelMetadataResponse(name=meta.name, versions=list(meta.versions),
                                     platform=meta.platform, inputs=_tensor_metadata(meta.inputs),
                                     outputs=_tensor_metadata(meta.outputs))
@@ -275,7 +253,7 @@ def encode_model_config(config: Any) -> pb.ModelConfigResponse:
     return pb.ModelConfigResponse(config=config)
 
 
-def encode_repository_index(entries: Iterable[IndexEntryLike]) -> pb.RepositoryIndexResponse:
+def encode_repository_index(entries: Iterable[IndexEntry]) -> pb.RepositoryIndexResponse:
     """Missing version/state/reason are "" on gRPC, as in Triton."""
     return pb.RepositoryIndexResponse(models=[
         pb.RepositoryIndexResponse.ModelIndex(name=e.name, version=e.version, state=e.state,
@@ -283,40 +261,39 @@ def encode_repository_index(entries: Iterable[IndexEntryLike]) -> pb.RepositoryI
 
 
 # ----- statistics ---------------------------------------------------------------------------
-def _duration(duration: "Duration") -> pb.StatisticDuration:
+def _duration(duration: DurationSnapshot) -> pb.StatisticDuration:
     return pb.StatisticDuration(count=duration.count, ns=duration.ns)
 
 
-def encode_statistics(stats: "VersionStatistics") -> pb.ModelStatistics:
-    """One version's statistics with the same fields as the HTTP JSON (server/http.py
-    stats_json), read under the statistics lock so the counts agree with each other."""
-    with stats._lock:
-        return pb.ModelStatistics(
-            name=stats.name,
-            version=stats.version,
-            last_inference=stats.last_inference_ms,
-            inference_count=stats.inference_count,
-            execution_count=stats.execution_count,
-            inference_stats=pb.InferStatistics(
-                success=_duration(stats.success),
-                fail=_duration(stats.fail),
-                queue=_duration(stats.queue),
-                compute_input=_duration(stats.compute_input),
-                compute_infer=_duration(stats.compute_infer),
-                compute_output=_duration(stats.compute_output),
-                cache_hit=_duration(stats.cache_hit),
-                cache_miss=_duration(stats.cache_miss),
-            ),
-            batch_stats=[
-                pb.InferBatchStatistics(batch_size=size,
-                                        compute_input=_duration(b.compute_input),
-                                        compute_infer=_duration(b.compute_infer),
-                                        compute_output=_duration(b.compute_output))
-                for size, b in sorted(stats.batch_stats.items())],
-        )
+def encode_statistics(stats: StatisticsSnapshot) -> pb.ModelStatistics:
+    """One version's statistics with the same fields as the HTTP JSON (protocol/rest_encode.py
+    encode_statistics), from one snapshot so the counts agree with each other."""
+    return pb.ModelStatistics(
+        name=stats.name,
+        version=stats.version,
+        last_inference=stats.last_inference_ms,
+        inference_count=stats.inference_count,
+        execution_count=stats.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(stats.success),
+            fail=_duration(stats.fail),
+            queue=_duration(stats.queue),
+            compute_input=_duration(stats.compute_input),
+            compute_infer=_duration(stats.compute_infer),
+            compute_output=_duration(stats.compute_output),
+            cache_hit=_duration(stats.cache_hit),
+            cache_miss=_duration(stats.cache_miss),
+        ),
+        batch_stats=[
+            pb.InferBatchStatistics(batch_size=b.batch_size,
+                                    compute_input=_duration(b.compute_input),
+                                    compute_infer=_duration(b.compute_infer),
+                                    compute_output=_duration(b.compute_output))
+            for b in stats.batch_stats],
+    )
 
 
-def encode_statistics_response(items: Iterable["VersionStatistics"]
+def encode_statistics_response(items: Iterable[StatisticsSnapshot]
                                ) -> pb.ModelStatisticsResponse:
     return pb.ModelStatisticsResponse(model_stats=[encode_statistics(s) for s in items])
 

@@ -1,11 +1,10 @@
-"""The one internal request/response type. Each frontend converts into it exactly once.
+"""The internal types the frontends convert into and out of, each exactly once.
 
 Tensors hold numpy arrays: fixed-size dtypes are usually zero-copy views over the wire buffer,
 BYTES tensors are object arrays of `bytes`.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -49,14 +48,12 @@ class InferRequest:
     # None means "every output of the model".
     outputs: Optional[list[RequestedOutput]] = None
     parameters: dict[str, Any] = field(default_factory=dict)
-    # Filled by validation (scheduler/validation.py) once the model config is known.
+    # Filled when a scheduler admits it (scheduler/validation.py, scheduler/policy.py).
     batch_size: int = 0
     priority: int = 0
     timeout_us: int = 0
     # Monotonic nanoseconds at which the frontend finished decoding it.
     arrival_ns: int = field(default_factory=time.monotonic_ns)
-    # Set by the scheduler when the request is admitted; the caller awaits it.
-    future: Optional[asyncio.Future] = None
 
     def input(self, name: str) -> Optional[Tensor]:
         for tensor in self.inputs:
@@ -74,3 +71,76 @@ class InferResponse:
     id: str = ""
     outputs: list[Tensor] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+# ----- what the core answers besides inference (both codecs encode these) ------------------
+
+@dataclass(frozen=True)
+class TensorMetadata:
+    """One input or output of a model as metadata shows it (wire datatype, -1 for any size)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """A model's metadata: the versions it serves and its tensors."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One row of the repository index; "" where Triton leaves a field out."""
+
+    name: str
+    version: str = ""
+    state: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DurationSnapshot:
+    """A statistics duration: how many times, and their total nanoseconds."""
+
+    count: int = 0
+    ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatisticsSnapshot:
+    """The compute durations of the executions of one batch size."""
+
+    batch_size: int
+    compute_input: DurationSnapshot = DurationSnapshot()
+    compute_infer: DurationSnapshot = DurationSnapshot()
+    compute_output: DurationSnapshot = DurationSnapshot()
+
+
+@dataclass(frozen=True, slots=True)
+class StatisticsSnapshot:
+    """One version's statistics copied at one instant (scheduler/stats.py builds it under its
+    lock), so the counts agree with each other and the codecs never see the live counters."""
+
+    name: str
+    version: str
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: DurationSnapshot = DurationSnapshot()
+    fail: DurationSnapshot = DurationSnapshot()
+    queue: DurationSnapshot = DurationSnapshot()
+    compute_input: DurationSnapshot = DurationSnapshot()
+    compute_infer: DurationSnapshot = DurationSnapshot()
+    compute_output: DurationSnapshot = DurationSnapshot()
+    cache_hit: DurationSnapshot = DurationSnapshot()
+    cache_miss: DurationSnapshot = DurationSnapshot()
+    # Ordered by batch size.
+    batch_stats: tuple[BatchStatisticsSnapshot, ...] = ()
+    pending: int = 0

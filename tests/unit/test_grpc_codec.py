@@ -12,7 +12,7 @@ from protocol import grpc_codec as codec
 from protocol import grpc_service_pb2 as pb
 from protocol.errors import InvalidArgument
 from protocol.model_config_pb2 import ModelConfig
-from protocol.types import InferResponse, Tensor
+from protocol.types import IndexEntry, InferResponse, ModelMetadata, Tensor, TensorMetadata
 from scheduler.stats import VersionStatistics
 
 
@@ -272,7 +272,7 @@ def test_statistics_fields() -> None:
     stats.record_failure("CANCELED", 5)
     stats.record_execution(4, 20, 30, 40)
     stats.record_execution(1, 2, 3, 4)
-    message = codec.encode_statistics_response([stats]).model_stats[0]
+    message = codec.encode_statistics_response([stats.snapshot()]).model_stats[0]
     assert (message.name, message.version, message.inference_count,
             message.execution_count) == ("m", "1", 5, 2)
     assert message.last_inference > 0
@@ -287,16 +287,18 @@ def test_statistics_fields() -> None:
 
 
 def test_statistics_match_the_http_json() -> None:
-    http = pytest.importorskip("server.http", reason="the HTTP frontend is not importable yet")
     from google.protobuf import json_format
+
+    from protocol import rest_encode
 
     stats = VersionStatistics("m", "1")
     stats.record_success(100, 10, 20, 30, 40)
     stats.record_execution(2, 20, 30, 40)
-    grpc_json = json_format.MessageToDict(codec.encode_statistics(stats),
+    snapshot = stats.snapshot()
+    grpc_json = json_format.MessageToDict(codec.encode_statistics(snapshot),
                                           preserving_proto_field_name=True,
                                           always_print_fields_with_no_presence=True)
-    http_json = http.stats_json(stats)
+    http_json = rest_encode.encode_statistics(snapshot)
     assert set(grpc_json) == set(http_json)
     assert set(grpc_json["inference_stats"]) == set(http_json["inference_stats"])
     assert int(grpc_json["inference_stats"]["success"]["ns"]) == \
@@ -304,29 +306,7 @@ def test_statistics_match_the_http_json() -> None:
 
 
 def test_metadata_index_config_and_server_metadata() -> None:
-    from dataclasses import dataclass
-
-    @dataclass
-    class T:
-        name: str
-        datatype: str
-        shape: list
-
-    @dataclass
-    class Meta:
-        name: str
-        versions: list
-        platform: str
-        inputs: list
-        outputs: list
-
-    @dataclass
-    class Entry:
-        name: str
-        version: str = ""
-        state: str = ""
-        reason: str = ""
-
+    T, Meta, Entry = TensorMetadata, ModelMetadata, IndexEntry
     meta = codec.encode_model_metadata(Meta("m", ["1", "2"], "onnxruntime_onnx",
                                             [T("I", "FP32", [-1, 3])], [T("O", "BYTES", [-1])]))
     assert (meta.name, list(meta.versions), meta.platform) == ("m", ["1", "2"], "onnxruntime_onnx")

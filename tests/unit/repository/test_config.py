@@ -1,4 +1,5 @@
-"""config.pbtxt parsing, Triton's normalisation and ONNX auto-complete, and the /config JSON."""
+"""config.pbtxt parsing, Triton's normalisation and ONNX auto-complete, seen through the /config
+JSON (protocol/config_json.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from examples.build_repository import build_simple, make_simple_model
-from repository.config import ConfigError, config_to_json, normalize, parse_config_text, read_config
+from protocol.config_json import config_to_json
+from repository.config import ConfigError, normalize, parse_config_text, read_config
 
 
 def _versions(model_dir: Path) -> list[Path]:
