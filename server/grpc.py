@@ -19,11 +19,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protocol import grpc_codec as codec
 from protocol import grpc_service_pb2 as pb
-from protocol.errors import (InvalidArgument, NotFound, ServerError, Unavailable, Unsupported,
-                             as_server_error)
+from protocol.errors import NotFound, ServerError, Unsupported, client_error, server_exiting
 from protocol.grpc_service_pb2_grpc import (GRPCInferenceServiceServicer,
                                             add_GRPCInferenceServiceServicer_to_server)
 from server.core import InferenceCore
+from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,15 @@ _NO_SHM = "shared memory is not supported by this server"
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServerError) -> NoReturn:
-    """End the RPC with the status the one error table gives, and the error's message."""
+    """End the RPC with the status the one error table gives, and the error's message: the one
+    gRPC mapping of errors, for unary RPCs and streams alike (see `rpc_error`)."""
     await context.abort(grpc.StatusCode[error.grpc_status_name()], error.message)
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+def rpc_error(exc: Exception, where: str) -> ServerError:
+    """The error an RPC (or one streamed request) answers with; unexpected ones are logged."""
+    return client_error(exc, log, where)
 
 
 Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -53,11 +59,8 @@ def guarded(handler: Unary) -> Unary:
             return await handler(self, request, context)
         except grpc.aio.AbortError:
             raise
-        except ServerError as exc:
-            error = exc
         except Exception as exc:  # noqa: BLE001 - never let a request take the server down
-            log.exception("unexpected error in %s", handler.__name__)
-            error = as_server_error(exc)
+            error = rpc_error(exc, handler.__name__)
         await abort(context, error)
 
     return rpc
@@ -66,104 +69,6 @@ def guarded(handler: Unary) -> Unary:
 def _no_repository_name(repository_name: str) -> None:
     if repository_name:
         raise Unsupported("'repository_name' specification is not supported")
-
-
-# ----- trace and log settings ---------------------------------------------------------------
-TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
-TRACE_DEFAULTS: dict[str, list[str]] = {
-    "trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"],
-    "log_frequency": ["0"], "trace_file": [""], "trace_mode": ["triton"],
-}
-
-
-class TraceSettings:
-    """Triton's trace settings, global and per model. Tracing itself is not implemented, so a
-    level other than OFF is refused rather than silently accepted."""
-
-    def __init__(self) -> None:
-        self.global_settings = {k: list(v) for k, v in TRACE_DEFAULTS.items()}
-        self.models: dict[str, dict[str, list[str]]] = {}
-
-    def current(self, model: str = "") -> dict[str, list[str]]:
-        return {**self.global_settings, **self.models.get(model, {})} if model else \
-            dict(self.global_settings)
-
-    def update(self, changes: dict[str, Optional[list[str]]], model: str = "") -> None:
-        for key, values in changes.items():
-            if values is not None:
-                _check_trace_value(key, values)
-        target = self.models.setdefault(model, {}) if model else self.global_settings
-        for key, values in changes.items():
-            if values is not None:
-                target[key] = values
-            elif model:
-                target.pop(key, None)
-            else:
-                target[key] = list(TRACE_DEFAULTS[key])
-
-
-def _check_trace_value(key: str, values: list[str]) -> None:
-    if key not in TRACE_DEFAULTS:
-        raise InvalidArgument(f"unknown trace setting '{key}'")
-    if key == "trace_level":
-        unknown = [v for v in values if v not in TRACE_LEVELS]
-        if unknown:
-            raise InvalidArgument(f"invalid trace_level {unknown}: expected {list(TRACE_LEVELS)}")
-        if any(v != "OFF" for v in values):
-            raise Unsupported("tracing is not supported by this server; trace_level can only "
-                              "be OFF")
-        return
-    if len(values) != 1:
-        raise InvalidArgument(f"trace setting '{key}' takes exactly one value")
-    if key in ("trace_rate", "trace_count", "log_frequency"):
-        text = values[0]
-        if not text.lstrip("-").isdigit() or int(text) < (-1 if key == "trace_count" else 0):
-            raise InvalidArgument(f"invalid value '{text}' for trace setting '{key}'")
-
-
-class LogSettings:
-    """Triton's log settings; changes apply to this process's Python logging."""
-
-    FORMATS = ("default", "ISO8601")
-
-    def __init__(self, verbose: int) -> None:
-        self.values: dict[str, Any] = {
-            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
-            "log_verbose_level": verbose, "log_format": "default",
-        }
-
-    def update(self, changes: dict[str, Any]) -> None:
-        for key, value in changes.items():
-            self._check(key, value)
-        self.values.update(changes)
-        logging.getLogger().setLevel(self._level())
-
-    def _check(self, key: str, value: Any) -> None:
-        if key not in self.values:
-            raise InvalidArgument(f"unknown log setting '{key}'")
-        if key == "log_file":
-            if value != self.values["log_file"]:
-                raise Unsupported("log file location can not be updated through network "
-                                  "protocol")
-        elif key == "log_verbose_level":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgument("log_verbose_level must be a non-negative integer")
-        elif key == "log_format":
-            if value not in self.FORMATS:
-                raise InvalidArgument(f"invalid log_format '{value}': expected one of "
-                                      f"{list(self.FORMATS)}")
-        elif not isinstance(value, bool):
-            raise InvalidArgument(f"log setting '{key}' must be a boolean")
-
-    def _level(self) -> int:
-        v = self.values
-        if v["log_verbose_level"] > 0:
-            return logging.DEBUG
-        if v["log_info"]:
-            return logging.INFO
-        if v["log_warning"]:
-            return logging.WARNING
-        return logging.ERROR if v["log_error"] else logging.CRITICAL
 
 
 # ----- streaming ----------------------------------------------------------------------------
@@ -209,7 +114,7 @@ class InferStream:
     async def responses(self, requests: AsyncIterator[pb.ModelInferRequest]
                         ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         if self.closing:  # the call arrived while the server was closing
-            await abort(self.context, Unavailable("Server exiting"))
+            await abort(self.context, server_exiting())
         self.reader = asyncio.create_task(self._read(requests))
         self.reader.add_done_callback(lambda _: self._end_when_settled())
         try:
@@ -223,7 +128,7 @@ class InferStream:
         finally:
             self._cancel_all()
         if self.cut_short:
-            await abort(self.context, Unavailable("Server exiting"))
+            await abort(self.context, server_exiting())
 
     def close(self) -> None:
         """Server shutdown: read no more requests, answer those in flight, then end."""
@@ -257,11 +162,8 @@ class InferStream:
     async def _answer(self, message: pb.ModelInferRequest) -> None:
         try:
             item: Any = codec.stream_response(await _infer(self.core, message))
-        except ServerError as exc:
-            item = _Failure(exc, message.id)
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
-            log.exception("unexpected error in a streamed inference")
-            item = _Failure(as_server_error(exc), message.id)
+            item = _Failure(rpc_error(exc, "a streamed inference"), message.id)
         self.outbox.put_nowait(item)
 
     def _cancel_all(self) -> None:
@@ -274,10 +176,10 @@ class InferStream:
 
 # ----- the inference service ----------------------------------------------------------------
 class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, core: InferenceCore, settings: ServerSettings) -> None:
+    def __init__(self, core: InferenceCore, runtime: RuntimeSettings) -> None:
         self.core = core
-        self.trace = TraceSettings()
-        self.logging = LogSettings(settings.log_verbose)
+        self.trace = runtime.trace
+        self.logging = runtime.log
         self.streams: set[InferStream] = set()
         self.closing = False
 
@@ -291,7 +193,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     def _not_exiting(self) -> None:
         """While shutting down, health answers UNAVAILABLE "Server exiting", as over HTTP."""
         if self.core.exiting:
-            raise Unavailable("Server exiting")
+            raise server_exiting()
 
     @guarded
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -497,10 +399,11 @@ class GrpcFrontend:
     streams once their in-flight requests are answered), so shutdown need not wait the whole
     grace period for clients that never hang up."""
 
-    def __init__(self, core: InferenceCore, settings: ServerSettings) -> None:
+    def __init__(self, core: InferenceCore, settings: ServerSettings,
+                 runtime: RuntimeSettings) -> None:
         self.settings = settings
         self.server = grpc.aio.server(options=server_options(settings))
-        self.inference = InferenceServicer(core, settings)
+        self.inference = InferenceServicer(core, runtime)
         self.health = HealthServicer(core)
         add_GRPCInferenceServiceServicer_to_server(self.inference, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -522,8 +425,9 @@ class GrpcFrontend:
         await self.server.stop(grace)
 
 
-async def start_grpc_server(core: InferenceCore, settings: ServerSettings) -> GrpcFrontend:
+async def start_grpc_server(core: InferenceCore, settings: ServerSettings,
+                            runtime: RuntimeSettings) -> GrpcFrontend:
     """Bind and start the gRPC listener (raising OSError when the address cannot be bound)."""
-    frontend = GrpcFrontend(core, settings)
+    frontend = GrpcFrontend(core, settings, runtime)
     await frontend.start()
     return frontend

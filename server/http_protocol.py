@@ -26,9 +26,9 @@ from uvicorn.protocols.http.httptools_impl import (STATUS_LINE, HttpToolsProtoco
                                                     RequestResponseCycle)
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from protocol import rest_codec
-from protocol.errors import Cancelled, ServerError, as_server_error
-from server.http import error_headers
+from protocol.errors import Cancelled
+from server.http import JSON, http_error
+from server.http_body import BodyBuffer
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,8 @@ class InferHttpProtocol(HttpToolsProtocol):
         except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
             if cycle.disconnected:
                 return
-            error = exc if isinstance(exc, ServerError) else as_server_error(exc)
-            if not isinstance(exc, ServerError):
-                log.exception("unexpected error on %s", cycle.scope["path"])
-            payload = rest_codec.encode_error(error.message)
-            extra, media_type = error_headers(error), "application/json"
-            status = error.http_status()
+            status, extra, payload = http_error(exc, cycle.scope["path"])
+            media_type = JSON
             if cycle.more_body:  # refused before the whole body came: do not read the rest
                 cycle.keep_alive = False
         finally:
@@ -121,28 +117,25 @@ class InferHttpProtocol(HttpToolsProtocol):
 
         A small request arrives with its headers, so the usual case awaits nothing. Large ones
         are taken chunk by chunk (no copy: each chunk is uvicorn's own buffer), refused once
-        they pass --http-max-input-size.
+        they pass --http-max-input-size (the frontend's BodyLimit, as on the routed path).
         """
-        limit = self.frontend.check_declared_length(headers)
+        limit = self.frontend.body_limit
+        limit.check_declared(headers)
         if cycle.waiting_for_100_continue and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             cycle.waiting_for_100_continue = False
         if not cycle.more_body:
             body = cycle.body
             cycle.body = bytearray()
-            if len(body) > limit:
-                raise self.frontend.too_large()
+            if len(body) > limit.max_bytes:  # limit.check, inlined: this is every small request
+                raise limit.too_large()
             return body
-        parts: list[bytearray] = []
-        total = 0
+        buffer = BodyBuffer(limit)
         while True:
             chunk = cycle.body
             if chunk:
                 cycle.body = bytearray()
-                total += len(chunk)
-                if total > limit:
-                    raise self.frontend.too_large()
-                parts.append(chunk)
+                buffer.add(chunk)
             if cycle.disconnected:
                 raise Cancelled("the client disconnected before sending the whole request")
             if not cycle.more_body:
@@ -150,9 +143,7 @@ class InferHttpProtocol(HttpToolsProtocol):
             cycle.flow.resume_reading()
             await cycle.message_event.wait()
             cycle.message_event.clear()
-        if not parts:
-            return b""
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return buffer.join()
 
     async def _respond(self, cycle: RequestResponseCycle, status: int, media_type: str,
                        payload: bytes, extra: Mapping[str, str]) -> None:

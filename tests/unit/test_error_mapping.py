@@ -1,0 +1,49 @@
+"""One mapping of errors per protocol: server/http.py `http_error` (routed endpoints and the
+direct infer path) and server/grpc.py `abort`/`rpc_error` (unary RPCs and streams)."""
+from __future__ import annotations
+
+import logging
+
+import orjson
+import pytest
+
+from protocol import compression
+from protocol.errors import (InternalError, NotFound, Unavailable, Unsupported, server_exiting)
+from server.grpc import rpc_error
+from server.http import error_response, http_error
+
+
+def test_server_errors_map_through_the_table_without_logging(caplog: pytest.LogCaptureFixture
+                                                              ) -> None:
+    status, headers, body = http_error(NotFound("no model 'x'"), "/v2/models/x/infer")
+    assert (status, headers, orjson.loads(body)) == (404, {}, {"error": "no model 'x'"})
+    assert rpc_error(NotFound("no model 'x'"), "ModelInfer").message == "no model 'x'"
+    assert not caplog.records
+
+
+def test_an_unknown_encoding_says_which_ones_work() -> None:
+    status, headers, _ = http_error(Unsupported("unsupported compression 'br'"), "/")
+    assert status == 501 and headers == {"Accept-Encoding": compression.ACCEPT_ENCODING}
+
+
+def test_unexpected_exceptions_are_logged_and_internal(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR):
+        status, headers, body = http_error(ValueError("boom"), "/v2/models/m/infer")
+        error = rpc_error(KeyError("k"), "ModelInfer")
+    assert (status, orjson.loads(body)) == (500, {"error": "ValueError: boom"})
+    assert isinstance(error, InternalError) and error.message == "KeyError: 'k'"
+    assert [r.exc_info is not None for r in caplog.records] == [True, True]
+    assert "/v2/models/m/infer" in caplog.records[0].getMessage()
+
+
+def test_the_asgi_response_carries_the_same_answer() -> None:
+    response = error_response(Unsupported("unsupported compression 'br'"))
+    assert response.status_code == 501
+    assert response.headers["accept-encoding"] == compression.ACCEPT_ENCODING
+    assert response.headers["content-type"] == "application/json"
+
+
+def test_server_exiting_is_built_in_one_place() -> None:
+    error = server_exiting()
+    assert isinstance(error, Unavailable) and error.message == "Server exiting"
+    assert (error.http_status(), error.grpc_status_name()) == (503, "UNAVAILABLE")
