@@ -55,11 +55,6 @@ class Backend(ABC):
         self.instance = instance
 
     @classmethod
-    def platform_name(cls) -> str:
-        """What model metadata reports as `platform` when the config names only the backend."""
-        return cls.platforms[0] if cls.platforms else cls.backend_name
-
-    @classmethod
     def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
         """Fill in what the config leaves out (inputs, outputs, max_batch_size) from the model
         file itself. Called before validation unless auto-complete is disabled."""

@@ -3,7 +3,7 @@ load that the two agree, producing the name-to-tensor binding the backend execut
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable
 
 from backends.base import BackendError
 from npu.om_model import ModelDescription, TensorInfo
@@ -138,11 +138,3 @@ def bind(config: "ModelConfig", info: ModelDescription) -> Binding:
     if not outputs:
         outputs = [(t.name, t) for t in info.outputs]
     return Binding(ordered_inputs, tuple(outputs), batching or info.dynamic)
-
-
-def gears_from_config(config: "ModelConfig") -> Optional[tuple[int, ...]]:
-    """The gears auto-complete recorded, for callers that have a config but no instance."""
-    if GEARS_PARAMETER not in config.parameters:
-        return None
-    raw = config.parameters[GEARS_PARAMETER].string_value
-    return tuple(int(g) for g in raw.split(",") if g.strip())

@@ -163,8 +163,3 @@ def for_each_open_device(read: Callable[[ModuleType, int], T]) -> list[tuple[int
             except Exception as exc:  # telemetry must never break a scrape
                 log.debug("NPU %s telemetry failed: %s", session.device_id, exc)
     return results
-
-
-def open_device_ids() -> list[int]:
-    with _registry_lock:
-        return sorted({s.device_id for s in _sessions})
