@@ -7,7 +7,7 @@ MODELS := examples/models
 PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-test models proto bench clean
+.PHONY: run test install install-dev install-test models proto bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +17,17 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[test]'
+# dev: the build tools (grpcio-tools for `make proto`); test includes them.
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.installed
 
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed-dev $(VENV)/.installed
+
 install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
 install-test: $(VENV)/.installed-test
 
 models: $(VENV)/.installed-test
@@ -43,4 +49,5 @@ bench: $(VENV)/.installed-test models
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache
 
+PROTO_TOOLS := $(VENV)/.installed-dev
 include protocol/proto.mk

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ class Results:
     notes: list[str] = field(default_factory=list)  # load averages, duration, flags
     # simple, concurrency 1, against bench/floor.py: the same stacks answering from memory
     floor: list[Point] = field(default_factory=list)
+    perf_analyzer: str = ""  # its path here; the report writes it as $PERF_ANALYZER
 
     def floor_of(self, protocol: str) -> Optional[Point]:
         return next((p for p in self.floor if p.protocol == protocol and p.ok), None)
@@ -300,6 +302,25 @@ def _model_section(r: Results, models: dict[str, str], title: str, intro: list[s
             *_throughput_table(r, r.points_of(models)), ""]
 
 
+def portable(text: str, perf_analyzer: str = "", root: Path = ROOT) -> str:
+    """`text` without this machine's paths, so reports from different machines diff cleanly:
+    the perf_analyzer binary as `$PERF_ANALYZER`, paths in the checkout relative to its root
+    (the root itself as `.`), and other paths in the home directory under `~`."""
+    if "/" in perf_analyzer:  # a bare name found on PATH is no machine path
+        text = text.replace(perf_analyzer, "$PERF_ANALYZER")
+    text = _replace_prefix(text, str(root), inside="", itself=".")
+    return _replace_prefix(text, str(Path.home()), inside="~/", itself="~")
+
+
+def _replace_prefix(text: str, prefix: str, inside: str, itself: str) -> str:
+    """Paths under `prefix` as `inside` + the rest, `prefix` alone as `itself`; a path that only
+    contains or extends it (/x/work/main, /work/main2 for /work/main) is left alone."""
+    if prefix in ("", "/"):
+        return text
+    pattern = r"(?<![\w.~/-])" + re.escape(prefix) + r"(/|(?![\w.-]))"
+    return re.sub(pattern, lambda m: inside if m.group(1) else itself, text)
+
+
 def render(r: Results) -> str:
     target, reference = r.target_models["on"], r.reference_models["on"]
     out = ["# ascend-serve benchmark results", ""]
@@ -352,4 +373,4 @@ def render(r: Results) -> str:
             *_time_table(r, r.latency + r.served), ""]
     out += ["## Latency: `simple` (INT32 [16] add/sub), batch 1", "",
             *_latency_table(r), ""]
-    return "\n".join(out)
+    return portable("\n".join(out), r.perf_analyzer)

@@ -227,13 +227,15 @@ def main(argv: list[str] | None = None) -> int:
         direct=direct, served=points["served"], latency=points["latency"],
         floor=points["floor"],
         target_models=TARGET_MODELS, reference_models=REFERENCE_MODELS, quick=args.quick,
+        perf_analyzer=perf_analyzer,
         notes=[f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
                f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
                + (" (--quick: smoke run, not numbers)" if args.quick else "")])
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(report.render(results))
     raw_path = args.out_dir / "results.json"
-    raw_path.write_text(json.dumps(dataclasses.asdict(results), indent=1))
+    raw_path.write_text(report.portable(json.dumps(dataclasses.asdict(results), indent=1),
+                                        perf_analyzer))
     progress(f"wrote {results_path} and {raw_path}")
     for line in report.verdicts(results):
         print(line)
