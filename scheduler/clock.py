@@ -1,14 +1,16 @@
 """The scheduler's sense of time, injectable so batching tests are deterministic.
 
 A clock gives monotonic nanoseconds and a way to be called back at a moment on that scale.
-`MonotonicClock` is the real one (event-loop timers); `ManualClock` only moves when a test calls
-`advance()`, so delay and timeout rules can be checked without sleeping.
+`MonotonicClock` is the real one (event-loop timers, and a fine timer thread for moments closer
+than the loop can time); `ManualClock` only moves when a test calls `advance()`, so delay and
+timeout rules can be checked without sleeping.
 """
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
+import threading
 import time
 from typing import Callable, Optional, Protocol
 
@@ -27,23 +29,98 @@ class Clock(Protocol):
         ...
 
 
-# uvloop keeps timers in whole milliseconds and fires a sub-half-millisecond delay at once, so a
-# dispatcher re-arming a 0.3 ms timer would spin until the moment passes. Waiting for at least
-# one tick instead may send a batch up to a millisecond late, never early.
-_MIN_TIMER_S = 0.001
+# uvloop keeps timers in whole milliseconds: it fires a sub-half-millisecond delay at once (a
+# dispatcher re-arming a 0.3 ms timer would spin until the moment passes) and rounds the rest to
+# its cached millisecond clock, so a 100 µs queue delay became 1-2 ms. Moments closer than this
+# go to the fine timer thread instead, which sleeps on a futex with microsecond resolution.
+FINE_TIMER_LIMIT_NS = 2_000_000
+
+
+class _FineTimer:
+    """One moment on the fine timer thread; cancelled from the loop, fired on the loop."""
+
+    __slots__ = ("when_ns", "callback", "loop", "cancelled")
+
+    def __init__(self, when_ns: int, callback: Callable[[], None],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.when_ns = when_ns
+        self.callback = callback
+        self.loop = loop
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        """On the loop: a cancel may have come after the thread posted this."""
+        if not self.cancelled:
+            self.cancelled = True
+            self.callback()
+
+
+class _FineTimerThread:
+    """A daemon thread that posts each timer to its loop (`call_soon_threadsafe`) when due.
+
+    Why a thread: the event loop cannot wait less than a millisecond, and spinning it until a
+    sub-millisecond moment would burn the CPU the frontends need. The thread costs one futex
+    wake per timer; its lateness is the kernel's timer slack plus a wake of the loop (tens of
+    microseconds), not a loop tick."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[int, int, _FineTimer]] = []
+        self._seq = itertools.count()
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, timer: _FineTimer) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (timer.when_ns, next(self._seq), timer))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fine-timer", daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is timer:
+                self._cond.notify()  # earlier than what the thread sleeps for
+
+    def _run(self) -> None:
+        heap = self._heap
+        with self._cond:
+            while True:
+                while heap and heap[0][2].cancelled:
+                    heapq.heappop(heap)
+                if not heap:
+                    self._cond.wait()
+                    continue
+                wait_ns = heap[0][0] - time.monotonic_ns()
+                if wait_ns > 0:
+                    self._cond.wait(wait_ns / 1e9)
+                    continue
+                timer = heapq.heappop(heap)[2]
+                try:
+                    timer.loop.call_soon_threadsafe(timer.fire)
+                except RuntimeError:  # its loop is closed: nobody is left to call
+                    pass
+
+
+_FINE_TIMERS = _FineTimerThread()
 
 
 class MonotonicClock:
-    """time.monotonic_ns and event-loop timers: the clock every server instance uses."""
+    """time.monotonic_ns, and event-loop timers (the fine timer thread for moments under
+    FINE_TIMER_LIMIT_NS away): the clock every server instance uses."""
 
     def now_ns(self) -> int:
         return time.monotonic_ns()
 
     def call_at(self, when_ns: int, callback: Callable[[], None]) -> TimerHandle:
-        delay_s = max(0, when_ns - time.monotonic_ns()) / 1e9
-        if 0 < delay_s < _MIN_TIMER_S:
-            delay_s = _MIN_TIMER_S
-        return asyncio.get_running_loop().call_later(delay_s, callback)
+        loop = asyncio.get_running_loop()
+        delay_ns = when_ns - time.monotonic_ns()
+        if delay_ns <= 0:
+            return loop.call_soon(callback)
+        if delay_ns < FINE_TIMER_LIMIT_NS:
+            timer = _FineTimer(when_ns, callback, loop)
+            _FINE_TIMERS.add(timer)
+            return timer
+        return loop.call_later(delay_ns / 1e9, callback)
 
 
 class _ManualTimer:
