@@ -2,11 +2,18 @@
 
 ONNX Runtime releases the GIL while it runs, so instance threads really do run in parallel.
 Thread counts come from the config `parameters` (intra_op_thread_count, inter_op_thread_count),
-as Triton's onnxruntime backend reads them.
+as Triton's onnxruntime backend reads them; parameters named like ONNX Runtime's own session
+config keys (`session.*`, e.g. `session.intra_op.allow_spinning`) are passed to it as they are.
+
+Defaults suit a server rather than a benchmark of ONNX Runtime alone (bench/FINDINGS.md
+section 9): the intra-op pool gets the CPUs the event loop does not need, shared between the
+model's instances, and its threads do not spin while waiting for work (ONNX Runtime's own
+default, a pool as wide as the machine that spins, took CPU from the frontends and the client).
 """
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -46,14 +53,38 @@ def _import_ort() -> Any:
     return onnxruntime
 
 
+SPINNING_KEY = "session.intra_op.allow_spinning"
+
+
+def default_intra_op_threads(config: "ModelConfig") -> int:
+    """The CPUs this process may use, less one for the event loop, shared between the
+    model's instances; at least one."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    instances = sum(max(1, group.count) for group in config.instance_group) or 1
+    return max(1, (cpus - 1) // instances)
+
+
 def _session_options(config: "ModelConfig") -> Any:
     ort = _import_ort()
     options = ort.SessionOptions()
     params = config.parameters
     if "intra_op_thread_count" in params:
         options.intra_op_num_threads = int(params["intra_op_thread_count"].string_value)
+    else:
+        options.intra_op_num_threads = default_intra_op_threads(config)
     if "inter_op_thread_count" in params:
         options.inter_op_num_threads = int(params["inter_op_thread_count"].string_value)
+    entries = {key: value.string_value for key, value in params.items()
+               if key.startswith("session.")}
+    entries.setdefault(SPINNING_KEY, "0")
+    for key, value in entries.items():
+        try:
+            options.add_session_config_entry(key, value)
+        except Exception as exc:  # noqa: BLE001 - ORT refuses unknown keys or bad values
+            raise BackendError(f"invalid ONNX Runtime session option '{key}': {exc}") from exc
     return options
 
 

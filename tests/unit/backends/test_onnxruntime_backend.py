@@ -50,3 +50,34 @@ def test_a_config_that_does_not_match_the_model_fails_to_load(tmp_path: Path, ol
     with pytest.raises(BackendError) as info:
         backend.load()
     assert message in info.value.message and "'simple'" in info.value.message
+
+
+def _config_with(text: str) -> "ModelConfig":
+    from google.protobuf import text_format
+
+    from protocol.model_config_pb2 import ModelConfig
+
+    return text_format.Parse('name: "m" ' + text, ModelConfig())
+
+
+def test_server_defaults_leave_the_loop_a_cpu_and_do_not_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    from backends import onnxruntime as backend_module
+
+    monkeypatch.setattr(backend_module.os, "sched_getaffinity", lambda pid: set(range(9)))
+    one = backend_module._session_options(_config_with("instance_group [{ count: 1 }]"))
+    assert one.intra_op_num_threads == 8
+    assert one.get_session_config_entry(backend_module.SPINNING_KEY) == "0"
+    four = _config_with("instance_group [{ count: 2 }, { count: 2 }]")
+    assert backend_module._session_options(four).intra_op_num_threads == 2
+    monkeypatch.setattr(backend_module.os, "sched_getaffinity", lambda pid: {0})
+    assert backend_module._session_options(four).intra_op_num_threads == 1
+
+
+def test_config_parameters_override_the_defaults() -> None:
+    from backends import onnxruntime as backend_module
+
+    options = backend_module._session_options(_config_with(
+        'parameters { key: "intra_op_thread_count" value: { string_value: "3" } } '
+        'parameters { key: "session.intra_op.allow_spinning" value: { string_value: "1" } }'))
+    assert options.intra_op_num_threads == 3
+    assert options.get_session_config_entry(backend_module.SPINNING_KEY) == "1"
