@@ -53,37 +53,74 @@ def send_message(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[
         sock.sendall(data)
 
 
-def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """Receive one framed message and any file descriptors sent with it."""
-    header = bytearray()
-    fds: list[int] = []
-    while len(header) < HEADER.size:
+class Receiver:
+    """Reads framed messages from one socket with as few system calls as possible: one
+    `recvmsg` usually brings a whole small message (header and payload), where reading the
+    header and then the payload took two. Bytes read past a message stay for the next one.
+
+    File descriptors come back with the message being read when they arrived; the channel
+    has at most one message in flight per direction (each call waits for its reply), so
+    that is the message they were sent with."""
+
+    CHUNK = 4096  # a small message whole; a bigger read allocates more than it saves
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = bytearray()
+
+    def recv(self) -> tuple[dict[str, Any], list[int]]:
+        buffer = self._buffer
+        fds: list[int] = []
+        while len(buffer) < HEADER.size:
+            self._fill(fds, self.CHUNK)
+        (length,) = HEADER.unpack_from(buffer)
+        end = HEADER.size + length
+        if len(buffer) < end:
+            self._fill_exactly(end - len(buffer))
+        message = pickle.loads(buffer[HEADER.size:end])
+        del buffer[:end]
+        return message, fds
+
+    def _fill(self, fds: list[int], size: int) -> None:
         try:
-            chunk, got_fds, _flags, _addr = socket.recv_fds(sock, HEADER.size - len(header),
-                                                            MAX_FDS)
+            chunk, got_fds, _flags, _addr = socket.recv_fds(self.sock, size, MAX_FDS)
         except OSError as exc:
             if isinstance(exc, TimeoutError):
                 raise
             raise ChannelClosed(str(exc)) from exc
         if not chunk:
             raise ChannelClosed("the other process closed the channel")
-        header += chunk
+        self._buffer += chunk
         fds.extend(got_fds)
-    (length,) = HEADER.unpack(header)
-    payload = bytearray(length)
-    view = memoryview(payload)
-    received = 0
-    while received < length:
+
+    def _fill_exactly(self, missing: int) -> None:
+        """The rest of a large payload, straight into the buffer."""
+        buffer = self._buffer
+        start = len(buffer)
+        buffer.extend(bytes(missing))
+        view = memoryview(buffer)[start:]
+        received = 0
         try:
-            count = sock.recv_into(view[received:])
-        except OSError as exc:
-            if isinstance(exc, TimeoutError):
-                raise
-            raise ChannelClosed(str(exc)) from exc
-        if count == 0:
-            raise ChannelClosed("the other process closed the channel mid-message")
-        received += count
-    return pickle.loads(payload), fds
+            while received < missing:
+                try:
+                    count = self.sock.recv_into(view[received:])
+                except OSError as exc:
+                    if isinstance(exc, TimeoutError):
+                        raise
+                    raise ChannelClosed(str(exc)) from exc
+                if count == 0:
+                    raise ChannelClosed("the other process closed the channel mid-message")
+                received += count
+        finally:
+            view.release()
+            if received < missing:
+                del buffer[start + received:]
+
+
+def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """Receive one framed message (and its file descriptors) when no other message follows
+    it on the socket yet; a channel carrying several uses one `Receiver`."""
+    return Receiver(sock).recv()
 
 
 # ----- shared-memory arenas -----------------------------------------------------------------

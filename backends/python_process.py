@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from backends.python_ipc import ArenaReader, ArenaWriter, ChannelClosed, recv_message, send_message
+from backends.python_ipc import ArenaReader, ArenaWriter, ChannelClosed, Receiver, send_message
 
 # The folder holding the `backends` package and the pb_utils module, for the worker's sys.path.
 _ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +68,8 @@ class WorkerProcess:
     def __init__(self, process: subprocess.Popen, sock: socket.socket) -> None:
         self.process = process
         self._sock = sock
+        self._receiver = Receiver(sock)
+        self._timeout: Optional[float] = None  # the socket's, set only when a call changes it
         self._inputs = ArenaWriter()
         self._outputs = ArenaReader()
         # Held for a whole call, so close() (from the supervisor) never pulls the socket out
@@ -103,10 +105,12 @@ class WorkerProcess:
             with self._call_lock:
                 if self._closed or self.process.poll() is not None:
                     raise ChannelClosed("closed")
-                self._sock.settimeout(timeout)
+                if timeout != self._timeout:  # two fcntl calls: not on every execute
+                    self._sock.settimeout(timeout)
+                    self._timeout = timeout
                 send_message(self._sock, message, fds)
                 sent = True
-                return recv_message(self._sock)
+                return self._receiver.recv()
         except TimeoutError:
             self.kill()
             raise WorkerDied(f"did not answer '{message.get('op')}' within {timeout:g} s") \

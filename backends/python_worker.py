@@ -23,7 +23,7 @@ import numpy as np
 
 import triton_python_backend_utils as pb_utils
 from backends.python_ipc import (ArenaReader, ArenaWriter, ChannelClosed, TensorRef,
-                                 recv_message, send_message)
+                                 Receiver, send_message)
 
 MODEL_MODULE = "model"
 
@@ -53,6 +53,7 @@ class WorkerLoop:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.receiver = Receiver(sock)
         self.inputs = ArenaReader()
         self.outputs = ArenaWriter()
         self.model: Any = None
@@ -62,7 +63,7 @@ class WorkerLoop:
     def serve(self) -> int:
         while True:
             try:
-                message, fds = recv_message(self.sock)
+                message, fds = self.receiver.recv()
             except ChannelClosed:
                 return 0  # the server went away: nothing left to answer
             op = message.get("op")

@@ -8,8 +8,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from backends.python_ipc import (ArenaReader, ArenaWriter, ChannelClosed, recv_message,
-                                 send_message)
+from backends.python_ipc import (ArenaReader, ArenaWriter, ChannelClosed, Receiver,
+                                 recv_message, send_message)
 
 
 @pytest.fixture
@@ -24,10 +24,13 @@ def test_messages_keep_their_boundaries(pair: tuple[socket.socket, socket.socket
     left, right = pair
     send_message(left, {"op": "a", "n": 1})
     send_message(left, {"op": "b", "blob": b"x" * 100_000})
-    first, fds = recv_message(right)
+    send_message(left, {"op": "c"})
+    receiver = Receiver(right)  # one read may bring the start of the next message along
+    first, fds = receiver.recv()
     assert first == {"op": "a", "n": 1} and fds == []
-    second, _ = recv_message(right)
+    second, _ = receiver.recv()
     assert second["op"] == "b" and len(second["blob"]) == 100_000
+    assert receiver.recv() == ({"op": "c"}, [])
 
 
 def test_file_descriptors_travel_with_their_message(
@@ -37,12 +40,13 @@ def test_file_descriptors_travel_with_their_message(
     try:
         send_message(left, {"op": "fd"}, [write_end])
         send_message(left, {"op": "plain"})
-        message, fds = recv_message(right)
+        receiver = Receiver(right)
+        message, fds = receiver.recv()
         assert message == {"op": "fd"} and len(fds) == 1
         os.write(fds[0], b"hi")
         os.close(fds[0])
         assert os.read(read_end, 2) == b"hi"
-        assert recv_message(right) == ({"op": "plain"}, [])
+        assert receiver.recv() == ({"op": "plain"}, [])
     finally:
         os.close(read_end)
         os.close(write_end)
