@@ -43,7 +43,17 @@ test: $(VENV)/.installed-test
 	fi; \
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+# Triton 2.51 for bench/cpu_side_by_side.py (run by bench/run.py): installed into .venv-triton when
+# missing; if that fails the benchmark still runs and its report says Triton was not measured.
+TRITON_VENV := .venv-triton
+TRITON_WHEEL := nvidia-pytriton==0.7.0
+
 bench: $(VENV)/.installed-test models
+	@if ! ls -d $(TRITON_VENV)/lib/python3*/site-packages/pytriton/tritonserver >/dev/null 2>&1; then \
+		echo "installing $(TRITON_WHEEL) into $(TRITON_VENV) (for the side-by-side with Triton)"; \
+		{ $(PYTHON) -m venv $(TRITON_VENV) && $(TRITON_VENV)/bin/pip install --quiet $(TRITON_WHEEL); } \
+			|| echo "could not install $(TRITON_WHEEL): the report will say Triton was not measured"; \
+	fi
 	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) bench/run.py
 
 clean:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -27,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import httpx
 
@@ -189,13 +190,14 @@ def start_triton(dist: Path, backends: Path, repo: Path, out_dir: Path,
 
 # ----- one measurement -----------------------------------------------------------------------
 def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str,
-            round_no: int, out_dir: Path) -> tuple[Sample, list[str]]:
+            round_no: int, out_dir: Path,
+            flags: Sequence[str] = served.CONVERGE_FLAGS) -> tuple[Sample, list[str]]:
     sample = Sample(server.name, model, protocol, round_no)
     url = server.http if protocol == "http" else server.grpc
     csv_path = out_dir / f"{server.name}-{model}-{protocol}-r{round_no}.csv"
     csv_path.unlink(missing_ok=True)
     command = ["taskset", "-c", str(CLIENT_CPU), perf_analyzer, "-m", model, "-i", protocol,
-               "-u", url, "--concurrency-range", str(CONCURRENCY), *served.CONVERGE_FLAGS,
+               "-u", url, "--concurrency-range", str(CONCURRENCY), *flags,
                "-f", str(csv_path)]
     before_stats = served._model_stats(f"http://{server.http}", model)
     before_cpu = server.tree_cpu()
@@ -214,8 +216,14 @@ def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str,
 
 
 def run(perf_analyzer: str, out_dir: Path, rounds: int = 3, with_triton: bool = True,
-        progress=print) -> SideBySide:  # type: ignore[no-untyped-def]
-    """Every round: ascend-serve (py_add and simple, HTTP and gRPC), then Triton (py_add)."""
+        progress=print,  # type: ignore[no-untyped-def]
+        flags: Sequence[str] = served.CONVERGE_FLAGS) -> SideBySide:
+    """Every round: ascend-serve (py_add and simple, HTTP and gRPC), then Triton (py_add).
+    `commands` holds the first round's command lines without this machine's paths."""
+
+    def portable(command: list[str]) -> str:
+        return bench_report.portable(shlex.join(command), perf_analyzer)
+
     result = SideBySide()
     if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:
         result.triton = "not measured: needs 2 CPUs (server on one, perf_analyzer on the other)"
@@ -247,12 +255,12 @@ def run(perf_analyzer: str, out_dir: Path, rounds: int = 3, with_triton: bool = 
             try:
                 server.wait_ready()
                 if round_no == 1:
-                    result.commands.append(" ".join(server.command))
+                    result.commands.append(portable(server.command))
                 for model, protocol in points:
                     sample, command = measure(perf_analyzer, server, model, protocol, round_no,
-                                              out_dir)
+                                              out_dir, flags)
                     if round_no == 1:
-                        result.commands.append(" ".join(command))
+                        result.commands.append(portable(command))
                     result.samples.append(sample)
                     progress(f"  round {round_no} {name} {model} {protocol} c{CONCURRENCY}: "
                              + (sample.error or f"{sample.infer_per_sec:,.0f} inf/s, "

@@ -1,4 +1,4 @@
-"""The latency floor: a server that answers `simple` from memory, over the server's own stacks.
+"""The latency floor: a server that answers from memory, over the server's own stacks.
 
 At concurrency 1 the served p50 also holds perf_analyzer's own client work, loopback TCP and the
 frontend stack (uvloop with uvicorn's httptools protocol for HTTP, grpc.aio for gRPC), which no
@@ -6,6 +6,8 @@ server code on top of them can remove. This module serves canned answers, captur
 real server earlier in the same run, over those same stacks; driven by the same perf_analyzer
 flags it measures that floor, so the report can say how much of the latency is the stack's and
 how much is the server's (decode, validation, the hop to the instance thread and back, encode).
+It answers for every model captured (`simple` and the Python model `py_add` in bench/run.py), each
+with its own captured answers and its own statistics counter.
 
 Run as `python -m bench.floor --canned FILE --http-port P --grpc-port Q` (bench/run.py does).
 """
@@ -86,21 +88,30 @@ def _zeros(tensor: dict[str, Any]) -> np.ndarray:
     return np.zeros([1, *tensor["shape"][1:]], dtype=dtypes[tensor["datatype"]])
 
 
-def http_app(canned: dict[str, Any]) -> Any:
-    """An ASGI app that answers every path from memory (the infer POST included)."""
-    model = canned["model"]
-    answers = {f"/v2/models/{model}/infer":
-               (canned["http"]["infer"], [(b"content-type", b"application/octet-stream"),
-                                          (b"inference-header-content-length",
-                                           canned["http"]["infer_header_length"].encode())])}
-    for key, path in (("server", "/v2"), ("metadata", f"/v2/models/{model}"),
-                      ("config", f"/v2/models/{model}/config"),
-                      ("stats", f"/v2/models/{model}/stats")):
-        answers[path] = (canned["http"][key], [(b"content-type", b"application/json")])
+def _models(canned: Any) -> list[dict[str, Any]]:
+    """One capture (a dict) or several (a list of them)."""
+    return list(canned) if isinstance(canned, (list, tuple)) else [canned]
 
-    stats_path = f"/v2/models/{model}/stats"
-    template = json.loads(canned["http"]["stats"])
-    served = [0]
+
+def http_app(canned: Any) -> Any:
+    """An ASGI app that answers every path from memory (the infer POST included)."""
+    models = _models(canned)
+    json_type = [(b"content-type", b"application/json")]
+    answers = {"/v2": (models[0]["http"]["server"], json_type)}
+    stats: dict[str, tuple[dict[str, Any], list[int]]] = {}  # path -> (template, served)
+    counters: dict[str, list[int]] = {}  # infer path -> served
+    for entry in models:
+        model, http = entry["model"], entry["http"]
+        served = [0]
+        counters[f"/v2/models/{model}/infer"] = served
+        stats[f"/v2/models/{model}/stats"] = (json.loads(http["stats"]), served)
+        answers[f"/v2/models/{model}/infer"] = (
+            http["infer"], [(b"content-type", b"application/octet-stream"),
+                            (b"inference-header-content-length",
+                             http["infer_header_length"].encode())])
+        for key, path in (("metadata", f"/v2/models/{model}"),
+                          ("config", f"/v2/models/{model}/config")):
+            answers[path] = (http[key], json_type)
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -108,13 +119,16 @@ def http_app(canned: dict[str, Any]) -> Any:
         while (await receive()).get("more_body"):
             pass
         path = scope["path"]
-        if path == stats_path:
+        if path in stats:
+            template, served = stats[path]
             body = json.dumps(_counted(template, served[0])).encode()
-            headers = [(b"content-type", b"application/json")]
+            headers = json_type
         else:
-            served[0] += path.endswith("/infer")
+            counter = counters.get(path)
+            if counter is not None:
+                counter[0] += 1
             body, headers = answers.get(path, (b"", []))
-        status = 200 if path in answers or path == stats_path else 404
+        status = 200 if path in answers or path in stats else 404
         await send({"type": "http.response.start", "status": status,
                     "headers": [*headers, (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
@@ -141,34 +155,39 @@ def _counted(stats: dict[str, Any], served: int) -> dict[str, Any]:
     return {"model_stats": models}
 
 
-def grpc_servicer(canned: dict[str, Any]) -> service.GRPCInferenceServiceServicer:
-    """A servicer whose every method perf_analyzer uses returns its captured answer (the
-    statistics counting what this server answered)."""
+def grpc_servicer(canned: Any) -> service.GRPCInferenceServiceServicer:
+    """A servicer whose every method perf_analyzer uses returns its captured answer for the
+    model asked about (the statistics counting what this server answered for it)."""
+    models = {c["model"]: c for c in _models(canned)}
+    first = next(iter(models))
     methods = {}
     for name, kind in _GRPC_ANSWERS.items():
-        answer = kind.FromString(canned["grpc"][name])
+        answers = {model: kind.FromString(c["grpc"][name]) for model, c in models.items()}
 
-        async def method(self: Any, request: Any, context: Any, answer: Any = answer) -> Any:
-            return answer
+        async def method(self: Any, request: Any, context: Any, answers: Any = answers) -> Any:
+            return answers.get(getattr(request, "name", ""), answers[first])
 
         methods[name] = method
-    template = json.loads(canned["http"]["stats"])
-    served = [0]
-    infer_answer = pb.ModelInferResponse.FromString(canned["grpc"]["ModelInfer"])
+    templates = {model: json.loads(c["http"]["stats"]) for model, c in models.items()}
+    served = dict.fromkeys(models, 0)
+    infer_answers = {model: pb.ModelInferResponse.FromString(c["grpc"]["ModelInfer"])
+                     for model, c in models.items()}
 
     async def model_infer(self: Any, request: Any, context: Any) -> Any:
-        served[0] += 1
-        return infer_answer
+        model = request.model_name if request.model_name in models else first
+        served[model] += 1
+        return infer_answers[model]
 
     async def model_statistics(self: Any, request: Any, context: Any) -> Any:
-        return json_format.ParseDict(_counted(template, served[0]),
+        model = request.name if request.name in models else first
+        return json_format.ParseDict(_counted(templates[model], served[model]),
                                      pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     methods.update(ModelInfer=model_infer, ModelStatistics=model_statistics)
     return type("CannedServicer", (service.GRPCInferenceServiceServicer,), methods)()
 
 
-async def serve(canned: dict[str, Any], host: str, http_port: int, grpc_port: int) -> None:
+async def serve(canned: Any, host: str, http_port: int, grpc_port: int) -> None:
     import uvicorn
 
     server = grpc.aio.server()

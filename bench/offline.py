@@ -4,10 +4,13 @@ The session is opened on the same model file with the server's own session optio
 (`backends.onnxruntime` reads intra/inter-op thread counts from config.pbtxt), so a served/offline
 ratio compares the server against exactly what it runs, not against a faster configuration.
 Measurements are repeated and the best kept: on a shared, noisy machine the best repetition is the
-closest to what the hardware can do.
+closest to what the hardware can do. A Python model's reference is its `TritonPythonModel.execute`
+called in this process on one request built with the project's `triton_python_backend_utils`.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ class Latency:
     p50_us: float
     p99_us: float
     runs_p50_us: list[float]
+    call: str = "session.run"  # what was timed: "session.run" (ONNX) or "execute" (Python model)
 
 
 def open_session(model_dir: Path, version: str = "1") -> Any:
@@ -108,15 +112,55 @@ def latency(model_dir: Path, batch_size: int = 1, calls: int = 3000,
     is kept (the lowest reference, so the latency the server adds is never understated)."""
     session = open_session(model_dir)
     feeds = random_feeds(session, batch_size)
+    return _timed(lambda: session.run(None, feeds), batch_size, calls, repetitions)
+
+
+def python_latency(model_dir: Path, calls: int = 3000, repetitions: int = 3,
+                   version: str = "1") -> Latency:
+    """p50/p99 of `TritonPythonModel.execute` on one batch-1 request (random inputs shaped by
+    config.pbtxt, built with the project's `triton_python_backend_utils`), called in this
+    process: the Python model's own time, with no server, IPC or worker process around it."""
+    import triton_python_backend_utils as pb_utils
+    from google.protobuf import json_format
+    from protocol.model_config_pb2 import DataType
+
+    config = read_config(model_dir)
+    name = config.name or model_dir.name
+    path = model_dir / version / "model.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_python_model_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TritonPythonModel()
+    if hasattr(model, "initialize"):
+        model.initialize({"model_config": json.dumps(json_format.MessageToDict(
+                              config, preserving_proto_field_name=True)),
+                          "model_name": name, "model_version": version,
+                          "model_repository": str(model_dir), "model_instance_kind": "CPU",
+                          "model_instance_name": f"{name}_0", "model_instance_device_id": "0"})
+    rng = np.random.default_rng(0)
+    tensors = []
+    for tensor in config.input:
+        dtype = pb_utils.triton_string_to_numpy(DataType.Name(tensor.data_type))
+        shape = [1, *tensor.dims] if config.max_batch_size > 0 else list(tensor.dims)
+        tensors.append(pb_utils.Tensor(tensor.name, (rng.standard_normal(shape) * 100)
+                                       .astype(dtype)))
+    request = pb_utils.InferenceRequest(name, tensors, [t.name for t in config.output])
+    result = _timed(lambda: model.execute([request]), 1, calls, repetitions)
+    result.call = "execute"
+    return result
+
+
+def _timed(call: Any, batch_size: int, calls: int, repetitions: int) -> Latency:
     for _ in range(200):
-        session.run(None, feeds)
+        call()
     best: tuple[float, float] | None = None
     p50s = []
     for _ in range(repetitions):
         samples = []
         for _ in range(calls):
             start = time.perf_counter_ns()
-            session.run(None, feeds)
+            call()
             samples.append(time.perf_counter_ns() - start)
         p50 = statistics.median(samples) / 1e3
         p99 = float(np.percentile(samples, 99)) / 1e3

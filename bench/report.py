@@ -2,81 +2,23 @@
 from __future__ import annotations
 
 import os
-import platform
 import re
-import subprocess
-import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
+from bench.machine import load_average, machine_info  # noqa: F401 - bench/run.py uses them
 from bench.offline import Latency, Throughput
 from bench.served import RETRY_FLAGS, Point
 
-# Targets from issue #4 (measured here, never asserted in a unit test).
+# Targets from issues #4 and #12 (measured here, never asserted in a unit test).
 RATIO_TARGET = 0.8  # served/offline throughput, dynamic batching, concurrency 32
 RATIO_CONCURRENCY = 32
-ADDED_P50_TARGET_US = 500.0  # simple, concurrency 1: served p50 - direct ORT p50
+ADDED_P50_TARGET_US = 500.0  # concurrency 1: served p50 - direct p50 (simple, py_add)
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("onnxruntime", "numpy", "uvicorn", "uvloop", "httptools", "fastapi", "orjson",
-            "grpcio", "protobuf", "tritonclient")
-
-
-def _first(path: str, key: str) -> str:
-    """The value of the first `key: value` line of a /proc file."""
-    try:
-        for line in Path(path).read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == key:
-                return value.strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def _command_output(command: list[str]) -> str:
-    try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=ROOT,
-                             check=False)
-        return (run.stdout + run.stderr).strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
-def machine_info(perf_analyzer: str) -> dict[str, str]:
-    def cpu(key: str) -> str:
-        return _first("/proc/cpuinfo", key)
-
-    versions = []
-    for name in PACKAGES:
-        try:
-            versions.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            pass
-    mem_kib = _first("/proc/meminfo", "MemTotal").split()[0]
-    memory = f"{int(mem_kib) / 2**20:.1f} GiB" if mem_kib.isdigit() else "unknown"
-    return {
-        "nproc": f"{os.cpu_count()} (usable by this process: {len(os.sched_getaffinity(0))})",
-        "CPU": f"{cpu('model name')} (family {cpu('cpu family')} model {cpu('model')}, "
-               f"{cpu('cpu MHz')} MHz, cache {cpu('cache size')})",
-        "memory": memory,
-        "OS": f"{platform.system()} {platform.release()}",
-        "Python": f"{platform.python_version()} ({sys.executable})",
-        "packages": ", ".join(versions),
-        "perf_analyzer": f"{_command_output([perf_analyzer, '--version'])} ({perf_analyzer})",
-        "git": _command_output(["git", "describe", "--always", "--dirty"]),
-    }
 
 
 @dataclass
@@ -86,8 +28,8 @@ class Results:
     offline: dict[str, list[Throughput]]  # model file (its model name) -> batch 1..64
     offline_of: dict[str, str]  # served model name -> key in `offline` (same model file)
     direct: Latency  # simple, batch 1, direct session.run
-    served: list[Point]  # every throughput point, target and reference models
-    latency: list[Point]  # simple, concurrency 1
+    served: list[Point]  # every throughput point: target, reference and fast models
+    latency: list[Point]  # concurrency 1: simple, and the Python model (see `directs`)
     target_models: dict[str, str]  # "on"/"off" -> model name: the throughput target's model
     reference_models: dict[str, str]  # "on"/"off" -> model name: the overhead reference
     quick: bool = False  # --quick: a smoke run, not numbers
@@ -95,9 +37,19 @@ class Results:
     # simple, concurrency 1, against bench/floor.py: the same stacks answering from memory
     floor: list[Point] = field(default_factory=list)
     perf_analyzer: str = ""  # its path here; the report writes it as $PERF_ANALYZER
+    # "on" -> model name: the fast model (batching pays: mlp_compute); no "off" variant
+    fast_models: dict[str, str] = field(default_factory=dict)
+    # model -> its direct batch-1 latency, for latency models other than `simple` (py_add)
+    directs: dict[str, Latency] = field(default_factory=dict)
+    # bench/cpu_side_by_side.py's SideBySide (rendered by its report() and verdicts())
+    side_by_side: Any = None
 
-    def floor_of(self, protocol: str) -> Optional[Point]:
-        return next((p for p in self.floor if p.protocol == protocol and p.ok), None)
+    def direct_of(self, model: str) -> Latency:
+        return self.directs.get(model, self.direct)
+
+    def floor_of(self, protocol: str, model: str = "simple") -> Optional[Point]:
+        return next((p for p in self.floor
+                     if p.protocol == protocol and p.model == model and p.ok), None)
 
     def best_offline(self, model: str) -> Throughput:
         runs = self.offline[self.offline_of.get(model, model)]
@@ -163,7 +115,7 @@ def _offline_table(runs: list[Throughput]) -> list[str]:
 
 def _label(r: Results, p: Point) -> str:
     names = {model: f"batching {on_off}"
-             for models in (r.target_models, r.reference_models)
+             for models in (r.target_models, r.reference_models, r.fast_models)
              for on_off, model in models.items()}
     mark = " †" if p.retried else ""
     return f"| {names.get(p.model, p.model)} | {p.protocol} | {p.concurrency}{mark} "
@@ -210,26 +162,37 @@ def _time_table(r: Results, points: list[Point]) -> list[str]:
     return lines
 
 
-def _latency_table(r: Results) -> list[str]:
-    d = r.direct
+def _latency_models(r: Results) -> list[str]:
+    return list(dict.fromkeys(p.model for p in r.latency)) or ["simple"]
+
+
+def _python(r: Results, model: str) -> bool:
+    return r.direct_of(model).call == "execute"
+
+
+def _latency_table(r: Results, model: str) -> list[str]:
+    d = r.direct_of(model)
+    what = ("`TritonPythonModel.execute` in-process, one request" if _python(r, model)
+            else "`session.run`, batch 1")
     lines = ["| path | p50 µs | p99 µs | p50 added by the server µs |", "|---|---:|---:|---:|",
-             f"| direct `session.run`, batch 1 (best of {len(d.runs_p50_us)} x {d.calls} calls) "
+             f"| direct {what} (best of {len(d.runs_p50_us)} x {d.calls} calls) "
              f"| {d.p50_us:,.1f} | {d.p99_us:,.1f} | - |"]
-    for p in r.latency:
+    points = [p for p in r.latency if p.model == model]
+    for p in points:
         if p.ok:
             lines.append(f"| perf_analyzer {p.protocol}, concurrency 1 | {p.p50_us:,.0f} "
                          f"| {p.p99_us:,.0f} | {p.p50_us - d.p50_us:,.0f} |")
         else:
             lines.append(f"| perf_analyzer {p.protocol}, concurrency 1 | failed: {p.error} | | |")
-    for p in r.floor:
+    for p in (f for f in r.floor if f.model == model):
         label = (f"floor: perf_analyzer {p.protocol}, concurrency 1, against the same stack "
                  "answering from memory (`bench/floor.py`)")
         if p.ok:
             lines.append(f"| {label} | {p.p50_us:,.0f} | {p.p99_us:,.0f} | - |")
         else:
             lines.append(f"| {label} | failed: {p.error} | | |")
-    for p in r.latency:
-        base = r.floor_of(p.protocol)
+    for p in points:
+        base = r.floor_of(p.protocol, model)
         if p.ok and base is not None:
             lines.append(f"| the server's own share over {p.protocol}: served p50 - floor p50 "
                          f"| {p.p50_us - base.p50_us:,.0f} | | |")
@@ -266,27 +229,39 @@ def _ratio_lines(r: Results, models: dict[str, str], target: bool) -> list[str]:
 
 def verdicts(r: Results) -> list[str]:
     lines = _ratio_lines(r, r.target_models, target=True)
+    if r.fast_models:
+        lines += _ratio_lines(r, r.fast_models, target=True)
     for p in r.latency:
-        label = (f"Latency, `{p.model}` concurrency 1, {p.protocol}: p50 added <= "
+        kind = " (Python model)" if _python(r, p.model) else ""
+        label = (f"Latency, `{p.model}`{kind} concurrency 1, {p.protocol}: p50 added <= "
                  f"{ADDED_P50_TARGET_US / 1e3:.1f} ms")
         if not p.ok:
             lines.append(f"- {label}: **not measured** ({p.error})")
             continue
-        added = p.p50_us - r.direct.p50_us
+        direct = r.direct_of(p.model)
+        added = p.p50_us - direct.p50_us
         verdict = "met" if added <= ADDED_P50_TARGET_US else "not met"
-        base = r.floor_of(p.protocol)
+        base = r.floor_of(p.protocol, p.model)
         floor_note = (f" (the same {p.protocol} stack answering from memory, `bench/floor.py`: "
                       f"{base.p50_us:,.0f} µs p50, so {p.p50_us - base.p50_us:,.0f} µs of it is "
                       "the server's own work)") if base is not None else ""
         lines.append(f"- {label}: **{verdict}** — {p.p50_us:,.0f} µs served - "
-                     f"{r.direct.p50_us:,.1f} µs direct = {added:,.0f} µs added{floor_note}")
+                     f"{direct.p50_us:,.1f} µs direct = {added:,.0f} µs added{floor_note}")
+    if r.side_by_side is not None:
+        from bench import cpu_side_by_side  # not at the top: it imports this module
+
+        lines += cpu_side_by_side.verdicts(r.side_by_side)
     return lines + _ratio_lines(r, r.reference_models, target=False)
 
 
 def _model_section(r: Results, models: dict[str, str], title: str, intro: list[str]) -> list[str]:
-    on, off = models["on"], models["off"]
+    on, off = models.get("on", ""), models.get("off")
     if on not in r.offline:
         return []
+    variants = (f"`batching on` is `{on}` (dynamic batching, 2000 µs), `batching off` is `{off}` "
+                "(same model file and options, no dynamic batching)." if off else
+                f"`batching on` is `{on}` (its dynamic batching as above); no unbatched variant "
+                "is served.")
     best = r.best_offline(on)
     return [title, "", *intro, "",
             f"### Offline: `{on}` in-process ONNX Runtime (the server's session options)", "",
@@ -296,9 +271,7 @@ def _model_section(r: Results, models: dict[str, str], title: str, intro: list[s
             "offline throughput at the server's average batch size for that point (interpolated "
             "between measured sizes): with one instance at concurrency c, about c/2 requests "
             "wait while c/2 run, so batches settle near c/2, not at 64.", "",
-            f"### Served: `{on}` through perf_analyzer", "",
-            f"`batching on` is `{on}` (dynamic batching, 2000 µs), `batching off` is `{off}` "
-            "(same model file and options, no dynamic batching).", "",
+            f"### Served: `{on}` through perf_analyzer", "", variants, "",
             *_throughput_table(r, r.points_of(models)), ""]
 
 
@@ -348,6 +321,19 @@ def render(r: Results) -> str:
          "(well under a millisecond of CPU, on the other core). The throughput target "
          f"(served >= {RATIO_TARGET} x best offline, dynamic batching, concurrency "
          f"{RATIO_CONCURRENCY}) is judged on this model."])
+    if r.fast_models:
+        fast = r.fast_models["on"]
+        out += _model_section(
+            r, r.fast_models, f"## Batching when the model is fast: `{fast}` (MLP)",
+            [f"`{fast}`: FP32 [256] -> MatMul 256x2048 + Relu -> 2 x (MatMul 2048x2048 + Relu) "
+             "-> MatMul 2048x16; about 8.9 M multiply-adds per inference from 36 MB of weights, "
+             "with the server's default ONNX Runtime session options (no thread parameters in "
+             "its config). At batch 1 each call streams every weight for one row, at batch 64 "
+             "the same weights serve 64 rows, so offline throughput climbs steeply with the batch "
+             "size: the ratio says whether the server forms the batches that make a fast model "
+             "pay. max_batch_size 64, dynamic batching (preferred 16, 32, 64; 2000 µs), one CPU "
+             f"instance; target: served >= {RATIO_TARGET} x best offline at concurrency "
+             f"{RATIO_CONCURRENCY}."])
     out += _model_section(
         r, r.reference_models,
         f"## Per-request overhead reference: `{reference}` (model too cheap for the ratio to "
@@ -369,8 +355,18 @@ def render(r: Results) -> str:
             "request of the server's main thread (event loop: frontends, codecs, scheduler), of "
             "its other threads (instance threads, gRPC poller; from /proc) and of perf_analyzer "
             "(getrusage); CPUs busy = all of it over the call's wall time and the machine's CPUs "
-            "(other tenants of a shared machine are not counted).", "",
+            "(other tenants of a shared machine are not counted). For the Python model the "
+            "worker process that runs `execute` is not among the server's threads: its CPU is "
+            "in none of these columns (bench/cpu_side_by_side.py counts the whole process "
+            "tree).", "",
             *_time_table(r, r.latency + r.served), ""]
-    out += ["## Latency: `simple` (INT32 [16] add/sub), batch 1", "",
-            *_latency_table(r), ""]
+    for model in _latency_models(r):
+        title = (f"## Latency: `{model}` (Python model: FP32 [16] sum and difference, "
+                 "bench/models), batch 1" if _python(r, model) else
+                 f"## Latency: `{model}` (INT32 [16] add/sub), batch 1")
+        out += [title, "", *_latency_table(r, model), ""]
+    if r.side_by_side is not None:
+        from bench import cpu_side_by_side  # not at the top: it imports this module
+
+        out += cpu_side_by_side.report(r.side_by_side)
     return portable("\n".join(out), r.perf_analyzer)

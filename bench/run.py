@@ -3,12 +3,15 @@
     make bench                                   # or, with a perf_analyzer binary at hand:
     PERF_ANALYZER=/path/to/perf_analyzer python bench/run.py [--quick] [--results FILE]
 
-Steps: build `conv_compute`, `conv_compute_nobatch`, `dense_compute`, `dense_compute_nobatch` and
-`simple` into bench/out/models (the example builder, so the files are byte-identical to
-examples/models); measure `conv_compute` (the throughput target's model) and `dense_compute` (the
-per-request overhead reference) offline at batch 1..64, and `simple`'s direct batch-1 latency;
-serve them and drive them with perf_analyzer over HTTP and gRPC; measure offline once more; write
-the report. About 8 minutes on 2 cores.
+Steps: build `conv_compute`, `conv_compute_nobatch`, `dense_compute`, `dense_compute_nobatch`,
+`mlp_compute` and `simple` into bench/out/models (the example builders, so the files are
+byte-identical to examples/models; `mlp_compute` is a bench-only model) and copy the Python model
+`py_add` (bench/models) beside them; measure `conv_compute` (the throughput target's model),
+`mlp_compute` (batching when the model is fast) and `dense_compute` (the per-request overhead
+reference) offline at batch 1..64, and the direct batch-1 latency of `simple` (`session.run`) and
+`py_add` (`execute` in-process); serve them and drive them with perf_analyzer over HTTP and gRPC;
+measure offline once more; then the server CPU per inference beside Triton
+(bench/cpu_side_by_side.py, 3 rounds); write the report. About 13 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -30,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import floor, offline, report, served  # noqa: E402
+from bench import cpu_side_by_side, floor, offline, report, served  # noqa: E402
 from examples.build_repository import (build_conv_compute,  # noqa: E402
                                        build_conv_compute_nobatch, build_dense_compute,
-                                       build_dense_compute_nobatch, build_simple)
+                                       build_dense_compute_nobatch, build_mlp_compute,
+                                       build_simple)
 from tests.serverproc import free_port, running_server  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -43,11 +47,16 @@ PROTOCOLS = ("http", "grpc")
 TARGET_MODELS = {"on": "conv_compute", "off": "conv_compute_nobatch"}
 # The per-request overhead reference: a few µs of compute, so it measures the server's cost.
 REFERENCE_MODELS = {"on": "dense_compute", "off": "dense_compute_nobatch"}
+# Batching when the model is fast: ~0.1 ms per inference at batch 64, ~0.7 ms at batch 1 (2 cores).
+FAST_MODELS = {"on": "mlp_compute"}
+MLP_CONCURRENCIES = (8, 32, 64)
 LATENCY_MODEL = "simple"
+PYTHON_MODEL = cpu_side_by_side.PY_MODEL  # bench/models/py_add, served beside the ONNX models
 BUILDERS = (build_conv_compute, build_conv_compute_nobatch, build_dense_compute,
-            build_dense_compute_nobatch, build_simple)
+            build_dense_compute_nobatch, build_mlp_compute, build_simple)
 # Offline window per repetition and batch size: `conv_compute` at batch 64 is ~0.2 s a call.
-OFFLINE_SECONDS = {TARGET_MODELS["on"]: 1.0, REFERENCE_MODELS["on"]: 0.5}
+OFFLINE_SECONDS = {TARGET_MODELS["on"]: 1.0, REFERENCE_MODELS["on"]: 0.5,
+                   FAST_MODELS["on"]: 0.3}
 QUICK_FLAGS = ("--measurement-interval", "1000", "--stability-percentage", "100",
                "--max-trials", "3")
 
@@ -70,6 +79,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)))
     parser.add_argument("--no-reference", action="store_true",
                         help=f"skip the per-request overhead reference ({REFERENCE_MODELS['on']})")
+    parser.add_argument("--mlp-concurrency", default=",".join(map(str, MLP_CONCURRENCIES)),
+                        help=f"concurrencies for {FAST_MODELS['on']} (empty: skip it)")
+    parser.add_argument("--cpu-rounds", type=int, default=None,
+                        help="rounds of bench/cpu_side_by_side.py (default 3, 1 with --quick; "
+                             "0 skips it)")
     parser.add_argument("--quick", action="store_true",
                         help="short windows and one offline repetition: a smoke run, not numbers "
                              "(the report says so in its header)")
@@ -104,10 +118,15 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
     """Serve `repo`, drive each point with perf_analyzer; returns the commands and the points."""
     protocols = [p for p in args.protocols.split(",") if p]
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
+    mlp_concurrencies = [int(c) for c in args.mlp_concurrency.split(",") if c]
     points: dict[str, list[served.Point]] = {"latency": [], "served": [], "floor": []}
     pa_dir = args.out_dir / "perf_analyzer"
     pa_dir.mkdir(parents=True, exist_ok=True)
-    groups = [TARGET_MODELS] + ([] if args.no_reference else [REFERENCE_MODELS])
+    groups = [(TARGET_MODELS, concurrencies)]
+    if mlp_concurrencies:
+        groups.append((FAST_MODELS, mlp_concurrencies))
+    if not args.no_reference:
+        groups.append((REFERENCE_MODELS, concurrencies))
     with running_server([repo], log_dir=args.out_dir) as server:
         commands = [f"# server (log: {server.log_path}):",
                     shlex.join(str(a) for a in server.process.args)]
@@ -126,26 +145,28 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
             else:
                 progress(f"  {model} {protocol} c{concurrency}: FAILED {point.error}")
 
-        for protocol in protocols:
-            measure("latency", LATENCY_MODEL, protocol, 1)
+        for model in (LATENCY_MODEL, PYTHON_MODEL):
+            for protocol in protocols:
+                measure("latency", model, protocol, 1)
         # Right after the served latency, so both see the machine in the same state; the real
         # server sits idle meanwhile.
-        points["floor"] = measure_floor(perf_analyzer,
-                                        floor.capture(server.base, server.grpc_url, LATENCY_MODEL),
-                                        protocols, args.out_dir, flags)
-        for group in groups:
+        canned = [floor.capture(server.base, server.grpc_url, model)
+                  for model in (LATENCY_MODEL, PYTHON_MODEL)]
+        points["floor"] = measure_floor(perf_analyzer, canned, protocols, args.out_dir, flags)
+        for group, group_concurrencies in groups:
             for model in group.values():
                 for protocol in protocols:
-                    for concurrency in concurrencies:
+                    for concurrency in group_concurrencies:
                         measure("served", model, protocol, concurrency)
         if not server.alive():
             progress("the server died during the run; see its log")
     return commands, points
 
 
-def measure_floor(perf_analyzer: str, canned: dict, protocols: list[str], out_dir: Path,
+def measure_floor(perf_analyzer: str, canned: list[dict], protocols: list[str], out_dir: Path,
                   flags: tuple[str, ...]) -> list[served.Point]:
-    """`simple` at concurrency 1 against bench/floor.py: the same stacks answering from memory."""
+    """The latency models (`simple`, `py_add`) at concurrency 1 against bench/floor.py: the same
+    stacks answering from memory."""
     canned_path = out_dir / "floor-canned.pickle"
     canned_path.write_bytes(pickle.dumps(canned))
     http_port, grpc_port = free_port(), free_port()
@@ -166,13 +187,14 @@ def measure_floor(perf_analyzer: str, canned: dict, protocols: list[str], out_di
                 time.sleep(0.2)
         floor_dir = out_dir / "perf_analyzer" / "floor"
         floor_dir.mkdir(parents=True, exist_ok=True)
-        for protocol in protocols:
-            point = served.run_point(perf_analyzer, LATENCY_MODEL, protocol, urls[protocol], base,
-                                     process.pid, 1, floor_dir, flags)
-            points.append(point)
-            progress(f"  floor (answers from memory) {protocol} c1: p50 "
-                     f"{point.p50_us / 1e3:.2f} ms" if point.ok else f"  floor {protocol}: "
-                     f"FAILED {point.error}")
+        for model in (c["model"] for c in canned):
+            for protocol in protocols:
+                point = served.run_point(perf_analyzer, model, protocol, urls[protocol], base,
+                                         process.pid, 1, floor_dir, flags)
+                points.append(point)
+                progress(f"  floor (answers from memory) {model} {protocol} c1: p50 "
+                         f"{point.p50_us / 1e3:.2f} ms" if point.ok else f"  floor {model} "
+                         f"{protocol}: FAILED {point.error}")
     finally:
         process.terminate()
         try:
@@ -198,12 +220,16 @@ def main(argv: list[str] | None = None) -> int:
 
     repo = args.out_dir / "models"
     shutil.rmtree(repo, ignore_errors=True)  # the server loads every model folder it finds
-    builders = [b for b in BUILDERS
-                if not (args.no_reference and b in (build_dense_compute,
-                                                     build_dense_compute_nobatch))]
-    for build in builders:
-        build(repo)
+    skipped = ((build_dense_compute, build_dense_compute_nobatch) if args.no_reference else ()) \
+        + (() if args.mlp_concurrency.strip(",") else (build_mlp_compute,))
+    for build in BUILDERS:
+        if build not in skipped:
+            build(repo)
+    shutil.copytree(ROOT / "bench" / "models" / PYTHON_MODEL, repo / PYTHON_MODEL,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     offline_dirs = [repo / TARGET_MODELS["on"]]
+    if build_mlp_compute not in skipped:
+        offline_dirs.append(repo / FAST_MODELS["on"])
     if not args.no_reference:
         offline_dirs.append(repo / REFERENCE_MODELS["on"])
     progress(f"models built in {repo}")
@@ -214,8 +240,22 @@ def main(argv: list[str] | None = None) -> int:
                              repetitions=repetitions)
     progress(f"offline {LATENCY_MODEL} batch 1: p50 {direct.p50_us:.1f} µs, "
              f"p99 {direct.p99_us:.1f} µs")
+    direct_python = offline.python_latency(repo / PYTHON_MODEL,
+                                           calls=500 if args.quick else 3000,
+                                           repetitions=repetitions)
+    progress(f"direct {PYTHON_MODEL} execute, one request: p50 {direct_python.p50_us:.1f} µs, "
+             f"p99 {direct_python.p99_us:.1f} µs")
     server_commands, points = measure_served(perf_analyzer, repo, args, flags)
     measure_offline(offline_dirs, offline_runs, repetitions, args.quick, "after serving")
+    # Last, with the bench's own server gone: each server pinned to CPU 0, perf_analyzer to 1.
+    cpu_rounds = args.cpu_rounds if args.cpu_rounds is not None else repetitions
+    side_by_side = None
+    if cpu_rounds > 0:
+        progress(f"server CPU per inference beside Triton (bench/cpu_side_by_side.py), "
+                 f"{cpu_rounds} round(s)")
+        side_by_side = cpu_side_by_side.run(perf_analyzer, args.out_dir / "cpu", cpu_rounds,
+                                            progress=progress, flags=flags)
+        progress(f"  Triton: {side_by_side.triton}")
 
     results = report.Results(
         machine=machine,
@@ -228,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         floor=points["floor"],
         target_models=TARGET_MODELS, reference_models=REFERENCE_MODELS, quick=args.quick,
         perf_analyzer=perf_analyzer,
+        fast_models=FAST_MODELS if repo / FAST_MODELS["on"] in offline_dirs else {},
+        directs={PYTHON_MODEL: direct_python}, side_by_side=side_by_side,
         notes=[f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
                f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
                + (" (--quick: smoke run, not numbers)" if args.quick else "")])

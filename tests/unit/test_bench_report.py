@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.offline import Latency
+from bench.offline import Latency, Throughput
 from bench.report import ROOT, Results, portable, render
 from bench.served import Point
 
@@ -43,3 +43,43 @@ def test_the_rendered_report_has_no_machine_paths() -> None:
     assert "- perf_analyzer: Perf Analyzer ($PERF_ANALYZER)" in text
     assert "# server (log: bench/out/ascend-serve-1.log):" in text
     assert "$PERF_ANALYZER -m simple -f bench/out/perf_analyzer/simple-http-c1.csv" in text
+
+
+def test_python_model_latency_fast_model_and_side_by_side_are_reported() -> None:
+    from bench.cpu_side_by_side import Sample, SideBySide
+    from bench.served import ServerSplit
+
+    def point(model: str, protocol: str, concurrency: int, p50_us: float) -> Point:
+        return Point(model, protocol, concurrency, [PA, "-m", model], ok=True, infer_per_sec=100.0,
+                     p50_us=p50_us, p99_us=2 * p50_us, seconds=1.0,
+                     server=ServerSplit(requests=100, executions=10))
+
+    offline = [Throughput(b, 10.0 * b, [10.0 * b]) for b in (1, 64)]
+    side = SideBySide(samples=[Sample("ascend-serve", "py_add", "http", 1, 900.0, 300.0),
+                               Sample("triton", "py_add", "http", 1, 800.0, 400.0)],
+                      triton="nvidia-pytriton==0.7.0", commands=[f"{PA} -m py_add"])
+    results = Results(
+        machine={}, commands=[], offline={"mlp_compute": offline}, offline_of={},
+        direct=Latency(1, 10, 10.0, 20.0, [10.0]),
+        served=[point("mlp_compute", "http", 32, 1000.0)],
+        latency=[point("simple", "http", 1, 200.0), point("py_add", "http", 1, 400.0)],
+        floor=[point("simple", "http", 1, 80.0), point("py_add", "http", 1, 90.0)],
+        target_models={"on": "a", "off": "b"}, reference_models={"on": "c", "off": "d"},
+        fast_models={"on": "mlp_compute"},
+        directs={"py_add": Latency(1, 10, 3.0, 4.0, [3.0], call="execute")}, side_by_side=side,
+        perf_analyzer=PA)
+    text = render(results)
+    assert ("- Throughput, `mlp_compute` dynamic batching, concurrency 32, http: served/offline "
+            ">= 0.8: **not met** — 100 / 640 inf/s") in text
+    assert ("- Latency, `py_add` (Python model) concurrency 1, http: p50 added <= 0.5 ms: "
+            "**met** — 400 µs served - 3.0 µs direct = 397 µs added (the same http stack "
+            "answering from memory, `bench/floor.py`: 90 µs p50, so 310 µs of it is the "
+            "server's own work)") in text
+    assert ("- Latency, `simple` concurrency 1, http: p50 added <= 0.5 ms: **met** — 200 µs"
+            in text)
+    assert "direct `TritonPythonModel.execute` in-process, one request" in text
+    assert "## Server CPU per inference, side by side with Triton" in text
+    assert ("- CPU per inference, Python model `py_add`, http: ascend-serve <= Triton: **met**"
+            in text)
+    assert text.index("CPU per inference, Python model") < text.index("## Machine")
+    assert PA not in text and "$PERF_ANALYZER -m py_add" in text

@@ -194,6 +194,40 @@ def test_conv_compute(repo: Path) -> None:
     np.testing.assert_array_equal(rebuilt.run(None, {"INPUT": colours})[0], colour_probs)
 
 
+def test_mlp_compute_is_a_bench_model_with_server_default_ort_options(tmp_path: Path) -> None:
+    # Not in the example repository (36 MB of weights): bench/run.py builds it on its own.
+    assert "mlp_compute" not in br.BUILDERS and "mlp_compute" not in MODELS
+    model_dir = br.BENCH_BUILDERS["mlp_compute"](tmp_path)
+    assert model_dir == tmp_path / "mlp_compute"
+    import onnx
+
+    model = onnx.load(str(model_dir / "1" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node] == [
+        "MatMul", "Relu", "MatMul", "Relu", "MatMul", "Relu", "MatMul"]
+    assert [tuple(t.dims) for t in model.graph.initializer] == [
+        (256, 2048), (2048, 2048), (2048, 2048), (2048, 16)]
+
+    sess = _session(tmp_path, "mlp_compute")
+    (inp,), (out,) = sess.get_inputs(), sess.get_outputs()
+    assert (inp.name, inp.type, inp.shape) == ("INPUT", "tensor(float)", ["batch", 256])
+    assert (out.name, out.type, out.shape) == ("OUTPUT", "tensor(float)", ["batch", 16])
+    x = np.random.default_rng(5).standard_normal((4, 256)).astype(np.float32)
+    (y,) = sess.run(None, {"INPUT": x})
+    assert y.shape == (4, 16) and np.all(np.isfinite(y))
+    assert float(np.std(y)) > 0.05  # He-scaled weights: activations neither vanish nor explode
+    (single,) = sess.run(None, {"INPUT": x[2:3]})
+    np.testing.assert_allclose(single[0], y[2], rtol=1e-4, atol=1e-4)
+
+    pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    cfg = _parse_config(pb, tmp_path, "mlp_compute")
+    assert (cfg.name, cfg.platform, cfg.max_batch_size) == ("mlp_compute", "onnxruntime_onnx", 64)
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [16, 32, 64]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert [(g.count, g.kind) for g in cfg.instance_group] == [
+        (1, pb.ModelInstanceGroup.KIND_CPU)]
+    assert dict(cfg.parameters) == {}  # the server's ONNX Runtime defaults apply
+
+
 def test_identity_bytes(repo: Path) -> None:
     sess = _session(repo, "identity_bytes")
     (inp,) = sess.get_inputs()
