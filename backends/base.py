@@ -83,3 +83,9 @@ class Backend(ABC):
     def healthy(self) -> bool:
         """False once the instance can no longer run (device lost, worker gone for good)."""
         return True
+
+    @classmethod
+    def end_child_processes(cls) -> int:
+        """Kill the processes this backend started that still run, and start no more: the
+        server's exit deadline has passed. Returns how many were killed."""
+        return 0

@@ -29,7 +29,7 @@ import numpy as np
 
 from backends.base import Backend, BackendError
 from backends.python_process import (Result, WorkerDied, WorkerProcess, WorkerReplyError,
-                                     describe_exit)
+                                     describe_exit, end_workers, workers_ended)
 from protocol import errors
 from protocol.config_json import config_to_json
 
@@ -167,6 +167,12 @@ class PythonBackend(Backend):
         with self._cond:
             return self._state == self._READY
 
+    @classmethod
+    def end_child_processes(cls) -> int:
+        """Kill every worker still running (a model's execute past the server's exit
+        deadline) and start no more."""
+        return end_workers()
+
     def _args(self) -> dict[str, str]:
         """The `args` dict Triton's python backend passes to `initialize`."""
         return {
@@ -180,7 +186,10 @@ class PythonBackend(Backend):
         }
 
     def _start_worker(self) -> WorkerProcess:
-        worker = WorkerProcess.spawn()
+        try:
+            worker = WorkerProcess.spawn()
+        except WorkerDied as exc:  # the server is past its exit deadline
+            raise BackendError(f"the worker process {exc.detail}") from None
         try:
             worker.initialize(self.model_path(), self.version_dir, self._args(), INIT_TIMEOUT_S)
         except (WorkerReplyError, WorkerDied) as exc:
@@ -205,13 +214,18 @@ class PythonBackend(Backend):
                 if self._state == self._STOPPED or worker is not self._worker:
                     return
                 # Decided at once, so a call that saw the death learns the verdict right away.
-                if self._crashes.record(time.monotonic()):
+                if workers_ended():  # killed at the server's exit deadline: no restart
+                    self._state = self._STOPPED
+                    self._worker = None
+                    self._cond.notify_all()
+                elif self._crashes.record(time.monotonic()):
                     self._state = self._RESTARTING
                     self._cond.notify_all()
                 else:
                     self._give_up(detail)
+                verdict = self._state
             worker.close(0.1)
-            if self._state == self._FAILED:
+            if verdict != self._RESTARTING:
                 return
             log.error("%s: the worker process (pid %d) %s; restarting it", self._label,
                       worker.pid, detail)

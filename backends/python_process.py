@@ -3,18 +3,22 @@
 Every call is a strict request/reply on the socket, made from the instance's own thread, so
 the arenas are never written while the other side reads them. When the process dies the
 socket reports end-of-file (or is severed by the supervisor), and the pending call raises
-WorkerDied at once.
+WorkerDied at once. Workers die with the server: the kernel kills them when it goes (see
+_Spawner), and end_workers() kills those still running at its exit deadline.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -62,6 +66,72 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+class _Spawner:
+    """Starts every worker process from one thread that lives as long as the server.
+
+    A worker asks the kernel to SIGKILL it when its parent goes (PR_SET_PDEATHSIG, in
+    python_worker.py), and Linux sends that signal when the *thread* that forked it ends, not
+    the process. Forking from one long-lived daemon thread ties each worker to the server
+    process itself, whichever thread (instance, supervisor, executor) asked for it. The
+    thread is first started by a load (an instance or executor thread, which hold the
+    process's whole CPU set), so workers never inherit the event loop's CPU pin."""
+
+    def __init__(self) -> None:
+        self._jobs: "queue.SimpleQueue[tuple[Callable[[], Any], Future]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+
+    def run(self, job: Callable[[], Any]) -> Any:
+        future: Future = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="python-worker-spawner",
+                                                daemon=True)
+                self._thread.start()
+        self._jobs.put((job, future))
+        return future.result()
+
+    def _serve(self) -> None:
+        while True:
+            job, future = self._jobs.get()
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+            del job, future
+
+
+_spawner = _Spawner()
+# Every worker not closed yet, so the server can end them at its exit deadline.
+_live: "set[WorkerProcess]" = set()
+_live_lock = threading.Lock()
+_ended = False
+
+
+def end_workers() -> int:
+    """Kill every worker still running and refuse to start new ones: the server's exit
+    deadline has passed (or the interpreter exits), and a model's `execute` still running
+    must not outlive the server. Returns how many were killed."""
+    global _ended
+    with _live_lock:
+        _ended = True
+        workers = list(_live)
+    killed = 0
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.kill()
+            killed += 1
+    return killed
+
+
+def workers_ended() -> bool:
+    """True once end_workers() ran: a worker that dies now is not restarted."""
+    return _ended
+
+
+atexit.register(end_workers)
+
+
 class WorkerProcess:
     """One `python -m backends.python_worker` child and its socket and arenas."""
 
@@ -79,17 +149,29 @@ class WorkerProcess:
 
     @classmethod
     def spawn(cls) -> "WorkerProcess":
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "backends.python_worker", "--fd", str(child.fileno())],
-                pass_fds=(child.fileno(),), env=_worker_env(), stdin=subprocess.DEVNULL)
-        except BaseException:
-            parent.close()
-            raise
-        finally:
-            child.close()
-        return cls(process, parent)
+        """Start a worker (from the spawner thread). It dies with the server: by the parent-death
+        signal if the server is killed, by end_workers() at a hard-deadline exit."""
+        return _spawner.run(cls._spawn)
+
+    @classmethod
+    def _spawn(cls) -> "WorkerProcess":
+        with _live_lock:
+            if _ended:
+                raise WorkerDied("was not started: the server is shutting down", before_send=True)
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "backends.python_worker", "--fd", str(child.fileno()),
+                     "--parent-pid", str(os.getpid())],
+                    pass_fds=(child.fileno(),), env=_worker_env(), stdin=subprocess.DEVNULL)
+            except BaseException:
+                parent.close()
+                raise
+            finally:
+                child.close()
+            worker = cls(process, parent)
+            _live.add(worker)
+        return worker
 
     @property
     def pid(self) -> int:
@@ -206,6 +288,8 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             self.process.wait()
+        with _live_lock:
+            _live.discard(self)
         self._outputs.close()
 
     def _exit_code(self) -> Optional[int]:

@@ -3,7 +3,7 @@
 It loads `model.py`, instantiates `TritonPythonModel`, and then answers the server's messages
 one at a time on the inherited socket: init, execute, auto_complete, finalize. A separate
 process per instance lets Python models run in parallel despite the GIL, and keeps a crashing
-model from taking the server down.
+model from taking the server down. It never outlives the server (die_with_parent).
 
 Startup must stay fast (tests start many workers): import nothing beyond the standard
 library, numpy and the model-side utils here; the model itself imports what it needs.
@@ -15,6 +15,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 import traceback
 from types import ModuleType
 from typing import Any, Optional
@@ -179,9 +181,48 @@ class WorkerLoop:
         return results
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_CHECK_S = 0.5  # the watchdog's period where the parent-death signal is not available
+
+
+def _set_parent_death_signal() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent goes (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                          ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
+
+
+def die_with_parent(parent: Optional[int]) -> None:
+    """End this process when the server ends, even in the middle of a long `execute` (an idle
+    worker also sees end-of-file on its socket): the kernel SIGKILLs it when the server goes,
+    however it goes (a hard-deadline exit, SIGKILL, a crash). The server may have gone before
+    that was set up, so the parent is checked right after; where the signal is not available a
+    watchdog thread checks it every PARENT_CHECK_S seconds."""
+    if not _set_parent_death_signal() and parent is not None:
+        threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog",
+                         daemon=True).start()
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # orphaned already: nobody will ever send us work
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[argv.index("--fd") + 1])
+    parent = int(argv[argv.index("--parent-pid") + 1]) if "--parent-pid" in argv else None
+    die_with_parent(parent)
     # Ctrl-C in a terminal reaches the whole process group; the server decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)

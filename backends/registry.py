@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 from backends.base import Backend
@@ -57,6 +58,19 @@ def backend_class(name: str) -> type[Backend]:
     module_name, _, class_name = _BACKENDS[name].partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, class_name)
+
+
+def end_child_processes() -> int:
+    """At the server's exit deadline: every backend class imported so far kills the processes
+    it started that still run (Python model workers). Returns how many were killed."""
+    killed = 0
+    for target in sorted(set(_BACKENDS.values())):
+        module_name, _, class_name = target.partition(":")
+        module = sys.modules.get(module_name)  # never imported: it started nothing
+        backend = getattr(module, class_name, None) if module is not None else None
+        if backend is not None:
+            killed += backend.end_child_processes()
+    return killed
 
 
 def register(name: str, target: str, platforms: tuple[str, ...] = ()) -> None:

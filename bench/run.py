@@ -36,8 +36,8 @@ if str(ROOT) not in sys.path:
 from bench import cpu_side_by_side, floor, offline, report, served  # noqa: E402
 from examples.build_repository import (build_conv_compute,  # noqa: E402
                                        build_conv_compute_nobatch, build_dense_compute,
-                                       build_dense_compute_nobatch, build_mlp_compute,
-                                       build_simple)
+                                       build_dense_compute_nobatch, build_simple)
+from examples.mlp_compute import build_mlp_compute  # noqa: E402
 from tests.serverproc import free_port, running_server  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)

@@ -34,18 +34,7 @@ Models (the repository layout is ``<output>/<model>/config.pbtxt`` and
 ``identity_bytes``          INPUT BYTES [-1] -> OUTPUT BYTES [-1] (Identity); max_batch_size 0.
 ==========================  ================================================================
 
-Benchmark-only models (``BENCH_BUILDERS``; not part of the example repository, since
-``mlp_compute`` alone is 36 MB of weights; ``bench/run.py`` builds them into its own repository):
-
-==========================  ================================================================
-``mlp_compute``             INPUT FP32 [256] -> OUTPUT FP32 [16]: MatMul 256x2048 + Relu,
-                            2 x (MatMul 2048x2048 + Relu), MatMul 2048x16. About 8.9 M
-                            multiply-adds per inference, memory-bound at batch 1 and
-                            GEMM-bound at batch 64 (the "batching pays when the model is fast"
-                            model). max_batch_size 64, dynamic batching (preferred 16, 32, 64;
-                            2000 us), 1 CPU instance, no ORT thread parameters (the server's
-                            ONNX Runtime defaults apply).
-==========================  ================================================================
+Benchmark-only models live in ``examples/mlp_compute.py``.
 
 The ``build_*`` functions take the repository root and write one model directory under it,
 returning that directory; the ``make_*_model`` functions return the ``onnx.ModelProto`` and the
@@ -97,16 +86,10 @@ CONV_INPUT_DIMS = (3, 64, 64)
 CONV_CHANNELS = 32
 CONV_LAYERS = 4
 CONV_CLASSES = 10
-MLP_INPUT = 256
-MLP_HIDDEN = 2048
-MLP_HIDDEN_LAYERS = 3
-MLP_OUTPUT = 16
-MLP_PREFERRED_BATCH_SIZES = (16, 32, 64)
 
 CLASSIFIER_SEED = 20240601
 DENSE_SEED = 20240602
 CONV_SEED = 20240603
-MLP_SEED = 20240604
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,20 +254,6 @@ def conv_compute_config(name: str = "conv_compute", dynamic_batching: bool = Tru
     )
 
 
-def mlp_compute_config(name: str = "mlp_compute") -> str:
-    """Dynamic batching with preferred sizes, 1 CPU instance and no ORT thread parameters: the
-    server's ONNX Runtime defaults apply."""
-    extra = [_dynamic_batching(2000, MLP_PREFERRED_BATCH_SIZES),
-             "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]"]
-    return _config(
-        name,
-        64,
-        [_tensor_block("INPUT", "TYPE_FP32", (MLP_INPUT,))],
-        [_tensor_block("OUTPUT", "TYPE_FP32", (MLP_OUTPUT,))],
-        extra,
-    )
-
-
 def identity_bytes_config(name: str = "identity_bytes") -> str:
     return _config(
         name,
@@ -430,38 +399,6 @@ def make_conv_compute_model(seed: int = CONV_SEED, channels: int = CONV_CHANNELS
                                 "resolution, then pool and a 10-way softmax: compute-bound.")
 
 
-def make_mlp_compute_model(seed: int = MLP_SEED, hidden: int = MLP_HIDDEN,
-                           layers: int = MLP_HIDDEN_LAYERS) -> onnx.ModelProto:
-    """MatMul 256 x hidden + Relu, then ``layers - 1`` x (MatMul hidden x hidden + Relu), then
-    MatMul hidden x 16; no biases, He-scaled weights. ~8.9 M multiply-adds per inference from
-    36 MB of weights: a GEMV that streams the weights at batch 1, a GEMM at batch 64."""
-    rng = np.random.default_rng(seed)
-    widths = [MLP_INPUT, *([hidden] * layers), MLP_OUTPUT]
-    initializers = []
-    nodes = []
-    current = "INPUT"
-    for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
-        weight = rng.standard_normal((fan_in, fan_out), dtype=np.float32)
-        weight *= np.float32(np.sqrt(2.0 / fan_in))
-        initializers.append(numpy_helper.from_array(weight, f"fc{i}.weight"))
-        last = i == len(widths) - 2
-        out = "OUTPUT" if last else f"matmul{i}"
-        nodes.append(helper.make_node("MatMul", [current, f"fc{i}.weight"], [out],
-                                      name=f"matmul{i}"))
-        if not last:
-            nodes.append(helper.make_node("Relu", [out], [f"relu{i}"], name=f"relu{i}"))
-            current = f"relu{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp_compute",
-        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", MLP_INPUT])],
-        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", MLP_OUTPUT])],
-        initializers,
-    )
-    return _finish_model(graph, f"MLP {MLP_INPUT} -> {layers} x {hidden} (Relu) -> "
-                                f"{MLP_OUTPUT}: fast per inference once batched.")
-
-
 def make_identity_bytes_model() -> onnx.ModelProto:
     """OUTPUT = Identity(INPUT) on a 1-D string tensor."""
     graph = helper.make_graph(
@@ -519,10 +456,6 @@ def build_identity_bytes(repo: Path, name: str = "identity_bytes") -> Path:
     return _write_model_dir(repo, name, make_identity_bytes_model(), identity_bytes_config(name))
 
 
-def build_mlp_compute(repo: Path, name: str = "mlp_compute") -> Path:
-    return _write_model_dir(repo, name, make_mlp_compute_model(), mlp_compute_config(name))
-
-
 BUILDERS = {
     "simple": build_simple,
     "simple_batching": build_simple_batching,
@@ -533,12 +466,6 @@ BUILDERS = {
     "conv_compute_nobatch": build_conv_compute_nobatch,
     "identity_bytes": build_identity_bytes,
 }
-
-#: Built by bench/run.py into its own repository, not by build_repository (see the docstring).
-BENCH_BUILDERS = {
-    "mlp_compute": build_mlp_compute,
-}
-
 
 def build_repository(output: Path = DEFAULT_OUTPUT) -> Path:
     """Build every example model under ``output`` (created if missing); returns ``output``."""

@@ -79,6 +79,34 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int:
     return count
 
 
+MAX_DIMS = 64  # numpy's limit on ndim: a shape with more dimensions can never be an array
+_INTP_MAX = int(np.iinfo(np.intp).max)
+_OBJECT_ITEMSIZE = np.dtype(object).itemsize  # a BYTES element is an object pointer
+
+
+def checked_element_count(name: str, shape: tuple[int, ...] | list[int],
+                          datatype: DataType) -> int:
+    """prod(shape) for an input's (non-negative) wire shape, or INVALID_ARG naming the input
+    when numpy could not hold an array of that shape: more than MAX_DIMS dimensions, or
+    non-zero dimensions whose product times the element size overflows int64. numpy refuses
+    the latter even when another dimension is 0, so `[9223372036854775807, 0]` holds no
+    element and still may not reach `reshape` (it would fail there as a 500)."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgument(f"invalid shape for input '{name}': {len(shape)} dimensions "
+                              f"exceed the maximum of {MAX_DIMS}")
+    count = 1
+    span = datatype.numpy.itemsize if datatype.numpy is not None else _OBJECT_ITEMSIZE
+    for dim in shape:
+        count *= dim
+        if dim:
+            span *= dim
+    if span > _INTP_MAX:
+        what = "its byte size" if count else "the byte size of its non-zero dimensions"
+        raise InvalidArgument(f"shape {list(shape)} of input '{name}' is too large: {what} "
+                              f"overflows int64")
+    return count
+
+
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Flatten a BYTES tensor into length-prefixed wire form."""
     parts: list[bytes] = []
@@ -124,7 +152,7 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int, name: str) -> np.n
 def tensor_from_raw(datatype: DataType, shape: tuple[int, ...], raw: bytes | memoryview,
                     name: str) -> np.ndarray:
     """A zero-copy numpy view over raw little-endian bytes (or a parsed BYTES object array)."""
-    count = element_count(shape)
+    count = checked_element_count(name, shape, datatype)
     if datatype.name == "BYTES":
         return deserialize_bytes(raw, count, name).reshape(shape)
     expected = count * datatype.itemsize

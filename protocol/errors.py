@@ -22,6 +22,12 @@ class ErrorCode(Enum):
     # Beyond Triton: a body or message over the configured size limit. Triton answers 400;
     # 413 tells clients and proxies plainly that the size, not the content, was refused.
     TOO_LARGE = "TOO_LARGE"
+    # Beyond Triton: something the server was not started to allow (file overrides in the
+    # load API without --allow-model-load-file-override).
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    # A full queue: UNAVAILABLE, with a hint of when to retry (Retry-After, `retry-after`
+    # trailing metadata). Its HTTP status is 503 unless --overload-status says 429.
+    OVERLOADED = "OVERLOADED"
 
 
 # code -> (HTTP status, gRPC status code name)
@@ -35,7 +41,19 @@ _STATUS_TABLE: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
     ErrorCode.CANCELLED: (400, "CANCELLED"),
     ErrorCode.TOO_LARGE: (413, "RESOURCE_EXHAUSTED"),
+    ErrorCode.PERMISSION_DENIED: (403, "PERMISSION_DENIED"),
+    ErrorCode.OVERLOADED: (503, "UNAVAILABLE"),
 }
+OVERLOAD_HTTP_STATUSES = (503, 429)
+
+
+def set_overload_http_status(status: int) -> None:
+    """The HTTP status of a full queue, for the whole process (--overload-status; set once at
+    startup): 503 as Triton answers, or 429 for clients and proxies that retry on 429 only.
+    gRPC stays UNAVAILABLE either way."""
+    if status not in OVERLOAD_HTTP_STATUSES:
+        raise ValueError(f"overload status must be one of {OVERLOAD_HTTP_STATUSES}, got {status}")
+    _STATUS_TABLE[ErrorCode.OVERLOADED] = (status, "UNAVAILABLE")
 
 
 class ServerError(Exception):
@@ -90,9 +108,25 @@ class TooLarge(ServerError):
     code = ErrorCode.TOO_LARGE
 
 
+class PermissionDenied(ServerError):
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class Overloaded(Unavailable):
+    """A request refused because its queue is full. `retry_after` (whole seconds, at least 1)
+    is when a retry may find room: HTTP sends it as Retry-After, gRPC as `retry-after`
+    trailing metadata."""
+
+    code = ErrorCode.OVERLOADED
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, int(retry_after))
+
+
 ALL_ERROR_CLASSES: tuple[type[ServerError], ...] = (
     InvalidArgument, NotFound, Unavailable, InternalError, Unsupported, AlreadyExists,
-    Cancelled, UnknownError, TooLarge,
+    Cancelled, UnknownError, TooLarge, PermissionDenied, Overloaded,
 )
 
 

@@ -113,7 +113,7 @@ def _array_from_contents(tensor: pb.ModelInferRequest.InferInputTensor,
         raise InvalidArgument(f"{datatype.name} input '{tensor.name}' can only be sent in "
                               f"raw_input_contents")
     values = getattr(tensor.contents, field)
-    count = datatypes.element_count(shape)
+    count = datatypes.checked_element_count(tensor.name, shape, datatype)
     if len(values) != count:
         raise InvalidArgument(f"unexpected number of elements for input '{tensor.name}': shape "
                               f"{list(shape)} needs {count} values in {field}, got {len(values)}")

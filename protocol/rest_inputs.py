@@ -19,7 +19,7 @@ from protocol.errors import InvalidArgument, TooLarge
 from protocol.rest_common import HEADER_LENGTH_HEADER, is_uint
 from protocol.types import Tensor
 
-MAX_DIMS = 64  # numpy's limit on ndim; more dims could never become an array
+MAX_DIMS = datatypes.MAX_DIMS  # numpy's limit on ndim; more dims could never become an array
 _INT64_MAX = 2**63 - 1
 _LIMIT_HINT = "Use --http-max-input-size to increase the limit."
 
@@ -182,12 +182,9 @@ def _parse_shape(name: str, value: Any) -> tuple[int, ...]:
 
 
 def _checked_element_count(name: str, shape: tuple[int, ...], datatype: DataType) -> int:
-    """prod(shape), refusing shapes whose element or byte count overflows int64."""
-    count = datatypes.element_count(shape)
-    if count * max(datatype.itemsize, 1) > _INT64_MAX:
-        raise InvalidArgument(
-            f"shape {list(shape)} of input '{name}' is too large: its byte size overflows int64")
-    return count
+    """prod(shape), refusing shapes whose byte count overflows int64, also where a zero
+    dimension hides it (`[9223372036854775807, 0]`: numpy cannot hold that array)."""
+    return datatypes.checked_element_count(name, shape, datatype)
 
 
 # --------------------------------------------------------------------------- input data

@@ -1,11 +1,13 @@
 """What the files of a model look like on disk, cheaply (stat) and exactly (content hashes).
 
 A model directory splits into units: the model-level files (config.pbtxt, labels, configs/,
-warmup/ ...) and one unit per version directory. The poller compares each unit's stat keys
-with the previous poll's to tell whether it is still being written, and compares content
-fingerprints (size, mtime and a SHA-256 of the bytes) with what was last loaded to tell whether
-it changed. A file is hashed only once its stat key stopped changing, and each hash is cached
-against that key, so a poll of an unchanged repository only calls stat.
+warmup/ ...) and one unit per version directory. A `.ready` file at the top of a unit is its
+ready marker, kept apart from its contents (see ModelFiles.marked_complete). The poller
+compares each unit's stat keys with the previous poll's to tell whether it is still being
+written, and compares content fingerprints (size, mtime and a SHA-256 of the bytes) with what
+was last loaded to tell whether it changed. A file is hashed only once its stat key stopped
+changing, and each hash is cached against that key, so a poll of an unchanged repository only
+calls stat.
 
 Everything here blocks on the filesystem: run it off the event loop.
 """
@@ -28,6 +30,9 @@ UnitStats = dict[str, StatKey]
 Fingerprint = tuple[tuple[str, int, int, str], ...]
 
 MODEL_LEVEL: Optional[int] = None  # the unit id of the model-level files; versions use ints
+# Written last by a deploy tool into a version directory (or into the model directory, for
+# config.pbtxt and labels) to say the unit is complete. Not part of the unit's contents.
+READY_MARKER = ".ready"
 _CHUNK = 1 << 20
 
 
@@ -37,11 +42,23 @@ class ModelFiles:
 
     path: Path
     units: dict[Optional[int], UnitStats] = field(default_factory=dict)
+    # The stat key of each unit's READY_MARKER, where it has one (kept out of `units`).
+    markers: dict[Optional[int], StatKey] = field(default_factory=dict)
 
     @property
     def versions(self) -> list[int]:
         """Version units that hold at least one file (an empty directory is not a version yet)."""
         return sorted(v for v, files in self.units.items() if v is not None and files)
+
+    def marked_complete(self, unit: Optional[int]) -> bool:
+        """The unit has a ready marker that changed no earlier than any of its files (ctime,
+        which no copy tool can set back): whatever was written before the marker is complete.
+        A marker left from an earlier deploy stops counting once a file is rewritten."""
+        marker = self.markers.get(unit)
+        if marker is None:
+            return False
+        files = self.units.get(unit) or {}
+        return all(marker[2] >= key[2] for key in files.values())
 
 
 def stat_key(info: os.stat_result) -> StatKey:
@@ -86,12 +103,19 @@ def scan_model(model_dir: Path) -> ModelFiles:
             if entry.name in versions:
                 unit: UnitStats = {}
                 _walk(Path(entry.path), f"{entry.name}/", unit)
-                scanned.units[versions[entry.name]] = unit
+                number = versions[entry.name]
+                marker = unit.pop(f"{entry.name}/{READY_MARKER}", None)
+                if marker is not None:
+                    scanned.markers[number] = marker
+                scanned.units[number] = unit
             elif entry.is_dir():
                 if not entry.name.startswith("."):
                     _walk(Path(entry.path), f"{entry.name}/", model_level)
             elif entry.is_file():
-                model_level[entry.name] = stat_key(entry.stat())
+                if entry.name == READY_MARKER:
+                    scanned.markers[MODEL_LEVEL] = stat_key(entry.stat())
+                else:
+                    model_level[entry.name] = stat_key(entry.stat())
         except OSError:
             continue
     scanned.units[MODEL_LEVEL] = model_level

@@ -169,10 +169,12 @@ class ModelManager:
             if self.settings.load_dependencies:
                 await self._load_dependencies(name, config, chain)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, the old copy stays
+            wanted = [] if model_dir is None else await asyncio.to_thread(
+                self._wanted_versions, name, model_dir, override, only)
             if private is not None:
                 await asyncio.to_thread(remove_override_directory, private)
             reason = getattr(exc, "message", None) or str(exc)
-            self._fail_model(record, reason)
+            self._fail_model(record, reason, wanted)
             log.error("failed to load model '%s': %s", name, reason)
             raise LoadError(f"failed to load '{name}': {reason}") from None
         if private is not None:
@@ -220,12 +222,32 @@ class ModelManager:
                        and record.versions[v].state is not ModelState.UNAVAILABLE]
             await asyncio.gather(*(self._retire(record, v) for v in retired))
             for version in [v for v, r in record.versions.items()
-                            if r.state is ModelState.UNAVAILABLE and v not in available]:
-                del record.versions[version]  # gone from disk: nothing left to report
+                            if r.state is ModelState.UNAVAILABLE and (v not in available or (
+                                v not in versions and r.reason != UNLOADED))]:
+                # Gone from disk, or a failed version the policy no longer wants.
+                del record.versions[version]
         return failures
 
-    def _fail_model(self, record: ModelRecord, reason: str) -> None:
-        """A load failed before any version was tried: show why, keep what serves."""
+    def _wanted_versions(self, name: str, model_dir: Path, override: Optional[ModelConfig],
+                         only: Optional[Collection[int]]) -> list[int]:
+        """After a load failed before building any version: the versions it was for, by the
+        version policy of the config as written (none when that does not parse either)."""
+        try:
+            config = read_config(model_dir, self.settings.config_name) if override is None \
+                else _copy(override)
+            available = layout.version_directories(model_dir, quiet=True)
+        except Exception:  # noqa: BLE001 - the load's own failure is the one to report
+            return []
+        if only is not None:
+            available = {v: path for v, path in available.items() if v in only}
+        config.name = name
+        return layout.select_versions(config, available)
+
+    def _fail_model(self, record: ModelRecord, reason: str, wanted: Collection[int] = ()) -> None:
+        """A load failed before any version was built: show why, keep what serves. Versions
+        the load was for that do not serve (a new version whose model file auto-complete
+        cannot read) show as UNAVAILABLE with the reason, as in Triton, beside the previous
+        version that stays READY; strict readiness counts them."""
         serving = [r for r in record.versions.values() if r.serving]
         for version in serving:
             version.reason = RELOAD_FAILED + reason
@@ -234,6 +256,11 @@ class ModelManager:
             record.reason = reason
             if all(r.state is ModelState.UNAVAILABLE for r in record.versions.values()):
                 record.versions.clear()  # the model-level reason is the one to show
+            return
+        for number in wanted:
+            current = record.versions.get(number)
+            if current is None or current.state is ModelState.UNAVAILABLE:
+                record.versions[number] = VersionRecord(number, ModelState.UNAVAILABLE, reason)
 
     async def _load_dependencies(self, name: str, config: ModelConfig, chain: tuple[str, ...]) -> None:
         if config.platform != "ensemble":

@@ -1,21 +1,27 @@
 """`--model-control-mode=poll`: rescan the repositories and load, reload or unload what changed.
 
 Copying a model into a watched repository is not atomic, so nothing is acted on until it has
-stayed the same for two polls in a row: a version directory (or the model-level files, or a
-model's presence) whose files still change between polls is left alone, and a model being
-copied in is invisible until its files are complete. What was last handed to the manager is
-remembered per model as content fingerprints, so only real changes cause a load, unchanged
-versions are kept serving, and a load that failed is not retried until the files change again.
-Each model's load or unload runs as its own task: a slow drain never holds up other models or
-later polls, and no failure stops the loop.
+settled: a version directory (or the model-level files) loads only once the poller has seen
+its files unchanged for at least `settle` seconds (`--repository-settle-secs`, default 10) and
+in two polls in a row, and a model's presence must be the same in two polls in a row. A copy
+that pauses between two parts (a `model.py` written in halves) is therefore not loaded half
+done, unless the pause outlasts the settle time. A deploy tool can say a unit is complete
+instead: a `.ready` file written into the version directory (or the model directory) after
+everything else makes it load at the next poll, without the wait (repository/fingerprint.py).
+
+What was last handed to the manager is remembered per model as content fingerprints, so only
+real changes cause a load, unchanged versions are kept serving, and a load that failed is not
+retried until the files change again. Each model's load or unload runs as its own task: a slow
+drain never holds up other models or later polls, and no failure stops the loop.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Optional, Protocol
+from typing import Callable, Collection, Optional, Protocol
 
 from repository import layout
 from repository.fingerprint import (MODEL_LEVEL, ContentHasher, Fingerprint, ModelFiles,
@@ -62,13 +68,21 @@ class Observation:
     files: dict[str, ModelFiles] = field(default_factory=dict)
     # Content fingerprints of the units that are stable (or of every unit when priming).
     stable: dict[str, dict[Optional[int], Fingerprint]] = field(default_factory=dict)
+    # When each unit was first seen with the files it has now (the poller's clock).
+    since: dict[str, dict[Optional[int], float]] = field(default_factory=dict)
 
 
 class RepositoryPoller:
-    def __init__(self, repositories: list[Path], target: PollTarget, interval: float) -> None:
+    """`settle`: seconds a unit's files must be seen unchanged before it loads (0: two polls
+    in a row are enough); `clock` is for tests."""
+
+    def __init__(self, repositories: list[Path], target: PollTarget, interval: float, *,
+                 settle: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.repositories = repositories
         self.target = target
         self.interval = interval
+        self.settle = settle
+        self._clock = clock
         self._hasher = ContentHasher()
         self._previous = Observation()
         self._applied: dict[str, Applied] = {}
@@ -80,21 +94,29 @@ class RepositoryPoller:
     def _observe(self, previous: Observation, prime: bool) -> Observation:
         unique, duplicates = layout.scan_repositories(self.repositories, quiet=True)
         seen = Observation()
+        now = self._clock()
         for name, paths in duplicates.items():
             seen.locations[name] = tuple(paths)
         for name, location in unique.items():
             seen.locations[name] = (location.path,)
             files = seen.files[name] = scan_model(location.path)
             before = previous.files.get(name)
+            first_seen = previous.since.get(name, {})
+            since = seen.since[name] = {}
             stable: dict[Optional[int], Fingerprint] = {}
             for unit, stats in files.units.items():
                 unchanged = before is not None and before.path == files.path and \
                     before.units.get(unit) == stats
-                if prime or unchanged:
+                since[unit] = first_seen.get(unit, now) if unchanged else now
+                settled = unchanged and now - since[unit] >= self.settle
+                if prime or settled or files.marked_complete(unit):
                     try:
                         stable[unit] = self._hasher.fingerprint(files.path, stats)
                     except OSError as exc:  # vanished or unreadable: not settled, try later
                         log.debug("cannot read model '%s' yet: %s", name, exc)
+                    else:
+                        if prime:  # what startup loads counts as settled from the start
+                            since[unit] = float("-inf")
             seen.stable[name] = stable
         self._hasher.end_round()
         return seen

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Iterator, Optional
 
-from protocol.errors import Unavailable
+from protocol.errors import Overloaded
 from protocol.types import InferRequest
 from scheduler.clock import Clock
 from scheduler.queue_scheduler import QUEUED, RUNNING, Entry, QueueScheduler, RequestQueue
@@ -65,7 +65,7 @@ class BatchQueue(RequestQueue):
         level = self._level(level_no)
         policy = level.policy
         if policy.max_queue_size and level.count >= policy.max_queue_size:
-            raise Unavailable("Exceeds maximum queue size")
+            raise Overloaded("Exceeds maximum queue size")  # the scheduler sets retry_after
         entry.level = level_no
         timeout_us = request.timeout_us
         if timeout_us:

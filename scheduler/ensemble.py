@@ -109,9 +109,12 @@ def _check_acyclic(steps: list[Step], inputs: set[str],
 
 
 def _renamed(exc: ServerError, message: str) -> ServerError:
-    """The same kind of error (so the same status code) with the step named in its text."""
+    """The same kind of error (so the same status code) with the step named in its text, and
+    what else it carries (a full queue's retry_after)."""
     try:
-        return type(exc)(message)
+        renamed = type(exc)(message)
+        vars(renamed).update({k: v for k, v in vars(exc).items() if k != "message"})
+        return renamed
     except TypeError:
         error = ServerError(message)
         error.code = exc.code

@@ -9,6 +9,8 @@ no timeouts, no limit.
 """
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +88,58 @@ class QueuePolicy:
             return
         request.priority = level = self.level_of(priority)
         request.timeout_us = self.for_level(level).timeout_us(timeout)
+
+
+MAX_RETRY_AFTER_S = 60
+
+
+class DrainRate:
+    """How fast a version's queue empties, and so when a request refused because the queue is
+    full should come back (Retry-After).
+
+    Counts the requests handed to instances (once per batch, into buckets of `bucket_s`) over
+    the last `window_s` seconds; the rate is only read when a request is refused. Retry-After
+    is the time the requests now queued need to leave at that rate, in whole seconds, at
+    least 1 and at most MAX_RETRY_AFTER_S. When nothing left the queue in the window (long
+    executions, or a queue that filled before anything ran) there is no rate to go by, and
+    the answer is the window itself: nothing is known about a shorter time.
+    """
+
+    __slots__ = ("_buckets", "_bucket_ns", "_window_ns")
+
+    def __init__(self, window_s: float = 10.0, bucket_s: float = 0.5) -> None:
+        self._buckets: deque[list[int]] = deque()  # [start_ns, requests], oldest first
+        self._bucket_ns = int(bucket_s * 1e9)
+        self._window_ns = int(window_s * 1e9)
+
+    def add(self, requests: int, now_ns: int) -> None:
+        """`requests` left the queue for an instance at `now_ns`."""
+        buckets = self._buckets
+        if not buckets or now_ns - buckets[-1][0] >= self._bucket_ns:
+            buckets.append([now_ns, 0])
+            self._forget(now_ns)
+        buckets[-1][1] += requests
+
+    def per_second(self, now_ns: int) -> float:
+        """Requests per second over the window (measured over at least one second, so a
+        short burst just after a quiet spell does not read as a high rate)."""
+        self._forget(now_ns)
+        if not self._buckets:
+            return 0.0
+        span_ns = max(now_ns - self._buckets[0][0], 1_000_000_000)
+        return sum(count for _, count in self._buckets) * 1e9 / span_ns
+
+    def retry_after(self, waiting: int, now_ns: int) -> int:
+        """Whole seconds until the `waiting` requests now queued have left."""
+        rate = self.per_second(now_ns)
+        if rate <= 0.0:
+            return min(MAX_RETRY_AFTER_S, max(1, math.ceil(self._window_ns / 1e9)))
+        return min(MAX_RETRY_AFTER_S, max(1, math.ceil(waiting / rate)))
+
+    def _forget(self, now_ns: int) -> None:
+        buckets, horizon = self._buckets, now_ns - self._window_ns
+        while buckets and buckets[0][0] < horizon:
+            buckets.popleft()
 
 
 def _uint_parameter(request: InferRequest, key: str) -> int:

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Hashable, Optional
 
-from protocol.errors import InternalError, ServerError, Unavailable
+from protocol.errors import InternalError, Overloaded, ServerError, Unavailable
 from protocol.types import InferRequest
 from scheduler.clock import Clock, MonotonicClock, TimerHandle
 from scheduler.interface import Scheduler, VersionSpec
+from scheduler.policy import DrainRate
 from scheduler.pool import BatchRun, Failed, InstancePool, Instance
-from scheduler.stats import FailureReason, VersionStatistics
+from scheduler.stats import FailureReason, RejectionReason, VersionStatistics
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class QueueScheduler(Scheduler):
         self._running: set[_Batch] = set()
         self._in_order: deque[_Batch] = deque()
         self._settled: Optional[asyncio.Event] = None
+        self._drain = DrainRate()  # how fast the queue empties: a full queue's Retry-After
         # Kept at start: asking asyncio for the running loop costs a getpid() syscall per call
         # on Python 3.11, and submit() would ask once per request.
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -228,6 +230,11 @@ class QueueScheduler(Scheduler):
         entry = Entry(request, future, rows, now)
         try:
             self._queue.push(entry)
+        except Overloaded as full:
+            full.retry_after = self._drain.retry_after(len(self._queue), now)
+            self._stats.record_rejection(RejectionReason.QUEUE_FULL,
+                                         self._since_arrival(request, now))
+            raise
         except ServerError:
             self._stats.record_failure(FailureReason.REJECTED, self._since_arrival(request, now))
             raise
@@ -285,7 +292,7 @@ class QueueScheduler(Scheduler):
         queue = self._queue
         for entry in queue.expire(now):
             self._fail_waiting(entry, Unavailable("Request timeout expired"),
-                               FailureReason.REJECTED, now)
+                               FailureReason.REJECTED, now, RejectionReason.QUEUE_TIMEOUT)
         wake_at: Optional[int] = None
         while len(queue) and self._pool.has_idle():
             batch, wake_at = queue.take(now, not self._accepting, arriving)
@@ -305,6 +312,7 @@ class QueueScheduler(Scheduler):
             entry.state = RUNNING
             entry.started_ns = now
         self._stats.pending_changed(-len(entries))
+        self._drain.add(len(entries), now)
         rows = [entry.rows for entry in entries]
         batch = _Batch(entries, instance, sum(rows))
         self._running.add(batch)
@@ -385,15 +393,20 @@ class QueueScheduler(Scheduler):
         self._check_settled()
         self._wake.set()
 
-    def _fail_waiting(self, entry: Entry, error: ServerError, reason: str, now: int) -> None:
-        """Fail an entry that its queue has already removed."""
+    def _fail_waiting(self, entry: Entry, error: ServerError, reason: str, now: int,
+                      rejection: str = "") -> None:
+        """Fail an entry that its queue has already removed (`rejection`: the
+        RejectionReason of a REJECTED one)."""
         entry.state = DONE
         self._stats.pending_changed(-1)
         if entry.future.cancelled():
             reason = FailureReason.CANCELED  # its callback has not run yet
         elif not entry.future.done():
             entry.future.set_exception(error)
-        self._stats.record_failure(reason, self._since_arrival(entry.request, now))
+        if rejection and reason == FailureReason.REJECTED:
+            self._stats.record_rejection(rejection, self._since_arrival(entry.request, now))
+        else:
+            self._stats.record_failure(reason, self._since_arrival(entry.request, now))
 
     def _fail_queued(self, error: ServerError, reason: str) -> None:
         now = self._clock.now_ns()

@@ -43,12 +43,24 @@ class MetricsObserver(Protocol):
 
     def pending_changed(self, delta: int) -> None: ...
 
+    def request_rejected(self, reason: str) -> None: ...
+
 
 class FailureReason:
     REJECTED = "REJECTED"  # timed out in the queue (REJECT policy) or refused at enqueue
     CANCELED = "CANCELED"  # cancelled by the client while queued
     BACKEND = "BACKEND"  # the model's execute failed
     OTHER = "OTHER"
+
+
+class RejectionReason:
+    """Why a REJECTED request was refused (ascend_inference_rejected_total's `reason`)."""
+
+    QUEUE_FULL = "queue_full"  # its queue level held max_queue_size requests: refused at once
+    QUEUE_TIMEOUT = "queue_timeout"  # its queue timeout ran out under timeout_action REJECT
+
+
+REJECTION_REASONS = (RejectionReason.QUEUE_FULL, RejectionReason.QUEUE_TIMEOUT)
 
 
 @dataclass
@@ -91,6 +103,13 @@ class VersionStatistics:
             self.fail.add(total_ns)
         if self.observer is not None:
             self.observer.request_failed(reason, total_ns)
+
+    def record_rejection(self, reason: str, total_ns: int) -> None:
+        """A request refused for overload: a REJECTED failure, also counted by why
+        (a RejectionReason)."""
+        self.record_failure(FailureReason.REJECTED, total_ns)
+        if self.observer is not None:
+            self.observer.request_rejected(reason)
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int,
                          output_ns: int) -> None:

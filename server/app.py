@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import signal
@@ -16,15 +17,18 @@ from typing import Any, Iterator, Optional
 
 import uvicorn
 
+from backends import registry as backend_registry
+from protocol.errors import set_overload_http_status
 from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from scheduler import affinity
+from server.connections import ConnectionLimits, descriptor_limit, resolve_max_connections
 from server.core import InferenceCore
 from server.inference import InferencePath
 from server.http import HttpFrontend
-from server.http_protocol import protocol_class
-from server.metrics import ServerMetrics
+from server.http_protocol import bounded_protocol_class, protocol_class
+from server.metrics import ServerMetrics, worker_restarts
 from server.metrics_http import build_metrics_app
 from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
@@ -40,12 +44,35 @@ class _Listener(uvicorn.Server):
         yield
 
 
-def _uvicorn(app: Any, host: str, port: int, verbose: int, http: Any = "httptools") -> _Listener:
+def _uvicorn(app: Any, host: str, port: int, verbose: int, http: Any = "httptools",
+             keep_alive: float = 60.0) -> _Listener:
     config = uvicorn.Config(app, host=host, port=port, loop="none", http=http,
                             lifespan="off", access_log=verbose > 1,
                             log_level="info" if verbose else "warning",
-                            timeout_keep_alive=60, timeout_graceful_shutdown=5)
+                            timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=5)
     return _Listener(config)
+
+
+def _limits(s: ServerSettings) -> ConnectionLimits:
+    """The HTTP connection limits (server/connections.py); the default connection limit fits
+    the descriptor limit, raised to its hard limit first."""
+    limit = resolve_max_connections(s.http_max_connections, s.http_health_reserved_connections,
+                                    descriptor_limit(), share=2 if s.allow_grpc else 1)
+    return ConnectionLimits(max_connections=limit,
+                            health_reserve=s.http_health_reserved_connections,
+                            idle_timeout=s.http_idle_timeout_secs,
+                            header_timeout=s.http_header_timeout_secs)
+
+
+def _metrics_limits(limits: ConnectionLimits) -> ConnectionLimits:
+    """The metrics listener: the same timeouts, room for a few scrapers, no health reserve."""
+    return dataclasses.replace(limits, max_connections=min(limits.max_connections,
+                                                           METRICS_MAX_CONNECTIONS),
+                               health_reserve=0)
+
+
+METRICS_MAX_CONNECTIONS = 64
 
 
 def _settle_heap() -> None:
@@ -68,8 +95,9 @@ _GC_YOUNG_THRESHOLD = 10_000  # objects; CPython's default is 700
 class ServerApp:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.metrics = ServerMetrics()
+        set_overload_http_status(settings.overload_status)  # the error table's queue-full row
         self.registry = ModelRegistry()
+        self.metrics = ServerMetrics(restarts=lambda: worker_restarts(self.registry))
         # The one in-process infer: frontends call it through the core, ensembles directly.
         self.inference = InferencePath(self.registry)
         self.manager = ModelManager(
@@ -80,7 +108,8 @@ class ServerApp:
         self.poller: Optional[RepositoryPoller] = None
         if settings.model_control_mode == "poll":
             self.poller = RepositoryPoller(settings.model_repositories, self.manager,
-                                           settings.repository_poll_secs)
+                                           settings.repository_poll_secs,
+                                           settle=settings.repository_settle_secs)
         self.core = InferenceCore(settings, self.registry, self.manager, self.inference)
         # One trace/log settings object for both frontends: a change over one reads back on both.
         self.runtime = RuntimeSettings.create(settings.log_verbose)
@@ -115,17 +144,21 @@ class ServerApp:
             await self.manager.shutdown()
             return False
         s = self.settings
+        limits = _limits(s)  # HTTP and metrics listeners alike (each counts its own)
         if s.allow_http:
             frontend = HttpFrontend(self.core, self.runtime)
             self._listeners.append(_uvicorn(frontend.build_app(), s.http_address, s.http_port,
-                                            s.log_verbose, protocol_class(frontend)))
+                                            s.log_verbose, protocol_class(frontend, limits),
+                                            s.http_keep_alive_timeout_secs))
         if s.allow_metrics:
             self._listeners.append(_uvicorn(build_metrics_app(self.metrics), s.metrics_address,
-                                            s.metrics_port, s.log_verbose))
+                                            s.metrics_port, s.log_verbose,
+                                            bounded_protocol_class(_metrics_limits(limits)),
+                                            s.http_keep_alive_timeout_secs))
         for listener in self._listeners:
             self._tasks.append(asyncio.create_task(listener.serve()))
         if s.allow_grpc:
-            from server.grpc import start_grpc_server
+            from server.grpc_server import start_grpc_server
 
             self.grpc_server = await start_grpc_server(self.core, s, self.runtime)
         # Wait until every listener is bound before declaring the server live.
@@ -196,6 +229,11 @@ class ServerApp:
                                    timeout=max(left(), 0.1))
         except asyncio.TimeoutError:
             log.warning("exit timeout reached while unloading models")
+        # Past the deadline: a Python model still inside execute() must not outlive the server.
+        killed = backend_registry.end_child_processes()
+        if killed:
+            log.warning("killed %d model worker process(es) still running at the exit deadline",
+                        killed)
         await self.core.wait_idle(min(left(), 0.5))  # let handlers write those answers
         await self._close_listeners(left())
         log.info("ascend-serve stopped")

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from server.settings import DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, ServerSettings
 
@@ -56,6 +56,51 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest gRPC message in either direction (default 2 GiB - 1)")
     add("--grpc-infer-response-compression-level", default="none",
         choices=["none", "low", "medium", "high"])
+    # Connection bounds (server/connections.py; README "Limits and security").
+    add("--http-header-timeout-secs", type=_positive_float, default=30.0,
+        help="close a connection whose request headers are not complete this many seconds "
+             "after they began (slowloris; default 30)")
+    add("--http-idle-timeout-secs", type=_positive_float, default=60.0,
+        help="close a new connection that sends no request for this many seconds (default 60)")
+    add("--http-keep-alive-timeout-secs", type=_positive_float, default=60.0,
+        help="close a kept-alive connection with no next request after this many seconds "
+             "(default 60)")
+    add("--http-max-connections", type=_positive_int, default=None,
+        help="most HTTP connections open at once; past it (and the health reserve) new ones are "
+             "closed at once (default 4096, less where the descriptor limit, ulimit -n, needs it)")
+    add("--http-health-reserved-connections", type=_non_negative_int, default=16,
+        help="connections accepted past --http-max-connections that may only ask "
+             "/v2/health/live or /v2/health/ready; anything else gets 503 (default 16)")
+    add("--grpc-max-input-size", type=_positive_int, default=None,
+        help="largest gRPC request message, after decompression: a compressed request that "
+             "would inflate past it is refused with RESOURCE_EXHAUSTED while inflating "
+             "(default: --http-max-input-size; at most --grpc-max-message-size)")
+    add("--grpc-keepalive-time", type=_positive_int, default=7_200_000, metavar="MS",
+        help="milliseconds between keepalive pings the server sends (default 7200000)")
+    add("--grpc-keepalive-timeout", type=_positive_int, default=20_000, metavar="MS",
+        help="milliseconds to wait for a keepalive ping's answer before closing (default 20000)")
+    flag("--grpc-keepalive-permit-without-calls", False,
+         "allow clients to send keepalive pings on connections with no call")
+    add("--grpc-http2-max-pings-without-data", type=_non_negative_int, default=2,
+        help="pings the server sends without data before it needs data (0: no limit; default 2)")
+    add("--grpc-http2-min-recv-ping-interval-without-data", type=_non_negative_int,
+        default=300_000, metavar="MS",
+        help="shortest interval between client pings on a connection without data; quicker "
+             "pings are strikes (default 300000)")
+    add("--grpc-http2-max-ping-strikes", type=_non_negative_int, default=2,
+        help="strikes before the connection is closed (0: no limit; default 2)")
+    add("--grpc-max-connection-idle", type=_positive_int, default=60_000, metavar="MS",
+        help="close (GOAWAY) a gRPC connection with no call for this many milliseconds; "
+             "clients reconnect on their next call (default 60000)")
+    add("--grpc-max-connections", type=_positive_int, default=None,
+        help="most gRPC connections open at once; new ones past it are closed (default 4096, "
+             "less where the descriptor limit, ulimit -n, needs it)")
+    add("--grpc-max-concurrent-streams", type=_positive_int, default=1000,
+        help="most calls open at once on one gRPC connection; clients queue the rest "
+             "(default 1000)")
+    add("--grpc-handshake-timeout", type=_positive_int, default=30_000, metavar="MS",
+        help="close a gRPC connection that has not completed its HTTP/2 handshake after this "
+             "many milliseconds (a silent client; default 30000)")
     add("--model-config-name", default=None, help="use configs/<name>.pbtxt where present")
     add("--metrics-interval-ms", type=int, default=2000)
     add("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
@@ -64,19 +109,43 @@ def build_parser() -> argparse.ArgumentParser:
              "(default none)")
     add("--repository-poll-secs", type=_positive_float, default=15.0,
         help="seconds between repository polls in poll mode (default 15)")
+    add("--repository-settle-secs", type=_non_negative_float, default=10.0,
+        help="poll mode: how long a version's files (or a model's config and labels) must stay "
+             "unchanged before they load, unless a '.ready' file written last marks them "
+             "complete; 0: two polls in a row (default 10)")
     add("--load-model", action="append", dest="load_models", default=[], metavar="NAME",
         help="in explicit mode, a model to load at startup; repeat for several, '*' for all")
+    flag("--allow-model-load-file-override", False,
+         "accept file:<path> parameters in the model load API (HTTP and gRPC); they write files "
+         "the server loads, so any client that reaches the API can run code as the server's "
+         "user (a Python model)")
+    add("--overload-status", type=int, choices=[503, 429], default=503,
+        help="HTTP status of a request refused because its model's queue is full: 503, or 429 "
+             "for clients that retry on 429 (gRPC answers UNAVAILABLE either way; default 503)")
     return parser
 
 
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{value}'") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got '{value}'")
-    return number
+def _bounded(kind: type, strict: bool) -> Callable[[str], Any]:
+    """An argparse type: `kind` (int or float) above 0 (`strict`) or at least 0."""
+    noun = "an integer" if kind is int else "a number"
+
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {noun}, got '{value}'") from None
+        if not (number > 0 if strict else number >= 0):  # NaN fails both
+            bound = "greater than 0" if strict else "0 or more"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got '{value}'")
+        return number
+
+    return parse
+
+
+_positive_int = _bounded(int, strict=True)
+_non_negative_int = _bounded(int, strict=False)
+_positive_float = _bounded(float, strict=True)
+_non_negative_float = _bounded(float, strict=False)
 
 
 def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
@@ -94,9 +163,29 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         http_max_input_size=args.http_max_input_size,
         grpc_max_message_size=args.grpc_max_message_size,
         grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
+        http_header_timeout_secs=args.http_header_timeout_secs,
+        http_idle_timeout_secs=args.http_idle_timeout_secs,
+        http_keep_alive_timeout_secs=args.http_keep_alive_timeout_secs,
+        http_max_connections=args.http_max_connections,
+        http_health_reserved_connections=args.http_health_reserved_connections,
+        grpc_max_input_size=args.grpc_max_input_size,
+        grpc_keepalive_time_ms=args.grpc_keepalive_time,
+        grpc_keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        grpc_http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        grpc_http2_min_recv_ping_interval_without_data_ms=(
+            args.grpc_http2_min_recv_ping_interval_without_data),
+        grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        grpc_max_connection_idle_ms=args.grpc_max_connection_idle,
+        grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
+        grpc_max_connections=args.grpc_max_connections,
+        grpc_handshake_timeout_ms=args.grpc_handshake_timeout,
         model_config_name=args.model_config_name, metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs, load_models=list(args.load_models),
+        repository_settle_secs=args.repository_settle_secs,
+        allow_model_load_file_override=args.allow_model_load_file_override,
+        overload_status=args.overload_status,
     )
 
 

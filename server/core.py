@@ -9,7 +9,7 @@ import logging
 from typing import Optional
 
 from protocol.config_json import ConfigJsonError, config_from_json
-from protocol.errors import InvalidArgument, ServerError, Unavailable
+from protocol.errors import InvalidArgument, PermissionDenied, ServerError, Unavailable
 from protocol.model_config_pb2 import ModelConfig
 from protocol.types import (IndexEntry, InferRequest, InferResponse, ModelMetadata,
                             StatisticsSnapshot, TensorMetadata)
@@ -37,6 +37,7 @@ EXTENSIONS = [
     "statistics",
 ]
 POLLING_REFUSAL = "explicit model load / unload is not allowed if polling is enabled"
+FILE_OVERRIDE_FLAG = "--allow-model-load-file-override"
 
 
 class InferenceCore:
@@ -160,8 +161,14 @@ class InferenceCore:
     async def load_model(self, name: str, config_json: Optional[str] = None,
                          files: Optional[dict[str, bytes]] = None) -> None:
         """Load or hot-reload `name`; `config_json` replaces config.pbtxt, and `files` (which
-        need it) make up the whole model directory, written to a private temporary one."""
+        need it) make up the whole model directory, written to a private temporary one.
+        Files are refused unless the server was started with --allow-model-load-file-override:
+        they are code the server would run (a Python model) sent by any network client."""
         self._check_explicit()
+        if files and not self.settings.allow_model_load_file_override:
+            raise PermissionDenied(f"failed to load '{name}': file overrides ('file:' "
+                                   f"parameters) are not allowed; start the server with "
+                                   f"{FILE_OVERRIDE_FLAG} to allow them")
         override = None
         if config_json is not None:
             try:
@@ -199,12 +206,15 @@ def _type_name(value: int) -> str:
 
 
 def _model_counts_as_ready(model: ModelRecord) -> bool:
-    """Strict readiness for one model: its serving versions are healthy, and it serves unless
-    it was unloaded, was never loaded, or is still on its first load."""
+    """Strict readiness for one model: its serving versions are healthy, no version its policy
+    wants failed to load (even while an older one keeps serving, as Triton counts it), and it
+    serves unless it was unloaded, was never loaded, or is still on its first load."""
     if any(record.serving and not record.healthy() for record in model.versions.values()):
         return False
     if model.ready_versions() or model.reason == UNLOADED:
-        return True
+        # UNAVAILABLE versions are failed loads the policy wants, or retired ("unloaded") ones.
+        return not any(record.state is ModelState.UNAVAILABLE and record.reason != UNLOADED
+                       for record in model.versions.values())
     if not model.versions:
         return model.state is ModelState.UNKNOWN
     return all(record.state is ModelState.LOADING for record in model.versions.values())

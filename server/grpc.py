@@ -1,4 +1,5 @@
-"""The gRPC frontend: Triton's GRPCInferenceService and grpc.health.v1.Health on grpc.aio.
+"""The gRPC frontend's services: Triton's GRPCInferenceService on grpc.aio (the listener, its
+options and grpc.health.v1 are in server/grpc_server.py).
 
 Every RPC decodes once through protocol/grpc_codec.py, calls server/core.py, and maps every
 error through protocol/errors.py, so a failure gives the same message as over HTTP and the
@@ -15,16 +16,14 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, NoReturn, Optional
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protocol import grpc_codec as codec
 from protocol import grpc_service_pb2 as pb
-from protocol.errors import NotFound, ServerError, Unsupported, client_error, server_exiting
-from protocol.grpc_service_pb2_grpc import (GRPCInferenceServiceServicer,
-                                            add_GRPCInferenceServiceServicer_to_server)
+from protocol.errors import (InvalidArgument, NotFound, Overloaded, ServerError, Unsupported,
+                             client_error, server_exiting)
+from protocol.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
 from server.core import InferenceCore
 from server.runtime_settings import RuntimeSettings
-from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +31,19 @@ log = logging.getLogger(__name__)
 # stream) instead of an error_message on an open stream.
 STREAM_ERROR_HEADER = "triton_grpc_error"
 HEALTH_POLL_SECONDS = 0.5
+RETRY_AFTER_KEY = "retry-after"  # trailing metadata of a full-queue UNAVAILABLE
 _NO_SHM = "shared memory is not supported by this server"
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServerError) -> NoReturn:
     """End the RPC with the status the one error table gives, and the error's message: the one
-    gRPC mapping of errors, for unary RPCs and streams alike (see `rpc_error`)."""
-    await context.abort(grpc.StatusCode[error.grpc_status_name()], error.message)
+    gRPC mapping of errors, for unary RPCs and streams alike (see `rpc_error`). A full queue
+    also says when to retry, in whole seconds, as `retry-after` trailing metadata."""
+    code = grpc.StatusCode[error.grpc_status_name()]
+    if isinstance(error, Overloaded):
+        await context.abort(code, error.message,
+                            trailing_metadata=((RETRY_AFTER_KEY, str(error.retry_after)),))
+    await context.abort(code, error.message)
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
 
@@ -56,6 +61,8 @@ def guarded(handler: Unary) -> Unary:
     @functools.wraps(handler)
     async def rpc(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if type(request) is Undecodable:
+                raise request.error
             return await handler(self, request, context)
         except grpc.aio.AbortError:
             raise
@@ -64,6 +71,64 @@ def guarded(handler: Unary) -> Unary:
         await abort(context, error)
 
     return rpc
+
+
+# ----- undecodable messages -----------------------------------------------------------------
+class Undecodable:
+    """What a request message that does not parse becomes, instead of an exception.
+
+    grpcio answers a request deserializer that raises with UNKNOWN ("Unexpected <class
+    DecodeError>") before any handler runs, and offers no hook to change that status. So the
+    deserializers registered here never raise: a malformed message arrives at its handler as
+    this object, and the handler refuses it as INVALID_ARGUMENT (`guarded`, Health) or, in a
+    stream, answers it like any other failed request."""
+
+    __slots__ = ("error",)
+    id = ""  # no request id can be read from it (stream answers echo one)
+
+    def __init__(self, error: InvalidArgument) -> None:
+        self.error = error
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError, or anything a parser raises
+            return Undecodable(InvalidArgument(f"malformed request message: {exc}"))
+
+    return deserialize
+
+
+class _HandlerCapture:
+    """Stands in for the server while generated `add_*_to_server` code registers a service."""
+
+    def __init__(self) -> None:
+        self.generic: list[Any] = []
+        self.registered: dict[str, dict[str, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self.generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.registered[service] = handlers
+
+
+def add_service(server: Any, add_to_server: Callable[[Any, Any], None], servicer: Any) -> None:
+    """`add_to_server(servicer, server)` (generated code), with request deserializers that
+    turn a malformed message into `Undecodable` instead of raising."""
+    capture = _HandlerCapture()
+    add_to_server(servicer, capture)
+    if not capture.registered:  # generated code older than registered handlers: as it is
+        server.add_generic_rpc_handlers(tuple(capture.generic))
+        return
+    for service, handlers in capture.registered.items():
+        lenient = {name: handler._replace(
+                       request_deserializer=_lenient(handler.request_deserializer))
+                   if handler.request_deserializer is not None else handler
+                   for name, handler in handlers.items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, lenient),))
+        server.add_registered_method_handlers(service, lenient)
 
 
 def _no_repository_name(repository_name: str) -> None:
@@ -83,6 +148,8 @@ _END = object()
 
 async def _infer(core: InferenceCore, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
     """One inference, wire to wire: the path both ModelInfer and ModelStreamInfer take."""
+    if type(message) is Undecodable:  # a stream's malformed message (ModelInfer: `guarded`)
+        raise message.error
     request = codec.decode_infer_request(message)
     response = await core.infer(request)
     return codec.encode_infer_response(response, message.id)
@@ -329,105 +396,3 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         if request.settings:
             self.logging.update(codec.decode_log_settings(request.settings))
         return codec.encode_log_settings(self.logging.values)
-
-
-# ----- grpc.health.v1 -----------------------------------------------------------------------
-class HealthServicer(health_pb2_grpc.HealthServicer):
-    """Kubernetes `grpc:` probes: SERVING exactly when the server is ready (core.ready()).
-
-    Like Triton, every service name answers with the server's readiness."""
-
-    def __init__(self, core: InferenceCore, poll_seconds: float = HEALTH_POLL_SECONDS) -> None:
-        self.core = core
-        self.poll_seconds = poll_seconds
-        self.closing = asyncio.Event()
-
-    def status(self) -> int:
-        return health_pb2.HealthCheckResponse.SERVING if self.core.ready() else \
-            health_pb2.HealthCheckResponse.NOT_SERVING
-
-    async def Check(self, request: health_pb2.HealthCheckRequest, context: Any
-                    ) -> health_pb2.HealthCheckResponse:
-        return health_pb2.HealthCheckResponse(status=self.status())
-
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any
-                    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
-        """The current status at once, then each change; ends (NOT_SERVING) at shutdown."""
-        last: Optional[int] = None
-        while not self.closing.is_set():
-            status = self.status()
-            if status != last:
-                last = status
-                yield health_pb2.HealthCheckResponse(status=status)
-            try:
-                await asyncio.wait_for(self.closing.wait(), self.poll_seconds)
-            except asyncio.TimeoutError:
-                pass
-        if last != health_pb2.HealthCheckResponse.NOT_SERVING:
-            yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
-
-    def close(self) -> None:
-        self.closing.set()
-
-
-# ----- the server ---------------------------------------------------------------------------
-# --grpc-infer-response-compression-level -> grpc core's compression level, as Triton maps it.
-# (grpc.aio ignores ServicerContext.set_compression, so the level is set for the whole server;
-# the other responses are tiny.) Requests may be compressed whatever the level.
-COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
-
-
-def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
-    """Triton's message limits (2 GiB - 1 by default, grpcio's own default is 4 MiB); no
-    SO_REUSEPORT, so a port already in use fails the start instead of sharing traffic."""
-    size = settings.grpc_max_message_size
-    return [
-        ("grpc.max_receive_message_length", size),
-        ("grpc.max_send_message_length", size),
-        ("grpc.so_reuseport", 0),
-        ("grpc.default_compression_level",
-         COMPRESSION_LEVELS[settings.grpc_infer_response_compression_level]),
-    ]
-
-
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
-class GrpcFrontend:
-    """The running gRPC server. `stop()` first ends the long-lived calls (health watches, open
-    streams once their in-flight requests are answered), so shutdown need not wait the whole
-    grace period for clients that never hang up."""
-
-    def __init__(self, core: InferenceCore, settings: ServerSettings,
-                 runtime: RuntimeSettings) -> None:
-        self.settings = settings
-        self.server = grpc.aio.server(options=server_options(settings))
-        self.inference = InferenceServicer(core, runtime)
-        self.health = HealthServicer(core)
-        add_GRPCInferenceServiceServicer_to_server(self.inference, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = 0
-
-    async def start(self) -> None:
-        address = _address(self.settings.grpc_address, self.settings.grpc_port)
-        try:
-            self.port = self.server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"failed to bind gRPC to {address}: {exc}") from None
-        if not self.port:
-            raise OSError(f"failed to bind gRPC to {address}")
-        await self.server.start()
-
-    async def stop(self, grace: Optional[float]) -> None:
-        self.health.close()
-        self.inference.close()
-        await self.server.stop(grace)
-
-
-async def start_grpc_server(core: InferenceCore, settings: ServerSettings,
-                            runtime: RuntimeSettings) -> GrpcFrontend:
-    """Bind and start the gRPC listener (raising OSError when the address cannot be bound)."""
-    frontend = GrpcFrontend(core, settings, runtime)
-    await frontend.start()
-    return frontend

@@ -18,8 +18,8 @@ from starlette.responses import Response
 
 from protocol import compression, rest_decode, rest_encode
 from protocol.config_json import config_to_json
-from protocol.errors import (InvalidArgument, ServerError, Unsupported, client_error,
-                             server_exiting)
+from protocol.errors import (InvalidArgument, Overloaded, ServerError, Unsupported,
+                             client_error, server_exiting)
 from protocol.types import InferRequest
 from repository.registry import VersionRecord
 from server.core import InferenceCore
@@ -37,7 +37,10 @@ def json_response(payload: Any, status: int = 200) -> Response:
 
 
 def error_headers(error: ServerError) -> dict[str, str]:
-    """An unknown Content-Encoding answer tells the client which encodings work."""
+    """An unknown Content-Encoding answer tells the client which encodings work; a full queue
+    (503, or 429 with --overload-status) says in whole seconds when to come back."""
+    if isinstance(error, Overloaded):
+        return {"Retry-After": str(error.retry_after)}
     if isinstance(error, Unsupported) and "compression" in error.message:
         return {"Accept-Encoding": compression.ACCEPT_ENCODING}
     return {}

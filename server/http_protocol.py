@@ -27,6 +27,7 @@ from uvicorn.protocols.http.httptools_impl import (STATUS_LINE, HttpToolsProtoco
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from protocol.errors import Cancelled
+from server.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
 from server.http import JSON, http_error
 from server.http_body import BodyBuffer
 
@@ -49,16 +50,118 @@ def fast_path_supported() -> bool:
             and all(name in init for name in cycle_fields))
 
 
-def protocol_class(frontend: Any) -> type[HttpToolsProtocol]:
-    """A protocol class bound to one HttpFrontend (uvicorn builds one protocol per connection)."""
+def protocol_class(frontend: Any,
+                   limits: Optional[ConnectionLimits] = None) -> type[HttpToolsProtocol]:
+    """A protocol class bound to one HttpFrontend (uvicorn builds one protocol per connection)
+    and to the connection limits (server/connections.py)."""
+    bound = {"frontend": frontend, "limits": limits or ConnectionLimits(),
+             "_refusals": RateLimitedLog(log)}
     if not fast_path_supported():
         log.warning("this uvicorn version lacks the hooks of the direct inference path; "
                     "inference requests go through ASGI")
-        return HttpToolsProtocol
-    return type("InferHttpProtocol", (InferHttpProtocol,), {"frontend": frontend})
+        return type("BoundedHttpProtocol", (BoundedHttpProtocol,), bound)
+    return type("InferHttpProtocol", (InferHttpProtocol,), bound)
 
 
-class InferHttpProtocol(HttpToolsProtocol):
+def bounded_protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's protocol with the connection limits alone (the metrics listener)."""
+    return type("BoundedHttpProtocol", (BoundedHttpProtocol,),
+                {"limits": limits, "_refusals": RateLimitedLog(log)})
+
+
+async def _health_only(scope: Any, receive: Any, send: Any) -> None:
+    """The answer on a connection past --http-max-connections to anything but a health check."""
+    body = (b'{"error":"too many open connections (--http-max-connections); this connection '
+            b'only answers /v2/health/live and /v2/health/ready"}')
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", JSON.encode("latin-1")),
+                            (b"content-length", str(len(body)).encode("latin-1")),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+# A connection in the health-check reserve waits at most this long for its request.
+_HEALTH_ONLY_IDLE = 5.0
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's protocol with connections bounded in number and in waiting time.
+
+    One timer per connection, in uvicorn's keep-alive slot (`timeout_keep_alive_task`, which
+    uvicorn already cancels on every read and re-arms after every response): armed for the idle
+    timeout when the connection opens, and, after a read that leaves the connection still
+    waiting for a request's headers (a partial request, or blank lines), re-armed for what is
+    left of the header (or idle / keep-alive) deadline. A request that arrives whole in one read
+    costs nothing more than in uvicorn: its timer was cancelled by the read, and uvicorn arms
+    the keep-alive one after the response. The body is not timed here: a handler reading it
+    waits for it as before (bounded by --http-max-input-size).
+    """
+
+    limits: ConnectionLimits = ConnectionLimits()
+    _refusals: RateLimitedLog = RateLimitedLog(log)
+    # (waiting for a request's headers?, loop time by which the wait must end); None while a
+    # request is being served (class defaults: no per-connection cost to set them up).
+    _wait: Optional[tuple[bool, float]] = None
+    _health_only: bool = False  # admitted from the health-check reserve
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = self.limits
+        over = len(self.connections) - limits.max_connections
+        idle = limits.idle_timeout
+        if over > 0:
+            if over > limits.health_reserve:
+                self._refusals.warning(
+                    "HTTP connection from %s closed at once: %d connections are open, the limit "
+                    "is %d (--http-max-connections) plus %d reserved for health checks",
+                    self.client[0] if self.client else "?", len(self.connections) - 1,
+                    limits.max_connections, limits.health_reserve)
+                transport.close()
+                return
+            self._health_only = True
+            idle = min(idle, _HEALTH_ONLY_IDLE)
+        self._wait = (False, self.loop.time() + idle)
+        self.timeout_keep_alive_task = self.loop.call_later(idle, self.timeout_keep_alive_handler)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # cancels the timer; parses; may start a request
+        if self.timeout_keep_alive_task is None:
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:  # nothing to serve yet: still waiting
+                self._arm_wait()
+
+    def _arm_wait(self) -> None:
+        transport = self.transport
+        if transport.is_closing() or transport.get_protocol() is not self:  # closed, upgraded
+            return
+        now = self.loop.time()
+        scope = self.scope
+        in_headers = scope is not None and "method" not in scope  # on_headers_complete sets it
+        wait = self._wait
+        if wait is None or (in_headers and not wait[0]):
+            timeout = self.limits.header_timeout if in_headers else self.timeout_keep_alive
+            if self._health_only:
+                timeout = min(timeout, _HEALTH_ONLY_IDLE)
+            wait = self._wait = (in_headers, now + timeout)
+        self.timeout_keep_alive_task = self.loop.call_later(max(wait[1] - now, 0.0),
+                                                            self.timeout_keep_alive_handler)
+
+    def timeout_keep_alive_handler(self) -> None:
+        if self._wait is not None and not self.transport.is_closing():
+            log.debug("closing HTTP connection from %s: no complete request headers in time",
+                      self.client[0] if self.client else "?")
+        super().timeout_keep_alive_handler()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._wait = None
+        if self._health_only:
+            cycle.keep_alive = False  # one answer, then the reserve is free again
+            if cycle.scope["path"] not in HEALTH_PATHS:
+                app = _health_only
+        super()._start_asgi_task(cycle, app)
+
+
+class InferHttpProtocol(BoundedHttpProtocol):
     """uvicorn's protocol; infer POSTs run `_serve_infer` instead of the ASGI app."""
 
     frontend: Any  # server.http.HttpFrontend, set by protocol_class()
@@ -68,8 +171,10 @@ class InferHttpProtocol(HttpToolsProtocol):
         self._infer_task: Optional[asyncio.Task] = None
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._wait = None
         scope = cycle.scope
-        if scope["method"] == "POST" and app is self.app:  # not the 503 of limit_concurrency
+        # Not the 503 of limit_concurrency, nor a connection from the health-check reserve.
+        if scope["method"] == "POST" and app is self.app and not self._health_only:
             match = INFER_PATH.fullmatch(scope["path"])
             if match is not None:
                 task = self.loop.create_task(

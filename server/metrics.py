@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from scheduler.stats import FailureReason
+from scheduler.stats import REJECTION_REASONS, FailureReason
+
+if TYPE_CHECKING:  # pragma: no cover
+    from repository.registry import ModelRegistry
 
 FAILURE_REASONS = (FailureReason.REJECTED, FailureReason.CANCELED, FailureReason.BACKEND,
                    FailureReason.OTHER)
@@ -37,6 +40,8 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "nv_inference_compute_output_duration_us": ("counter", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
     "nv_inference_pending_request_count": ("gauge", "Instantaneous number of pending requests awaiting execution per-model."),
     "nv_model_load_duration_secs": ("gauge", "Model load time in seconds"),
+    # Beyond Triton: nv_inference_request_failure{reason="REJECTED"} split by why.
+    "ascend_inference_rejected_total": ("counter", "Number of inference requests refused for overload, by reason: queue_full (max_queue_size reached, answered at once with a retry hint), queue_timeout (queue timeout expired under timeout_action REJECT)"),
 }
 
 
@@ -58,6 +63,7 @@ class VersionMetrics:
     infer_us: float = 0.0
     output_us: float = 0.0
     pending: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REJECTION_REASONS})
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +97,10 @@ class VersionMetrics:
         with self._lock:
             self.pending += delta
 
+    def request_rejected(self, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
 
 def _cpu_times() -> tuple[int, int]:
     with open("/proc/stat", encoding="ascii") as handle:
@@ -109,10 +119,34 @@ def _memory() -> tuple[int, int]:
     return total, total - values.get("MemAvailable", values.get("MemFree", 0))
 
 
+# Scrape-time reader of Python model worker restarts: (model, version, restarts so far).
+WorkerRestarts = Callable[[], Iterable[tuple[str, str, int]]]
+WORKER_RESTARTS = "ascend_python_worker_restarts_total"
+
+
+def worker_restarts(registry: "ModelRegistry") -> list[tuple[str, str, int]]:
+    """Worker restarts per serving version whose backend counts them (`restarts`, the Python
+    backend), summed over its instances. Backends only count; this side reads at scrape time,
+    on the event loop like every registry change, so the series lives and dies with the
+    version."""
+    counts: list[tuple[str, str, int]] = []
+    for name, record in registry.serving_versions():
+        pool = getattr(record.scheduler, "pool", None)
+        if pool is None:
+            continue
+        restarts = [getattr(getattr(instance, "backend", None), "restarts", None)
+                    for instance in pool.instances]
+        numbers = [count for count in restarts if isinstance(count, int)]
+        if numbers:
+            counts.append((name, str(record.version), sum(numbers)))
+    return counts
+
+
 class ServerMetrics:
     """Every metric the server exposes; also the repository manager's VersionHooks."""
 
-    def __init__(self) -> None:
+    def __init__(self, restarts: Optional[WorkerRestarts] = None) -> None:
+        self._restarts = restarts
         self.registry = CollectorRegistry(auto_describe=False)
         self.latency = Histogram("ascend_inference_request_latency_seconds",
                                  "End-to-end inference request latency per model version",
@@ -173,7 +207,18 @@ class ServerMetrics:
                 add("nv_inference_compute_output_duration_us", labels, int(v.output_us))
                 add("nv_inference_pending_request_count", labels, v.pending)
                 add("nv_model_load_duration_secs", labels, round(v.load_seconds, 6))
+                for reason, count in v.rejected.items():
+                    add("ascend_inference_rejected_total", {**labels, "reason": reason}, count)
         yield from families.values()
+
+    def _worker_families(self) -> Iterable[Metric]:
+        if self._restarts is None:
+            return
+        family = Metric(WORKER_RESTARTS, "Restarts of Python model worker processes that died, "
+                        "per model version", "counter")
+        for model, version, count in self._restarts():
+            family.add_sample(WORKER_RESTARTS, {"model": model, "version": version}, count)
+        yield family
 
     def _cpu_families(self) -> Iterable[Metric]:
         if not os.path.exists("/proc/stat"):
@@ -195,7 +240,8 @@ class ServerMetrics:
     def render(self) -> bytes:
         lines: list[str] = []
         sources: list[Callable[[], Iterable[Metric]]] = [
-            self._triton_families, self._cpu_families, self.registry.collect]
+            self._triton_families, self._worker_families, self._cpu_families,
+            self.registry.collect]
         sources.extend(c.collect for c in self._extra)
         for source in sources:
             for family in source():

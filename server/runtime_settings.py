@@ -34,6 +34,8 @@ class TraceSettings:
 
     def update(self, changes: dict[str, Optional[list[str]]], model: str = "") -> None:
         for key, values in changes.items():
+            if key not in TRACE_DEFAULTS:  # also when its value is empty (a reset)
+                raise InvalidArgument(f"unknown trace setting '{key}'")
             if values is not None:
                 _check_trace_value(key, values)
         target = self.models.setdefault(model, {}) if model else self.global_settings

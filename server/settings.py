@@ -28,10 +28,39 @@ class ServerSettings:
     colocate_cheap_instances: bool = True  # scheduler/affinity.py
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     json_max_depth: int = 100
+    # HTTP connections (server/connections.py): how long a connection may wait without a
+    # request, how many may be open (None: 4096, capped to fit the descriptor limit), and how
+    # many more are kept for health checks once that limit is hit.
+    http_header_timeout_secs: float = 30.0
+    http_idle_timeout_secs: float = 60.0
+    http_keep_alive_timeout_secs: float = 60.0
+    http_max_connections: int | None = None
+    http_health_reserved_connections: int = 16
+    # Largest gRPC request message after decompression (None: http_max_input_size): grpcio
+    # checks it while inflating, so a small compressed request cannot inflate past it.
+    grpc_max_input_size: int | None = None
+    # gRPC connections: keepalive with Triton's flags and defaults, then our own bounds.
+    grpc_keepalive_time_ms: int = 7_200_000
+    grpc_keepalive_timeout_ms: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
+    grpc_max_connection_idle_ms: int = 60_000
+    grpc_max_connections: int | None = None  # None: as http_max_connections' default
+    grpc_max_concurrent_streams: int = 1000
+    grpc_handshake_timeout_ms: int = 30_000
     grpc_max_message_size: int = GRPC_MAX_MESSAGE
     grpc_infer_response_compression_level: str = "none"
     model_config_name: str | None = None
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
+    # Poll mode: a version (or the model-level files) must stay unchanged this long before it
+    # loads, unless a `.ready` marker written last says it is complete (repository/poller.py).
+    repository_settle_secs: float = 10.0
     load_models: list[str] = field(default_factory=list)
+    # Load API `file:<path>` overrides write files the server then loads (a Python model is
+    # code it runs): refused (403 / PERMISSION_DENIED) unless this is set.
+    allow_model_load_file_override: bool = False
+    overload_status: int = 503  # HTTP status of a full queue: 503 or 429 (gRPC: UNAVAILABLE)
     metrics_interval_ms: int = 2000

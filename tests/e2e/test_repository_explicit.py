@@ -24,6 +24,8 @@ from serverproc import ServerProcess, running_server
 pytestmark = pytest.mark.e2e
 
 EXPLICIT = ["--model-control-mode", "explicit"]
+# File overrides are refused unless the server is started with this (issue 13, item 2).
+OVERRIDES = ["--allow-model-load-file-override"]
 SIMPLE_JSON = json.dumps({
     "backend": "onnxruntime", "max_batch_size": 8,
     "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [16]},
@@ -123,7 +125,8 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_load_reload_and_unload_over_http_under_load(repo: Path, tmp_path: Path) -> None:
-    with running_server([repo], [*EXPLICIT, "--load-model", "simple"], log_dir=tmp_path) as server:
+    with running_server([repo], [*EXPLICIT, *OVERRIDES, "--load-model", "simple"],
+                        log_dir=tmp_path) as server:
         assert index(server) == {("simple", "1"): {"name": "simple", "version": "1", "state": "READY"},
                                  ("other", ""): {"name": "other"}}
         assert httpx.post(server.base + "/v2/models/other/infer", json=body(0)).status_code == 404
@@ -173,7 +176,8 @@ def test_load_reload_and_unload_over_http_under_load(repo: Path, tmp_path: Path)
 
 
 def test_load_reload_and_unload_over_grpc(repo: Path, tmp_path: Path) -> None:
-    with running_server([repo], [*EXPLICIT, "--load-model", "*"], log_dir=tmp_path) as server:
+    with running_server([repo], [*EXPLICIT, *OVERRIDES, "--load-model", "*"],
+                        log_dir=tmp_path) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         with Traffic(server.base) as traffic:
             client.load_model("simple", config=SIMPLE_JSON,
@@ -213,8 +217,8 @@ def test_file_overrides_never_write_outside_their_directory(repo: Path, tmp_path
     outside.write_bytes(model_bytes(0))
     attempts = ["../x", "1/../../x", "1/../../../x", str(tmp_path / "absolute"), "1//model.onnx",
                 "./1/model.onnx", "1/model.onnx\x00"]
-    with running_server([repo], EXPLICIT + ["--load-model", "simple"], env={"TMPDIR": str(private)},
-                        log_dir=tmp_path) as server:
+    with running_server([repo], EXPLICIT + OVERRIDES + ["--load-model", "simple"],
+                        env={"TMPDIR": str(private)}, log_dir=tmp_path) as server:
         for key in attempts:
             reply = load(server, "sneaky", SIMPLE_JSON, {"1/model.onnx": model_bytes(0), key: b"pwned"})
             assert reply.status_code == 400, key
@@ -248,6 +252,53 @@ def test_file_overrides_never_write_outside_their_directory(repo: Path, tmp_path
         assert unload(server, "sneaky").status_code == 200
         assert overrides(private) == []
         assert httpx.get(server.base + "/v2/health/live").status_code == 200
+
+
+PYTHON_MODEL = """
+import pathlib
+pathlib.Path({marker!r}).write_text("code sent over the network ran")
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+"""
+PYTHON_JSON = json.dumps({
+    "backend": "python", "max_batch_size": 0,
+    "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [1]}],
+    "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}]})
+
+
+def test_file_overrides_are_refused_without_the_flag(repo: Path, tmp_path: Path) -> None:
+    """A network client must not be able to make the server run code: by default `file:`
+    parameters are refused with 403 / PERMISSION_DENIED naming the flag, before anything is
+    written; config overrides stay allowed."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    marker = tmp_path / "ran"
+    model_py = PYTHON_MODEL.format(marker=str(marker)).encode()
+    with running_server([repo], EXPLICIT + ["--load-model", "simple"],
+                        env={"TMPDIR": str(private)}, log_dir=tmp_path) as server:
+        reply = load(server, "evil", PYTHON_JSON, {"1/model.py": model_py})
+        assert reply.status_code == 403
+        assert reply.json() == {"error": "failed to load 'evil': file overrides ('file:' "
+                                         "parameters) are not allowed; start the server with "
+                                         "--allow-model-load-file-override to allow them"}
+        reply = load(server, "simple", SIMPLE_JSON, {"1/model.onnx": model_bytes(100)})
+        assert reply.status_code == 403 and offset(server) == 0  # the old copy still serves
+
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("evil", config=PYTHON_JSON, files={"file:1/model.py": model_py})
+        assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert "--allow-model-load-file-override" in refused.value.message()
+        client.close()
+
+        assert overrides(private) == [] and not marker.exists()  # nothing written, nothing ran
+        assert all(name != "evil" for name, _ in index(server))
+        # a config override alone is still allowed
+        assert load(server, "other", json.dumps({"backend": "onnxruntime"})).status_code == 200
+        assert offset(server, "other") == 0
 
 
 WARMUP = """

@@ -22,7 +22,10 @@ from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
-POLL = ["--model-control-mode", "poll", "--repository-poll-secs", "0.2"]
+# Settle time 0: act once two polls in a row see the same files (the settle time has its own
+# tests below).
+POLL = ["--model-control-mode", "poll", "--repository-poll-secs", "0.2",
+        "--repository-settle-secs", "0"]
 
 
 def body(start: int) -> dict:
@@ -149,12 +152,17 @@ def test_a_corrupt_version_never_interrupts_the_serving_one(repo: Path, tmp_path
             entry = index(server)[("simple", "1")]
             assert entry["state"] == "READY"
             assert "2/model.onnx" in entry["reason"]
-            assert httpx.get(server.base + "/v2/health/ready").status_code == 200
+            # the failed version shows where users look, and strict readiness counts it
+            failed = index(server)[("simple", "2")]
+            assert failed["state"] == "UNAVAILABLE" and "2/model.onnx" in failed["reason"]
+            assert not failed["reason"].startswith("reload failed")
+            assert httpx.get(server.base + "/v2/health/ready").status_code == 400
             traffic.wait_until_all_see(0)
             # later changes are still picked up: a fixed copy of version 2 swaps in
             write_version(repo / "simple", 2, offset=100, config=False)
             wait_for(lambda: state(server, "simple", "2") == "READY", "the fixed version 2")
             traffic.wait_until_all_see(100)
+            assert httpx.get(server.base + "/v2/health/ready").status_code == 200
         traffic.check()
         assert traffic.offsets() == {0, 100}
         assert "reason" not in index(server)[("simple", "2")]
@@ -183,8 +191,8 @@ def test_a_model_copied_in_slowly_is_loaded_only_once_complete(repo: Path, tmp_p
     seen: list[dict] = []
     answers: list[int] = []
     done = threading.Event()
-    with running_server([repo], ["--model-control-mode", "poll", "--repository-poll-secs", "0.5"],
-                        log_dir=tmp_path) as server:
+    with running_server([repo], ["--model-control-mode", "poll", "--repository-poll-secs", "0.5",
+                                 "--repository-settle-secs", "0"], log_dir=tmp_path) as server:
 
         def copy_slowly() -> None:
             (repo / "late").mkdir()
@@ -231,3 +239,77 @@ def test_models_appear_and_leave_and_duplicates_are_named(repo: Path, tmp_path: 
         refused = httpx.post(server.base + "/v2/repository/models/simple/load")
         assert refused.status_code == 503 and refused.json() == {
             "error": "explicit model load / unload is not allowed if polling is enabled"}
+
+
+# A Python model answering OUT = 1; the second half, appended later, redefines it to answer 2.
+FIRST_HALF = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    answer = 1
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", np.full((1,), self.answer, np.int32))]) for _ in requests]
+'''
+SECOND_HALF = '''
+
+class TritonPythonModel(TritonPythonModel):
+    answer = 2
+'''
+HALVES_CONFIG = '''
+name: "halves"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+'''
+
+
+def halves_answer(server: ServerProcess) -> object:
+    reply = httpx.post(server.base + "/v2/models/halves/infer", json={"inputs": [
+        {"name": "IN", "shape": [1], "datatype": "INT32", "data": [0]}]}, timeout=10)
+    return reply.json()["outputs"][0]["data"][0] if reply.status_code == 200 else reply.status_code
+
+
+def test_a_model_py_copied_in_two_parts_loads_only_once_it_settled(
+        repo: Path, tmp_path: Path) -> None:
+    """Issue #13 item 8: with two polls in a row as the only rule, the first half (valid
+    Python) loaded and served until the second half arrived."""
+    args = ["--model-control-mode", "poll", "--repository-poll-secs", "0.2",
+            "--repository-settle-secs", "2.5"]
+    answers: list[object] = []
+    with running_server([repo], args, log_dir=tmp_path) as server:
+        (repo / "halves").mkdir()
+        (repo / "halves" / "config.pbtxt").write_text(HALVES_CONFIG)
+        target = repo / "halves" / "1" / "model.py"
+        target.parent.mkdir()
+        target.write_text(FIRST_HALF)
+        pause_ends = time.monotonic() + 1.0  # polls see the first half, unchanged, meanwhile
+        while time.monotonic() < pause_ends:
+            answers.append(halves_answer(server))
+            time.sleep(0.05)
+        with open(target, "a") as handle:
+            handle.write(SECOND_HALF)
+        wait_for(lambda: state(server, "halves", "1") == "READY", "the complete model")
+        answers.append(halves_answer(server))
+        assert answers[-1] == 2
+    assert 1 not in answers, answers  # the first half never served
+
+
+def test_a_ready_marker_written_last_loads_without_waiting_for_the_settle_time(
+        repo: Path, tmp_path: Path) -> None:
+    args = ["--model-control-mode", "poll", "--repository-poll-secs", "0.2",
+            "--repository-settle-secs", "600"]
+    with running_server([repo], args, log_dir=tmp_path) as server:
+        write_version(repo / "simple", 2, offset=100, config=False)
+        time.sleep(1.0)  # five polls: the settle time holds it back
+        assert ("simple", "2") not in index(server)
+        (repo / "simple" / "2" / ".ready").touch()
+        wait_for(lambda: state(server, "simple", "2") == "READY", "version 2 with its marker",
+                 timeout=10)
+        reply = httpx.post(server.base + "/v2/models/simple/infer", json=body(0))
+        assert reply.json()["outputs"][0]["data"][0] == 0 + 1 + 100

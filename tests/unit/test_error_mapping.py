@@ -47,3 +47,38 @@ def test_server_exiting_is_built_in_one_place() -> None:
     error = server_exiting()
     assert isinstance(error, Unavailable) and error.message == "Server exiting"
     assert (error.http_status(), error.grpc_status_name()) == (503, "UNAVAILABLE")
+
+
+def test_a_full_queue_says_when_to_retry_on_both_protocols() -> None:
+    import asyncio
+
+    import grpc
+
+    from protocol.errors import Overloaded, set_overload_http_status
+    from server.grpc import abort
+
+    class Context:
+        async def abort(self, code, details, trailing_metadata=()) -> None:
+            self.answer = (code, details, tuple(trailing_metadata))
+            raise RuntimeError("aborted")
+
+    error = Overloaded("Exceeds maximum queue size", retry_after=7)
+    status, headers, body = http_error(error, "/v2/models/m/infer")
+    assert (status, headers) == (503, {"Retry-After": "7"})
+    assert orjson.loads(body) == {"error": "Exceeds maximum queue size"}
+    assert error_response(error).headers["retry-after"] == "7"
+    context = Context()
+    with pytest.raises(RuntimeError):
+        asyncio.run(abort(context, error))  # type: ignore[arg-type]
+    assert context.answer == (grpc.StatusCode.UNAVAILABLE, "Exceeds maximum queue size",
+                              (("retry-after", "7"),))
+    try:
+        set_overload_http_status(429)  # --overload-status=429: HTTP only
+        assert http_error(error, "/")[:2] == (429, {"Retry-After": "7"})
+        assert error.grpc_status_name() == "UNAVAILABLE"
+        assert Unavailable("not ready").http_status() == 503  # only a full queue
+    finally:
+        set_overload_http_status(503)
+    with pytest.raises(ValueError):
+        set_overload_http_status(500)
+    assert Overloaded("x", retry_after=0).retry_after == 1  # never "retry at once"

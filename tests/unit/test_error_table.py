@@ -26,6 +26,8 @@ EXPECTED: dict[type[ServerError], tuple[int, str]] = {
     errors.Cancelled: (400, "CANCELLED"),
     errors.UnknownError: (400, "UNKNOWN"),
     errors.TooLarge: (413, "RESOURCE_EXHAUSTED"),
+    errors.PermissionDenied: (403, "PERMISSION_DENIED"),
+    errors.Overloaded: (503, "UNAVAILABLE"),
 }
 
 
@@ -53,8 +55,9 @@ class _FakeContext:
     code: grpc.StatusCode
     details: str
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata=()) -> None:
         self.code, self.details = code, details
+        self.trailing_metadata = tuple(trailing_metadata)
         raise _Aborted
 
 

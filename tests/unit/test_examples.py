@@ -197,7 +197,9 @@ def test_conv_compute(repo: Path) -> None:
 def test_mlp_compute_is_a_bench_model_with_server_default_ort_options(tmp_path: Path) -> None:
     # Not in the example repository (36 MB of weights): bench/run.py builds it on its own.
     assert "mlp_compute" not in br.BUILDERS and "mlp_compute" not in MODELS
-    model_dir = br.BENCH_BUILDERS["mlp_compute"](tmp_path)
+    from examples.mlp_compute import BENCH_BUILDERS
+
+    model_dir = BENCH_BUILDERS["mlp_compute"](tmp_path)
     assert model_dir == tmp_path / "mlp_compute"
     import onnx
 

@@ -131,6 +131,30 @@ def test_wire_errors(mutate, match: str) -> None:
         codec.decode_infer_request(message)
 
 
+@pytest.mark.parametrize("datatype, field, shape, match", [
+    # zero elements, but numpy cannot hold the shape: was INTERNAL "array is too big"
+    ("INT32", None, [2**63 - 1, 0], r"shape \[9223372036854775807, 0\] of input 'X' is too large"),
+    ("INT32", "int_contents", [2**63 - 1, 0], "of input 'X' is too large"),
+    ("BYTES", None, [0, 2**62], "of input 'X' is too large"),
+    ("BYTES", "bytes_contents", [2**63 - 1, 0], "of input 'X' is too large"),
+    # more dimensions than numpy allows: was INTERNAL "maximum supported dimension"
+    ("INT32", None, [1] * 65, "input 'X': 65 dimensions exceed the maximum of 64"),
+    ("BYTES", "bytes_contents", [1] * 65, "input 'X': 65 dimensions exceed the maximum of 64"),
+])
+def test_shapes_numpy_cannot_hold_are_invalid_arguments(datatype: str, field, shape: list,
+                                                        match: str) -> None:
+    message = pb.ModelInferRequest(model_name="m")
+    tensor = message.inputs.add(name="X", datatype=datatype, shape=shape)
+    count = 1 if len(shape) == 65 else 0
+    if field is None:
+        raw = b"\x01\x00\x00\x00x" if datatype == "BYTES" else b"\0\0\0\0"
+        message.raw_input_contents.append(raw[:count * 5 if datatype == "BYTES" else count * 4])
+    else:
+        getattr(tensor.contents, field).extend([b"x" if datatype == "BYTES" else 1] * count)
+    with pytest.raises(InvalidArgument, match=match):
+        codec.decode_infer_request(message)
+
+
 def test_typed_element_count_must_match_shape() -> None:
     message = pb.ModelInferRequest(model_name="m")
     typed_input(message, "X", "FP32", [3], "fp32_contents", [1.0, 2.0])

@@ -47,3 +47,20 @@ def test_cpu_metrics_are_plain_gauges() -> None:
     used = re.search(r"^nv_cpu_memory_used_bytes (\d+)$", text, re.M)
     assert total and used and 0 < int(used.group(1)) < int(total.group(1))
     assert re.search(r"^nv_cpu_utilization [0-9.]+$", text, re.M)
+
+
+def test_rejections_are_counted_by_reason() -> None:
+    metrics = ServerMetrics()
+    version = metrics.version_loaded("m", 1, 0.0)
+    text = metrics.render().decode()
+    assert "# TYPE ascend_inference_rejected_total counter" in text
+    for reason in ("queue_full", "queue_timeout"):
+        assert f'ascend_inference_rejected_total{{model="m",reason="{reason}",version="1"}} 0' in text
+    version.request_rejected("queue_full")
+    version.request_rejected("queue_full")
+    version.request_rejected("queue_timeout")
+    text = metrics.render().decode()
+    assert 'ascend_inference_rejected_total{model="m",reason="queue_full",version="1"} 2' in text
+    assert 'ascend_inference_rejected_total{model="m",reason="queue_timeout",version="1"} 1' in text
+    metrics.version_unloaded("m", 1)
+    assert "ascend_inference_rejected_total{" not in metrics.render().decode()

@@ -128,6 +128,17 @@ ERROR_CASES = [
      InvalidArgument, "byte size overflows int64"),
     ("too-many-dims", _json(_input("x", "FP32", [1] * 65, [1])), None,
      InvalidArgument, "65 dimensions exceed the maximum of 64"),
+    # zero elements, yet numpy cannot hold the shape (was a 500 "array is too big")
+    ("zero-elements-huge-shape-json", _json(_input("x", "INT32", [2**63 - 1, 0], [])), None,
+     InvalidArgument, "shape [9223372036854775807, 0] of input 'x' is too large"),
+    ("zero-elements-huge-shape-binary",
+     *_with_binary(_json(_input("x", "INT32", [2**63 - 1, 0], binary_data_size=0))),
+     InvalidArgument, "shape [9223372036854775807, 0] of input 'x' is too large"),
+    ("zero-elements-huge-shape-bytes", _json(_input("x", "BYTES", [0, 2**62], [])), None,
+     InvalidArgument, "shape [0, 4611686018427387904] of input 'x' is too large"),
+    ("zero-elements-huge-shape-bytes-binary",
+     *_with_binary(_json(_input("x", "BYTES", [2**63 - 1, 0], binary_data_size=0))),
+     InvalidArgument, "of input 'x' is too large"),
     ("no-data-field", _json(_input("x", "FP32", [1])), None, InvalidArgument,
      "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
      "'shared_memory_region' in 'parameters'. But no field is set"),

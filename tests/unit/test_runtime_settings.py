@@ -22,6 +22,7 @@ def test_trace_defaults_and_per_model_overrides() -> None:
 
 @pytest.mark.parametrize("changes, error", [
     ({"nope": ["1"]}, InvalidArgument),
+    ({"log_file": None}, InvalidArgument),  # an unknown key with an empty value (was KeyError)
     ({"trace_level": ["LOUD"]}, InvalidArgument),
     ({"trace_level": ["TIMESTAMPS"]}, Unsupported),
     ({"trace_rate": ["-1"]}, InvalidArgument),

@@ -32,9 +32,19 @@ def test_control_flags_parse_with_triton_names(tmp_path: Path) -> None:
         ("none", 15.0, [])
 
 
+def test_the_settle_time_flag(tmp_path: Path) -> None:
+    assert settings_from_args(["--model-repository", str(tmp_path)]).repository_settle_secs == 10.0
+    for value in ("0", "2.5"):
+        settings = settings_from_args(["--model-repository", str(tmp_path),
+                                       "--repository-settle-secs", value])
+        assert settings.repository_settle_secs == float(value)
+
+
 @pytest.mark.parametrize("argv", [["--model-control-mode", "sometimes"],
                                   ["--repository-poll-secs", "0"],
-                                  ["--repository-poll-secs", "soon"]])
+                                  ["--repository-poll-secs", "soon"],
+                                  ["--repository-settle-secs", "-1"],
+                                  ["--repository-settle-secs", "nan"]])
 def test_bad_control_flags_are_refused(tmp_path: Path, argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         settings_from_args(["--model-repository", str(tmp_path), *argv])
@@ -105,9 +115,15 @@ def test_strict_readiness_follows_what_each_model_is_meant_to_do() -> None:
     unloaded.state, unloaded.reason = ModelState.UNAVAILABLE, "unloaded"
     unloaded.versions[1] = VersionRecord(1, ModelState.UNAVAILABLE, "unloaded")
     assert core.ready()
+    swapped = registry.record("swapped")  # a new version serves, the old one was retired
+    swapped.versions[1] = VersionRecord(1, ModelState.UNAVAILABLE, "unloaded")
+    swapped.versions[2] = _serving()
+    assert core.ready()
     kept = registry.record("kept")  # a failed new version while the old one serves
     kept.versions[1] = _serving()
     kept.versions[2] = VersionRecord(2, ModelState.UNAVAILABLE, "corrupt")
+    assert not core.ready()  # a version the policy wants is unavailable (issue #13 item 9)
+    del registry.models["kept"]
     assert core.ready()
     broken = registry.record("broken")
     broken.versions[1] = VersionRecord(1, ModelState.UNAVAILABLE, "corrupt")
@@ -118,3 +134,40 @@ def test_strict_readiness_follows_what_each_model_is_meant_to_do() -> None:
     del registry.models["broken"]
     registry.record("sick").versions[1] = _serving(ok=False)
     assert not core.ready()
+
+
+def test_load_api_flags_parse(tmp_path: Path) -> None:
+    defaults = settings_from_args(["--model-repository", str(tmp_path)])
+    assert defaults.allow_model_load_file_override is False and defaults.overload_status == 503
+    settings = settings_from_args(["--model-repository", str(tmp_path),
+                                   "--allow-model-load-file-override", "--overload-status=429"])
+    assert settings.allow_model_load_file_override is True and settings.overload_status == 429
+    with pytest.raises(SystemExit):
+        settings_from_args(["--model-repository", str(tmp_path), "--overload-status", "500"])
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_file_overrides_need_the_flag_config_overrides_do_not(allowed: bool) -> None:
+    import asyncio
+
+    from protocol.errors import InvalidArgument, PermissionDenied
+
+    registry = ModelRegistry()
+    settings = ServerSettings(model_control_mode="explicit",
+                              allow_model_load_file_override=allowed)
+    core = InferenceCore(settings, registry, ModelManager(ManagerSettings([]), registry),
+                         InferencePath(registry))
+    config = '{"backend": "python"}'
+    files = {"1/model.py": b"import os\nos.system('touch /tmp/pwned')\n"}
+    with pytest.raises(InvalidArgument if allowed else PermissionDenied) as info:
+        asyncio.run(core.load_model("m", config, files))
+    if not allowed:
+        assert (info.value.http_status(), info.value.grpc_status_name()) == \
+            (403, "PERMISSION_DENIED")
+        assert "--allow-model-load-file-override" in info.value.message
+        assert info.value.message.startswith("failed to load 'm'")
+    else:  # allowed through to the load (which fails: the config lists no inputs)
+        assert info.value.message.startswith("failed to load 'm'")
+        assert "allow-model-load-file-override" not in info.value.message
+    with pytest.raises(InvalidArgument, match="failed to poll from model repository"):
+        asyncio.run(core.load_model("m", config))  # a config override alone is always allowed

@@ -353,3 +353,85 @@ async def test_labels_are_read_when_a_copy_loads_and_again_on_reload(repo: Path)
     (model_dir / "1" / "tag").write_text("b")  # a change, so the reload builds a new copy
     await manager.load_model("m")
     assert registry.resolve("m").labels == {"OUTPUT0": ["emu"]}
+
+
+def _strict_core(manager: ModelManager, registry: ModelRegistry):  # type: ignore[no-untyped-def]
+    from server.core import InferenceCore
+    from server.inference import InferencePath
+    from server.settings import ServerSettings
+
+    core = InferenceCore(ServerSettings(), registry, manager, InferencePath(registry))
+    core.started = True
+    return core
+
+
+async def test_a_new_version_that_fails_before_it_is_built_shows_unavailable_beside_the_old(
+        repo: Path) -> None:
+    """Issue #13 item 9: auto-complete cannot read the new version's model file."""
+    from examples.variants import model_bytes
+
+    manager, registry, _ = manager_for(repo)
+    manager.settings.auto_complete = True  # reads the model files
+    model_dir = model(repo)
+    (model_dir / "1" / "model.onnx").write_bytes(model_bytes(0))
+    await manager.load_model("m")
+    core = _strict_core(manager, registry)
+    assert core.ready()
+    model(repo, versions={2: "b"})  # 2/model.onnx holds no ONNX model
+    with pytest.raises(LoadError, match="auto-complete failed"):
+        await manager.load_model("m")
+    versions = states(registry)
+    assert versions[1][0] == "READY" and versions[1][1].startswith("reload failed, still serving")
+    assert versions[2][0] == "UNAVAILABLE"
+    assert "auto-complete failed" in versions[2][1] and "2/model.onnx" in versions[2][1]
+    assert serving(registry).tag == "a"
+    entries = {e.version: (e.state, e.reason) for e in core.repository_index() if e.name == "m"}
+    assert entries["1"][0] == "READY" and entries["2"] == versions[2]
+    assert not core.ready()  # the version the policy wants is unavailable
+    (model_dir / "2" / "model.onnx").write_bytes(model_bytes(1))
+    await manager.load_model("m")
+    assert states(registry) == {1: ("UNAVAILABLE", "unloaded"), 2: ("READY", "")}
+    assert core.ready()
+
+
+async def test_a_failed_version_leaves_the_index_once_gone_or_no_longer_wanted(repo: Path) -> None:
+    from examples.variants import model_bytes
+
+    manager, registry, _ = manager_for(repo)
+    manager.settings.auto_complete = True  # reads the model files
+    model_dir = model(repo)
+    (model_dir / "1" / "model.onnx").write_bytes(model_bytes(0))
+    await manager.load_model("m")
+    core = _strict_core(manager, registry)
+    model(repo, versions={2: "b"})
+    with pytest.raises(LoadError):
+        await manager.load_model("m", versions={1, 2}, keep={1})  # as the poller asks
+    assert states(registry)[2][0] == "UNAVAILABLE"
+    (model_dir / "2" / "model.onnx").unlink()
+    (model_dir / "2" / "tag").unlink()
+    (model_dir / "2").rmdir()  # the deploy was taken back
+    await manager.load_model("m", versions={1}, keep={1})
+    assert states(registry) == {1: ("READY", "")} and core.ready()
+    # a version that fails after it was built stays in the index until the policy moves on
+    model(repo, versions={2: "b"})
+    (model_dir / "2" / "model.onnx").write_bytes(model_bytes(2))
+    (model_dir / "2" / "fail").touch()  # the version is built, then fails to start
+    with pytest.raises(LoadError, match="version 2: corrupt weights"):
+        await manager.load_model("m")
+    assert states(registry)[2] == ("UNAVAILABLE", "corrupt weights") and not core.ready()
+    model(repo, versions={3: "c"})
+    (model_dir / "3" / "model.onnx").write_bytes(model_bytes(3))
+    await manager.load_model("m")  # latest 1 now wants version 3: version 2 is forgotten
+    assert states(registry) == {1: ("UNAVAILABLE", "unloaded"), 3: ("READY", "")}
+    assert core.ready()
+
+
+async def test_a_broken_config_names_no_version(repo: Path) -> None:
+    manager, registry, _ = manager_for(repo)
+    model(repo)
+    await manager.load_model("m")
+    model(repo, versions={2: "b"})
+    (repo / "m" / "config.pbtxt").write_text("max_batch_size: [[[\n")
+    with pytest.raises(LoadError):
+        await manager.load_model("m")
+    assert list(states(registry)) == [1]  # no policy to read: the reason shows on version 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Collection, Optional
 
@@ -308,3 +309,104 @@ async def test_a_symlink_loop_and_an_unreadable_model_do_not_stop_polling(
     monkeypatch.setattr(ContentHasher, "digest", real_digest)
     await poll(poller)
     assert manager.calls[-1] == ("load", "locked", [1], [])
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def settling(repo: Path, settle: float) -> tuple[RepositoryPoller, FakeManager, FakeClock]:
+    manager, clock = FakeManager(), FakeClock()
+    poller = RepositoryPoller([repo], manager, interval=1.0, settle=settle, clock=clock)
+    await poller.prime()
+    return poller, manager, clock
+
+
+async def test_a_version_loads_only_once_unchanged_for_the_settle_time(repo: Path) -> None:
+    """Issue #13 item 8: a model.py copied in two parts 5 s apart loaded its first half."""
+    model = make_model(repo)
+    poller, manager, clock = await settling(repo, settle=10.0)
+    write(model / "2" / "model.py", "def first_half(): pass\n")
+    await poll(poller)  # first seen
+    clock.now += 5
+    await poll(poller)  # the same in two polls, 5 s apart: not long enough
+    assert manager.calls == []
+    write(model / "2" / "model.py", "def first_half(): pass\ndef second_half(): pass\n")
+    clock.now += 9
+    await poll(poller)  # changed: the wait starts again
+    clock.now += 9
+    await poll(poller)
+    assert manager.calls == []
+    clock.now += 1
+    await poll(poller)  # 10 s unchanged
+    assert manager.calls == [("load", "m", [1, 2], [1])]
+
+
+async def test_the_settle_time_also_holds_back_config_changes(repo: Path) -> None:
+    model = make_model(repo)
+    poller, manager, clock = await settling(repo, settle=10.0)
+    write(model / "config.pbtxt", 'backend: "onnxruntime"\nmax_batch_size: 4\n')
+    for _ in range(3):
+        clock.now += 3
+        await poll(poller)  # first seen at +3, then unchanged for 3 and 6 s
+    assert manager.calls == []
+    clock.now += 4
+    await poll(poller)  # unchanged for 10 s
+    assert manager.calls == [("load", "m", [1], [])]
+
+
+async def test_a_ready_marker_written_last_loads_the_version_at_once(repo: Path) -> None:
+    model = make_model(repo)
+    poller, manager, clock = await settling(repo, settle=60.0)
+    write(model / "2" / "model.onnx", "weights 2")
+    await poll(poller)
+    assert manager.calls == []
+    write(model / "2" / ".ready", "")
+    await poll(poller)
+    assert manager.calls == [("load", "m", [1, 2], [1])]
+    write(model / "2" / ".ready", "written again")  # the marker is not part of the contents
+    clock.now += 120
+    await poll(poller)
+    await poll(poller)
+    assert len(manager.calls) == 1
+    time.sleep(0.05)  # a later ctime than the marker's, whatever the clock's granularity
+    write(model / "2" / "model.onnx", "weights 2, rewritten in place")  # the marker is stale now
+    await poll(poller)
+    clock.now += 30
+    await poll(poller)
+    assert len(manager.calls) == 1
+    clock.now += 30
+    await poll(poller)
+    assert manager.calls[-1] == ("load", "m", [1, 2], [1])
+
+
+async def test_a_new_model_with_ready_markers_loads_without_the_settle_time(repo: Path) -> None:
+    make_model(repo)
+    poller, manager, _ = await settling(repo, settle=60.0)
+    write(repo / "late" / "config.pbtxt", 'backend: "onnxruntime"\n')
+    write(repo / "late" / "1" / "model.onnx", "weights")
+    write(repo / "late" / "1" / ".ready", "")
+    await poll(poller)  # a model's presence still needs two polls
+    assert manager.calls == []
+    await poll(poller)
+    assert manager.calls == []  # the model-level files have no marker: they settle
+    write(repo / "late" / ".ready", "")
+    await poll(poller)
+    assert manager.calls == [("load", "late", [1], [])]
+
+
+def test_ready_markers_are_kept_apart_from_the_contents(tmp_path: Path) -> None:
+    model = make_model(tmp_path, versions=(1, 2))
+    write(model / "1" / ".ready", "")
+    write(model / ".ready", "")
+    write(model / "3" / ".ready", "")  # a marker alone is not a version
+    scanned = scan_model(model)
+    assert scanned.versions == [1, 2]
+    assert list(scanned.units[1]) == ["1/model.onnx"]
+    assert sorted(scanned.units[None]) == ["config.pbtxt"]
+    assert scanned.marked_complete(1) and scanned.marked_complete(None)
+    assert not scanned.marked_complete(2)

@@ -98,6 +98,7 @@ class Observer:
         self.failures: list[str] = []
         self.pending: list[int] = []
         self.batch_sizes: list[int] = []
+        self.rejections: list[str] = []
 
     def request_succeeded(self, *args) -> None:
         pass
@@ -110,6 +111,9 @@ class Observer:
 
     def pending_changed(self, delta: int) -> None:
         self.pending.append(delta)
+
+    def request_rejected(self, reason: str) -> None:
+        self.rejections.append(reason)
 
 
 def make_config(batching: str, *, max_batch_size: int = 8, dims: str = "2",

@@ -123,6 +123,19 @@ async def test_a_failing_step_fails_the_request_and_names_the_step() -> None:
     assert scheduler.statistics.fail.count == 1
 
 
+async def test_a_full_member_queue_keeps_its_retry_hint() -> None:
+    from protocol.errors import Overloaded
+
+    core = FakeCore()
+    core.fail["times2"] = Overloaded("Exceeds maximum queue size", retry_after=7)
+    scheduler = make_scheduler(core)
+    await scheduler.start()
+    with pytest.raises(Overloaded) as caught:
+        await scheduler.submit(request_for())
+    assert caught.value.retry_after == 7
+    assert caught.value.message.endswith("(model 'times2'): Exceeds maximum queue size")
+
+
 async def test_a_missing_member_keeps_its_status() -> None:
     core = FakeCore()
     del core.models["times2"]

@@ -63,3 +63,30 @@ def test_without_dynamic_batching_there_is_one_level_and_no_timeout() -> None:
 def test_priority_and_timeout_must_be_non_negative_integers(parameters: dict) -> None:
     with pytest.raises(InvalidArgument, match="must be a non-negative integer"):
         admitted(policy(LEVELS), **parameters)
+
+
+# -- drain rate: the Retry-After of a full queue ---------------------------------------------
+S = 1_000_000_000
+
+
+def test_retry_after_is_the_time_the_queue_needs_to_drain_at_its_recent_rate() -> None:
+    from scheduler.policy import DrainRate
+
+    rate = DrainRate(window_s=10, bucket_s=0.5)
+    for tick in range(41):  # 2 requests every 0.25 s for 10 s: 8 per second
+        rate.add(2, 100 * S + tick * S // 4)
+    now = 110 * S
+    assert rate.per_second(now) == pytest.approx(8, rel=0.1)
+    assert rate.retry_after(40, now) == 5  # 40 queued at 8/s
+    assert rate.retry_after(3, now) == 1  # never under a second
+    assert rate.retry_after(10_000, now) == 60  # never over a minute
+
+
+def test_retry_after_forgets_old_traffic_and_is_the_window_when_nothing_drains() -> None:
+    from scheduler.policy import DrainRate
+
+    rate = DrainRate(window_s=10, bucket_s=0.5)
+    assert rate.retry_after(1, 5 * S) == 10  # nothing ever left the queue: no rate to go by
+    rate.add(1000, 5 * S)
+    assert rate.retry_after(100, 5 * S) == 1  # 1000 in the last second (at least 1 s measured)
+    assert rate.retry_after(100, 30 * S) == 10  # nothing left in the last 10 s

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from batcher_harness import MS, busy, make_config, results, row_values
-from protocol.errors import Unavailable
+from protocol.errors import Overloaded, Unavailable
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import BatchQueue
 from scheduler.queue_scheduler import Entry
-from scheduler.stats import FailureReason
+from scheduler.stats import FailureReason, RejectionReason
 
 
 # -- priorities ---------------------------------------------------------------------------------
@@ -47,6 +47,28 @@ async def test_a_full_queue_rejects_at_once_without_blocking(batcher):
     assert h.pending == 0
 
 
+async def test_a_full_queue_says_when_to_retry_and_counts_why(batcher):
+    h = await batcher("default_queue_policy { max_queue_size: 20 }", max_batch_size=1)
+    for number in range(1, 9):  # 8 requests run, one every 250 ms: about 4 per second
+        await results(h.submit(number))
+        await h.advance(250 * MS)
+    zero = await busy(h)
+    queued = [h.submit(number) for number in range(10, 30)]
+    with pytest.raises(Overloaded) as info:
+        h.submit(30)
+    assert isinstance(info.value, Unavailable)  # UNAVAILABLE, as before, plus the hint
+    assert info.value.message == "Exceeds maximum queue size"
+    assert info.value.retry_after == 5  # 20 queued, 9 drained in the last 2 s: 20 / 4.5
+    await h.advance(11_000 * MS)  # nothing left the queue for longer than the 10 s window
+    with pytest.raises(Overloaded) as info:
+        h.submit(31)
+    assert info.value.retry_after == 10
+    assert h.observer.rejections == [RejectionReason.QUEUE_FULL] * 2
+    assert h.observer.failures == [FailureReason.REJECTED] * 2
+    h.recorder.release_all()
+    await results(zero, *queued)
+
+
 async def test_queue_size_limit_is_per_priority_level(batcher):
     h = await batcher("priority_levels: 2 default_priority_level: 2 "
                       "priority_queue_policy { key: 1 value: { max_queue_size: 1 } }")
@@ -69,6 +91,7 @@ async def test_timeout_reject_fails_the_request_and_it_never_runs(batcher):
     (error,) = await results(late)
     assert isinstance(error, Unavailable) and error.message == "Request timeout expired"
     assert h.observer.failures == [FailureReason.REJECTED]
+    assert h.observer.rejections == [RejectionReason.QUEUE_TIMEOUT]
     assert h.pending == 0
     h.recorder.release_all()
     await results(zero, h.submit(2))

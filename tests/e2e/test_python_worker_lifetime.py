@@ -1,0 +1,189 @@
+"""Python model workers end with the server, against a real server subprocess: after a
+hard-deadline shutdown (`--exit-timeout-secs` reached while a model's execute still runs) and
+after the server is SIGKILLed. Restarts are counted in `ascend_python_worker_restarts_total`.
+
+Every test checks by pid that the worker is gone, and kills it if it is not, so nothing is left
+behind even when an assertion fails."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from serverproc import ServerProcess, running_server, start_server
+
+pytestmark = pytest.mark.e2e
+
+# Writes its pid next to config.pbtxt when it starts; execute sleeps SECONDS.
+NAPPER_MODEL = '''
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = os.path.join(args["model_repository"], "worker.pid")
+        with open(path + ".tmp", "w") as handle:
+            handle.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seconds = float(pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()[0])
+            time.sleep(seconds)
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.zeros(1, np.float32))]))
+        return responses
+'''
+
+NAPPER_CONFIG = '''
+name: "napper"
+backend: "python"
+max_batch_size: 0
+input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+'''
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (it has stopped running; its new parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "napper" / "1").mkdir(parents=True)
+    (root / "napper" / "1" / "model.py").write_text(textwrap.dedent(NAPPER_MODEL))
+    (root / "napper" / "config.pbtxt").write_text(textwrap.dedent(NAPPER_CONFIG))
+    return root
+
+
+@pytest.fixture
+def pids(repo: Path) -> Iterator[list[int]]:
+    """Worker pids a test saw; any still running at the end are killed."""
+    seen: list[int] = []
+    yield seen
+    for pid in seen:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def worker_pid(repo: Path, not_this: int = 0) -> int:
+    path = repo / "napper" / "worker.pid"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if path.exists():
+            pid = int(path.read_text())
+            if pid != not_this:
+                return pid
+        time.sleep(0.05)
+    raise AssertionError("no worker pid written")
+
+
+def nap(server: ServerProcess, seconds: float) -> httpx.Response:
+    body = {"inputs": [{"name": "SECONDS", "shape": [1], "datatype": "FP32", "data": [seconds]}]}
+    return httpx.post(server.base + "/v2/models/napper/infer", json=body, timeout=60)
+
+
+def nap_in_background(server: ServerProcess, seconds: float) -> tuple[threading.Thread, list]:
+    answers: list = []
+
+    def run() -> None:
+        try:
+            answers.append(nap(server, seconds))
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, answers
+
+
+def restarts(server: ServerProcess) -> str:
+    text = httpx.get(server.metrics_url, timeout=10).text
+    match = re.search(r'^ascend_python_worker_restarts_total\{model="napper",version="1"\} (\S+)$',
+                      text, re.M)
+    return match.group(1) if match else ""
+
+
+def test_a_worker_busy_past_the_exit_deadline_is_killed_at_shutdown(
+        repo: Path, tmp_path: Path, pids: list[int]) -> None:
+    server = start_server([repo], ["--exit-timeout-secs", "2"], log_dir=tmp_path)
+    try:
+        pid = worker_pid(repo)
+        pids.append(pid)
+        thread, answers = nap_in_background(server, 120)
+        time.sleep(0.5)  # inside execute now
+        stopping = time.monotonic()
+        os.kill(server.pid, signal.SIGTERM)
+        assert server.process.wait(20) == 0
+        assert time.monotonic() - stopping < 10
+        assert wait_gone(pid, 5), f"worker {pid} outlived the server:\n{server.log()}"
+        thread.join(10)
+        assert answers and isinstance(answers[0], httpx.Response), answers
+        assert answers[0].status_code == 503, answers[0].text
+        assert "killed 1 model worker process(es) still running at the exit deadline" in server.log()
+    finally:
+        server.stop()
+
+
+def test_a_busy_worker_dies_when_the_server_is_sigkilled(
+        repo: Path, tmp_path: Path, pids: list[int]) -> None:
+    server = start_server([repo], log_dir=tmp_path)
+    try:
+        pid = worker_pid(repo)
+        pids.append(pid)
+        nap_in_background(server, 120)
+        time.sleep(0.5)  # inside execute now
+        os.kill(server.pid, signal.SIGKILL)
+        server.process.wait(10)
+        assert wait_gone(pid, 5), f"worker {pid} outlived the SIGKILLed server"
+    finally:
+        server.stop()
+
+
+def test_worker_restarts_are_counted_per_model_version(
+        repo: Path, tmp_path: Path, pids: list[int]) -> None:
+    with running_server([repo], log_dir=tmp_path) as server:
+        first = worker_pid(repo)
+        pids.append(first)
+        assert restarts(server) == "0"  # the series exists as soon as the version loads
+        os.kill(first, signal.SIGKILL)
+        second = worker_pid(repo, not_this=first)
+        pids.append(second)
+        deadline = time.monotonic() + 10
+        while restarts(server) != "1":
+            assert time.monotonic() < deadline, "restart not counted"
+            time.sleep(0.05)
+        assert nap(server, 0).status_code == 200
+        assert "# TYPE ascend_python_worker_restarts_total counter" in \
+            httpx.get(server.metrics_url).text
+        assert server.stop() == 0
+    assert wait_gone(second, 5)
