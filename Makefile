@@ -7,7 +7,7 @@ MODELS := examples/models
 PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-dev install-test models proto bench clean
+.PHONY: run test fuzz install install-dev install-test models proto bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,22 @@ test: $(VENV)/.installed-test
 	fi; \
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+# The fuzz tests (tests/e2e/test_fuzz_*.py) with thousands of cases each, for nightly runs;
+# `make test` runs the same tests with a short budget. Failing cases are kept in .hypothesis/
+# and replayed first next time. FUZZ_EXAMPLES=N sets the base number of cases per test.
+FUZZ_EXAMPLES ?=
+fuzz: $(VENV)/.installed-test
+	ASCEND_FUZZ=nightly ASCEND_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest \
+		tests/e2e/test_fuzz_http.py tests/e2e/test_fuzz_grpc.py --timeout=0 \
+		--hypothesis-show-statistics $(PYTEST_ARGS)
+
+# The long soak and chaos run (bench/soak.py, see bench/README.md); `make test` runs a
+# two-minute one (tests/soak). SOAK_SECONDS sets the length of the chaos.
+.PHONY: soak
+SOAK_SECONDS ?= 1800
+soak: $(VENV)/.installed-test
+	$(PY) bench/soak.py --seconds $(SOAK_SECONDS) --negative-control-seconds 30
+
 # Triton 2.51 for bench/cpu_side_by_side.py (run by bench/run.py): installed into .venv-triton when
 # missing; if that fails the benchmark still runs and its report says Triton was not measured.
 TRITON_VENV := .venv-triton
@@ -57,7 +73,7 @@ bench: $(VENV)/.installed-test models
 	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) $(MODELS) .pytest_cache
+	rm -rf $(VENV) $(MODELS) .pytest_cache .hypothesis
 
 PROTO_TOOLS := $(VENV)/.installed-dev
 include protocol/proto.mk

@@ -57,12 +57,12 @@ def check_header_length(header_length: int, body_size: int) -> None:
 
 # --------------------------------------------------------------------------- JSON depth
 
-_ESCAPE_RE = re.compile(rb"\\.", re.DOTALL)
-_STRING_RE = re.compile(rb'"[^"]*"')
-_NON_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_KEEP_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
 _BRACKET_DELTA = np.zeros(256, dtype=np.int8)
 _BRACKET_DELTA[list(b"[{")] = 1
 _BRACKET_DELTA[list(b"]}")] = -1
+_QUOTE = np.zeros(256, dtype=np.uint8)
+_QUOTE[ord('"')] = 1
 _DEPTH_CHUNK = 1 << 20
 
 
@@ -70,27 +70,50 @@ def check_json_depth(text: bytes, limit: int = DEFAULT_MAX_JSON_DEPTH) -> None:
     """Reject JSON nested deeper than `limit` before any parser sees it (CVE-2025-23325).
 
     Linear and allocation-light: the usual request has fewer brackets than the limit and costs
-    two `count` calls. Otherwise escape pairs are dropped first (so no quote is escaped and
-    strings are plain `"[^"]*"`, which a regex matches without backtracking), strings are
-    dropped (brackets inside them don't nest), then everything but brackets, and the running
-    depth is a chunked cumulative sum.
+    two `count` calls. Otherwise escape pairs are dropped first (so no quote is escaped), then
+    everything but brackets and quotes; a bracket counts when an even number of quotes precede
+    it (outside strings), and the running depth is a chunked cumulative sum. All of it is
+    vectorised (numpy), so a hostile 64 MiB body costs a fraction of a second, not seconds of
+    regex matches.
     """
     if text.count(b"[") + text.count(b"{") <= limit:
         return
     if b"\\" in text:
-        text = _ESCAPE_RE.sub(b"", text)
-    if b'"' in text:
-        text = _STRING_RE.sub(b"", text)
-    brackets = text.translate(None, _NON_BRACKETS)
+        text = _drop_escapes(text)
+    structure = text.translate(None, _KEEP_STRUCTURE)
+    if structure.count(b'"') & 1:  # an unterminated string: brackets after it still count
+        last = structure.rfind(b'"')
+        structure = structure[:last] + structure[last + 1:]
     depth = 0
-    for start in range(0, len(brackets), _DEPTH_CHUNK):
-        count = min(_DEPTH_CHUNK, len(brackets) - start)
-        chunk = np.frombuffer(brackets, dtype=np.uint8, count=count, offset=start)
-        running = np.cumsum(_BRACKET_DELTA[chunk], dtype=np.int32)
+    in_string = 0  # quotes seen so far, mod 2
+    for start in range(0, len(structure), _DEPTH_CHUNK):
+        count = min(_DEPTH_CHUNK, len(structure) - start)
+        chunk = np.frombuffer(structure, dtype=np.uint8, count=count, offset=start)
+        quotes = np.cumsum(_QUOTE[chunk], dtype=np.int32)
+        quotes += in_string
+        outside = (quotes & 1) == 0  # a bracket is never a quote: its own count is those before
+        delta = _BRACKET_DELTA[chunk] * outside
+        running = np.cumsum(delta, dtype=np.int32)
         running += depth
         if int(running.max()) > limit:
             raise InvalidArgument(f"JSON nesting depth exceeds maximum allowed limit ({limit})")
         depth = int(running[-1])
+        in_string = int(quotes[-1]) & 1
+
+
+def _drop_escapes(text: bytes) -> bytes:
+    """`text` without its escape pairs (what `re.sub(rb"\\\\.", b"", text)` leaves, as far as
+    brackets and quotes go), vectorised: every backslash goes, and so does the character after
+    a run of an odd number of them."""
+    chars = np.frombuffer(text, dtype=np.uint8)
+    backslash = chars == 0x5C
+    edges = np.diff(backslash.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1)  # the index after each run
+    escaped = ends[((ends - starts) & 1) == 1]
+    keep = ~backslash
+    keep[escaped[escaped < chars.size]] = False
+    return chars[keep].tobytes()
 
 
 def _parse_json(text: Buffer) -> dict[str, Any]:

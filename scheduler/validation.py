@@ -118,8 +118,13 @@ def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRu
                                   f"{_fmt(shape)}")
         if rule.reshape is not None:
             target = ((rows,) if batching else ()) + rule.reshape
-            tensor.data = tensor.data.reshape(target)
-            tensor.shape = target
+            try:
+                tensor.data = tensor.data.reshape(target)
+            except ValueError:  # the config's reshape holds another number of elements
+                raise InvalidArgument(
+                    f"{_prefix(request)}input '{tensor.name}' of shape {_fmt(shape)} cannot be "
+                    f"reshaped to {_fmt(target)} as the config of model '{model}' asks") from None
+            tensor.shape = tuple(int(d) for d in tensor.data.shape)
     if batching:
         if batch_size < 1 or batch_size > rules.max_batch_size:
             raise InvalidArgument(f"{_prefix(request)}inference request batch-size must be <= "

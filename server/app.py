@@ -27,6 +27,7 @@ from server.connections import ConnectionLimits, descriptor_limit, resolve_max_c
 from server.core import InferenceCore
 from server.inference import InferencePath
 from server.http import HttpFrontend
+from server.offload import BodyOffload
 from server.http_protocol import bounded_protocol_class, protocol_class
 from server.metrics import ServerMetrics, worker_restarts
 from server.metrics_http import build_metrics_app
@@ -115,6 +116,7 @@ class ServerApp:
         self.runtime = RuntimeSettings.create(settings.log_verbose)
         self._stop = asyncio.Event()
         self._listeners: list[_Listener] = []
+        self._offloads: list[BodyOffload] = []  # each HTTP frontend's parser processes
         self._tasks: list[asyncio.Task] = []
         self.grpc_server: Optional[Any] = None
         self._register_npu_telemetry()
@@ -147,6 +149,7 @@ class ServerApp:
         limits = _limits(s)  # HTTP and metrics listeners alike (each counts its own)
         if s.allow_http:
             frontend = HttpFrontend(self.core, self.runtime)
+            self._offloads.append(frontend.offload)
             self._listeners.append(_uvicorn(frontend.build_app(), s.http_address, s.http_port,
                                             s.log_verbose, protocol_class(frontend, limits),
                                             s.http_keep_alive_timeout_secs))
@@ -239,6 +242,8 @@ class ServerApp:
         log.info("ascend-serve stopped")
 
     async def _close_listeners(self, grace: float) -> None:
+        for offload in self._offloads:
+            offload.close()  # parser processes: nothing is left for them to parse
         if self.grpc_server is not None:
             await self.grpc_server.stop(grace)
         for listener in self._listeners:

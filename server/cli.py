@@ -52,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
          "little CPU onto it (Linux; see scheduler/affinity.py)")
     add("--http-max-input-size", type=int, default=DEFAULT_MAX_INPUT_SIZE,
         help="largest accepted HTTP request body, after decompression (default 64 MiB)")
+    add("--http-max-json-depth", type=_positive_int, default=100, metavar="LEVELS",
+        help="deepest nesting of arrays and objects accepted in a JSON body (default 100)")
+    add("--http-offload-threshold", type=_non_negative_int, default=64 * 1024, metavar="BYTES",
+        help="request bodies (as sent or once inflated) and JSON responses larger than this "
+             "are decompressed, parsed and encoded in parser processes, off the event loop "
+             "(default 65536)")
+    add("--http-parser-processes", type=_non_negative_int, default=2,
+        help="parser processes for large HTTP bodies, started on first use; 0 parses every "
+             "body on the event loop (default 2)")
     add("--grpc-max-message-size", type=int, default=GRPC_MAX_MESSAGE,
         help="largest gRPC message in either direction (default 2 GiB - 1)")
     add("--grpc-infer-response-compression-level", default="none",
@@ -161,6 +170,9 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         exit_on_error=args.exit_on_error,
         colocate_cheap_instances=args.colocate_cheap_instances,
         http_max_input_size=args.http_max_input_size,
+        json_max_depth=args.http_max_json_depth,
+        http_offload_threshold=args.http_offload_threshold,
+        http_parser_processes=args.http_parser_processes,
         grpc_max_message_size=args.grpc_max_message_size,
         grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
         http_header_timeout_secs=args.http_header_timeout_secs,

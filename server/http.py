@@ -7,8 +7,9 @@ Triton's status codes.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import orjson
 from fastapi import FastAPI
@@ -23,7 +24,9 @@ from protocol.errors import (InvalidArgument, Overloaded, ServerError, Unsupport
 from protocol.types import InferRequest
 from repository.registry import VersionRecord
 from server.core import InferenceCore
-from server.http_body import BodyLimit
+from server.http_body import BodyBuffer, BodyLimit
+from server.offload import (DEFAULT_PROCESSES, DEFAULT_THRESHOLD, BodyOffload, inflate_small,
+                            json_output_size, parse_json_document)
 from server.runtime_settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
@@ -85,23 +88,40 @@ class HttpFrontend:
         self.settings = core.settings
         self.runtime = runtime  # trace and log settings, shared with gRPC (endpoints to come)
         self.body_limit = BodyLimit(self.settings.http_max_input_size)
+        # Large bodies and responses are worked on in parser processes (server/offload.py).
+        # (getattr: test doubles of the settings may predate these two.)
+        self.offload = BodyOffload(
+            getattr(self.settings, "http_offload_threshold", DEFAULT_THRESHOLD),
+            getattr(self.settings, "http_parser_processes", DEFAULT_PROCESSES))
 
     # ----- body handling ------------------------------------------------------------------
-    async def read_body(self, request: Request) -> Any:
-        """The whole body with its Content-Encoding undone."""
-        body = await self.body_limit.collect(request.stream(), request.headers)
-        return compression.decompress(body, request.headers.get("content-encoding"),
-                                      self.settings.http_max_input_size)
+    async def json_document(self, request: Request, decoder: Callable[..., Any],
+                            *args: Any) -> Any:
+        """`decoder(*args, document)` of a repository route's JSON body (None when blank).
 
-    async def json_body(self, request: Request) -> Any:
-        body = await self.read_body(request)
-        if not body.strip():
-            return None
-        rest_decode.check_json_depth(body, self.settings.json_max_depth)
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+        Small bodies are decompressed and parsed here; larger ones (over
+        --http-offload-threshold, as sent or once inflated) in a parser process
+        (server/offload.py), with the same checks and error texts.
+        """
+        headers = request.headers
+        self.body_limit.check_declared(headers)
+        buffer = BodyBuffer(self.body_limit)
+        async for chunk in request.stream():
+            buffer.add(chunk)
+        encoding = headers.get("content-encoding")
+        max_size = self.settings.http_max_input_size
+        offload = self.offload
+        if not offload.wants(buffer.total):
+            body = buffer.join()
+            if not encoding or not offload.enabled:
+                return decoder(*args, parse_json_document(body, encoding, max_size,
+                                                          self.settings.json_max_depth))
+            inflated = inflate_small(body, encoding, max_size, offload.threshold)
+            if inflated is not None:
+                return decoder(*args, parse_json_document(inflated, None, max_size,
+                                                          self.settings.json_max_depth))
+        return await offload.json_document(buffer.parts, encoding, max_size,
+                                           self.settings.json_max_depth, decoder, *args)
 
     # ----- health and metadata ------------------------------------------------------------
     async def live(self, request: Request) -> Response:
@@ -153,27 +173,42 @@ class HttpFrontend:
     async def infer_reply(self, name: str, version: str, headers: Mapping[str, str],
                           chunks: AsyncIterator[bytes]) -> tuple[bytes, dict[str, str], str]:
         """Body in, (payload, extra headers, content type) out: decode once, infer, encode once."""
-        body = await self.body_limit.collect(chunks, headers)
+        self.body_limit.check_declared(headers)
+        buffer = BodyBuffer(self.body_limit)
+        async for chunk in chunks:
+            buffer.add(chunk)
+        body = buffer.parts if self.offload.wants(buffer.total) else buffer.join()
         return await self.infer_body(name, version, headers, body)
 
     async def infer_body(self, name: str, version: str, headers: Mapping[str, str],
                          body: Any) -> tuple[bytes, dict[str, str], str]:
-        """infer_reply for a body already read (and within the size limit)."""
-        body = compression.decompress(body, headers.get("content-encoding"),
-                                      self.settings.http_max_input_size)
-        header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
-        if header_length == 0:
-            infer_request, record = self._decode_raw(body, name, version)
+        """infer_reply for a body already read (and within the size limit): one buffer, or the
+        list of its chunks when it is over --http-offload-threshold."""
+        if type(body) is list or (len(body) > self.offload.threshold and self.offload.enabled):
+            infer_request, record = await self._decode_large(name, version, headers, body)
         else:
-            record = None
-            infer_request = rest_decode.decode_infer_request(
-                body, header_length, name, version, max_json_depth=self.settings.json_max_depth,
-                max_bytes=self.settings.http_max_input_size)
+            encoding = headers.get("content-encoding")
+            if encoding and self.offload.enabled:
+                inflated = inflate_small(body, encoding, self.settings.http_max_input_size,
+                                         self.offload.threshold)
+            else:
+                inflated = compression.decompress(body, encoding,
+                                                  self.settings.http_max_input_size)
+            if inflated is None:  # a small body that inflates past the threshold
+                infer_request, record = await self._decode_large(name, version, headers, [body])
+            else:
+                infer_request, record = self._decode(name, version, headers, inflated)
         # Raw requests set binary_data_output themselves (all outputs come back binary).
         binary_default = bool(infer_request.parameters.get("binary_data_output", False))
         response = await self.core.infer(infer_request, record)
-        payload, json_length = rest_encode.encode_infer_response(
-            response, infer_request.outputs, binary_default)
+        offload = self.offload
+        if offload.enabled and offload.wants(json_output_size(response, infer_request.outputs,
+                                                              binary_default)):
+            payload, json_length = await offload.encode_response(
+                response, infer_request.outputs, binary_default)
+        else:
+            payload, json_length = rest_encode.encode_infer_response(
+                response, infer_request.outputs, binary_default)
         extra: dict[str, str] = {}
         media_type = JSON
         if json_length is not None:
@@ -181,11 +216,60 @@ class HttpFrontend:
             media_type = "application/octet-stream"
         encoding = compression.choose_response_encoding(headers.get("accept-encoding"))
         if encoding:
-            payload = compression.compress(payload, encoding)
+            if offload.wants(len(payload)):  # zlib releases the GIL: a thread is enough
+                payload = await asyncio.to_thread(compression.compress, payload, encoding)
+            else:
+                payload = compression.compress(payload, encoding)
             extra["Content-Encoding"] = encoding
         return payload, extra, media_type
 
-    def _decode_raw(self, body: bytes, name: str, version: str
+    def _decode(self, name: str, version: str, headers: Mapping[str, str], body: Any
+                ) -> tuple[InferRequest, Optional[VersionRecord]]:
+        """A small (decompressed) body, decoded here on the loop."""
+        header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
+        if header_length == 0:
+            return self._decode_raw(body, name, version)
+        return rest_decode.decode_infer_request(
+            body, header_length, name, version, max_json_depth=self.settings.json_max_depth,
+            max_bytes=self.settings.http_max_input_size), None
+
+    async def _decode_large(self, name: str, version: str, headers: Mapping[str, str],
+                            body: Any) -> tuple[InferRequest, Optional[VersionRecord]]:
+        """A body over --http-offload-threshold (or one that inflates past it).
+
+        Uncompressed JSON+binary bodies whose JSON part is small and holds no BYTES tensor, and
+        uncompressed raw bodies of fixed-size types, decode here: their tensors are views over
+        the body, so that is O(number of tensors). Everything else goes to a parser process.
+        """
+        parts = body if type(body) is list else [body]
+        encoding = headers.get("content-encoding")
+        compressed = bool(encoding) and any(
+            token.strip().lower() not in ("", "identity") for token in encoding.split(","))
+        header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
+        max_size = self.settings.http_max_input_size
+        if header_length == 0:
+            record = self.core.resolve(name, version)
+            rules = record.scheduler.rules  # type: ignore[union-attr]
+            if len(rules.inputs) != 1:
+                raise InvalidArgument(rest_decode.raw_input_count_message(name, len(rules.inputs)))
+            ((input_name, rule),) = rules.inputs.items()
+            if not compressed and "BYTES" not in str(rule.wire):
+                return self._decode_raw(_joined(parts), name, version)
+            request = await self.offload.raw_request(
+                parts, encoding, max_size, name, version, input_name, rule.wire,
+                list(rule.dims), rules.max_batch_size)
+            return request, record
+        if (not compressed and header_length is not None
+                and header_length <= self.offload.threshold):
+            head = _prefix(parts, header_length)
+            if b'"BYTES"' not in head:
+                return self._decode(name, version, headers, _joined(parts))
+        request = await self.offload.infer_request(
+            parts, encoding, max_size, header_length, name, version,
+            self.settings.json_max_depth)
+        return request, None
+
+    def _decode_raw(self, body: Any, name: str, version: str
                     ) -> tuple[InferRequest, VersionRecord]:
         """A raw binary body is the model's one input: the version is resolved first (its
         rules say which input that is), and the request then goes to that same version."""
@@ -200,18 +284,19 @@ class HttpFrontend:
 
     # ----- repository ---------------------------------------------------------------------
     async def repository_index(self, request: Request) -> Response:
-        ready = rest_decode.decode_index_ready(await self.json_body(request))
+        ready = await self.json_document(request, rest_decode.decode_index_ready)
         return json_response(rest_encode.encode_repository_index(self.core.repository_index(ready)))
 
     async def repository_load(self, request: Request) -> Response:
         name = request.path_params["model"]
-        config, files = rest_decode.decode_load_parameters(name, await self.json_body(request))
+        config, files = await self.json_document(request, rest_decode.decode_load_parameters,
+                                                 name)
         await self.core.load_model(name, config, files or None)
         return empty()
 
     async def repository_unload(self, request: Request) -> Response:
         name = request.path_params["model"]
-        dependents = rest_decode.decode_unload_dependents(await self.json_body(request))
+        dependents = await self.json_document(request, rest_decode.decode_unload_dependents)
         await self.core.unload_model(name, dependents)
         return empty()
 
@@ -251,6 +336,22 @@ class HttpFrontend:
 
         return app
 
+
+
+def _joined(parts: list) -> Any:
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _prefix(parts: list, size: int) -> bytes:
+    """The first `size` bytes of a body held as chunks."""
+    out = []
+    for part in parts:
+        if size <= 0:
+            break
+        piece = bytes(memoryview(part)[:size])
+        out.append(piece)
+        size -= len(piece)
+    return b"".join(out)
 
 
 def _model_path(request: Request) -> tuple[str, str]:

@@ -248,7 +248,8 @@ class InferHttpProtocol(BoundedHttpProtocol):
             cycle.flow.resume_reading()
             await cycle.message_event.wait()
             cycle.message_event.clear()
-        return buffer.join()
+        # A large body stays in its chunks: it goes to a parser process (server/offload.py).
+        return buffer.parts if self.frontend.offload.wants(buffer.total) else buffer.join()
 
     async def _respond(self, cycle: RequestResponseCycle, status: int, media_type: str,
                        payload: bytes, extra: Mapping[str, str]) -> None:

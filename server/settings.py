@@ -28,6 +28,11 @@ class ServerSettings:
     colocate_cheap_instances: bool = True  # scheduler/affinity.py
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     json_max_depth: int = 100
+    # Request bodies (and JSON responses) larger than this many bytes are decompressed, parsed
+    # and encoded in parser processes, never on the event loop (server/offload.py); 0 processes
+    # keeps everything on the loop.
+    http_offload_threshold: int = 64 * 1024
+    http_parser_processes: int = 2
     # HTTP connections (server/connections.py): how long a connection may wait without a
     # request, how many may be open (None: 4096, capped to fit the descriptor limit), and how
     # many more are kept for health checks once that limit is hit.

@@ -276,3 +276,16 @@ def test_bad_binary_framing(http: httpx.Client, header, extra, fragment) -> None
     reply = http.post("/v2/models/simple/infer", content=meta + extra, headers=headers)
     assert reply.status_code == 400, reply.text
     assert fragment in reply.json()["error"]
+
+
+def test_json_nesting_limit_is_a_setting(example_repository) -> None:
+    from serverproc import running_server
+
+    with running_server([example_repository], ["--http-max-json-depth", "4"]) as server:
+        deep = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16],
+                            "data": [[[[1] * 16]]]}]}  # 6 levels: body, inputs, entry, data x3
+        reply = httpx.post(server.base + "/v2/models/simple/infer", json=deep)
+        assert reply.status_code == 400
+        assert "JSON nesting depth exceeds maximum allowed limit (4)" in reply.json()["error"]
+        ok = httpx.post(server.base + "/v2/repository/index", json={"ready": True})
+        assert ok.status_code == 200

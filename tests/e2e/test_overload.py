@@ -19,35 +19,17 @@ from tritonclient.utils import InferenceServerException
 from protocol import grpc_service_pb2 as pb
 from protocol.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 from serverproc import ServerProcess, running_server
+from testmodels import write_queued_model
 
 pytestmark = pytest.mark.e2e
 
-# One request fills the queue: it waits up to 2 s for a batch of 64 that never comes.
-QUEUED_CONFIG = """
-name: "queued"
-platform: "onnxruntime_onnx"
-max_batch_size: 64
-input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 256 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 256 ] } ]
-dynamic_batching {
-  preferred_batch_size: [ 64 ]
-  max_queue_delay_microseconds: 2000000
-  default_queue_policy { max_queue_size: 1 }
-}
-"""
 BODY = {"inputs": [{"name": "INPUT", "shape": [1, 256], "datatype": "FP32", "data": [0.0] * 256}]}
 
 
 @pytest.fixture(scope="module")
 def queued_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from examples.build_repository import make_dense_compute_model
-
-    repo = tmp_path_factory.mktemp("overload_models")
-    (repo / "queued" / "1").mkdir(parents=True)
-    (repo / "queued" / "1" / "model.onnx").write_bytes(
-        make_dense_compute_model().SerializeToString())
-    (repo / "queued" / "config.pbtxt").write_text(QUEUED_CONFIG)
-    return repo
+    """One request fills the queue: it waits up to 2 s for a batch of 64 that never comes."""
+    return write_queued_model(tmp_path_factory.mktemp("overload_models"), 2_000_000)
 
 
 def _infer(server: ServerProcess) -> httpx.Response:

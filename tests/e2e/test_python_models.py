@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
-import textwrap
 import threading
 import time
-from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -22,7 +20,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from procutil import wait_for
 from serverproc import ServerProcess, running_server
+from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 pytestmark = pytest.mark.e2e
 
@@ -182,48 +182,13 @@ dynamic_batching { max_queue_delay_microseconds: 200000 }
 instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
 
-# Sleeps SECONDS, then answers with its own pid (so a test knows which process to kill).
-SLEEPER_MODEL = '''
-import os
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            seconds = float(pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()[0])
-            time.sleep(seconds)
-            pid = np.array([os.getpid()], dtype=np.int64)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]))
-        return responses
-'''
-
-SLEEPER_CONFIG = '''
-name: "%s"
-backend: "python"
-max_batch_size: 0
-input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
-
 MODELS = {
     "add_sub": (ADD_SUB_MODEL, ADD_SUB_CONFIG),
     "upper": (UPPER_MODEL, UPPER_CONFIG),
     "batcher": (BATCHER_MODEL, BATCHER_CONFIG),
-    "sleeper": (SLEEPER_MODEL, SLEEPER_CONFIG % "sleeper"),
-    "fragile": (SLEEPER_MODEL, SLEEPER_CONFIG % "fragile"),
+    "sleeper": (SLEEPER_MODEL, sleeper_config("sleeper")),
+    "fragile": (SLEEPER_MODEL, sleeper_config("fragile")),
 }
-
-
-def write_python_model(repo: Path, name: str, source: str, config: str) -> None:
-    (repo / name / "1").mkdir(parents=True, exist_ok=True)
-    (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
 
 
 @pytest.fixture(scope="module")
@@ -252,10 +217,8 @@ def sleeper_pid(server: ServerProcess, model: str = "sleeper", seconds: float = 
 
 
 def wait_model_ready(server: ServerProcess, model: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(f"{server.base}/v2/models/{model}/ready").status_code != 200:
-        assert time.monotonic() < deadline, f"model '{model}' did not become ready again"
-        time.sleep(0.02)
+    wait_for(lambda: httpx.get(f"{server.base}/v2/models/{model}/ready").status_code == 200,
+             f"model '{model}' to become ready again", timeout, interval=0.02)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -377,10 +340,8 @@ def test_three_crashes_within_a_minute_make_the_model_unavailable(
         pid = sleeper_pid(server, "fragile")
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
-    deadline = time.monotonic() + 10
-    while httpx.get(f"{server.base}/v2/models/fragile/ready").status_code == 200:
-        assert time.monotonic() < deadline, "model still ready after 3 crashes"
-        time.sleep(0.05)
+    wait_for(lambda: httpx.get(f"{server.base}/v2/models/fragile/ready").status_code != 200,
+             "the model to stop being ready after 3 crashes", timeout=10)
     with pytest.raises(InferenceServerException) as caught:
         sleeper_pid(server, "fragile")
     assert "crashed 3 times within 60 s" in caught.value.message() or \

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -18,70 +17,18 @@ from typing import Iterator
 import httpx
 import pytest
 
+from procutil import gone, kill_quietly, wait_for, wait_gone
 from serverproc import ServerProcess, running_server, start_server
+from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 pytestmark = pytest.mark.e2e
-
-# Writes its pid next to config.pbtxt when it starts; execute sleeps SECONDS.
-NAPPER_MODEL = '''
-import os
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        path = os.path.join(args["model_repository"], "worker.pid")
-        with open(path + ".tmp", "w") as handle:
-            handle.write(str(os.getpid()))
-        os.replace(path + ".tmp", path)
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            seconds = float(pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()[0])
-            time.sleep(seconds)
-            responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor("OUT", np.zeros(1, np.float32))]))
-        return responses
-'''
-
-NAPPER_CONFIG = '''
-name: "napper"
-backend: "python"
-max_batch_size: 0
-input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
-
-
-def gone(pid: int) -> bool:
-    """No such process, or a zombie (it has stopped running; its new parent reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except FileNotFoundError:
-        return True
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not gone(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
+    """`napper`: the sleeper model, which writes its pid to napper/worker.pid as it starts."""
     root = tmp_path / "repo"
-    (root / "napper" / "1").mkdir(parents=True)
-    (root / "napper" / "1" / "model.py").write_text(textwrap.dedent(NAPPER_MODEL))
-    (root / "napper" / "config.pbtxt").write_text(textwrap.dedent(NAPPER_CONFIG))
+    write_python_model(root, "napper", SLEEPER_MODEL, sleeper_config("napper"))
     return root
 
 
@@ -92,7 +39,7 @@ def pids(repo: Path) -> Iterator[list[int]]:
     yield seen
     for pid in seen:
         if not gone(pid):
-            os.kill(pid, signal.SIGKILL)
+            kill_quietly(pid)
 
 
 def worker_pid(repo: Path, not_this: int = 0) -> int:
@@ -178,10 +125,7 @@ def test_worker_restarts_are_counted_per_model_version(
         os.kill(first, signal.SIGKILL)
         second = worker_pid(repo, not_this=first)
         pids.append(second)
-        deadline = time.monotonic() + 10
-        while restarts(server) != "1":
-            assert time.monotonic() < deadline, "restart not counted"
-            time.sleep(0.05)
+        wait_for(lambda: restarts(server) == "1", "the restart to be counted", timeout=10)
         assert nap(server, 0).status_code == 200
         assert "# TYPE ascend_python_worker_restarts_total counter" in \
             httpx.get(server.metrics_url).text

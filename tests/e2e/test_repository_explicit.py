@@ -6,9 +6,7 @@ import base64
 import json
 import re
 import threading
-import time
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import numpy as np
@@ -19,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from examples.build_repository import build_simple, simple_config
 from examples.variants import model_bytes
 from repository.overrides import PREFIX
+from procutil import wait_for
 from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
@@ -44,15 +43,6 @@ def offset(server: ServerProcess, model: str = "simple") -> int:
     reply = httpx.post(f"{server.base}/v2/models/{model}/infer", json=body(0), timeout=10)
     assert reply.status_code == 200, reply.text
     return reply.json()["outputs"][0]["data"][0] - 1
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 class Traffic:

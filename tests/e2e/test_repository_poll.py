@@ -11,13 +11,13 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import pytest
 
 from examples.build_repository import build_simple, simple_config
 from examples.variants import write_version
+from procutil import wait_for
 from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
@@ -89,15 +89,6 @@ class Traffic:
             order = [value for _, value in answers]
             switches = [order[i] for i in range(1, len(order)) if order[i] != order[i - 1]]
             assert len(switches) == len(set(switches)), f"a client flipped back: {switches}"
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def index(server: ServerProcess) -> dict[tuple[str, str], dict]:

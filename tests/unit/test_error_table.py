@@ -147,30 +147,11 @@ def test_same_failure_same_answer(example_server, case, model, version, a, b, ex
     assert fragment in http[1]
 
 
-QUEUED_CONFIG = """
-name: "queued"
-platform: "onnxruntime_onnx"
-max_batch_size: 64
-input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 256 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 256 ] } ]
-dynamic_batching {
-  preferred_batch_size: [ 64 ]
-  max_queue_delay_microseconds: 1500000
-  default_queue_policy { max_queue_size: 1 }
-}
-"""
-
-
 @pytest.fixture(scope="module")
 def queued_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from examples.build_repository import make_dense_compute_model
+    from testmodels import write_queued_model
 
-    repo = tmp_path_factory.mktemp("queued_models")
-    (repo / "queued" / "1").mkdir(parents=True)
-    (repo / "queued" / "1" / "model.onnx").write_bytes(
-        make_dense_compute_model().SerializeToString())
-    (repo / "queued" / "config.pbtxt").write_text(QUEUED_CONFIG)
-    return repo
+    return write_queued_model(tmp_path_factory.mktemp("queued_models"), 1_500_000)
 
 
 @pytest.mark.e2e

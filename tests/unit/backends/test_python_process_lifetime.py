@@ -6,10 +6,8 @@ Every test checks by pid that the worker is gone, and kills what it started if i
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -22,37 +20,13 @@ from backends import python_process, registry
 from backends.base import InstanceSpec
 from backends.python import PythonBackend
 from backends.python_process import WorkerDied, WorkerProcess
+from procutil import gone, kill_quietly, wait_gone
 from protocol.errors import Unavailable
 from repository.config import normalize, parse_config_text
+from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 ROOT = Path(__file__).resolve().parents[3]
-
-# execute sleeps as many seconds as its input says.
-SLEEPER = '''
-import time
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            seconds = float(pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()[0])
-            time.sleep(seconds)
-            responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor("OUT", np.zeros(1, np.float32))]))
-        return responses
-'''
-
-SLEEPER_CONFIG = '''
-name: "sleeper"
-backend: "python"
-max_batch_size: 0
-input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+SLEEPER_CONFIG = sleeper_config("sleeper")
 
 # A stand-in for the server: starts a worker from a thread that then ends, puts it to sleep
 # inside execute, prints the worker's pid and waits to be killed.
@@ -70,43 +44,15 @@ starter.join()
 worker = box[0]
 worker.initialize(version_dir / "model.py", version_dir, {"model_name": "sleeper"}, 30)
 threading.Thread(target=worker.execute, args=([{"SECONDS": np.array([120], np.float32)}],
-                                              ["OUT"]), daemon=True).start()
+                                              ["PID"]), daemon=True).start()
 time.sleep(0.5)  # now inside execute
 print(worker.pid, flush=True)
 time.sleep(120)
 '''
 
 
-def gone(pid: int) -> bool:
-    """No such process, or a zombie nobody reaped yet (it has stopped running)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except FileNotFoundError:
-        return True
-
-
-def wait_gone(pid: int, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not gone(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def write_sleeper(root: Path) -> Path:
-    version_dir = root / "sleeper" / "1"
-    version_dir.mkdir(parents=True)
-    (version_dir / "model.py").write_text(textwrap.dedent(SLEEPER))
-    return version_dir
+    return write_python_model(root, "sleeper", SLEEPER_MODEL, SLEEPER_CONFIG)
 
 
 def seconds(value: float) -> dict[str, np.ndarray]:
@@ -166,7 +112,7 @@ def test_a_worker_outlives_the_thread_that_asked_for_it(tmp_path: Path) -> None:
         time.sleep(0.3)
         assert worker.process.poll() is None
         worker.initialize(version_dir / "model.py", version_dir, {"model_name": "sleeper"}, 30)
-        assert worker.execute([seconds(0)], ["OUT"])[0]["OUT"].shape == (1,)  # type: ignore[index]
+        assert worker.execute([seconds(0)], ["PID"])[0]["PID"].shape == (1,)  # type: ignore[index]
     finally:
         worker.close()
 

@@ -365,17 +365,25 @@ def _strict_core(manager: ModelManager, registry: ModelRegistry):  # type: ignor
     return core
 
 
+async def _version_1_loaded_with_auto_complete(repo: Path):  # type: ignore[no-untyped-def]
+    """Model `m` version 1 (a real ONNX model) loaded with auto-complete, which reads the
+    model files; returns (manager, registry, model_dir, strict core)."""
+    from examples.variants import model_bytes
+
+    manager, registry, _ = manager_for(repo)
+    manager.settings.auto_complete = True
+    model_dir = model(repo)
+    (model_dir / "1" / "model.onnx").write_bytes(model_bytes(0))
+    await manager.load_model("m")
+    return manager, registry, model_dir, _strict_core(manager, registry)
+
+
 async def test_a_new_version_that_fails_before_it_is_built_shows_unavailable_beside_the_old(
         repo: Path) -> None:
     """Issue #13 item 9: auto-complete cannot read the new version's model file."""
     from examples.variants import model_bytes
 
-    manager, registry, _ = manager_for(repo)
-    manager.settings.auto_complete = True  # reads the model files
-    model_dir = model(repo)
-    (model_dir / "1" / "model.onnx").write_bytes(model_bytes(0))
-    await manager.load_model("m")
-    core = _strict_core(manager, registry)
+    manager, registry, model_dir, core = await _version_1_loaded_with_auto_complete(repo)
     assert core.ready()
     model(repo, versions={2: "b"})  # 2/model.onnx holds no ONNX model
     with pytest.raises(LoadError, match="auto-complete failed"):
@@ -397,12 +405,7 @@ async def test_a_new_version_that_fails_before_it_is_built_shows_unavailable_bes
 async def test_a_failed_version_leaves_the_index_once_gone_or_no_longer_wanted(repo: Path) -> None:
     from examples.variants import model_bytes
 
-    manager, registry, _ = manager_for(repo)
-    manager.settings.auto_complete = True  # reads the model files
-    model_dir = model(repo)
-    (model_dir / "1" / "model.onnx").write_bytes(model_bytes(0))
-    await manager.load_model("m")
-    core = _strict_core(manager, registry)
+    manager, registry, model_dir, core = await _version_1_loaded_with_auto_complete(repo)
     model(repo, versions={2: "b"})
     with pytest.raises(LoadError):
         await manager.load_model("m", versions={1, 2}, keep={1})  # as the poller asks

@@ -82,3 +82,20 @@ def test_negative_priority_is_rejected() -> None:
     with pytest.raises(InvalidArgument, match="parameter 'priority'"):
         validate_request(request(tensor("INPUT0", (1, 16)), tensor("INPUT1", (1, 2)),
                                  parameters={"priority": -1}), config())
+
+
+RESHAPE_CONFIG = """
+name: "reshaped"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ %s ] reshape: { shape: [ %s ] } } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
+
+@pytest.mark.parametrize("dims, reshape, shape", [("-1", "", (3,)), ("-1", "2", (3,)),
+                                                 ("16", "3", (16,))])
+def test_a_shape_the_reshape_cannot_take_is_invalid_argument(dims: str, reshape: str,
+                                                             shape: tuple[int, ...]) -> None:
+    model = text_format.Parse(RESHAPE_CONFIG % (dims, reshape), ModelConfig())
+    with pytest.raises(InvalidArgument, match="INPUT"):
+        validate_request(InferRequest("reshaped", inputs=[tensor("INPUT", shape)]), model)

@@ -1,0 +1,214 @@
+"""Issue #13 item 1's target: no request freezes the server.
+
+Loopback only, about 45 s. A server over `simple` (INT32 [16] add/sub) and `identity_fp32`
+(FP32 [-1, -1] Identity) is measured in three phases, each with `/v2/health/live` polled on one
+connection and a small `simple` inference sent on another (10 ms apart each):
+
+1. quiet (--quiet-secs): the reference latencies;
+2. hostile (--hostile-secs): 64 MiB bodies of `{"a":` repeated (just under the default
+   --http-max-input-size), sent back to back on a third connection, alternately to
+   `/v2/repository/index` and to `/v2/models/simple/infer`; each must get its 400;
+3. valid: one JSON infer request with 5 million FP32 elements to `identity_fp32` (its answer
+   is checked).
+
+Verdicts (issue #13): in phase 2 live p99 < 50 ms and small-inference p99 < 3x its phase-1
+value; in phase 3 no live poll waits more than 0.5 s. Extra arguments after `--` go to the
+server (`-- --http-parser-processes 0` measures the event-loop-only parse).
+
+    .venv/bin/python bench/hostile.py [--hostile-secs 20] [-- server flags]
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from examples.build_repository import build_simple  # noqa: E402
+from serverproc import start_server  # noqa: E402
+
+HOSTILE = b'{"a":' * ((64 * 1024 * 1024) // 5)  # 67,108,860 bytes: under the 64 MiB limit
+DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"
+VALID_ELEMENTS = 5_000_000
+SMALL = json.dumps({"inputs": [
+    {"name": name, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+    for name in ("INPUT0", "INPUT1")]}).encode()
+
+
+def build_identity_fp32(repo: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"], name="identity")], "identity_fp32",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [-1, -1])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [-1, -1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    directory = repo / "identity_fp32"
+    (directory / "1").mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(directory / "1" / "model.onnx"))
+    (directory / "config.pbtxt").write_text(
+        'name: "identity_fp32"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
+        'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
+
+
+class Poller(threading.Thread):
+    """One request over and over on its own keep-alive connection; records each wait."""
+
+    def __init__(self, port: int, method: str, path: str, body: Optional[bytes] = None) -> None:
+        super().__init__(daemon=True)
+        self.port, self.method, self.path, self.body = port, method, path, body
+        self.waits: list[float] = []
+        self.errors = 0
+        self.running = True
+
+    def run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        while self.running:
+            began = time.perf_counter()
+            try:
+                conn.request(self.method, self.path, body=self.body)
+                response = conn.getresponse()
+                response.read()
+                if response.status != 200:
+                    self.errors += 1
+            except (OSError, http.client.HTTPException):
+                self.errors += 1
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            self.waits.append(time.perf_counter() - began)
+            time.sleep(0.01)
+        conn.close()
+
+    def take(self) -> list[float]:
+        waits, self.waits = self.waits, []
+        return waits
+
+
+def p(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def ms(value: float) -> str:
+    return f"{value * 1000:.1f} ms"
+
+
+def phase(live: Poller, small: Poller, seconds: float,
+          work: Optional[Callable[[], None]] = None) -> tuple[list[float], list[float]]:
+    live.take(), small.take()
+    if work is None:
+        time.sleep(seconds)
+    else:
+        work()
+    return live.take(), small.take()
+
+
+def post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quiet-secs", type=float, default=8.0)
+    parser.add_argument("--hostile-secs", type=float, default=20.0)
+    parser.add_argument("server_args", nargs="*", help="after --: extra server flags")
+    args = parser.parse_args(argv)
+
+    repo = Path(tempfile.mkdtemp(prefix="hostile-models-"))
+    build_simple(repo)
+    build_identity_fp32(repo)
+    server = start_server([repo], ["--exit-timeout-secs", "5", *args.server_args],
+                          log_dir=Path(tempfile.mkdtemp(prefix="hostile-logs-")))
+    port = server.http_port
+    verdicts: list[tuple[str, bool]] = []
+    try:
+        status, _ = post(port, "/v2/models/simple/infer", SMALL)
+        assert status == 200, status
+        # Start the parser processes (they start on first use) before measuring anything.
+        post(port, "/v2/repository/index", b'{"ready": true}' + b" " * (1 << 20))
+        live = Poller(port, "GET", "/v2/health/live")
+        small = Poller(port, "POST", "/v2/models/simple/infer", SMALL)
+        live.start(), small.start()
+
+        quiet_live, quiet_small = phase(live, small, args.quiet_secs)
+        print(f"quiet ({args.quiet_secs:.0f} s): live p50 {ms(p(quiet_live, 50))} p99 "
+              f"{ms(p(quiet_live, 99))} max {ms(max(quiet_live))} ({len(quiet_live)} polls); "
+              f"small infer p50 {ms(p(quiet_small, 50))} p99 {ms(p(quiet_small, 99))}")
+
+        answers: list[tuple[int, str]] = []
+
+        def hostile() -> None:
+            paths = ("/v2/repository/index", "/v2/models/simple/infer")
+            deadline = time.monotonic() + args.hostile_secs
+            while time.monotonic() < deadline:
+                status, body = post(port, paths[len(answers) % 2], HOSTILE)
+                answers.append((status, json.loads(body).get("error", "")))
+
+        began = time.monotonic()
+        hostile_live, hostile_small = phase(live, small, args.hostile_secs, hostile)
+        took = time.monotonic() - began
+        right = sum(1 for status, error in answers if status == 400 and error == DEPTH_ERROR)
+        print(f"hostile ({took:.1f} s, {len(answers)} bodies of 64 MiB, {right} answered 400 "
+              f"with the depth message): live p50 {ms(p(hostile_live, 50))} p99 "
+              f"{ms(p(hostile_live, 99))} max {ms(max(hostile_live))} ({len(hostile_live)} "
+              f"polls); small infer p50 {ms(p(hostile_small, 50))} p99 "
+              f"{ms(p(hostile_small, 99))} max {ms(max(hostile_small))} "
+              f"({len(hostile_small)} requests)")
+        verdicts.append(("every hostile body answered 400 with the depth message",
+                         right == len(answers) > 0))
+        verdicts.append(("live p99 < 50 ms under hostile bodies", p(hostile_live, 99) < 0.050))
+        verdicts.append(("small inference p99 < 3x quiet under hostile bodies",
+                         p(hostile_small, 99) < 3 * p(quiet_small, 99)))
+
+        values = ((np.arange(VALID_ELEMENTS, dtype=np.float32) % 4096) - 2048) / 16
+        body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, VALID_ELEMENTS],
+                                       "datatype": "FP32", "data": [values.tolist()]}]}).encode()
+        reply: dict = {}
+
+        def valid() -> None:
+            t0 = time.perf_counter()
+            reply["status"], reply["body"] = post(port, "/v2/models/identity_fp32/infer", body)
+            reply["secs"] = time.perf_counter() - t0
+
+        valid_live, _ = phase(live, small, 0, valid)
+        live.running = small.running = False
+        correct = False
+        if reply["status"] == 200:
+            (output,) = json.loads(reply["body"])["outputs"]
+            correct = np.array_equal(np.asarray(output["data"], dtype=np.float32), values)
+        print(f"valid ({VALID_ELEMENTS:,} elements, {len(body) / 2**20:.0f} MiB of JSON, "
+              f"answered {reply['status']} in {reply['secs']:.2f} s, correct: {correct}): "
+              f"live max {ms(max(valid_live, default=0.0))} ({len(valid_live)} polls)")
+        verdicts.append(("the 5-million-element request answered correctly", correct))
+        verdicts.append(("no live poll > 0.5 s during it", max(valid_live, default=0.0) < 0.5))
+        errors = live.errors + small.errors
+        verdicts.append(("no poll failed", errors == 0))
+    finally:
+        server.stop()
+    for name, ok in verdicts:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    return 0 if all(ok for _, ok in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
