@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from examples.build_repository import build_simple  # noqa: E402
 from serverproc import start_server  # noqa: E402
+from testmodels import build_identity_fp32  # noqa: E402
 
 HOSTILE = b'{"a":' * ((64 * 1024 * 1024) // 5)  # 67,108,860 bytes: under the 64 MiB limit
 DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"
@@ -44,26 +45,6 @@ VALID_ELEMENTS = 5_000_000
 SMALL = json.dumps({"inputs": [
     {"name": name, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
     for name in ("INPUT0", "INPUT1")]}).encode()
-
-
-def build_identity_fp32(repo: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"], name="identity")], "identity_fp32",
-        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [-1, -1])],
-        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [-1, -1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    directory = repo / "identity_fp32"
-    (directory / "1").mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(directory / "1" / "model.onnx"))
-    (directory / "config.pbtxt").write_text(
-        'name: "identity_fp32"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
-        'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
-        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
-        'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
 
 
 class Poller(threading.Thread):

@@ -13,17 +13,15 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Iterator
 
 import httpx
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from examples.build_repository import build_identity_bytes
 from serverproc import ServerProcess, running_server
+from testmodels import build_identity_fp32
 
 pytestmark = pytest.mark.e2e
 
@@ -33,27 +31,10 @@ HOSTILE = b'{"a":' * (24 * 1024 * 1024 // 5)  # about 24 MiB, nested far past th
 DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"
 
 
-def _identity_fp32(repo: Path) -> None:
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"], name="identity")], "identity_fp32",
-        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [-1, -1])],
-        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [-1, -1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    directory = repo / "identity_fp32"
-    (directory / "1").mkdir(parents=True)
-    onnx.save(model, str(directory / "1" / "model.onnx"))
-    (directory / "config.pbtxt").write_text(
-        'name: "identity_fp32"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
-        'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
-        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
-        'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("offload_models")
-    _identity_fp32(repo)
+    build_identity_fp32(repo)
     build_identity_bytes(repo)
     with running_server([repo], [*os.environ.get("OFFLOAD_TEST_ARGS", "").split(),
                                  "--http-max-input-size", str(MAX_INPUT),

@@ -9,6 +9,7 @@ import pytest
 from backends.base import BackendError, InstanceSpec
 from backends.onnxruntime import OnnxRuntimeBackend
 from examples.build_repository import build_identity_bytes, build_simple
+from protocol.model_config_pb2 import ModelConfig
 from repository.config import normalize, read_config
 
 
@@ -52,10 +53,8 @@ def test_a_config_that_does_not_match_the_model_fails_to_load(tmp_path: Path, ol
     assert message in info.value.message and "'simple'" in info.value.message
 
 
-def _config_with(text: str) -> "ModelConfig":
+def _config_with(text: str) -> ModelConfig:
     from google.protobuf import text_format
-
-    from protocol.model_config_pb2 import ModelConfig
 
     return text_format.Parse('name: "m" ' + text, ModelConfig())
 
