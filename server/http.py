@@ -248,16 +248,12 @@ class HttpFrontend:
         header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
         max_size = self.settings.http_max_input_size
         if header_length == 0:
-            record = self.core.resolve(name, version)
-            rules = record.scheduler.rules  # type: ignore[union-attr]
-            if len(rules.inputs) != 1:
-                raise InvalidArgument(rest_decode.raw_input_count_message(name, len(rules.inputs)))
-            ((input_name, rule),) = rules.inputs.items()
+            resolved = record, input_name, rule = self._raw_input(name, version)
             if not compressed and "BYTES" not in str(rule.wire):
-                return self._decode_raw(_joined(parts), name, version)
+                return self._decode_raw(_joined(parts), name, version, resolved)
             request = await self.offload.raw_request(
-                parts, encoding, max_size, name, version, input_name, rule.wire,
-                list(rule.dims), rules.max_batch_size)
+                parts, encoding, max_size, name, version, input_name, rule.wire, list(rule.dims),
+                record.scheduler.rules.max_batch_size)  # type: ignore[union-attr]
             return request, record
         if (not compressed and header_length is not None
                 and header_length <= self.offload.threshold):
@@ -269,17 +265,24 @@ class HttpFrontend:
             self.settings.json_max_depth)
         return request, None
 
-    def _decode_raw(self, body: Any, name: str, version: str
-                    ) -> tuple[InferRequest, VersionRecord]:
+    def _raw_input(self, name: str, version: str) -> tuple[VersionRecord, str, Any]:
         """A raw binary body is the model's one input: the version is resolved first (its
-        rules say which input that is), and the request then goes to that same version."""
+        rules say which input that is), and the request then goes to that same version.
+        Returns the version, the input's name and its rule."""
         record = self.core.resolve(name, version)
         rules = record.scheduler.rules  # type: ignore[union-attr]
         if len(rules.inputs) != 1:
             raise InvalidArgument(rest_decode.raw_input_count_message(name, len(rules.inputs)))
         ((input_name, rule),) = rules.inputs.items()
+        return record, input_name, rule
+
+    def _decode_raw(self, body: Any, name: str, version: str,
+                    resolved: Optional[tuple[VersionRecord, str, Any]] = None
+                    ) -> tuple[InferRequest, VersionRecord]:
+        record, input_name, rule = resolved or self._raw_input(name, version)
+        max_batch_size = record.scheduler.rules.max_batch_size  # type: ignore[union-attr]
         request = rest_decode.decode_raw_request(body, name, version, input_name, rule.wire,
-                                                 list(rule.dims), rules.max_batch_size)
+                                                 list(rule.dims), max_batch_size)
         return request, record
 
     # ----- repository ---------------------------------------------------------------------

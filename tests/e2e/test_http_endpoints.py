@@ -289,3 +289,27 @@ def test_json_nesting_limit_is_a_setting(example_repository) -> None:
         assert "JSON nesting depth exceeds maximum allowed limit (4)" in reply.json()["error"]
         ok = httpx.post(server.base + "/v2/repository/index", json={"ready": True})
         assert ok.status_code == 200
+
+
+def test_raw_binary_bodies_over_the_offload_threshold(example_repository) -> None:
+    """A raw body over --http-offload-threshold: uncompressed it decodes on the loop (its tensor
+    is a view over the body), gzipped it inflates in a parser process; same answer both ways."""
+    import gzip
+
+    from serverproc import running_server
+
+    image = np.random.default_rng(2).random((3, 32, 32), dtype=np.float32)
+    with running_server([example_repository], ["--http-offload-threshold", "1024"]) as server:
+        answers = []
+        for body, extra in ((image.tobytes(), {}),
+                            (gzip.compress(image.tobytes()), {"Content-Encoding": "gzip"})):
+            reply = httpx.post(server.base + "/v2/models/classifier/infer", content=body,
+                               headers={"Inference-Header-Content-Length": "0", **extra})
+            assert reply.status_code == 200, reply.text
+            length = int(reply.headers["Inference-Header-Content-Length"])
+            answers.append(np.frombuffer(reply.content[length:], dtype=np.float32))
+        assert answers[0].shape == (10,) and abs(answers[0].sum() - 1) < 1e-4
+        np.testing.assert_array_equal(answers[0], answers[1])
+        too_many = httpx.post(server.base + "/v2/models/simple/infer", content=b"\0" * 4096,
+                              headers={"Inference-Header-Content-Length": "0"})
+        assert too_many.status_code == 400 and "simple" in too_many.json()["error"]
