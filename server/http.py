@@ -25,8 +25,8 @@ from protocol.types import InferRequest
 from repository.registry import VersionRecord
 from server.core import InferenceCore
 from server.http_body import BodyBuffer, BodyLimit
-from server.offload import (DEFAULT_PROCESSES, DEFAULT_THRESHOLD, BodyOffload, inflate_small,
-                            json_output_size, parse_json_document)
+from server.offload import (BodyOffload, inflate_small, json_output_size,
+                            parse_json_document)
 from server.runtime_settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
@@ -89,10 +89,8 @@ class HttpFrontend:
         self.runtime = runtime  # trace and log settings, shared with gRPC (endpoints to come)
         self.body_limit = BodyLimit(self.settings.http_max_input_size)
         # Large bodies and responses are worked on in parser processes (server/offload.py).
-        # (getattr: test doubles of the settings may predate these two.)
-        self.offload = BodyOffload(
-            getattr(self.settings, "http_offload_threshold", DEFAULT_THRESHOLD),
-            getattr(self.settings, "http_parser_processes", DEFAULT_PROCESSES))
+        self.offload = BodyOffload(self.settings.http_offload_threshold,
+                                   self.settings.http_parser_processes)
 
     # ----- body handling ------------------------------------------------------------------
     async def json_document(self, request: Request, decoder: Callable[..., Any],

@@ -41,8 +41,6 @@ from protocol.types import InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger(__name__)
 
-DEFAULT_THRESHOLD = 64 * 1024
-DEFAULT_PROCESSES = 2
 WORKER_NICE = 19  # parser processes yield the CPU to the server's event loop
 _UNPACK_CHUNK = 1 << 16  # BYTES elements rebuilt per step (the GIL can switch between steps)
 _SPILL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()

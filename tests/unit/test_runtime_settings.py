@@ -56,7 +56,9 @@ def test_one_object_per_process_is_shared_by_both_frontends() -> None:
 
     runtime = RuntimeSettings.create(log_verbose=2)
     assert runtime.log.values["log_verbose_level"] == 2
-    core: Any = SimpleNamespace(settings=SimpleNamespace(http_max_input_size=10))
+    from server.settings import ServerSettings
+
+    core: Any = SimpleNamespace(settings=ServerSettings(http_max_input_size=10))
     servicer = InferenceServicer(core, runtime)
     http = HttpFrontend(core, runtime)
     assert servicer.trace is runtime.trace and servicer.logging is runtime.log
