@@ -123,6 +123,10 @@ class Overloaded(Unavailable):
         super().__init__(message)
         self.retry_after = max(1, int(retry_after))
 
+    def __reduce__(self) -> tuple:
+        """Pickled with its hint (a frontend process receives it from the model owner)."""
+        return type(self), (self.message, self.retry_after)
+
 
 ALL_ERROR_CLASSES: tuple[type[ServerError], ...] = (
     InvalidArgument, NotFound, Unavailable, InternalError, Unsupported, AlreadyExists,

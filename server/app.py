@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
 import signal
 import time
-from typing import Any, Iterator, Optional
-
-import uvicorn
+from typing import Any, Optional
 
 from backends import registry as backend_registry
 from protocol.errors import set_overload_http_status
@@ -23,57 +20,19 @@ from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from scheduler import affinity
-from server.connections import ConnectionLimits, descriptor_limit, resolve_max_connections
 from server.core import InferenceCore
+from server.frontend_pool import FrontendPool
 from server.inference import InferencePath
-from server.http import HttpFrontend
 from server.offload import BodyOffload
-from server.http_protocol import bounded_protocol_class, protocol_class
+from server.http_protocol import bounded_protocol_class
+from server.listeners import (Listener, http_frontend_listener, http_limits, metrics_limits,
+                              uvicorn_listener, wait_started)
 from server.metrics import ServerMetrics, worker_restarts
 from server.metrics_http import build_metrics_app
 from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
 
 log = logging.getLogger("ascend_serve")
-
-
-class _Listener(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to the application."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _uvicorn(app: Any, host: str, port: int, verbose: int, http: Any = "httptools",
-             keep_alive: float = 60.0) -> _Listener:
-    config = uvicorn.Config(app, host=host, port=port, loop="none", http=http,
-                            lifespan="off", access_log=verbose > 1,
-                            log_level="info" if verbose else "warning",
-                            timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
-                            timeout_graceful_shutdown=5)
-    return _Listener(config)
-
-
-def _limits(s: ServerSettings) -> ConnectionLimits:
-    """The HTTP connection limits (server/connections.py); the default connection limit fits
-    the descriptor limit, raised to its hard limit first."""
-    limit = resolve_max_connections(s.http_max_connections, s.http_health_reserved_connections,
-                                    descriptor_limit(), share=2 if s.allow_grpc else 1)
-    return ConnectionLimits(max_connections=limit,
-                            health_reserve=s.http_health_reserved_connections,
-                            idle_timeout=s.http_idle_timeout_secs,
-                            header_timeout=s.http_header_timeout_secs)
-
-
-def _metrics_limits(limits: ConnectionLimits) -> ConnectionLimits:
-    """The metrics listener: the same timeouts, room for a few scrapers, no health reserve."""
-    return dataclasses.replace(limits, max_connections=min(limits.max_connections,
-                                                           METRICS_MAX_CONNECTIONS),
-                               health_reserve=0)
-
-
-METRICS_MAX_CONNECTIONS = 64
 
 
 def _settle_heap() -> None:
@@ -115,10 +74,11 @@ class ServerApp:
         # One trace/log settings object for both frontends: a change over one reads back on both.
         self.runtime = RuntimeSettings.create(settings.log_verbose)
         self._stop = asyncio.Event()
-        self._listeners: list[_Listener] = []
+        self._listeners: list[Listener] = []
         self._offloads: list[BodyOffload] = []  # each HTTP frontend's parser processes
         self._tasks: list[asyncio.Task] = []
         self.grpc_server: Optional[Any] = None
+        self.frontends: Optional[FrontendPool] = None  # --frontend-processes > 1
         self._register_npu_telemetry()
 
     def _register_npu_telemetry(self) -> None:
@@ -132,6 +92,8 @@ class ServerApp:
         if not self._stop.is_set():
             log.info("shutdown requested: readiness is now off; draining in-flight requests")
             self.core.exiting = True
+            if self.frontends is not None:
+                self.frontends.notify_exiting()
             self._stop.set()
 
     async def start(self) -> bool:
@@ -146,18 +108,15 @@ class ServerApp:
             await self.manager.shutdown()
             return False
         s = self.settings
-        limits = _limits(s)  # HTTP and metrics listeners alike (each counts its own)
         if s.allow_http:
-            frontend = HttpFrontend(self.core, self.runtime)
-            self._offloads.append(frontend.offload)
-            self._listeners.append(_uvicorn(frontend.build_app(), s.http_address, s.http_port,
-                                            s.log_verbose, protocol_class(frontend, limits),
-                                            s.http_keep_alive_timeout_secs))
+            listener, offload = http_frontend_listener(self.core, self.runtime, s)
+            self._offloads.append(offload)
+            self._listeners.append(listener)
         if s.allow_metrics:
-            self._listeners.append(_uvicorn(build_metrics_app(self.metrics), s.metrics_address,
-                                            s.metrics_port, s.log_verbose,
-                                            bounded_protocol_class(_metrics_limits(limits)),
-                                            s.http_keep_alive_timeout_secs))
+            self._listeners.append(uvicorn_listener(
+                build_metrics_app(self.metrics), s.metrics_address, s.metrics_port,
+                s.log_verbose, bounded_protocol_class(metrics_limits(http_limits(s))),
+                s.http_keep_alive_timeout_secs))
         for listener in self._listeners:
             self._tasks.append(asyncio.create_task(listener.serve()))
         if s.allow_grpc:
@@ -165,12 +124,15 @@ class ServerApp:
 
             self.grpc_server = await start_grpc_server(self.core, s, self.runtime)
         # Wait until every listener is bound before declaring the server live.
-        while not all(listener.started for listener in self._listeners):
-            for task in self._tasks:
-                if task.done():
-                    task.result()  # a bind failure surfaces here
-                    return False
-            await asyncio.sleep(0.02)
+        if not await wait_started(self._listeners, self._tasks):
+            return False
+        if s.frontend_processes > 1 and (s.allow_http or s.allow_grpc):
+            self.frontends = FrontendPool(s, self.core)
+            try:
+                await self.frontends.start()
+            except RuntimeError as exc:
+                log.error("%s", exc)
+                return False
         self.core.started = True
         if self.poller is not None:
             self.poller.start()
@@ -242,6 +204,8 @@ class ServerApp:
         log.info("ascend-serve stopped")
 
     async def _close_listeners(self, grace: float) -> None:
+        if self.frontends is not None:
+            await self.frontends.stop(grace)
         for offload in self._offloads:
             offload.close()  # parser processes: nothing is left for them to parse
         if self.grpc_server is not None:

@@ -131,7 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
     add("--overload-status", type=int, choices=[503, 429], default=503,
         help="HTTP status of a request refused because its model's queue is full: 503, or 429 "
              "for clients that retry on 429 (gRPC answers UNAVAILABLE either way; default 503)")
+    add("--frontend-processes", type=_process_count, default=1, metavar="N|auto",
+        help="processes that accept HTTP and gRPC connections on the same ports (SO_REUSEPORT): "
+             "this one, which owns the models and batchers, and N-1 more that decode requests "
+             "and hand them to it through shared memory; auto: the CPUs this process may use "
+             "(default 1)")
+    add("--frontend-shm-bytes", type=_positive_int, default=64 * 1024 * 1024, metavar="BYTES",
+        help="shared memory each way between the model owner and each extra frontend process; "
+             "tensors that do not fit travel through the socket (default 64 MiB)")
     return parser
+
+
+def _process_count(value: str) -> int:
+    """--frontend-processes: a count of at least 1, or `auto` for the CPUs available."""
+    if value.strip().lower() == "auto":
+        import os
+
+        return max(1, len(os.sched_getaffinity(0)))
+    return _positive_int(value)
 
 
 def _bounded(kind: type, strict: bool) -> Callable[[str], Any]:
@@ -198,6 +215,7 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         repository_settle_secs=args.repository_settle_secs,
         allow_model_load_file_override=args.allow_model_load_file_override,
         overload_status=args.overload_status,
+        frontend_processes=args.frontend_processes, frontend_shm_bytes=args.frontend_shm_bytes,
     )
 
 

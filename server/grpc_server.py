@@ -89,7 +89,8 @@ def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", received),
         ("grpc.max_send_message_length", size),
-        ("grpc.so_reuseport", 0),
+        # Off, so that a port in use is an error, unless frontend processes share the port.
+        ("grpc.so_reuseport", int(settings.frontend_processes > 1)),
         ("grpc.default_compression_level",
          COMPRESSION_LEVELS[settings.grpc_infer_response_compression_level]),
         ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),

@@ -69,3 +69,8 @@ class ServerSettings:
     allow_model_load_file_override: bool = False
     overload_status: int = 503  # HTTP status of a full queue: 503 or 429 (gRPC: UNAVAILABLE)
     metrics_interval_ms: int = 2000
+    # Processes that accept HTTP and gRPC connections (server/frontend_pool.py): this one, which
+    # owns the models and batchers, and frontend_processes - 1 more that decode requests and
+    # hand them over through shared memory (frontend_shm_bytes each way per process).
+    frontend_processes: int = 1
+    frontend_shm_bytes: int = 64 * 1024 * 1024

@@ -1,0 +1,233 @@
+"""--frontend-processes: several processes accept on the same ports and hand requests to the one
+that owns the models, against a real server subprocess with tritonclient and httpx.
+
+What a user notices: answers are right whichever process took the connection (small tensors,
+large ones through shared memory, ones too large for it), every control API answers the same,
+statistics and metrics are one set, a killed frontend process comes back, and nothing is left
+running after the server stops."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from procutil import gone, kill_quietly, wait_for, wait_gone
+from serverproc import ServerProcess, running_server
+from testmodels import SLEEPER_MODEL, build_identity_fp32, sleeper_config, write_python_model
+
+pytestmark = pytest.mark.e2e
+CONNECTIONS = 12  # enough that the kernel gives every process some
+
+
+def frontend_children(server: ServerProcess) -> list[int]:
+    """Pids of the server's frontend processes."""
+    children = []
+    for task in Path(f"/proc/{server.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                if b"server.frontend_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    children.append(int(pid))
+            except FileNotFoundError:
+                pass
+    return children
+
+
+def connection_owners(port: int) -> dict[int, int]:
+    """pid -> established server-side connections on 127.0.0.1:`port` that pid holds."""
+    inodes = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].split(":")[1], 16)
+        if local_port == port and fields[3] == "01":
+            inodes[fields[9]] = local_port
+    owners: dict[int, int] = {}
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for fd in (pid_dir / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    owners[int(pid_dir.name)] = owners.get(int(pid_dir.name), 0) + 1
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+    return owners
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from examples.build_repository import build_repository
+
+    root = tmp_path_factory.mktemp("frontends")
+    build_repository(root)
+    build_identity_fp32(root)
+    write_python_model(root, "napper", SLEEPER_MODEL, sleeper_config("napper"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    # A small shared-memory arena, so that one test's tensor does not fit in it.
+    with running_server([repo], ["--frontend-processes", "3", "--frontend-shm-bytes",
+                                 str(1 << 20)],
+                        log_dir=tmp_path_factory.mktemp("frontends-log")) as process:
+        wait_for(lambda: len(frontend_children(process)) == 2, "two frontend processes")
+        yield process
+
+
+def _simple_inputs(module, a: np.ndarray, b: np.ndarray) -> list:
+    inputs = [module.InferInput("INPUT0", [1, 16], "INT32"),
+              module.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_every_process_takes_connections_and_every_answer_is_right(server) -> None:
+    clients = [httpclient.InferenceServerClient(server.http_url) for _ in range(CONNECTIONS)]
+    grpc_clients = [grpcclient.InferenceServerClient(server.grpc_url)
+                    for _ in range(CONNECTIONS)]
+    try:
+        for index, (client, grpc_client) in enumerate(zip(clients, grpc_clients)):
+            a = np.arange(16, dtype=np.int32).reshape(1, 16) + index
+            b = np.full((1, 16), index, dtype=np.int32)
+            result = client.infer("simple", _simple_inputs(httpclient, a, b))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+            result = grpc_client.infer("simple", _simple_inputs(grpcclient, a, b))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        owners = connection_owners(server.http_port)
+        children = frontend_children(server)
+        assert len(children) == 2
+        served_by_children = sum(owners.get(pid, 0) for pid in children)
+        assert served_by_children > 0, owners  # the frontend processes took some of them
+        assert served_by_children < CONNECTIONS or owners.get(server.pid, 0) == 0
+    finally:
+        for client in clients:
+            client.close()
+        for grpc_client in grpc_clients:
+            grpc_client.close()
+
+
+@pytest.mark.parametrize("rows", [4, 300, 1200])  # inline, shared memory, past the 1 MiB arena
+def test_tensors_of_every_size_round_trip_exactly(server, rows: int) -> None:
+    data = np.random.default_rng(rows).random((rows, 256)).astype(np.float32)
+    for _ in range(CONNECTIONS // 2):
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            tensor = httpclient.InferInput("INPUT", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            result = client.infer("identity_fp32", [tensor])
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT"), data)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        tensor = grpcclient.InferInput("INPUT", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT"),
+                                      data)
+
+
+def test_control_apis_and_errors_answer_the_same_through_every_process(server) -> None:
+    answers = set()
+    for _ in range(CONNECTIONS):
+        with httpx.Client(base_url=server.base) as client:
+            ready = client.get("/v2/health/ready").status_code
+            metadata = client.get("/v2/models/simple").json()
+            config = client.get("/v2/models/simple/config").json()
+            missing = client.get("/v2/models/nope")
+            index = client.post("/v2/repository/index", json={}).json()
+            bad = client.post("/v2/models/simple/infer", json={"inputs": [
+                {"name": "INPUT0", "shape": [1, 15], "datatype": "INT32", "data": [0] * 15}]})
+            raw = client.post("/v2/models/identity_fp32/infer", content=b"\0" * 8,
+                              headers={"Inference-Header-Content-Length": "0"})
+            answers.add((ready, metadata["name"], tuple(metadata["versions"]), config["name"],
+                         config["max_batch_size"], missing.status_code, missing.text,
+                         len(index), bad.status_code, bad.json()["error"], raw.status_code))
+    assert len(answers) == 1, answers
+    (answer,) = answers
+    assert answer[0] == 200 and answer[1] == "simple" and answer[3] == "simple"
+    assert answer[5] == 404 and "nope" in answer[6]
+    assert answer[8] == 400 and "INPUT0" in answer[9]
+    assert answer[10] == 400  # a raw body for a model with an input of two -1 dims
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.is_server_ready()
+        assert client.get_model_config("simple").config.name == "simple"
+
+
+def test_statistics_and_metrics_are_one_set(server) -> None:
+    def count() -> int:
+        stats = httpx.get(f"{server.base}/v2/models/simple/stats").json()
+        return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+    def metric() -> float:
+        text = httpx.get(server.metrics_url).text
+        for line in text.splitlines():
+            if line.startswith("nv_inference_request_success{") and 'model="simple"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before, before_metric = count(), metric()
+    for _ in range(CONNECTIONS):
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            a = np.zeros((1, 16), dtype=np.int32)
+            client.infer("simple", _simple_inputs(httpclient, a, a))
+    assert count() == before + CONNECTIONS  # every process's requests, in one set
+    wait_for(lambda: metric() >= before_metric + CONNECTIONS, "the success counter")
+    assert metric() == before_metric + CONNECTIONS
+
+
+def test_a_killed_frontend_process_is_started_again(server) -> None:
+    victim = frontend_children(server)[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_gone(victim)
+    wait_for(lambda: len(frontend_children(server)) == 2 and victim not in
+             frontend_children(server), "a new frontend process", timeout=30)
+    for _ in range(CONNECTIONS):
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            a = np.ones((1, 16), dtype=np.int32)
+            result = client.infer("simple", _simple_inputs(httpclient, a, a))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    assert "frontend process" in server.log() and "starting it again" in server.log()
+
+
+def test_shutdown_answers_what_was_accepted_and_leaves_no_process(repo: Path,
+                                                                   tmp_path: Path) -> None:
+    with running_server([repo], ["--frontend-processes", "2"], log_dir=tmp_path) as process:
+        wait_for(lambda: len(frontend_children(process)) == 1, "a frontend process")
+        children = frontend_children(process)
+        results: list = []
+
+        def nap() -> None:
+            with httpclient.InferenceServerClient(process.http_url,
+                                                  connection_timeout=30,
+                                                  network_timeout=30) as client:
+                tensor = httpclient.InferInput("SECONDS", [1], "FP32")
+                tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+                try:
+                    results.append(client.infer("napper", [tensor]).as_numpy("PID")[0] > 0)
+                except Exception as exc:  # noqa: BLE001
+                    results.append(exc)
+
+        threads = [threading.Thread(target=nap) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: sum(connection_owners(process.http_port).values()) >= 6,
+                 "six open connections")
+        os.kill(process.pid, signal.SIGTERM)
+        for thread in threads:
+            thread.join(60)
+        assert results == [True] * 6  # one instance: the last waited ~6 s, inside the drain
+        assert process.process.wait(30) == 0
+    try:
+        for child in children:
+            assert wait_gone(child), f"frontend process {child} outlived the server"
+    finally:
+        for child in children:
+            if not gone(child):
+                kill_quietly(child)
