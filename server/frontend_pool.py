@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from protocol.errors import InternalError, as_server_error
-from protocol.types import InferRequest
+from protocol.handover_codec import pack_response, unpack_request
 from server.handover import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
 from server.remote_core import RemoteRules
 from server.settings import ServerSettings
@@ -51,7 +51,8 @@ class FrontendProcess:
         self.core = core
         self.process: Optional[subprocess.Popen] = None
         self.link: Optional[HandoverLink] = None
-        self.tasks: dict[int, asyncio.Task] = {}
+        self.path = core.path  # the one infer path (server/inference.py)
+        self.inflight: dict[int, asyncio.Future] = {}  # handed over, not yet answered
         self.stopping = False
         self.ready = asyncio.Event()
         self.failed: Optional[str] = None
@@ -97,30 +98,28 @@ class FrontendProcess:
         tag = message[0]
         if tag == INFER:
             ident = message[1]
-            self.tasks[ident] = self.loop.create_task(self._infer(ident, message[2]))
-        elif tag == CANCEL:
-            task = self.tasks.pop(message[1], None)
-            if task is not None:
-                task.cancel()
+            link = self.link
 
-    async def _infer(self, ident: int, request: InferRequest) -> None:
-        link = self.link
-        assert link is not None
-        try:
-            response = await self.core.infer(request)
-        except asyncio.CancelledError:
-            return
-        except Exception as exc:  # noqa: BLE001 - every failure goes back as an answer
-            link.send((ERROR, ident, as_server_error(exc)))
-        else:
-            link.send((RESULT, ident, response))
-        finally:
-            self.tasks.pop(ident, None)
+            def answer(response: Any, error: Optional[BaseException]) -> None:
+                self.inflight.pop(ident, None)
+                if error is None:
+                    link.send((RESULT, ident, pack_response(response)))  # type: ignore[union-attr]
+                else:
+                    link.send((ERROR, ident, as_server_error(error)))  # type: ignore[union-attr]
+
+            # No task per request: the answer goes back from the future's callback.
+            future = self.path.infer_nowait(unpack_request(message[2]), answer)
+            if future is not None and not future.done():
+                self.inflight[ident] = future
+        elif tag == CANCEL:
+            future = self.inflight.pop(message[1], None)
+            if future is not None:
+                future.cancel()
 
     def _on_lost(self, exc: Optional[Exception]) -> None:
-        for task in list(self.tasks.values()):
-            task.cancel()  # nobody is left to answer
-        self.tasks.clear()
+        for future in list(self.inflight.values()):
+            future.cancel()  # nobody is left to answer
+        self.inflight.clear()
         if not self.stopping:
             self.failed = self.failed or "its link closed"
             self.ready.set()  # a start still waiting sees the failure

@@ -62,6 +62,7 @@ class HandoverLink(asyncio.Protocol):
         self._buffer = bytearray()
         self._need = 0
         self._releases: list[int] = []
+        self._outgoing: list[Any] = []  # frames written once per loop turn
 
     # ----- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -100,7 +101,7 @@ class HandoverLink(asyncio.Protocol):
         buffers: list[pickle.PickleBuffer] = []
         data = pickle.dumps(message, 5, buffer_callback=buffers.append)
         if not buffers:
-            self.transport.write(HEAD.pack(HEAD.size - 4 + len(data), len(data), -1, 0) + data)
+            self._write((HEAD.pack(HEAD.size - 4 + len(data), len(data), -1, 0), data))
             return
         raws = [buffer.raw() for buffer in buffers]
         sizes = [raw.nbytes for raw in raws]
@@ -117,10 +118,21 @@ class HandoverLink(asyncio.Protocol):
         lengths = struct.pack(f"<{len(sizes)}Q", *sizes)
         inline = sum(sizes) if offset < 0 else 0
         rest = HEAD.size - 4 + len(lengths) + len(data) + inline
-        parts: list[Any] = [HEAD.pack(rest, len(data), offset, len(sizes)), lengths, data]
+        self._write((HEAD.pack(rest, len(data), offset, len(sizes)), lengths, data))
         if offset < 0:
-            parts.extend(raws)
-        self.transport.writelines(parts)
+            self._write(raws)
+
+    def _write(self, parts: Any) -> None:
+        """Queue frames; they go out in one write at the end of this loop turn (the answers
+        of one batch, say), not one system call each."""
+        if not self._outgoing:
+            self.loop.call_soon(self._flush)  # type: ignore[union-attr]
+        self._outgoing.extend(parts)
+
+    def _flush(self) -> None:
+        parts, self._outgoing = self._outgoing, []
+        if parts and not self.closed and self.transport is not None:
+            self.transport.writelines(parts)
 
     def close(self) -> None:
         if self.transport is not None:

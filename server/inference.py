@@ -13,7 +13,7 @@ answer is back, with the labels the version read when it loaded.
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+from typing import Callable, Optional
 
 from protocol.classification import classify
 from protocol.errors import InternalError, server_exiting
@@ -59,6 +59,41 @@ class InferencePath:
             if self.inflight == 0:
                 self._idle.set()
         return _select_outputs(response, request.outputs, record)
+
+    def infer_nowait(self, request: InferRequest, on_done: Callable[
+            [Optional[InferResponse], Optional[BaseException]], None]) -> Optional[asyncio.Future]:
+        """`infer` without a coroutine, for a caller that keeps no task per request (the model
+        owner answering a frontend process): `on_done(response, error)` runs on the loop once
+        the answer is in. Returns the scheduler's future (cancelling it drops the request if
+        it has not run), or None when the request was refused at once (on_done has run)."""
+        try:
+            if self.exiting:
+                raise server_exiting()
+            record = self.registry.resolve(request.model_name, request.model_version)
+            future = record.scheduler.submit(request)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - the caller answers with it
+            on_done(None, exc)
+            return None
+        self.inflight += 1
+        self._idle.clear()
+
+        def finished(done: asyncio.Future) -> None:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is None:
+                try:
+                    on_done(_select_outputs(done.result(), request.outputs, record), None)
+                    return
+                except Exception as exc:  # noqa: BLE001
+                    error = exc
+            on_done(None, error)
+
+        future.add_done_callback(finished)
+        return future
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight; False if the timeout passed first."""

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from protocol.errors import Unavailable, server_exiting
+from protocol.handover_codec import pack_request, unpack_response
 from protocol.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, InferResponse
 from server.handover import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
@@ -85,7 +86,7 @@ class RemoteCore:
             future = self._pending.pop(message[1], None)
             if future is not None and not future.done():
                 if tag == RESULT:
-                    future.set_result(message[2])
+                    future.set_result(unpack_response(message[2]))
                 else:
                     future.set_exception(message[2])
         elif tag == EXITING:
@@ -153,7 +154,7 @@ class RemoteCore:
         ident = self._next_id
         future = self.loop.create_future()
         self._pending[ident] = future
-        link.send((INFER, ident, request))
+        link.send((INFER, ident, pack_request(request)))
         self.inflight += 1
         self._idle.clear()
         try:

@@ -1,6 +1,7 @@
 """Process and waiting helpers for tests that start servers or model workers and must leave
 nothing behind: whether a pid has stopped running, waiting for that (or for anything) with a
-deadline, and killing by pid what a test left running.
+deadline, killing by pid what a test left running, and which processes of a server hold its
+connections (--frontend-processes).
 
 Imported like serverproc (tests/conftest.py puts this folder on sys.path)."""
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Callable
 
 
@@ -47,3 +49,50 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0,
             return
         time.sleep(interval)
     raise AssertionError(f"gave up waiting for {what}")
+
+
+def frontend_children(server_pid: int) -> list[int]:
+    """Pids of a server's frontend processes (--frontend-processes)."""
+    children = []
+    for task in Path(f"/proc/{server_pid}/task").iterdir():
+        try:
+            pids = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for pid in pids:
+            try:
+                if b"server.frontend_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    children.append(int(pid))
+            except FileNotFoundError:
+                pass
+    return children
+
+
+def connection_owners(port: int) -> dict[int, int]:
+    """pid -> established server-side TCP connections on local `port` that pid holds."""
+    owners: dict[int, int] = {}
+    for pid in connection_peers(port).values():
+        owners[pid] = owners.get(pid, 0) + 1
+    return owners
+
+
+def connection_peers(port: int) -> dict[int, int]:
+    """The client's port -> the pid holding the server side, for connections to local `port`."""
+    peers = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                peers[fields[9]] = int(fields[2].rsplit(":", 1)[1], 16)
+    found: dict[int, int] = {}
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for fd in (pid_dir / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in peers:
+                    found[peers[target[8:-1]]] = int(pid_dir.name)
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+    return found

@@ -19,7 +19,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from procutil import gone, kill_quietly, wait_for, wait_gone
+import procutil
+from procutil import connection_owners, gone, kill_quietly, wait_for, wait_gone
 from serverproc import ServerProcess, running_server
 from testmodels import SLEEPER_MODEL, build_identity_fp32, sleeper_config, write_python_model
 
@@ -28,38 +29,7 @@ CONNECTIONS = 12  # enough that the kernel gives every process some
 
 
 def frontend_children(server: ServerProcess) -> list[int]:
-    """Pids of the server's frontend processes."""
-    children = []
-    for task in Path(f"/proc/{server.pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                if b"server.frontend_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    children.append(int(pid))
-            except FileNotFoundError:
-                pass
-    return children
-
-
-def connection_owners(port: int) -> dict[int, int]:
-    """pid -> established server-side connections on 127.0.0.1:`port` that pid holds."""
-    inodes = {}
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local_port = int(fields[1].split(":")[1], 16)
-        if local_port == port and fields[3] == "01":
-            inodes[fields[9]] = local_port
-    owners: dict[int, int] = {}
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit():
-            continue
-        try:
-            for fd in (pid_dir / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:[") and target[8:-1] in inodes:
-                    owners[int(pid_dir.name)] = owners.get(int(pid_dir.name), 0) + 1
-        except (FileNotFoundError, PermissionError, ProcessLookupError):
-            continue
-    return owners
+    return procutil.frontend_children(server.pid)
 
 
 @pytest.fixture(scope="module")

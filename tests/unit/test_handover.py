@@ -147,11 +147,43 @@ def test_frames_split_anywhere_by_the_socket_are_put_back_together(chunk: int) -
 
     capture = _Capture()
     sender.transport = capture  # type: ignore[assignment]
+    loop = asyncio.new_event_loop()
+    sender.loop = loop
     for index in range(3):
         sender.send((9, index, np.full(100 + index, index, dtype=np.int64)))
+    assert not capture.data  # written once, at the end of the loop turn
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
     wire = bytes(capture.data)
     for start in range(0, len(wire), chunk):
         receiver.data_received(wire[start:start + chunk])
     assert [m[1] for m in got] == [0, 1, 2]
     for index, message in enumerate(got):
         np.testing.assert_array_equal(message[2], np.full(100 + index, index))
+
+
+def test_requests_and_responses_survive_the_tuple_codec() -> None:
+    from protocol.handover_codec import (pack_request, pack_response, unpack_request,
+                                         unpack_response)
+    from protocol.types import InferResponse, RequestedOutput
+
+    words = np.array([b"a", b"\x00bc"], dtype=object)
+    request = InferRequest("m", "2", "id-1", [
+        Tensor("X", "FP32", (1, 3), np.ones((1, 3), np.float32)),
+        Tensor("W", "BYTES", (2,), words, {"binary_data_size": 9})],
+        [RequestedOutput("Y", True, 3, {"k": 1}), RequestedOutput("Z")],
+        {"priority": 2, "custom": "x"})
+    back = unpack_request(pack_request(request))
+    assert (back.model_name, back.model_version, back.id) == ("m", "2", "id-1")
+    assert back.arrival_ns == request.arrival_ns and back.parameters == request.parameters
+    assert [t.name for t in back.inputs] == ["X", "W"]
+    assert back.inputs[1].parameters == {"binary_data_size": 9}
+    assert back.inputs[0].parameters == {}
+    assert list(back.inputs[1].data) == [b"a", b"\x00bc"]
+    assert back.outputs == request.outputs
+    assert unpack_request(pack_request(InferRequest("m"))).outputs is None
+    response = InferResponse("m", "2", "id-1", [Tensor("Y", "INT64", (2,), np.arange(2))],
+                             {"sequence_end": True})
+    again = unpack_response(pack_response(response))
+    assert again.parameters == {"sequence_end": True} and again.outputs[0].shape == (2,)
+    np.testing.assert_array_equal(again.outputs[0].data, np.arange(2))

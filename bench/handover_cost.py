@@ -1,0 +1,202 @@
+"""The CPU one request costs each process, with and without a frontend process in between.
+
+Why: with --frontend-processes the model owner's CPU per handed-over request (h) sets the
+ceiling of the whole server, however many frontend processes decode in front of it. Here the
+load goes only where it is meant to: for N = 1, to the server itself (f: the owner's CPU for a
+request it decodes, runs and encodes); for N = 2, only over connections that the kernel gave
+to the frontend process (the others are closed before the run), so the owner's CPU over the
+requests is h with no estimate involved, and the frontend process's is g. The client is a
+small closed loop (asyncio, raw HTTP/1.1 keep-alive with binary tensors, or grpc.aio on one
+channel), `--connections` of them, in this process; CPU is read from /proc, so the numbers do
+not depend on how fast the client is, only the throughput does. bench/FINDINGS.md 9.9 uses
+them.
+
+    .venv/bin/python bench/handover_cost.py [--seconds 8] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import numpy as np  # noqa: E402
+
+from bench.cpu_side_by_side import _process_cpu  # noqa: E402
+from examples.build_repository import build_simple, build_simple_batching  # noqa: E402
+from tests.procutil import connection_peers, frontend_children  # noqa: E402
+from tests.serverproc import ServerProcess, start_server  # noqa: E402
+
+MODEL = "simple"  # --model simple_batching: the same add/sub with dynamic batching
+
+
+def _http_request(port: int) -> bytes:
+    data = np.arange(16, dtype=np.int32).tobytes()
+    header = json.dumps({"inputs": [
+        {"name": name, "shape": [1, 16], "datatype": "INT32",
+         "parameters": {"binary_data_size": 64}} for name in ("INPUT0", "INPUT1")],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}},
+                    {"name": "OUTPUT1", "parameters": {"binary_data": True}}]}).encode()
+    body = header + data + data
+    return (f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: "
+            f"{len(header)}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def _http_connections(port: int, count: int, wanted: Callable[[int], bool]
+                            ) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """`count` keep-alive connections whose server side `wanted(pid)` accepts."""
+    kept: list = []
+    for _ in range(200):
+        opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(8)]
+        await asyncio.sleep(0.05)
+        peers = connection_peers(port)
+        for reader, writer in opened:
+            local = writer.get_extra_info("sockname")[1]
+            if len(kept) < count and wanted(peers.get(local, -1)):
+                kept.append((reader, writer))
+            else:
+                writer.close()
+        if len(kept) >= count:
+            return kept
+    raise RuntimeError("could not get the connections wanted")
+
+
+def measure(server: ServerProcess, protocol: str, connections: int, seconds: float,
+            wanted: Callable[[int], bool]) -> dict[str, float]:
+    """Requests per second and CPU µs per request of the owner and each frontend process."""
+    pids = [server.pid, *frontend_children(server.pid)]
+    result: dict[str, float] = {}
+
+    async def run() -> int:
+        deadline = time.monotonic() + 3600
+        if protocol == "http":
+            pairs = await _http_connections(server.http_port, connections, wanted)
+            done = 0
+
+            async def one(reader: Any, writer: Any) -> None:
+                nonlocal done
+                request = _http_request(server.http_port)
+                while time.monotonic() < deadline:
+                    writer.write(request)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    if not head.startswith(b"HTTP/1.1 200"):
+                        raise RuntimeError(head.decode(errors="replace"))
+                    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                    await reader.readexactly(length)
+                    done += 1
+
+            workers = [one(r, w) for r, w in pairs]
+        else:
+            channel, stub, message = await _grpc_channel(server.grpc_port, wanted)
+            done = 0
+
+            async def one() -> None:  # type: ignore[misc]
+                nonlocal done
+                while time.monotonic() < deadline:
+                    await stub(message)
+                    done += 1
+
+            workers = [one() for _ in range(connections)]
+        tasks = [asyncio.ensure_future(w) for w in workers]
+        await asyncio.sleep(1.0)  # warm up
+        start_done, start = done, time.monotonic()
+        before = {pid: _process_cpu(pid) for pid in pids}
+        await asyncio.sleep(seconds)
+        after = {pid: _process_cpu(pid) for pid in pids}
+        served = done - start_done
+        elapsed = time.monotonic() - start
+        deadline = 0.0
+        await asyncio.gather(*tasks, return_exceptions=True)
+        result["infer_per_sec"] = served / elapsed
+        result["owner_us"] = 1e6 * (after[server.pid] - before[server.pid]) / max(served, 1)
+        result["frontend_us"] = 1e6 * sum(after[p] - before[p] for p in pids[1:]) / max(served, 1)
+        return served
+
+    asyncio.run(run())
+    return result
+
+
+async def _grpc_channel(port: int, wanted: Callable[[int], bool]) -> tuple[Any, Any, Any]:
+    """One gRPC channel whose connection landed where `wanted` says."""
+    import grpc
+
+    from protocol import grpc_service_pb2 as pb
+    from protocol import grpc_service_pb2_grpc as pb_grpc
+
+    message = pb.ModelInferRequest(model_name=MODEL)
+    for name in ("INPUT0", "INPUT1"):
+        message.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        message.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
+    for _ in range(100):
+        before = set(connection_peers(port))
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}",
+                                            options=[("grpc.use_local_subchannel_pool", 1)])
+        stub = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        await stub(message)
+        peers = connection_peers(port)
+        new = [pid for peer, pid in peers.items() if peer not in before]
+        if len(new) == 1 and wanted(new[0]):
+            return channel, stub, message
+        await channel.close()
+    raise RuntimeError("could not get a gRPC connection where wanted")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--protocol", choices=["http", "grpc"], action="append")
+    parser.add_argument("--model", choices=["simple", "simple_batching"], default="simple")
+    args = parser.parse_args(argv)
+    global MODEL
+    MODEL = args.model
+    protocols = args.protocol or ["http", "grpc"]
+    figures: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "repo"
+        build_simple(repo)
+        build_simple_batching(repo)
+        for round_no in range(args.rounds):
+            for processes in (1, 2):
+                server = start_server([repo], ["--frontend-processes", str(processes)],
+                                      log_dir=Path(tmp))
+                try:
+                    while len(frontend_children(server.pid)) < processes - 1:
+                        time.sleep(0.1)
+                    owner = server.pid
+                    wanted = (lambda pid: pid == owner) if processes == 1 else \
+                        (lambda pid: pid != owner and pid > 0)
+                    for protocol in protocols:
+                        r = measure(server, protocol, args.connections, args.seconds, wanted)
+                        key = f"{protocol} N={processes}"
+                        print(f"round {round_no + 1} {key}: {r['infer_per_sec']:,.0f} req/s, "
+                              f"owner {r['owner_us']:.0f} µs/req, frontend process "
+                              f"{r['frontend_us']:.0f} µs/req", flush=True)
+                        for name, value in r.items():
+                            figures.setdefault(f"{key} {name}", []).append(value)
+                finally:
+                    server.stop()
+    print()
+    for protocol in protocols:
+        f = statistics.median(figures[f"{protocol} N=1 owner_us"])
+        h = statistics.median(figures[f"{protocol} N=2 owner_us"])
+        g = statistics.median(figures[f"{protocol} N=2 frontend_us"])
+        print(f"{protocol}: f (owner, alone) {f:.0f} µs, h (owner, handed over) {h:.0f} µs, "
+              f"g (frontend process) {g:.0f} µs; owner-bound ceiling 1/h = {1e6 / h:,.0f} req/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
