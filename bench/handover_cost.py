@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -37,7 +38,7 @@ from examples.build_repository import build_simple, build_simple_batching  # noq
 from tests.procutil import connection_peers, frontend_children  # noqa: E402
 from tests.serverproc import ServerProcess, start_server  # noqa: E402
 
-MODEL = "simple"  # --model simple_batching: the same add/sub with dynamic batching
+MODEL = "simple_batching"  # add/sub of [16] INT32 with dynamic batching; or "simple"
 
 
 def _http_request(port: int) -> bytes:
@@ -152,23 +153,44 @@ async def _grpc_channel(port: int, wanted: Callable[[int], bool]) -> tuple[Any, 
     raise RuntimeError("could not get a gRPC connection where wanted")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--connections", type=int, default=8)
-    parser.add_argument("--protocol", choices=["http", "grpc"], action="append")
-    parser.add_argument("--model", choices=["simple", "simple_batching"], default="simple")
-    args = parser.parse_args(argv)
+@dataclass
+class HandoverCosts:
+    """Median CPU µs per request: f (owner alone), h (owner, handed over), g (frontend process),
+    and requests/s, per protocol; `model` and `connections` say what load it was."""
+
+    model: str
+    connections: int
+    rounds: int
+    figures: dict[str, list[float]] = field(default_factory=dict)
+
+    def median(self, protocol: str, processes: int, name: str) -> float:
+        values = self.figures.get(f"{protocol} N={processes} {name}", [])
+        return statistics.median(values) if values else float("nan")
+
+    def costs(self, protocol: str) -> tuple[float, float, float]:
+        return (self.median(protocol, 1, "owner_us"), self.median(protocol, 2, "owner_us"),
+                self.median(protocol, 2, "frontend_us"))
+
+
+def ceiling(f: float, h: float, g: float, processes: int) -> float:
+    """Requests/s that N accepting processes on N free cores can serve (bench/FINDINGS.md 9.9):
+    each takes 1/N of the connections; the owner spends f on its own share and h on every
+    handed-over request, each frontend process g on its own share."""
+    owner = 1e6 * processes / (f + (processes - 1) * h)  # f, h, g in µs
+    return owner if processes == 1 else min(owner, 1e6 * processes / g)
+
+
+def run(rounds: int = 2, seconds: float = 8.0, model: str = "simple_batching",
+        connections: int = 16, protocols: tuple[str, ...] = ("http", "grpc"),
+        progress: Callable[[str], None] = print) -> HandoverCosts:
     global MODEL
-    MODEL = args.model
-    protocols = args.protocol or ["http", "grpc"]
-    figures: dict[str, list[float]] = {}
+    MODEL = model
+    result = HandoverCosts(model, connections, rounds)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         build_simple(repo)
         build_simple_batching(repo)
-        for round_no in range(args.rounds):
+        for round_no in range(rounds):
             for processes in (1, 2):
                 server = start_server([repo], ["--frontend-processes", str(processes)],
                                       log_dir=Path(tmp))
@@ -179,22 +201,58 @@ def main(argv: Optional[list[str]] = None) -> int:
                     wanted = (lambda pid: pid == owner) if processes == 1 else \
                         (lambda pid: pid != owner and pid > 0)
                     for protocol in protocols:
-                        r = measure(server, protocol, args.connections, args.seconds, wanted)
+                        r = measure(server, protocol, connections, seconds, wanted)
                         key = f"{protocol} N={processes}"
-                        print(f"round {round_no + 1} {key}: {r['infer_per_sec']:,.0f} req/s, "
-                              f"owner {r['owner_us']:.0f} µs/req, frontend process "
-                              f"{r['frontend_us']:.0f} µs/req", flush=True)
+                        progress(f"  round {round_no + 1} {key}: {r['infer_per_sec']:,.0f} "
+                                 f"req/s, owner {r['owner_us']:.0f} µs/req, frontend process "
+                                 f"{r['frontend_us']:.0f} µs/req")
                         for name, value in r.items():
-                            figures.setdefault(f"{key} {name}", []).append(value)
+                            result.figures.setdefault(f"{key} {name}", []).append(value)
                 finally:
                     server.stop()
-    print()
+    return result
+
+
+def report(costs: HandoverCosts) -> list[str]:
+    """The RESULTS.md section: measured costs and the throughput they allow against cores."""
+    lines = ["## Frontend processes: CPU per request and the ceiling it sets", "",
+             f"`{costs.model}` (dynamic batching), {costs.connections} closed-loop connections "
+             f"from bench/handover_cost.py, {costs.rounds} round(s), medians. f: the server's "
+             "CPU per request with one process; with `--frontend-processes 2` and every "
+             "connection on the frontend process, h: the model owner's CPU per handed-over "
+             "request, g: the frontend process's.", "",
+             "| protocol | f µs | h µs | g µs | req/s N=1 | req/s N=2 (2 cores, shared with the "
+             "client) |", "|---|---|---|---|---|---|"]
+    protocols = sorted({key.split()[0] for key in costs.figures})
     for protocol in protocols:
-        f = statistics.median(figures[f"{protocol} N=1 owner_us"])
-        h = statistics.median(figures[f"{protocol} N=2 owner_us"])
-        g = statistics.median(figures[f"{protocol} N=2 frontend_us"])
-        print(f"{protocol}: f (owner, alone) {f:.0f} µs, h (owner, handed over) {h:.0f} µs, "
-              f"g (frontend process) {g:.0f} µs; owner-bound ceiling 1/h = {1e6 / h:,.0f} req/s")
+        f, h, g = costs.costs(protocol)
+        lines.append(f"| {protocol} | {f:.0f} | {h:.0f} | {g:.0f} | "
+                     f"{costs.median(protocol, 1, 'infer_per_sec'):,.0f} | "
+                     f"{costs.median(protocol, 2, 'infer_per_sec'):,.0f} |")
+    counts = (1, 2, 4, 8, 16, 32, 64)
+    lines += ["", "Requests/s the server's CPU allows with N accepting processes on N free cores "
+              "(a calculation from f, h and g, not a measurement; bench/FINDINGS.md 9.9):", "",
+              "| protocol | " + " | ".join(f"N={n}" for n in counts) + " |",
+              "|---|" + "---|" * len(counts)]
+    for protocol in protocols:
+        f, h, g = costs.costs(protocol)
+        lines.append(f"| {protocol} | " + " | ".join(f"{ceiling(f, h, g, n):,.0f}"
+                                                     for n in counts) + " |")
+    return lines + [""]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--protocol", choices=["http", "grpc"], action="append")
+    parser.add_argument("--model", choices=["simple", "simple_batching"],
+                        default="simple_batching")
+    args = parser.parse_args(argv)
+    costs = run(args.rounds, args.seconds, args.model, args.connections,
+                tuple(args.protocol or ["http", "grpc"]))
+    print("\n".join(report(costs)))
     return 0
 
 

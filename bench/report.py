@@ -43,6 +43,8 @@ class Results:
     directs: dict[str, Latency] = field(default_factory=dict)
     # bench/cpu_side_by_side.py's SideBySide (rendered by its report() and verdicts())
     side_by_side: Any = None
+    # bench/handover_cost.py's HandoverCosts (rendered by its report())
+    handover: Any = None
 
     def direct_of(self, model: str) -> Latency:
         return self.directs.get(model, self.direct)
@@ -369,4 +371,8 @@ def render(r: Results) -> str:
         from bench import cpu_side_by_side  # not at the top: it imports this module
 
         out += cpu_side_by_side.report(r.side_by_side)
+    if r.handover is not None:
+        from bench import handover_cost  # not at the top: it starts servers
+
+        out += handover_cost.report(r.handover)
     return portable("\n".join(out), r.perf_analyzer)

@@ -11,7 +11,8 @@ byte-identical to examples/models; `mlp_compute` is a bench-only model) and copy
 reference) offline at batch 1..64, and the direct batch-1 latency of `simple` (`session.run`) and
 `py_add` (`execute` in-process); serve them and drive them with perf_analyzer over HTTP and gRPC;
 measure offline once more; then the server CPU per inference beside Triton
-(bench/cpu_side_by_side.py, 3 rounds); write the report. About 13 minutes on 2 cores.
+(bench/cpu_side_by_side.py, 3 rounds) and what a request costs each process with
+--frontend-processes (bench/handover_cost.py); write the report. About 16 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import cpu_side_by_side, floor, offline, report, served  # noqa: E402
+from bench import cpu_side_by_side, floor, handover_cost, offline, report, served  # noqa: E402
 from examples.build_repository import (build_conv_compute,  # noqa: E402
                                        build_conv_compute_nobatch, build_dense_compute,
                                        build_dense_compute_nobatch, build_simple)
@@ -256,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         side_by_side = cpu_side_by_side.run(perf_analyzer, args.out_dir / "cpu", cpu_rounds,
                                             progress=progress, flags=flags)
         progress(f"  Triton: {side_by_side.triton}")
+    handover = None
+    if not args.quick or args.cpu_rounds:
+        progress("frontend processes: CPU per request handed over (bench/handover_cost.py)")
+        handover = handover_cost.run(rounds=repetitions, seconds=8.0, progress=progress)
 
     results = report.Results(
         machine=machine,
@@ -270,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         perf_analyzer=perf_analyzer,
         fast_models=FAST_MODELS if repo / FAST_MODELS["on"] in offline_dirs else {},
         directs={PYTHON_MODEL: direct_python}, side_by_side=side_by_side,
+        handover=handover,
         notes=[f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
                f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
                + (" (--quick: smoke run, not numbers)" if args.quick else "")])

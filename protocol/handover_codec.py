@@ -3,23 +3,47 @@ the model owner (server/handover.py).
 
 Why not pickle the dataclasses themselves: a slotted dataclass pickles through Python-level
 __getstate__/__setstate__ that set each field one by one, several times per request; tuples,
-strings and dicts pickle in C. Tensor data stays a numpy array, so pickle protocol 5 still hands
-it over out of band (shared memory). Scheduling fields (batch size, priority, timeout) are left
+strings and dicts pickle in C. Tensor data goes as a PickleBuffer that pickle protocol 5 hands
+over out of band (through shared memory, server/handover.py) and comes back as a numpy view. Scheduling fields (batch size, priority, timeout) are left
 out: the owner fills them when it admits the request.
 """
 from __future__ import annotations
 
+import pickle
 from typing import Any, Optional
+
+import numpy as np
 
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 
+def _pack_data(data: np.ndarray) -> Any:
+    """Fixed-size data as (dtype, shape, PickleBuffer): pickle hands the buffer out of band
+    without numpy's own reduce, which costs several times more both ways. Object (BYTES)
+    arrays pickle as they are."""
+    if data.dtype.hasobject:
+        return data
+    if not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data)
+    return data.dtype.str, data.shape, pickle.PickleBuffer(data)
+
+
+def _unpack_data(packed: Any) -> np.ndarray:
+    if type(packed) is not tuple:
+        return packed
+    dtype, shape, buffer = packed
+    if not memoryview(buffer).nbytes:
+        return np.empty(shape, dtype)
+    return np.frombuffer(buffer, dtype).reshape(shape)
+
+
 def _pack_tensors(tensors: list[Tensor]) -> list[tuple]:
-    return [(t.name, t.datatype, t.shape, t.data, t.parameters or None) for t in tensors]
+    return [(t.name, t.datatype, t.shape, _pack_data(t.data), t.parameters or None)
+            for t in tensors]
 
 
 def _unpack_tensors(packed: list[tuple]) -> list[Tensor]:
-    return [Tensor(name, datatype, shape, data, parameters or {})
+    return [Tensor(name, datatype, shape, _unpack_data(data), parameters or {})
             for name, datatype, shape, data, parameters in packed]
 
 

@@ -187,3 +187,16 @@ def test_requests_and_responses_survive_the_tuple_codec() -> None:
     again = unpack_response(pack_response(response))
     assert again.parameters == {"sequence_end": True} and again.outputs[0].shape == (2,)
     np.testing.assert_array_equal(again.outputs[0].data, np.arange(2))
+
+
+def test_tensor_data_of_any_layout_and_size_comes_back_equal() -> None:
+    from protocol.handover_codec import pack_response, unpack_response
+    from protocol.types import InferResponse
+
+    arrays = [np.arange(12, dtype=np.float64).reshape(3, 4).T,  # not contiguous
+              np.zeros((0, 5), np.int8), np.array([True, False]), np.float16([1.5])]
+    response = InferResponse("m", "1", "", [Tensor(f"T{i}", "X", a.shape, a)
+                                            for i, a in enumerate(arrays)])
+    for original, tensor in zip(arrays, unpack_response(pack_response(response)).outputs):
+        assert tensor.data.dtype == original.dtype and tensor.data.shape == original.shape
+        np.testing.assert_array_equal(tensor.data, original)
