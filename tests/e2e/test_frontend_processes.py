@@ -7,9 +7,13 @@ statistics and metrics are one set, a killed frontend process comes back, and no
 running after the server stops."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import socket
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -20,9 +24,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 import procutil
-from procutil import connection_owners, gone, kill_quietly, wait_for, wait_gone
+from procutil import connection_owners, connection_peers, gone, kill_quietly, wait_for, wait_gone
 from serverproc import ServerProcess, running_server
-from testmodels import SLEEPER_MODEL, build_identity_fp32, sleeper_config, write_python_model
+from testmodels import (SLEEPER_MODEL, build_identity_fp32, sleeper_config,
+                        write_python_model, write_queued_model)
 
 pytestmark = pytest.mark.e2e
 CONNECTIONS = 12  # enough that the kernel gives every process some
@@ -40,6 +45,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_repository(root)
     build_identity_fp32(root)
     write_python_model(root, "napper", SLEEPER_MODEL, sleeper_config("napper"))
+    write_queued_model(root, queue_delay_us=1_500_000)  # `queued`: waits 1.5 s for a batch
     return root
 
 
@@ -150,6 +156,38 @@ def test_statistics_and_metrics_are_one_set(server) -> None:
     assert count() == before + CONNECTIONS  # every process's requests, in one set
     wait_for(lambda: metric() >= before_metric + CONNECTIONS, "the success counter")
     assert metric() == before_metric + CONNECTIONS
+
+
+def _connection_on_a_frontend_process(server: ServerProcess) -> socket.socket:
+    children = set(frontend_children(server))
+    for _ in range(50):
+        sock = socket.create_connection(("127.0.0.1", server.http_port))
+        time.sleep(0.05)
+        if connection_peers(server.http_port).get(sock.getsockname()[1]) in children:
+            return sock
+        sock.close()
+    raise AssertionError("no connection landed on a frontend process")
+
+
+def test_a_client_that_disconnects_cancels_its_request_in_the_owner(server) -> None:
+    body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, 256], "datatype": "FP32",
+                                   "data": [0.0] * 256}]}).encode()
+    sock = _connection_on_a_frontend_process(server)
+    sock.sendall(b"POST /v2/models/queued/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: " + str(len(body)).encode() +
+                 b"\r\n\r\n" + body)
+    time.sleep(0.3)  # it waits in the owner's queue for a batch of 64
+    sock.close()
+
+    def stats() -> dict:
+        return httpx.get(f"{server.base}/v2/models/queued/stats").json()["model_stats"][0]
+
+    wait_for(lambda: stats()["inference_stats"]["fail"]["count"] == 1, "the cancellation")
+    time.sleep(2.0)  # past the queue delay: a request still queued would have run by now
+    assert stats()["execution_count"] == 0 and stats()["inference_count"] == 0
+    text = httpx.get(server.metrics_url).text
+    assert re.search(r'^nv_inference_request_failure\{[^}]*model="queued"[^}]*reason="CANCELED"'
+                     r'[^}]*\} 1(\.0)?$', text, re.M), text
 
 
 def test_a_killed_frontend_process_is_started_again(server) -> None:

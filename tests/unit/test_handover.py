@@ -200,3 +200,24 @@ def test_tensor_data_of_any_layout_and_size_comes_back_equal() -> None:
     for original, tensor in zip(arrays, unpack_response(pack_response(response)).outputs):
         assert tensor.data.dtype == original.dtype and tensor.data.shape == original.shape
         np.testing.assert_array_equal(tensor.data, original)
+
+
+def test_frontend_process_flags() -> None:
+    from server.cli import settings_from_args
+    from server.grpc_server import server_options
+    from server.settings import ServerSettings
+
+    defaults = settings_from_args(["--model-repository", "/tmp"])
+    assert (defaults.frontend_processes, defaults.frontend_shm_bytes) == (1, 64 * 1024 * 1024)
+    auto = settings_from_args(["--model-repository", "/tmp", "--frontend-processes", "auto"])
+    assert auto.frontend_processes == len(os.sched_getaffinity(0))
+    three = settings_from_args(["--model-repository", "/tmp", "--frontend-processes", "3",
+                                "--frontend-shm-bytes", "4096"])
+    assert (three.frontend_processes, three.frontend_shm_bytes) == (3, 4096)
+    for bad in (["--frontend-processes", "0"], ["--frontend-processes", "many"],
+                ["--frontend-shm-bytes", "0"]):
+        with pytest.raises(SystemExit):
+            settings_from_args(["--model-repository", "/tmp", *bad])
+    # Only shared ports may be bound twice: a port in use stays an error with one process.
+    assert dict(server_options(ServerSettings()))["grpc.so_reuseport"] == 0
+    assert dict(server_options(ServerSettings(frontend_processes=2)))["grpc.so_reuseport"] == 1
