@@ -308,13 +308,13 @@ def decode_load_parameters(name: str, parameters: Mapping[str, pb.ModelRepositor
         kind = parameter.WhichOneof("parameter_choice")
         if key == "config":
             if kind != "string_param":
-                raise InvalidArgument(f"failed to load '{name}': parameter 'config' must be a "
-                                      f"string_param")
+                raise InvalidArgument(f"load failed for model '{name}': parameter 'config' "
+                                      f"must be a string_param")
             config = parameter.string_param
         elif key.startswith("file:"):
             if kind != "bytes_param":
-                raise InvalidArgument(f"failed to load '{name}': file content for '{key}' must "
-                                      f"be a bytes_param")
+                raise InvalidArgument(f"load failed for model '{name}': file content for "
+                                      f"'{key}' must be a bytes_param")
             files[key[len("file:"):]] = parameter.bytes_param
     return config, files
 

@@ -347,14 +347,15 @@ def decode_load_parameters(name: str, payload: Any) -> tuple[Optional[str], dict
     files: dict[str, bytes] = {}
     for key, value in _repository_parameters(payload or {}).items():
         if not isinstance(value, str):
-            raise InvalidArgument(f"failed to load '{name}': parameter '{key}' must be a string")
+            raise InvalidArgument(f"load failed for model '{name}': parameter '{key}' must be "
+                                  f"a string")
         if key == "config":
             config = value
         elif key.startswith("file:"):
             try:
                 files[key[len("file:"):]] = base64.b64decode(value, validate=True)
             except binascii.Error:
-                raise InvalidArgument(f"failed to load '{name}': file content for '{key}' "
+                raise InvalidArgument(f"load failed for model '{name}': file content for '{key}' "
                                       f"is not valid base64") from None
     return config, files
 

@@ -18,11 +18,28 @@ class ModelLocation:
     path: Path
 
 
+def distinct_repositories(repositories: list[Path]) -> list[Path]:
+    """The repositories, each directory once: the same path given twice (or two spellings of
+    it) is one repository, not two holding every model twice."""
+    seen: set[Path] = set()
+    distinct = []
+    for repository in repositories:
+        key = repository.resolve()
+        if key not in seen:
+            seen.add(key)
+            distinct.append(repository)
+    return distinct
+
+
+def missing_repositories(repositories: list[Path]) -> list[Path]:
+    return [repository for repository in repositories if not repository.is_dir()]
+
+
 def scan_repositories(repositories: list[Path], *, quiet: bool = False
                       ) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
     """Model directories by name across every repository, and the names found more than once."""
     found: dict[str, list[Path]] = {}
-    for repository in repositories:
+    for repository in distinct_repositories(repositories):
         if not repository.is_dir():
             if not quiet:
                 log.error("model repository '%s' does not exist", repository)

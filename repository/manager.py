@@ -18,6 +18,7 @@ from typing import Callable, Collection, Mapping, Optional, Protocol
 from protocol.classification import read_labels
 from protocol.model_config_pb2 import ModelConfig
 from repository import layout
+from repository.dependents import ensembles_using, ready_to_reload
 from repository.config import ConfigError, normalize, read_config, registry_backend_class
 from repository.overrides import (OverrideError, checked_path, create_override_directory,
                                   remove_override_directory)
@@ -56,6 +57,11 @@ def not_in_repository(name: str) -> str:
     return f"failed to load '{name}', failed to poll from model repository"
 
 
+def load_failed(name: str, reason: str) -> str:
+    """Triton's wording for a model that was found but did not load (clients match on it)."""
+    return f"load failed for model '{name}': {reason}"
+
+
 def plausible_name(name: str) -> bool:
     """A name that could be a model directory. Others get the unknown-model answer, so a
     client learns nothing about the filesystem from the reply."""
@@ -85,6 +91,8 @@ class ModelManager:
         self._private: dict[str, set[Path]] = {}
         # Ensemble -> the members that loading it loaded (unload_dependents unloads them).
         self._dependents: dict[str, set[str]] = {}
+        # Ensembles unloaded because a model they use was (reloaded when it is loaded again).
+        self._taken_along: set[str] = set()
         self._retiring: dict[int, asyncio.Task] = {}
         self._closing = False
 
@@ -148,17 +156,28 @@ class ModelManager:
         `files` builds a private model directory from override contents (needs `override`)."""
         async with self._lock(name):
             await self._load_locked(name, override, versions, keep, files, ())
+        await self._reload_ensembles()
+
+    async def _reload_ensembles(self) -> None:
+        """Load again the ensembles an unload took along, once all their members serve."""
+        for ensemble in sorted(self._taken_along):
+            if ready_to_reload(self.registry, ensemble):
+                self._taken_along.discard(ensemble)
+                try:
+                    await self.load_model(ensemble)
+                except LoadError as exc:
+                    log.error("reloading ensemble '%s': %s", ensemble, exc)
 
     async def _load_locked(self, name: str, override: Optional[ModelConfig],
                            only: Optional[Collection[int]], keep: Collection[int],
                            files: Optional[Mapping[str, bytes]], chain: tuple[str, ...]) -> None:
         if self._closing:
-            raise LoadError(f"failed to load '{name}': the server is shutting down")
+            raise LoadError(load_failed(name, "the server is shutting down"))
         try:
             model_dir = await asyncio.to_thread(self._source, name, override, files)
         except ConfigError as exc:  # found in two repositories
             self._fail_model(self.registry.record(name), str(exc))
-            raise LoadError(f"failed to load '{name}': {exc}") from None
+            raise LoadError(load_failed(name, str(exc))) from None
         record = self.registry.record(name)
         private: Optional[Path] = None
         try:
@@ -175,8 +194,8 @@ class ModelManager:
                 await asyncio.to_thread(remove_override_directory, private)
             reason = getattr(exc, "message", None) or str(exc)
             self._fail_model(record, reason, wanted)
-            log.error("failed to load model '%s': %s", name, reason)
-            raise LoadError(f"failed to load '{name}': {reason}") from None
+            log.error("%s", load_failed(name, reason))
+            raise LoadError(load_failed(name, reason)) from None
         if private is not None:
             self._private.setdefault(name, set()).add(private)
         record.path = model_dir
@@ -186,7 +205,8 @@ class ModelManager:
         failures = await self._swap(record, config, model_dir, available, versions, keep)
         await self._release_private(name)
         if failures:
-            raise LoadError(f"failed to load '{name}': {failures[0]}")
+            raise LoadError(load_failed(name, "".join(failures)))
+        log.info("successfully loaded '%s'", name)  # Triton's line; qa scripts count it
 
     def _source(self, name: str, override: Optional[ModelConfig],
                 files: Optional[Mapping[str, bytes]]) -> Optional[Path]:
@@ -202,7 +222,7 @@ class ModelManager:
             for key in files:
                 checked_path(key)
         except OverrideError as exc:
-            raise LoadError(f"failed to load '{name}': {exc}") from None
+            raise LoadError(load_failed(name, str(exc))) from None
         return None
 
     async def _swap(self, record: ModelRecord, config: ModelConfig, model_dir: Path,
@@ -310,7 +330,7 @@ class ModelManager:
                 old.reason = RELOAD_FAILED + reason  # type: ignore[union-attr]
             else:
                 record.versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
-            return f"version {version}: {reason}"
+            return f"version {version} is at UNAVAILABLE state: {reason};"
         seconds = time.monotonic() - started
         if self.hooks is not None:
             if replacing:
@@ -355,8 +375,15 @@ class ModelManager:
             record.versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, UNLOADED)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        """Unload every version (in-flight requests finish). Unknown names are a no-op."""
+        """Unload every version (in-flight requests finish), and every ensemble that uses it
+        (loaded again with it later). Unknown names are a no-op."""
+        self._taken_along.discard(name)  # unloaded by request: not reloaded behind the user
+        using = ensembles_using(self.registry, name)
         await self.remove_model(name, UNLOADED)
+        for ensemble in using:
+            log.info("unloading ensemble '%s': it uses '%s'", ensemble, name)
+            await self.remove_model(ensemble, UNLOADED)
+            self._taken_along.add(ensemble)
         members = self._dependents.pop(name, set())
         if unload_dependents:
             for member in sorted(members):

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from backends import registry as backend_registry
 from protocol.errors import set_overload_http_status
+from repository import layout
 from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
@@ -98,6 +99,15 @@ class ServerApp:
 
     async def start(self) -> bool:
         """Load models and open the listeners. False when startup must abort (--exit-on-error)."""
+        missing = layout.missing_repositories(self.settings.model_repositories)
+        if missing:
+            reason = f"model repository '{missing[0]}' does not exist"
+            log.error("%s", reason)
+            if self.settings.exit_on_error:
+                log.error("exiting: --exit-on-error is set")
+                return False
+            # As Triton: up, answering metadata, but not live (nor ready).
+            self.core.repository_failure = reason
         if self.poller is not None:
             await self.poller.prime()  # before loading: a change during startup is seen later
         failures = await self._startup_load()

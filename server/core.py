@@ -48,6 +48,9 @@ class InferenceCore:
         self.manager = manager
         self.path = path
         self.started = False
+        # Set at startup when a --model-repository path does not exist and --exit-on-error is
+        # off: the server keeps answering metadata but is not live, as Triton is not.
+        self.repository_failure = ""
 
     @property
     def exiting(self) -> bool:
@@ -64,19 +67,20 @@ class InferenceCore:
 
     # ----- health --------------------------------------------------------------------------
     def live(self) -> bool:
-        return self.started and not self.exiting
+        return self.started and not self.exiting and not self.repository_failure
 
     def ready(self) -> bool:
-        """Kubernetes readiness: live and at least one model serving. With strict readiness
-        also every model the server is meant to serve has a healthy ready version; a model on
-        its first load does not count against it (Triton #7014), an unloaded one is not meant
-        to serve."""
+        """Kubernetes readiness. Strict (the default): live, at least one model serving, and
+        every model the server is meant to serve has a healthy ready version; a model on its
+        first load does not count against it (Triton #7014), an unloaded one is not meant to
+        serve. Not strict: live, as Triton (an explicit-mode server that starts empty and loads
+        later is ready)."""
         if not self.live():
-            return False
-        if not self.registry.serving_versions():
             return False
         if not self.settings.strict_readiness:
             return True
+        if not self.registry.serving_versions():
+            return False
         return all(_model_counts_as_ready(model) for model in self.registry.models.values())
 
     # ----- metadata and config -----------------------------------------------------------
@@ -166,7 +170,7 @@ class InferenceCore:
         they are code the server would run (a Python model) sent by any network client."""
         self._check_explicit()
         if files and not self.settings.allow_model_load_file_override:
-            raise PermissionDenied(f"failed to load '{name}': file overrides ('file:' "
+            raise PermissionDenied(f"load failed for model '{name}': file overrides ('file:' "
                                    f"parameters) are not allowed; start the server with "
                                    f"{FILE_OVERRIDE_FLAG} to allow them")
         override = None
@@ -174,7 +178,7 @@ class InferenceCore:
             try:
                 override = config_from_json(config_json)
             except ConfigJsonError as exc:
-                raise InvalidArgument(f"failed to load '{name}': {exc}") from None
+                raise InvalidArgument(f"load failed for model '{name}': {exc}") from None
         try:
             await self.manager.load_model(name, override, files=files or None)
         except LoadError as exc:

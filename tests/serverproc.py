@@ -74,7 +74,8 @@ class ServerProcess:
 
 def start_server(repositories: Sequence[Path], extra_args: Sequence[str] = (),
                  env: Optional[dict[str, str]] = None, log_dir: Optional[Path] = None,
-                 wait_ready: bool = True, timeout: float = 60.0) -> ServerProcess:
+                 wait_ready: bool | str = True, timeout: float = 60.0) -> ServerProcess:
+    """`wait_ready`: wait for readiness (True), liveness (False), or a 200 from that path."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     args = [sys.executable, "-m", "server"]
     for repository in repositories:
@@ -95,7 +96,8 @@ def start_server(repositories: Sequence[Path], extra_args: Sequence[str] = (),
     log_file.close()
     server = ServerProcess(process, http_port, grpc_port, metrics_port, log_path)
     deadline = time.monotonic() + timeout
-    path = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    path = wait_ready if isinstance(wait_ready, str) else \
+        "/v2/health/ready" if wait_ready else "/v2/health/live"
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
@@ -112,7 +114,7 @@ def start_server(repositories: Sequence[Path], extra_args: Sequence[str] = (),
 
 @contextmanager
 def running_server(repositories: Sequence[Path], extra_args: Sequence[str] = (),
-                   env: Optional[dict[str, str]] = None, wait_ready: bool = True,
+                   env: Optional[dict[str, str]] = None, wait_ready: bool | str = True,
                    log_dir: Optional[Path] = None) -> Iterator[ServerProcess]:
     server = start_server(repositories, extra_args, env, log_dir=log_dir, wait_ready=wait_ready)
     try:

@@ -131,7 +131,7 @@ def test_load_reload_and_unload_over_http_under_load(repo: Path, tmp_path: Path)
             # a corrupt override: refused with the reason, the running copy keeps serving
             reply = load(server, "simple", SIMPLE_JSON, {"1/model.onnx": b"garbage"})
             assert reply.status_code == 400
-            assert reply.json()["error"].startswith("failed to load 'simple'")
+            assert reply.json()["error"].startswith("load failed for model 'simple'")
             entry = index(server)[("simple", "1")]
             assert entry["state"] == "READY" and "reload failed" in entry["reason"]
             traffic.wait_until_all_see(100)
@@ -181,7 +181,7 @@ def test_load_reload_and_unload_over_grpc(repo: Path, tmp_path: Path) -> None:
         result = client.infer("simple", inputs)
         assert result.as_numpy("OUTPUT0")[0, 0] == 101
 
-        with pytest.raises(InferenceServerException, match="failed to load 'simple'"):
+        with pytest.raises(InferenceServerException, match="load failed for model 'simple'"):
             client.load_model("simple", config=SIMPLE_JSON, files={"file:../escape.onnx": b"x"})
         client.unload_model("other", unload_dependents=True)
         models = {(m.name, m.version): (m.state, m.reason)
@@ -212,7 +212,7 @@ def test_file_overrides_never_write_outside_their_directory(repo: Path, tmp_path
         for key in attempts:
             reply = load(server, "sneaky", SIMPLE_JSON, {"1/model.onnx": model_bytes(0), key: b"pwned"})
             assert reply.status_code == 400, key
-            assert reply.json()["error"].startswith("failed to load 'sneaky'"), reply.text
+            assert reply.json()["error"].startswith("load failed for model 'sneaky'"), reply.text
         # config fields that would make the server read outside the model directory
         for field, value in (("default_model_filename", str(outside)),
                              ("default_model_filename", "../../../outside.onnx")):
@@ -271,7 +271,7 @@ def test_file_overrides_are_refused_without_the_flag(repo: Path, tmp_path: Path)
                         env={"TMPDIR": str(private)}, log_dir=tmp_path) as server:
         reply = load(server, "evil", PYTHON_JSON, {"1/model.py": model_py})
         assert reply.status_code == 403
-        assert reply.json() == {"error": "failed to load 'evil': file overrides ('file:' "
+        assert reply.json() == {"error": "load failed for model 'evil': file overrides ('file:' "
                                          "parameters) are not allowed; start the server with "
                                          "--allow-model-load-file-override to allow them"}
         reply = load(server, "simple", SIMPLE_JSON, {"1/model.onnx": model_bytes(100)})
@@ -336,7 +336,7 @@ def test_duplicates_across_repositories_and_non_strict_readiness(repo: Path, tmp
     with running_server([repo], args, log_dir=tmp_path) as server:
         reply = load(server, "other")
         assert reply.status_code == 400
-        assert reply.json()["error"] == ("failed to load 'other': model appears in two or more "
+        assert reply.json()["error"] == ("load failed for model 'other': model appears in two or more "
                                          "repositories")
         assert index(server)[("other", "")] == {"name": "other", "state": "UNAVAILABLE",
                                                 "reason": "model appears in two or more repositories"}

@@ -120,9 +120,9 @@ def test_load_parameters() -> None:
 @pytest.mark.parametrize("payload, message", [
     ("x", "the request body must be a JSON object"),
     ({"parameters": []}, "'parameters' must be a JSON object"),
-    ({"parameters": {"config": {}}}, "failed to load 'm': parameter 'config' must be a string"),
+    ({"parameters": {"config": {}}}, "load failed for model 'm': parameter 'config' must be a string"),
     ({"parameters": {"file:a": "not base64!"}},
-     "failed to load 'm': file content for 'file:a' is not valid base64"),
+     "load failed for model 'm': file content for 'file:a' is not valid base64"),
 ])
 def test_load_errors(payload: Any, message: str) -> None:
     with pytest.raises(InvalidArgument) as info:

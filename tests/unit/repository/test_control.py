@@ -96,11 +96,20 @@ def _serving(ok: bool = True) -> VersionRecord:
     return VersionRecord(1, ModelState.READY, scheduler=_Healthy(ok))  # type: ignore[arg-type]
 
 
-def test_never_ready_without_a_serving_model() -> None:
-    core, registry = _core(strict=False)
+def test_strict_readiness_is_never_ready_without_a_serving_model() -> None:
+    core, registry = _core()
     assert not core.ready()
     registry.record("m").versions[1] = VersionRecord(1, ModelState.LOADING)
     assert not core.ready()
+
+
+def test_non_strict_readiness_is_ready_once_live_as_triton() -> None:
+    core, registry = _core(strict=False)
+    assert core.ready()  # explicit mode starts empty and loads later (issue #20 item 1)
+    registry.record("broken").versions[1] = VersionRecord(1, ModelState.UNAVAILABLE, "x")
+    assert core.ready()
+    core.repository_failure = "model repository '/nope' does not exist"
+    assert not core.live() and not core.ready()
 
 
 def test_strict_readiness_follows_what_each_model_is_meant_to_do() -> None:
@@ -165,9 +174,9 @@ def test_file_overrides_need_the_flag_config_overrides_do_not(allowed: bool) -> 
         assert (info.value.http_status(), info.value.grpc_status_name()) == \
             (403, "PERMISSION_DENIED")
         assert "--allow-model-load-file-override" in info.value.message
-        assert info.value.message.startswith("failed to load 'm'")
+        assert info.value.message.startswith("load failed for model 'm'")
     else:  # allowed through to the load (which fails: the config lists no inputs)
-        assert info.value.message.startswith("failed to load 'm'")
+        assert info.value.message.startswith("load failed for model 'm'")
         assert "allow-model-load-file-override" not in info.value.message
     with pytest.raises(InvalidArgument, match="failed to poll from model repository"):
         asyncio.run(core.load_model("m", config))  # a config override alone is always allowed

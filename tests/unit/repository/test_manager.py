@@ -162,7 +162,7 @@ async def test_a_failed_new_version_leaves_the_old_one_serving(repo: Path) -> No
     await manager.load_model("m")
     model(repo, versions={2: "b"})
     (repo / "m" / "2" / "fail").touch()
-    with pytest.raises(LoadError, match="failed to load 'm': version 2: corrupt weights"):
+    with pytest.raises(LoadError, match="load failed for model 'm': version 2 is at UNAVAILABLE state: corrupt weights;"):
         await manager.load_model("m")
     assert states(registry) == {1: ("READY", ""), 2: ("UNAVAILABLE", "corrupt weights")}
     assert serving(registry).tag == "a"
@@ -419,7 +419,7 @@ async def test_a_failed_version_leaves_the_index_once_gone_or_no_longer_wanted(r
     model(repo, versions={2: "b"})
     (model_dir / "2" / "model.onnx").write_bytes(model_bytes(2))
     (model_dir / "2" / "fail").touch()  # the version is built, then fails to start
-    with pytest.raises(LoadError, match="version 2: corrupt weights"):
+    with pytest.raises(LoadError, match="version 2 is at UNAVAILABLE state: corrupt weights;"):
         await manager.load_model("m")
     assert states(registry)[2] == ("UNAVAILABLE", "corrupt weights") and not core.ready()
     model(repo, versions={3: "c"})

@@ -1,0 +1,136 @@
+"""Lifecycle behaviour NVIDIA's qa suites (L0_lifecycle, L0_model_queue) check, against server
+subprocesses: readiness without models, a repository that does not exist, ensembles unloaded
+and reloaded with the models they use, Triton's load texts and log line, and one repository
+given twice."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from examples.build_repository import build_simple
+from procutil import wait_for
+from serverproc import running_server, start_server
+
+pytestmark = pytest.mark.e2e
+EXPLICIT = ["--model-control-mode", "explicit"]
+
+
+def write_ensemble(repo: Path, name: str, member: str) -> None:
+    """An ensemble of one step that runs `member` (the `simple` add/sub)."""
+    tensors = "".join(f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }},'
+                      for t in ("INPUT0", "INPUT1"))
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(textwrap.dedent(f"""
+        name: "{name}"
+        platform: "ensemble"
+        max_batch_size: 8
+        input [ {tensors.rstrip(",")} ]
+        output [ {{ name: "SUM" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+        ensemble_scheduling {{ step [ {{
+          model_name: "{member}" model_version: -1
+          input_map {{ key: "INPUT0" value: "INPUT0" }}
+          input_map {{ key: "INPUT1" value: "INPUT1" }}
+          output_map {{ key: "OUTPUT0" value: "SUM" }}
+        }} ] }}
+        """))
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    build_simple(root)
+    write_ensemble(root, "ens", "simple")
+    return root
+
+
+def _ready(url: str, name: str) -> tuple[bool, bool]:
+    """(HTTP, gRPC) model readiness of version 1, as qa asks it."""
+    with httpclient.InferenceServerClient(url[0]) as http, \
+            grpcclient.InferenceServerClient(url[1]) as grpc:
+        return http.is_model_ready(name, "1"), grpc.is_model_ready(name, "1")
+
+
+def test_non_strict_readiness_is_ready_with_no_model_loaded(repo: Path, tmp_path: Path) -> None:
+    with running_server([repo], [*EXPLICIT, "--strict-readiness", "false"],
+                        log_dir=tmp_path) as server:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            assert client.is_server_live() and client.is_server_ready()
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            assert client.is_server_live() and client.is_server_ready()
+    with running_server([repo], EXPLICIT, log_dir=tmp_path, wait_ready=False) as server:
+        # Strict (the default) stays stricter than Triton: never ready with zero models.
+        assert httpx.get(server.base + "/v2/health/ready").status_code == 400
+        assert httpx.get(server.base + "/v2/health/live").status_code == 200
+
+
+def test_a_repository_that_does_not_exist(repo: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with running_server([repo, missing], ["--exit-on-error", "false"], log_dir=tmp_path,
+                        wait_ready="/v2") as server:  # up, answering metadata
+        assert httpx.get(server.base + "/v2/health/live").status_code == 400
+        assert httpx.get(server.base + "/v2/health/ready").status_code == 400
+        assert httpx.get(server.base + "/v2").json()["name"] == "ascend-serve"
+        assert f"model repository '{missing}' does not exist" in server.log()
+    server = None
+    with pytest.raises(RuntimeError, match="server exited with 1"):
+        server = start_server([repo, missing], log_dir=tmp_path, timeout=30)
+    assert server is None
+
+
+def test_unloading_a_model_takes_its_ensembles_along_and_loading_it_brings_them_back(
+        repo: Path, tmp_path: Path) -> None:
+    with running_server([repo], [*EXPLICIT, "--strict-readiness", "false"],
+                        log_dir=tmp_path) as server:
+        urls = (server.http_url, server.grpc_url)
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.load_model("ens")  # loads `simple` too
+            assert _ready(urls, "ens") == (True, True) and _ready(urls, "simple") == (True, True)
+            client.unload_model("simple")
+            assert _ready(urls, "simple") == (False, False)
+            assert _ready(urls, "ens") == (False, False)  # it cannot run without `simple`
+            client.load_model("simple")
+            assert _ready(urls, "ens") == (True, True)  # loaded again with it
+            # An ensemble unloaded by request stays unloaded when its member comes back.
+            client.unload_model("ens")
+            client.unload_model("simple")
+            client.load_model("simple")
+            assert _ready(urls, "simple") == (True, True)
+            assert _ready(urls, "ens") == (False, False)
+        assert "unloading ensemble 'ens': it uses 'simple'" in server.log()
+
+
+def test_load_texts_and_log_lines_are_tritons(repo: Path, tmp_path: Path) -> None:
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "config.pbtxt").write_text(
+        'name: "broken"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
+    with running_server([repo], [*EXPLICIT, "--strict-readiness", "false"],
+                        log_dir=tmp_path) as server:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            client.load_model("simple")
+            client.load_model("simple")
+            for _ in range(2):
+                with pytest.raises(InferenceServerException) as info:
+                    client.load_model("broken")
+                assert "load failed for model 'broken'" in info.value.message()
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            with pytest.raises(InferenceServerException) as info:
+                client.load_model("broken")
+            assert "load failed for model 'broken'" in info.value.message()
+        assert server.log().count("successfully loaded 'simple'") == 2
+
+
+def test_one_repository_given_twice_counts_once(repo: Path, tmp_path: Path) -> None:
+    twice = [repo, repo / ".." / repo.name]
+    with running_server(twice, log_dir=tmp_path) as server:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            assert client.is_model_ready("simple") and client.is_model_ready("ens")
+        assert "two or more repositories" not in server.log()
