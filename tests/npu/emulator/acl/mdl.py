@@ -10,6 +10,14 @@ import numpy as np
 
 from . import _codes as C
 from . import _om
+from ._mdl_aipp import (create_aipp, destroy_aipp, get_aipp_type,  # noqa: F401  (acl.mdl.*)
+                        set_aipp_ax_swap_switch, set_aipp_crop_params, set_aipp_csc_params,
+                        set_aipp_dtc_pixel_mean, set_aipp_dtc_pixel_min, set_aipp_input_format,
+                        set_aipp_padding_params, set_aipp_pixel_var_reci,
+                        set_aipp_rbuv_swap_switch, set_aipp_src_image_size, set_input_aipp)
+from ._mdl_dynamic import (get_dynamic_batch, get_dynamic_hw,  # noqa: F401  (acl.mdl.*)
+                           get_input_dynamic_dims, get_input_dynamic_gear_count,
+                           set_dynamic_batch_size, set_dynamic_hw_size, set_input_dynamic_dims)
 from ._memory import Allocation
 from ._runtime import (RT, AclFail, ConcurrentModelUse, Context, Dataset, dict_ret, entry,
                        ret_only, value_ret)
@@ -25,6 +33,8 @@ class Model:
     busy: Optional[str] = None
     gear: Optional[int] = None  # set by set_dynamic_batch_size (GE keeps it per model)
     cur_gear: Optional[int] = None  # gear of the last execution, for get_cur_output_dims
+    shape_gear: Optional[tuple] = None  # set by set_dynamic_hw_size / set_input_dynamic_dims
+    cur_shapes: Optional[dict] = None  # output shapes of the last execution
 
 
 @dataclass(eq=False)
@@ -32,6 +42,7 @@ class Desc:
     handle: int
     model_id: Optional[int] = None
     spec: Optional[_om.OmSpec] = None
+    from_file: bool = False  # filled by get_desc_from_file: no model behind it
 
 
 @dataclass(eq=False)
@@ -41,6 +52,8 @@ class Task:
     outputs: list
     gear: Optional[int]
     latency_s: float = 0.0
+    shapes: Optional[dict] = None  # input shapes at a dynamic HW / dims gear
+    stream: int = 0
 
 
 # -- load / unload ----------------------------------------------------------------------------
@@ -53,6 +66,10 @@ def load_from_file(path: str) -> tuple[int, int]:
         ctx = RT.current_ctx()
         RT.require_alive(ctx.device)
         spec = _om.parse(path)
+        if spec.soc and spec.soc != RT.config.soc_name:
+            raise AclFail(C.GE_LOAD_MODEL, f"the model was compiled for {spec.soc} (--soc_version)"
+                                           f", this device is {RT.config.soc_name}")
+        time.sleep(spec.load_s)  # the real load holds the GIL as long, as this holds the lock
         model_id = RT.new_model_id()
         charge = spec.weight_size + spec.work_size
         weights = (RT.memory.allocate(ctx.device, charge, owner=f"model {model_id}",
@@ -127,6 +144,18 @@ def get_desc(desc: int, model_id: int) -> int:
         return C.SUCCESS
 
 
+@entry("mdl.get_desc_from_file", "ks", ret_only)
+def get_desc_from_file(desc: int, path: str) -> int:
+    """The description straight from the file: no load, no device memory, no context needed."""
+    with RT.lock:
+        RT.require_init()
+        found = RT.descs.get(desc)
+        if found is None:
+            raise AclFail(C.INVALID_PARAM, f"desc {desc:#x} does not exist")
+        found.spec, found.model_id, found.from_file = _om.parse(path), None, True
+        return C.SUCCESS
+
+
 def _spec(desc: int) -> Optional[_om.OmSpec]:
     found = RT.descs.get(desc)
     return found.spec if found is not None else None
@@ -140,29 +169,56 @@ def _tensor(desc: int, index: int, outputs: bool) -> Optional[_om.TensorSpec]:
     return tensors[index] if 0 <= index < len(tensors) else None
 
 
+def _batch_of(spec: _om.OmSpec, tensor: _om.TensorSpec) -> int:
+    first = tensor.dims[0] if tensor.dims else 1
+    return spec.max_gear if first == -1 and spec.max_gear else first
+
+
 def _size(desc: int, index: int, outputs: bool) -> int:
     tensor = _tensor(desc, index, outputs)
     if tensor is None:
         return 0
-    if tensor.name == C.DYNAMIC_TENSOR_NAME and not outputs:
-        return 8
     spec = _spec(desc)
+    if not outputs and tensor.name in (C.DYNAMIC_TENSOR_NAME, C.DYNAMIC_AIPP_NAME):
+        return tensor.nbytes(None)
+    if not outputs and spec.aipp is not None and tensor.name == spec.aipp.input:
+        return spec.aipp.source_bytes(_batch_of(spec, tensor))
+    if outputs and spec.shape_dynamic:
+        shape = _om.max_output_shapes(spec)[tensor.name]
+        return int(np.prod(shape)) * tensor.np_dtype.itemsize
+    if not outputs and spec.shape_dynamic:
+        shape = spec.gear_shapes(spec.max_shape_gear())[tensor.name]
+        return int(np.prod(shape)) * tensor.np_dtype.itemsize
     return tensor.nbytes(spec.max_gear if spec.dynamic else None)
 
 
-def _dims(desc: int, index: int, outputs: bool, gear: Optional[int] = None) -> tuple[dict, int]:
+def _io_dims(name: str, dims) -> tuple[dict, int]:
+    dims = [int(d) for d in dims]
+    return {"name": name, "dimCount": len(dims), "dims": dims}, C.SUCCESS
+
+
+def _dims(desc: int, index: int, outputs: bool, v2: bool = False) -> tuple[dict, int]:
+    """What the desc reports: -1 on dynamic input axes; outputs of a dynamic-batch model at
+    the largest gear (as hardware reports them); static AIPP inputs in source-image terms."""
     tensor = _tensor(desc, index, outputs)
     if tensor is None:
         RT.set_err(f"index {index} out of range or desc not filled")
         return {}, C.INVALID_PARAM
-    dims = list(tensor.dims)
     spec = _spec(desc)
-    if gear is None and RT.config.dims_show_max_gear and spec is not None and spec.dynamic \
-            and tensor.name != C.DYNAMIC_TENSOR_NAME:
-        gear = spec.max_gear
-    if gear is not None and dims and dims[0] == -1:
-        dims[0] = gear
-    return {"name": tensor.name, "dimCount": len(dims), "dims": dims}, C.SUCCESS
+    dims = list(tensor.dims)
+    if not outputs and spec.aipp is not None and tensor.name == spec.aipp.input \
+            and spec.aipp.mode == "static":
+        n = dims[0] if dims else 1
+        if v2:
+            return _io_dims(tensor.name, spec.aipp.v2_dims(n))
+        h, w = spec.aipp.src
+        return _io_dims(tensor.name, (n, h, w, _om.AIPP_SOURCE[spec.aipp.fmt][2]))
+    if outputs and spec.shape_dynamic:
+        return _io_dims(tensor.name, _om.max_output_shapes(spec)[tensor.name])
+    show_max = outputs or RT.config.dims_show_max_gear
+    if spec.dynamic and show_max and dims and dims[0] == -1:
+        dims[0] = spec.max_gear
+    return _io_dims(tensor.name, dims)
 
 
 @entry("mdl.get_num_inputs", "k")
@@ -192,6 +248,12 @@ def get_input_dims(desc: int, index: int) -> tuple[dict, int]:
     return _dims(desc, index, outputs=False)
 
 
+@entry("mdl.get_input_dims_v2", "kk")
+def get_input_dims_v2(desc: int, index: int) -> tuple[dict, int]:
+    """As get_input_dims, except a static AIPP input: dims whose product is the byte size."""
+    return _dims(desc, index, outputs=False, v2=True)
+
+
 @entry("mdl.get_output_dims", "kk")
 def get_output_dims(desc: int, index: int) -> tuple[dict, int]:
     return _dims(desc, index, outputs=True)
@@ -199,11 +261,19 @@ def get_output_dims(desc: int, index: int) -> tuple[dict, int]:
 
 @entry("mdl.get_cur_output_dims", "kk")
 def get_cur_output_dims(desc: int, index: int) -> tuple[dict, int]:
+    """The output's dims at the last execution's gear. Not for a desc from get_desc_from_file
+    (the CANN docs exclude it)."""
     found = RT.descs.get(desc)
-    model = RT.models.get(found.model_id) if found and found.model_id else None
-    spec = _spec(desc)
-    gear = model.cur_gear if model and model.cur_gear else (spec.max_gear if spec else None)
-    return _dims(desc, index, outputs=True, gear=gear)
+    if found is None or found.from_file:
+        RT.set_err("get_cur_output_dims needs a desc filled by get_desc from a loaded model")
+        return {}, C.INVALID_PARAM
+    model = RT.models.get(found.model_id) if found.model_id else None
+    tensor = _tensor(desc, index, outputs=True)
+    if tensor is None:
+        return {}, C.INVALID_PARAM
+    if model is not None and model.cur_shapes and tensor.name in model.cur_shapes:
+        return _io_dims(tensor.name, model.cur_shapes[tensor.name])
+    return _dims(desc, index, outputs=True)
 
 
 @entry("mdl.get_input_data_type", "kk")
@@ -262,14 +332,6 @@ def get_output_index_by_name(desc: int, name: str) -> tuple[int, int]:
     return _index_by_name(desc, name, outputs=True)
 
 
-@entry("mdl.get_dynamic_batch", "k", dict_ret)
-def get_dynamic_batch(desc: int) -> tuple[dict, int]:
-    spec = _spec(desc)
-    if spec is None:
-        raise AclFail(C.INVALID_PARAM, f"desc {desc:#x} does not exist or is not filled")
-    return {"batchCount": len(spec.gears), "batch": list(spec.gears)}, C.SUCCESS
-
-
 # -- datasets ---------------------------------------------------------------------------------
 
 
@@ -317,42 +379,6 @@ def get_dataset_buffer(dataset: int, index: int) -> int:
     return found.buffers[index]
 
 
-# -- dynamic batch ----------------------------------------------------------------------------
-
-
-@entry("mdl.set_dynamic_batch_size", "kkkk", ret_only)
-def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) -> int:
-    with RT.lock:
-        RT.require_init()
-        ctx = RT.current_ctx()
-        model = _model(model_id)
-        if model.ctx is not ctx:
-            raise AclFail(C.RT_MODEL_CONTEXT, f"model {model_id} was loaded in another context")
-        if batch == 0:
-            raise AclFail(C.INVALID_PARAM, "dynamic batch size must not be 0")
-        found = RT.datasets.get(dataset)
-        if found is None or not 0 <= index < len(found.buffers):
-            raise AclFail(C.INVALID_PARAM, f"no data buffer at index {index} of the dataset")
-        buffer = RT.buffers.get(found.buffers[index])
-        if buffer is None or buffer.addr == 0:
-            raise AclFail(C.INVALID_PARAM, f"data buffer at index {index} has no address")
-        spec = model.spec
-        if not spec.dynamic:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID, f"model {model_id} has no dynamic batch")
-        if index != len(spec.inputs):
-            raise AclFail(C.INVALID_PARAM, f"input {index} is not {C.DYNAMIC_TENSOR_NAME}")
-        if buffer.size < 4:
-            raise AclFail(C.GE_DYNAMIC_INPUT_LENGTH_INVALID, "dynamic tensor buffer too small")
-        if batch not in spec.gears:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                          f"batch size {batch} is not one of the model's gears {list(spec.gears)}")
-        value = np.array([batch], dtype=np.uint64 if buffer.size >= 8 else np.uint32)
-        RT.memory.write_device(buffer.addr, value)
-        found.gear = batch
-        model.gear = batch
-        return C.SUCCESS
-
-
 # -- execution --------------------------------------------------------------------------------
 
 
@@ -388,28 +414,33 @@ def _prepare(model_id: int, in_ds: int, out_ds: int, stream: Optional[int]) -> T
         raise AclFail(C.INVALID_PARAM, "input data buffer with a null address")
     if stream is not None and any(b.addr == 0 for b in outputs):
         raise AclFail(C.INVALID_PARAM, "execute_async needs allocated output buffers")
-    gear = None
-    if spec.dynamic:
-        gear = model.gear
+    gear, shapes = None, None
+    if spec.dynamic or spec.shape_dynamic:
+        gear = model.gear if spec.dynamic else model.shape_gear
         dataset_gear = RT.datasets[in_ds].gear
         if dataset_gear is None and RT.config.require_gear_before_execute:
             raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                          "dynamic model executed without set_dynamic_batch_size")
+                          "dynamic model executed without setting its gear")
         if dataset_gear is not None and gear != dataset_gear:
             RT.violate(f"model {model_id}: gear {gear} set through another dataset, this one "
                        f"says {dataset_gear} (shared model state raced)")
-        gear = gear or spec.max_gear
-        if RT.config.strict_dynamic_sizes:
+        if spec.dynamic:
+            gear = gear or spec.max_gear
+        else:
+            shapes = spec.gear_shapes(gear or spec.max_shape_gear())
+        if spec.dynamic and RT.config.strict_dynamic_sizes:
             for tensor, buffer in zip(spec.inputs, inputs):
                 if buffer.size != tensor.nbytes(gear):
                     RT.violate(f"input {tensor.name}: buffer of {buffer.size} bytes for gear {gear}"
                                f" (expected {tensor.nbytes(gear)})")
     else:
         for tensor, buffer in zip(spec.inputs + spec.outputs, inputs + outputs):
-            if buffer.addr and buffer.size + 64 < tensor.nbytes(None):
+            need = (spec.aipp.source_bytes(tensor.dims[0]) if spec.aipp is not None
+                    and tensor.name == spec.aipp.input else tensor.nbytes(None))
+            if buffer.addr and buffer.size + 64 < need:
                 raise AclFail(C.GE_PARAM_INVALID,
                               f"buffer for {tensor.name} holds {buffer.size} bytes, the model "
-                              f"needs {tensor.nbytes(None)}")
+                              f"needs {need}")
     RT.require_alive(model.device)
     if model.busy:
         RT.violate(f"model {model_id} entered concurrently by {threading.current_thread().name} "
@@ -418,11 +449,52 @@ def _prepare(model_id: int, in_ds: int, out_ds: int, stream: Optional[int]) -> T
         if buffer.addr == 0:  # synchronous execute allocates (0, 0) outputs for the caller
             alloc = RT.memory.allocate(model.device, tensor.nbytes(gear))
             buffer.addr, buffer.size = alloc.ptr, alloc.size
-    batch = gear if gear is not None else 1
+    batch = gear if spec.dynamic else 1
     latency = (spec.latency_fixed_s + spec.latency_per_sample_s * batch) * RT.config.latency_scale
     model.busy = f"thread {threading.current_thread().name}"
     return Task(model, [(b.addr, b.size) for b in inputs], [(b.addr, b.size) for b in outputs],
-                gear, latency)
+                gear if spec.dynamic else None, latency, shapes, stream or 0)
+
+
+def _read_inputs(task: Task) -> dict[str, np.ndarray]:
+    """Each input as the model sees it at this execution's gear; an AIPP input as float32
+    [n, source bytes] after the emulated AIPP."""
+    spec = task.model.spec
+    arrays = {}
+    addresses = dict(zip((t.name for t in spec.desc_inputs()), task.inputs))
+    for tensor in spec.inputs:
+        addr, size = addresses[tensor.name]
+        if spec.aipp is not None and tensor.name == spec.aipp.input:
+            arrays[tensor.name] = _aipp_input(task, tensor, addr, size, addresses)
+            continue
+        shape = task.shapes[tensor.name] if task.shapes else tensor.shape(task.gear)
+        need = int(np.prod(shape)) * tensor.np_dtype.itemsize
+        raw = np.zeros(need, dtype=np.uint8)
+        take = min(need, size)
+        raw[:take] = RT.memory.read_device(addr, take)
+        arrays[tensor.name] = raw.view(tensor.np_dtype).reshape(shape)
+    return arrays
+
+
+def _aipp_input(task: Task, tensor: _om.TensorSpec, addr: int, size: int,
+                addresses: dict) -> np.ndarray:
+    from ._mdl_aipp import read_block
+    aipp = task.model.spec.aipp
+    n = task.gear if tensor.dims[0] == -1 else tensor.dims[0]
+    mean, var = 0.0, 1.0
+    fmt, src = aipp.fmt, aipp.src
+    if aipp.mode == "dynamic":
+        block = read_block(addresses[C.DYNAMIC_AIPP_NAME][0])
+        if block is None:
+            raise AclFail(C.GE_AIPP_NOT_SET, "dynamic AIPP parameters were never set on "
+                                             "ascend_dynamic_aipp_data (acl.mdl.set_input_aipp)")
+        fmt, src, mean, var = block["fmt"], block["src"], block["mean"], block["var_reci"]
+    per_row = aipp.source_bytes(1, fmt, src)
+    if n * per_row > size:
+        raise AclFail(C.GE_PARAM_INVALID, f"source images of {per_row} bytes x {n} exceed the "
+                                          f"input buffer of {size} bytes")
+    raw = RT.memory.read_device(addr, n * per_row).astype(np.float32).reshape(n, per_row)
+    return (raw - mean) * var
 
 
 def _compute(task: Task) -> int:
@@ -431,30 +503,28 @@ def _compute(task: Task) -> int:
         RT.require_alive(model.device)
         if RT.models.get(model.id) is not model:
             raise AclFail(C.GE_EXEC_MODEL_ID_INVALID, f"model {model.id} was unloaded")
-        arrays = {}
-        for tensor, (addr, size) in zip(spec.inputs, task.inputs):
-            need = tensor.nbytes(task.gear)
-            raw = np.zeros(need, dtype=np.uint8)
-            take = min(need, size)
-            raw[:take] = RT.memory.read_device(addr, take)
-            arrays[tensor.name] = raw.view(tensor.np_dtype).reshape(tensor.shape(task.gear))
+        arrays = _read_inputs(task)
         code = _om.poisoned(spec, arrays)
         if code is not None:
             if code == C.RT_LOST_HEARTBEAT:
                 RT.devices[model.device].lost = True
+            if code == C.RT_AICORE_EXCEPTION and task.stream in RT.streams:
+                RT.streams[task.stream].broken = code
             raise AclFail(code, f"model {model.id} execution failed on device {model.device} "
                                 f"(emulated fault, error {code})")
-        outputs = _om.run(spec, arrays, task.gear)
+        outputs = _om.run(spec, arrays, task.gear, free_shapes=spec.shape_dynamic)
         for tensor, (addr, size) in zip(spec.outputs, task.outputs):
             value = outputs[tensor.name]
-            if value.nbytes > size + (0 if spec.dynamic else 64):
+            if value.nbytes > size + (0 if spec.dynamic or spec.shape_dynamic else 64):
                 raise AclFail(C.GE_PARAM_INVALID,
                               f"output buffer for {tensor.name} holds {size} bytes, the gear "
                               f"needs {value.nbytes}")
             RT.memory.write_device(addr, value)
         model.cur_gear = task.gear
+        model.cur_shapes = {name: value.shape for name, value in outputs.items()}
         record = RT.executions.setdefault(model.id, {"count": 0})
-        record.update(count=record["count"] + 1, gear=task.gear, inputs=arrays)
+        record.update(count=record["count"] + 1, gear=task.gear, inputs=arrays,
+                      shape_gear=model.shape_gear)
         RT.devices[model.device].busy_s += task.latency_s
         return C.SUCCESS
     except AclFail as failure:
@@ -489,7 +559,7 @@ def execute_async(model_id: int, in_ds: int, out_ds: int, stream: int) -> int:
     with RT.lock:
         task = _prepare(model_id, in_ds, out_ds, stream)
         if stream:
-            RT.streams[stream].pending.append(task)
+            RT.streams[stream].pending.append(task)  # a broken stream fails it at synchronize
         else:  # the context's default stream: emulate as synchronous
             return run_task(task, hold_lock=True)
         return C.SUCCESS
