@@ -50,12 +50,11 @@ def open_sessions() -> list["DeviceSession"]:
 
 
 def forget(acl: ModuleType) -> None:
-    """acl.finalize ran: the next session initialises again (tests run several in a process)."""
-    global _initialised, _closing
+    """acl.finalize ran: a later session initialises again."""
+    global _initialised
     with _init_lock:
         if _initialised is acl:
             _initialised = None
-        _closing = False
 
 
 def ensure_initialised(acl: ModuleType) -> None:

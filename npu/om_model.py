@@ -189,8 +189,9 @@ class OmModel:
         the batched ones carry that many rows and are zero-padded up to the gear, the others
         have their static shapes. Returns one array per output, padding dropped."""
         session = self.session
-        assert self._inputs is not None and self._outputs is not None, "model not loaded"
         with session.running():
+            if self._inputs is None or self._outputs is None:
+                raise BackendError("this copy of the model has been released")
             session.bind()
             if self.info.shape_kind:
                 return self._run_shaped(arrays, rows)

@@ -33,6 +33,7 @@ def acl_emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         _forget_acl()
         from npu import device
         device.forget(acl)
+        device._closing = False  # a test may have run the exit teardown
         # A test that failed before unloading leaves its sessions listed for telemetry; drop
         # them so the next test starts clean (the emulator above already reported the leak).
         from npu import device
