@@ -9,6 +9,7 @@ Point them at your own compiled models (any may be left out; its tests then skip
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest

@@ -36,12 +36,7 @@ class AippSet:
 
 
 def _aipp(handle: int) -> AippSet:
-    found = RT.aipps.get(handle)
-    if found is None:
-        if handle in RT.retired:
-            RT.violate(f"use of destroyed aipp set {handle:#x}")
-        raise AclFail(C.INVALID_PARAM, f"aipp set {handle:#x} does not exist")
-    return found
+    return RT.find(RT.aipps, handle, "aipp set")
 
 
 def _batch_index(found: AippSet, index: int) -> None:

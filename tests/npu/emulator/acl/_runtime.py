@@ -193,6 +193,15 @@ class Runtime:
         if exc is not None:
             raise exc(message)
 
+    def find(self, table: dict, handle: int, what: str, code: int = C.INVALID_PARAM) -> Any:
+        """The live object behind a handle; a destroyed one is also recorded as misuse."""
+        found = table.get(handle)
+        if found is None:
+            if handle in self.retired:
+                self.violate(f"use of destroyed {what} {handle:#x}")
+            raise AclFail(code, f"{what} {handle:#x} does not exist")
+        return found
+
     # -- preconditions ------------------------------------------------------------------------
     def require_init(self) -> None:
         if not self.initialised:

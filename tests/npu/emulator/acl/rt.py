@@ -93,12 +93,7 @@ def create_context(device_id: int) -> tuple[int, int]:
 
 
 def _context(handle: int) -> Context:
-    ctx = RT.contexts.get(handle)
-    if ctx is None:
-        if handle in RT.retired:
-            RT.violate(f"use of destroyed context {handle:#x}")
-        raise AclFail(C.RT_PARAM_INVALID, f"context {handle:#x} does not exist")
-    return ctx
+    return RT.find(RT.contexts, handle, "context", C.RT_PARAM_INVALID)
 
 
 @entry("rt.destroy_context", "k", ret_only)
