@@ -46,6 +46,7 @@ class AscendBackend(Backend):
         self._model: Optional[OmModel] = None
         self._binding: Optional[npu_config.Binding] = None
         self._fault: Optional[str] = None
+        self._side: list[int] = []  # positions of side inputs (no batch axis) among the inputs
 
     @classmethod
     def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
@@ -69,6 +70,7 @@ class AscendBackend(Backend):
             self._model = OmModel.load(self._session, path,
                                        npu_aipp.settings_from_config(self.config))
             self._binding = npu_config.bind(self.config, self._model.info)
+            self._side = [i for i, (_, t) in enumerate(self._binding.inputs) if not t.batched]
         except BaseException:
             self._release()
             raise
@@ -110,7 +112,7 @@ class AscendBackend(Backend):
     def _run(self, arrays: list[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
         """Run the batch; with side inputs, once per run of rows whose side rows agree."""
         assert self._model is not None and self._binding is not None
-        side = [i for i, (_, t) in enumerate(self._binding.inputs) if not t.batched]
+        side = self._side
         if not (self._binding.batching and side) or rows is None:
             return self._model.run(arrays, rows)
         starts = [0] + [r for r in range(1, rows)
