@@ -4,6 +4,11 @@ load, execute and unload all run on the instance's own thread (the pool guarante
 is also the thread pyACL binds the instance's context to. A batch is copied into buffers made
 at load, run with execute_async + synchronize_stream (which lets other instances' threads run
 meanwhile), and copied back with the padding rows dropped.
+
+A batch of requests to a model with static side inputs (im_info [1, 3] beside a dynamic-batch
+image) carries one side row per request row; consecutive rows whose side rows are equal run as
+one execution, so requests for same-sized images share a gear. An AI Core exception leaves the
+instance's stream broken: the instance rebuilds its session and model copy and serves on.
 """
 from __future__ import annotations
 
@@ -15,9 +20,12 @@ import numpy as np
 
 from backends.base import Backend, BackendError, InstanceSpec
 from npu import acl as npu_acl
+from npu import aipp as npu_aipp
 from npu import config as npu_config
 from npu.device import DeviceSession
+from npu.errors import AclError, is_stream_fault
 from npu.om_model import OmModel, describe_file
+from protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.model_config_pb2 import ModelConfig
@@ -38,11 +46,13 @@ class AscendBackend(Backend):
         self._model: Optional[OmModel] = None
         self._binding: Optional[npu_config.Binding] = None
         self._fault: Optional[str] = None
+        self._side: list[int] = []  # positions of side inputs (no batch axis) among the inputs
 
     @classmethod
     def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
         filename = config.default_model_filename or cls.default_model_filename
         info = describe_file(version_dir / filename, npu_config.probe_device(config))
+        info = npu_aipp.describe_with(info, npu_aipp.settings_from_config(config))
         npu_config.complete(config, info)
 
     def load(self) -> None:
@@ -50,14 +60,20 @@ class AscendBackend(Backend):
         path = self.model_path()
         if not path.is_file():
             raise BackendError(f"model file {path} does not exist")
+        self._open(acl, path)
+        assert self._model is not None
+        self.batch_gears = self._model.info.gears
+
+    def _open(self, acl, path: Path) -> None:
         self._session = DeviceSession.open(acl, self.instance.device_id)
         try:
-            self._model = OmModel.load(self._session, path)
+            self._model = OmModel.load(self._session, path,
+                                       npu_aipp.settings_from_config(self.config))
             self._binding = npu_config.bind(self.config, self._model.info)
+            self._side = [i for i, (_, t) in enumerate(self._binding.inputs) if not t.batched]
         except BaseException:
             self._release()
             raise
-        self.batch_gears = self._model.info.gears
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._fault is not None:
@@ -67,37 +83,72 @@ class AscendBackend(Backend):
             raise BackendError(f"instance {self.instance.name} has no model loaded")
         arrays, rows = self._arrays(inputs)
         try:
-            results = self._model.run(arrays, rows)
-        except BackendError as exc:
-            if exc.fatal:
-                self._fault = exc.message
-                log.error("instance %s on NPU %s taken out of service: %s", self.instance.name,
-                          self.instance.device_id, exc.message)
+            results = self._run(arrays, rows)
+        except AclError as exc:
+            if is_stream_fault(exc.code):
+                self._rebuild(exc)
+            elif exc.fatal:
+                self._out_of_service(exc.message)
             raise
         return {name: results[tensor.index] for name, tensor in self._binding.outputs}
 
+    def _out_of_service(self, reason: str) -> None:
+        self._fault = reason
+        log.error("instance %s on NPU %s taken out of service: %s", self.instance.name,
+                  self.instance.device_id, reason)
+
+    def _rebuild(self, exc: AclError) -> None:
+        """The stream is broken (AI Core exception or timeout): release this copy and load a
+        fresh one on a new stream. The failed batch still fails; later ones run."""
+        log.error("instance %s on NPU %s: %s; recreating its stream and model", self.instance.name,
+                  self.instance.device_id, exc.message)
+        self._release()
+        try:
+            self._open(npu_acl.load(), self.model_path())
+        except BackendError as again:
+            self._out_of_service(f"{exc.message}; recreating the instance failed: {again.message}")
+            exc.fatal = True
+
+    def _run(self, arrays: list[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
+        """Run the batch; with side inputs, once per run of rows whose side rows agree."""
+        assert self._model is not None and self._binding is not None
+        side = self._side
+        if not (self._binding.batching and side) or rows is None:
+            return self._model.run(arrays, rows)
+        starts = [0] + [r for r in range(1, rows)
+                        if any(not np.array_equal(arrays[i][r], arrays[i][r - 1]) for i in side)]
+        if len(starts) == 1:
+            return self._model.run([a[:1] if i in side else a for i, a in enumerate(arrays)], rows)
+        parts = []
+        for start, end in zip(starts, starts[1:] + [rows]):
+            parts.append(self._model.run([a[start:start + 1] if i in side else a[start:end]
+                                          for i, a in enumerate(arrays)], end - start))
+        return [np.concatenate(outs) for outs in zip(*parts)]
+
     def _arrays(self, inputs: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], Optional[int]]:
-        """The inputs in model order, contiguous, in the model's dtypes, with the batch size."""
+        """The inputs in model order, contiguous, in the model's dtypes, with the row count."""
         assert self._binding is not None
-        batched = self._binding.batched
+        binding = self._binding
         arrays: list[np.ndarray] = []
         rows: Optional[int] = None
-        for name, tensor in self._binding.inputs:
+        for name, tensor in binding.inputs:
             if name not in inputs:
                 raise BackendError(f"missing input '{name}'")
             array = np.ascontiguousarray(inputs[name], dtype=tensor.acl_type.numpy)
-            if batched:
+            on_rows = binding.batching or (binding.rows and tensor.batched)
+            if on_rows:
                 count = array.shape[0] if array.ndim else 0
                 if rows is None:
                     rows = count
                 elif count != rows:
-                    raise BackendError(f"input '{name}' has {count} rows, other inputs {rows}")
-                expected, shape = count * tensor.row_bytes, [count, *tensor.row_dims]
+                    raise InvalidArgument(f"input '{name}' has {count} rows, other inputs {rows}")
+                ok = npu_config.fits(array.shape[1:], tensor.row_dims)
+                shape = ["n", *tensor.row_dims]
             else:
-                expected, shape = tensor.static_bytes, list(tensor.dims)
-            if array.nbytes != expected:
-                raise BackendError(f"input '{name}' has shape {list(array.shape)}, the model "
-                                   f"takes {shape}")
+                ok, shape = npu_config.fits(array.shape, tensor.dims), list(tensor.dims)
+            if not ok:
+                raise InvalidArgument(f"input '{name}' has shape {list(array.shape)}, the model "
+                                      f"takes {shape}")
             arrays.append(array)
         return arrays, rows
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from backends.base import BackendError
-from npu.om_model import ModelDescription, TensorInfo
+from npu.description import ModelDescription, TensorInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.model_config_pb2 import ModelConfig
@@ -62,9 +62,11 @@ def _complete(entries, tensors: Iterable[TensorInfo], batching: bool, outputs: b
 
 def complete(config: "ModelConfig", info: ModelDescription) -> None:
     """Fill what the config leaves out: max_batch_size (the largest gear, or the compiled batch
-    of a static model) when it is 0 and the config does not describe full-rank inputs; the
-    inputs and outputs (names, data types, dims); and the gears as parameter `batch_gears`."""
-    if config.max_batch_size == 0 and info.batch_sizes and not _declares_full_rank(config, info):
+    of a static model) when it is 0, requests can be stacked (info.stackable) and the config
+    does not describe full-rank inputs; the inputs and outputs (names, data types, dims: a side
+    input such as im_info [1, 3] shows as [3] when batching, one row per request); and the
+    gears as parameter `batch_gears`."""
+    if config.max_batch_size == 0 and info.stackable and not _declares_full_rank(config, info):
         config.max_batch_size = max(info.batch_sizes)
     if info.gears:
         config.parameters[GEARS_PARAMETER].string_value = ",".join(str(g) for g in info.gears)
@@ -79,7 +81,13 @@ class Binding:
 
     inputs: tuple[tuple[str, TensorInfo], ...]  # every model input, in model order
     outputs: tuple[tuple[str, TensorInfo], ...]  # the outputs the config lists (or all)
-    batched: bool  # axis 0 of every tensor is the batch
+    batching: bool  # max_batch_size > 0: axis 0 of every request tensor is the batch
+    rows: bool  # batches carry a row count (batching, or a dynamic-batch model served unbatched)
+
+
+def fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    """A concrete shape against dims with -1 wildcards."""
+    return len(shape) == len(dims) and all(d == -1 or s == d for s, d in zip(shape, dims))
 
 
 def _dims_agree(config_dims: list[int], model_dims: tuple[int, ...]) -> bool:
@@ -108,6 +116,15 @@ def bind(config: "ModelConfig", info: ModelDescription) -> Binding:
             raise BackendError(f"max_batch_size is {config.max_batch_size} but the model has no "
                                "batch dimension; set max_batch_size: 0 or compile with "
                                "--dynamic_batch_size")
+        if not info.stackable:
+            side = [t.name for t in info.side_inputs if t.dims[:1] != (1,)]
+            lone = [t.name for t in info.outputs if not t.batched]
+            raise BackendError(
+                "requests to this model cannot be stacked into a batch ("
+                + "; ".join(p for p in (
+                    f"side input(s) {', '.join(side)} have no leading 1" if side else "",
+                    f"output(s) {', '.join(lone)} have no batch axis" if lone else "") if p)
+                + "): set max_batch_size: 0 and send each request with the model's full shapes")
         if config.max_batch_size > max(info.batch_sizes):
             what = "largest gear" if info.gears else "compiled batch size"
             raise BackendError(f"max_batch_size {config.max_batch_size} exceeds the model's "
@@ -137,4 +154,4 @@ def bind(config: "ModelConfig", info: ModelDescription) -> Binding:
     ordered_inputs = tuple((t.name, t) for t in info.inputs)
     if not outputs:
         outputs = [(t.name, t) for t in info.outputs]
-    return Binding(ordered_inputs, tuple(outputs), batching or info.dynamic)
+    return Binding(ordered_inputs, tuple(outputs), batching, batching or info.dynamic)

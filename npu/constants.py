@@ -6,8 +6,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The extra input ATC adds to a model compiled with --dynamic_batch_size.
+# The extra input ATC adds to a model compiled with --dynamic_batch_size, --dynamic_image_size
+# or --dynamic_dims (ACL_DYNAMIC_TENSOR_NAME), and the one dynamic AIPP adds (ACL_DYNAMIC_AIPP_NAME),
+# as acl_mdl.h defines them.
 DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
+DYNAMIC_AIPP_NAME = "ascend_dynamic_aipp_data"
+
+# aclAippInputFormat values dynamic AIPP accepts (acl_mdl.h) -> (height factor, channels) of
+# the source image as the model takes it (CANN docs, aclmdlGetInputDimsV2 table 1: NHWC).
+AIPP_FORMATS = {"YUV420SP_U8": (1, 1.5, 1), "XRGB8888_U8": (2, 1.0, 4),
+                "RGB888_U8": (3, 1.0, 3), "YUV400_U8": (4, 1.0, 1)}
 
 MALLOC_HUGE_FIRST = 0
 

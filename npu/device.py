@@ -1,18 +1,21 @@
 """Process-wide pyACL state and the per-instance device binding.
 
 `acl.init` may run once per process, so it is done here behind a lock (a second init's
-"already initialised" counts as success) and `acl.finalize` runs at exit. Each instance then
-opens its own `DeviceSession` on its own thread: a device reference, an explicit context bound
-to that thread, and one stream. Open sessions are listed for the telemetry collector.
+"already initialised" counts as success); `npu/teardown.py` finalizes at exit, after every
+session still open is closed. Each instance opens its own `DeviceSession` on its own thread: a
+device reference, an explicit context bound to that thread, and one stream. Open sessions are
+listed for the telemetry collector and for that teardown.
 """
 from __future__ import annotations
 
 import atexit
 import logging
 import threading
+from contextlib import contextmanager
 from types import ModuleType
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
+from backends.base import BackendError
 from npu import constants as K
 from npu.errors import AclError, check, recent_message, unwrap
 
@@ -24,8 +27,34 @@ _initialised: Optional[ModuleType] = None  # the acl module this process initial
 _atexit_registered = False
 
 _registry_lock = threading.Lock()
-_sessions: list["DeviceSession"] = []
+_sessions: list["DeviceSession"] = []  # those telemetry reads
+_open: list["DeviceSession"] = []  # every session not closed yet, for the teardown at exit
 _current = threading.local()  # .session: the DeviceSession whose context this thread has current
+_closing = False  # set at exit: no new execution starts
+
+CLOSING = "the server is shutting down: the NPU takes no new work"
+
+
+def initialised() -> Optional[ModuleType]:
+    return _initialised
+
+
+def stop_new_work() -> None:
+    global _closing
+    _closing = True
+
+
+def open_sessions() -> list["DeviceSession"]:
+    with _registry_lock:
+        return list(_open)
+
+
+def forget(acl: ModuleType) -> None:
+    """acl.finalize ran: a later session initialises again."""
+    global _initialised
+    with _init_lock:
+        if _initialised is acl:
+            _initialised = None
 
 
 def ensure_initialised(acl: ModuleType) -> None:
@@ -39,22 +68,9 @@ def ensure_initialised(acl: ModuleType) -> None:
             raise AclError("acl.init", ret, recent_message(acl))
         _initialised = acl
         if not _atexit_registered:
-            atexit.register(_finalize_at_exit)
+            from npu import teardown
+            atexit.register(teardown.at_exit)
             _atexit_registered = True
-
-
-def _finalize_at_exit() -> None:
-    global _initialised
-    with _init_lock:
-        acl, _initialised = _initialised, None
-    if acl is None:
-        return
-    try:
-        ret = acl.finalize()
-        if ret not in (K.SUCCESS, K.REPEAT_FINALIZE):
-            log.warning("acl.finalize returned %s at exit", ret)
-    except Exception:  # interpreter teardown: nothing left to report to
-        pass
 
 
 class DeviceSession:
@@ -69,6 +85,10 @@ class DeviceSession:
         self.run_mode = K.RUN_MODE_HOST
         self._device_set = False
         self._listed = False
+        self.models: list[Any] = []  # OmModels loaded in this session's context
+        # Held while a batch runs and while resources are released, so the teardown at exit
+        # never destroys what a thread is still executing with.
+        self.lock = threading.RLock()
 
     @classmethod
     def open(cls, acl: ModuleType, device_id: int, *, stream: bool = True,
@@ -87,11 +107,20 @@ class DeviceSession:
         except BaseException:
             session.close()
             raise
-        if telemetry:
-            with _registry_lock:
+        with _registry_lock:
+            _open.append(session)
+            if telemetry:
                 _sessions.append(session)
                 session._listed = True
         return session
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around one execution: refused once the process is shutting down."""
+        if _closing:
+            raise BackendError(CLOSING)
+        with self.lock:
+            yield
 
     @property
     def h2d(self) -> int:
@@ -117,9 +146,15 @@ class DeviceSession:
     def close(self) -> list[str]:
         """Destroy stream, then context, then drop the device reference (the documented order).
         Carries on past failures and returns them, so one bad step leaks nothing else."""
-        if self._listed:
-            with _registry_lock:  # after this the telemetry thread no longer touches the context
+        with self.lock:
+            return self._close()
+
+    def _close(self) -> list[str]:
+        with _registry_lock:  # after this the telemetry thread no longer touches the context
+            if self in _sessions:
                 _sessions.remove(self)
+            if self in _open:
+                _open.remove(self)
             self._listed = False
         problems: list[str] = []
         acl = self.acl

@@ -31,7 +31,7 @@ KNOWN: dict[int, tuple[str, str]] = {
     207000: ("ACL_ERROR_RT_FEATURE_NOT_SUPPORT", "feature not supported on this device"),
     207001: ("ACL_ERROR_RT_MEMORY_ALLOCATION", "device memory allocation failed (out of device memory)"),
     207002: ("ACL_ERROR_RT_MEMORY_FREE", "device memory free failed"),
-    207018: ("ACL_ERROR_RT_DEVIDE_OOM", "device out of memory"),
+    207018: ("ACL_ERROR_RT_DEVICE_OOM", "device out of memory"),
     245000: ("ACL_ERROR_GE_MEMORY_ALLOCATION", "model memory allocation failed (out of device memory)"),
     500000: ("ACL_ERROR_INTERNAL_ERROR", "internal error"),
     500001: ("ACL_ERROR_FAILURE", "ACL failure"),
@@ -50,9 +50,11 @@ KNOWN: dict[int, tuple[str, str]] = {
 }
 
 # The device itself is unusable: the instance stops serving (and the model stops being ready)
-# rather than failing batch after batch. AI Core exceptions and timeouts are counted here
-# because the stream they hit is left broken; this is a judgement to confirm on hardware.
-DEVICE_FAULTS = frozenset({500004, 507010, 507014, 507015, 507033, 507899})
+# rather than failing batch after batch.
+DEVICE_FAULTS = frozenset({500004, 507010, 507033, 507899})
+# The stream the fault hit is left broken, the device is not: the instance recreates its stream
+# and model copy (a judgement to confirm on hardware).
+STREAM_FAULTS = frozenset({507014, 507015})
 
 _FAMILIES = {
     1: "caller or environment error",
@@ -72,6 +74,10 @@ def describe(code: int) -> str:
 
 def is_device_fault(code: int) -> bool:
     return code in DEVICE_FAULTS
+
+
+def is_stream_fault(code: int) -> bool:
+    return code in STREAM_FAULTS
 
 
 class AclError(BackendError):

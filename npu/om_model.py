@@ -1,157 +1,55 @@
-"""An `.om` model on the device: its description, and one loaded copy with its IO memory.
+"""An `.om` model on the device: one loaded copy with its IO memory, and reading a model's
+description without loading it.
 
-`read_description` turns a pyACL model desc into plain data (names normalised, dims, dtypes,
-dynamic-batch gears). `OmModel` is one loaded copy in the current context whose input and
-output device buffers and datasets are made once at load and reused by every batch, so a
-request never allocates device memory. Batches are padded to the smallest gear that fits.
+`OmModel` is one loaded copy in the current context whose input and output device buffers and
+datasets (hidden gear and dynamic-AIPP inputs included) are made once at load and reused by
+every batch, so a request never allocates device memory. Each batch runs at the smallest gear
+that holds it (npu/gears.py), padded on the way in and cut back on the way out.
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Optional, Sequence
 
 import numpy as np
 
 from backends.base import BackendError
 from npu import acl as npu_acl
+from npu import aipp as npu_aipp
 from npu import constants as K
-from npu.device import DeviceSession
+from npu import gears
+from npu.description import ModelDescription, read_description
+from npu.device import DeviceSession, ensure_initialised
 from npu.errors import AclError, check, unwrap
 
 log = logging.getLogger(__name__)
 
 
-def normalise_output_name(raw: str) -> str:
-    """ATC names outputs `op:edge:name` (from ONNX) or `op:edge` (from TF); keep `name` / `op`."""
-    parts = raw.split(":")
-    if len(parts) >= 3 and parts[1].isdigit():
-        return ":".join(parts[2:])
-    if len(parts) == 2 and parts[1].isdigit():
-        return parts[0]
-    return raw
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    index: int  # position among the model's inputs (gear tensor counted) or outputs
-    name: str  # the name a config uses (outputs normalised)
-    raw_name: str  # the name the model reports
-    acl_type: K.AclType
-    dims: tuple[int, ...]  # -1 on the batch axis of a dynamic-batch model
-    size: int  # bytes the model reports (at the largest gear)
-
-    @property
-    def row_dims(self) -> tuple[int, ...]:
-        return self.dims[1:]
-
-    @property
-    def row_bytes(self) -> int:
-        return int(np.prod(self.row_dims, dtype=np.int64)) * self.acl_type.numpy.itemsize
-
-    @property
-    def static_bytes(self) -> int:
-        return int(np.prod(self.dims, dtype=np.int64)) * self.acl_type.numpy.itemsize
-
-
-@dataclass(frozen=True)
-class ModelDescription:
-    inputs: tuple[TensorInfo, ...]  # without the gear tensor
-    outputs: tuple[TensorInfo, ...]
-    gears: tuple[int, ...] = ()  # ascending; empty for a static model
-    gear_index: Optional[int] = None  # index of ascend_mbatch_shape_data among the inputs
-    num_inputs: int = 0  # as the desc counts them (gear tensor included)
-
-    @property
-    def dynamic(self) -> bool:
-        return bool(self.gears)
-
-    @property
-    def static_batch(self) -> Optional[int]:
-        """The compiled batch of a static model: the first dim shared by every tensor."""
-        if self.dynamic:
-            return None
-        firsts = {t.dims[0] if t.dims else None for t in self.inputs + self.outputs}
-        if len(firsts) != 1:
-            return None
-        first = firsts.pop()
-        return first if first is not None and first > 0 else None
-
-    @property
-    def batch_sizes(self) -> tuple[int, ...]:
-        """Batch sizes the device accepts: the gears, or the one compiled batch."""
-        if self.gears:
-            return self.gears
-        return (self.static_batch,) if self.static_batch else ()
-
-
-def _tensor_dims(acl: ModuleType, result: tuple, call: str, dynamic: bool) -> tuple[int, ...]:
-    info = unwrap(acl, result, call)
-    dims = tuple(int(d) for d in info["dims"][:info.get("dimCount", len(info["dims"]))])
-    if dynamic and dims:
-        dims = (-1,) + dims[1:]  # some CANN versions report the largest gear here
-    return dims
-
-
-def _acl_type(acl_dtype: int, what: str) -> K.AclType:
-    if acl_dtype not in K.ACL_TYPES:
-        raise BackendError(f"{what} has aclDataType {acl_dtype}, which the Ascend backend does "
-                           "not support")
-    return K.ACL_TYPES[acl_dtype]
-
-
-def read_description(acl: ModuleType, desc: int) -> ModelDescription:
-    """Everything the backend needs from a filled model desc."""
-    mdl = acl.mdl
-    num_inputs, num_outputs = mdl.get_num_inputs(desc), mdl.get_num_outputs(desc)
-    # Scan the names for the gear tensor (asking by name logs an error on a static model).
-    names = [mdl.get_input_name_by_index(desc, i) for i in range(num_inputs)]
-    gear_index = names.index(K.DYNAMIC_TENSOR_NAME) if K.DYNAMIC_TENSOR_NAME in names else None
-    gears: tuple[int, ...] = ()
-    if gear_index is not None:
-        batch = unwrap(acl, mdl.get_dynamic_batch(desc), "acl.mdl.get_dynamic_batch")
-        gears = tuple(sorted({int(g) for g in batch["batch"][:batch["batchCount"]]}))
-        if not gears:
-            raise BackendError("the model was compiled with dynamic image size or dynamic dims; "
-                               "only --dynamic_batch_size (or static shapes) is supported")
-    dynamic = bool(gears)
-    inputs = []
-    for i, name in enumerate(names):
-        if i == gear_index:
-            continue
-        dims = _tensor_dims(acl, mdl.get_input_dims(desc, i), f"acl.mdl.get_input_dims({i})",
-                            dynamic)
-        inputs.append(TensorInfo(i, name, name,
-                                 _acl_type(mdl.get_input_data_type(desc, i), f"input '{name}'"),
-                                 dims, mdl.get_input_size_by_index(desc, i)))
-    raw_outputs = [mdl.get_output_name_by_index(desc, i) for i in range(num_outputs)]
-    short = [normalise_output_name(n) for n in raw_outputs]
-    outputs = []
-    for i, raw in enumerate(raw_outputs):
-        name = short[i] if short.count(short[i]) == 1 else raw  # keep raw names on a clash
-        dims = _tensor_dims(acl, mdl.get_output_dims(desc, i), f"acl.mdl.get_output_dims({i})",
-                            dynamic)
-        outputs.append(TensorInfo(i, name, raw,
-                                  _acl_type(mdl.get_output_data_type(desc, i), f"output '{name}'"),
-                                  dims, mdl.get_output_size_by_index(desc, i)))
-    for tensor in inputs + outputs:
-        rest = tensor.row_dims if dynamic else tensor.dims
-        if any(d < 0 for d in rest):
-            raise BackendError(f"tensor '{tensor.raw_name}' has dynamic dims {list(tensor.dims)}: "
-                               "only the batch axis may be dynamic (ATC --dynamic_batch_size)")
-    return ModelDescription(tuple(inputs), tuple(outputs), gears, gear_index, num_inputs)
-
-
 def describe_file(path: Path, device_id: int) -> ModelDescription:
-    """Load the model once on a short-lived thread of its own (pyACL needs a context to read a
-    desc, and the caller's thread must not be left holding one), read it, unload it."""
+    """The model's description without loading it (acl.mdl.get_desc_from_file, which reads the
+    file and needs no device memory), falling back to a load on a short-lived thread of its own
+    where the binding lacks that call or it fails (pyACL needs a context to load, and the
+    caller's thread must not be left holding one)."""
     acl = npu_acl.load()
     if not path.is_file():
         raise BackendError(f"model file {path} does not exist")
+    if hasattr(acl.mdl, "get_desc_from_file"):
+        ensure_initialised(acl)
+        desc = acl.mdl.create_desc()
+        if desc:
+            try:
+                if acl.mdl.get_desc_from_file(desc, str(path)) == K.SUCCESS:
+                    return read_description(acl, desc)
+                log.info("acl.mdl.get_desc_from_file(%s) failed; loading it to describe it", path)
+            finally:
+                acl.mdl.destroy_desc(desc)
+    return _describe_by_loading(acl, path, device_id)
+
+
+def _describe_by_loading(acl, path: Path, device_id: int) -> ModelDescription:
     outcome: list = []
 
     def probe() -> None:
@@ -178,6 +76,18 @@ def describe_file(path: Path, device_id: int) -> ModelDescription:
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
+
+
+def _load_hint(acl) -> str:
+    """pyACL's own text, plus what a failed load most often means on a working device."""
+    from npu.errors import recent_message
+    try:
+        soc = acl.get_soc_name()
+    except Exception:  # an old binding: the code still speaks
+        soc = ""
+    hint = (f"check that the .om was compiled by ATC with --soc_version={soc} (this device) and "
+            "by a CANN no newer than the one installed" if soc else "")
+    return "; ".join(p for p in (recent_message(acl), hint) if p)
 
 
 @dataclass
@@ -209,11 +119,18 @@ class OmModel:
         self._outputs: Optional[_Dataset] = None
 
     @classmethod
-    def load(cls, session: DeviceSession, path: Path) -> "OmModel":
+    def load(cls, session: DeviceSession, path: Path,
+             aipp: Optional[npu_aipp.AippSettings] = None) -> "OmModel":
         model = cls(session)
+        session.models.append(model)  # teardown at exit finds it here if nobody unloads it
         try:
             model.load_description(path)
+            model.info = npu_aipp.describe_with(model.info, aipp)
             model._allocate_io()
+            if model.info.aipp_index is not None and aipp is not None:
+                npu_aipp.apply(model.acl, model.model_id, model._inputs.handle,
+                               model.info.aipp_index, max(model.info.batch_sizes, default=1),
+                               aipp)
         except BaseException:
             for problem in model.close():
                 log.warning("cleaning up a failed load of %s: %s", path, problem)
@@ -222,8 +139,10 @@ class OmModel:
 
     def load_description(self, path: Path) -> None:
         acl = self.acl
-        self.model_id = unwrap(acl, acl.mdl.load_from_file(str(path)),
-                               f"acl.mdl.load_from_file({path})")
+        model_id, ret = acl.mdl.load_from_file(str(path))
+        if ret != K.SUCCESS:
+            raise AclError(f"acl.mdl.load_from_file({path})", ret, _load_hint(acl))
+        self.model_id = model_id
         self.desc = acl.mdl.create_desc()
         if not self.desc:
             raise BackendError("acl.mdl.create_desc returned a null desc")
@@ -232,17 +151,19 @@ class OmModel:
 
     def _allocate_io(self) -> None:
         mdl = self.acl.mdl
-        rows = max(self.info.batch_sizes, default=1)
-        for tensor in self.info.inputs + self.info.outputs:
-            need = tensor.row_bytes * rows if self.info.batch_sizes else tensor.static_bytes
-            if tensor.size < need:
-                raise BackendError(f"tensor '{tensor.raw_name}' reports {tensor.size} bytes, its "
-                                   f"dims {list(tensor.dims)} need {need}")
+        info = self.info
+        rows = max(info.batch_sizes, default=1)
+        if not info.shape_kind:
+            for tensor in info.inputs + info.outputs:
+                need = tensor.row_bytes * rows if tensor.batched else tensor.static_bytes
+                if tensor.size < need:
+                    raise BackendError(f"tensor '{tensor.raw_name}' reports {tensor.size} bytes, "
+                                       f"its dims {list(tensor.dims)} need {need}")
         self._inputs = _Dataset(0)
         self._fill(self._inputs, [mdl.get_input_size_by_index(self.desc, i)
-                                  for i in range(self.info.num_inputs)], "input")
+                                  for i in range(info.num_inputs)], "input")
         self._outputs = _Dataset(0)
-        self._fill(self._outputs, [t.size for t in self.info.outputs], "output")
+        self._fill(self._outputs, [t.size for t in info.outputs], "output")
 
     def _fill(self, dataset: _Dataset, sizes: list[int], label: str) -> None:
         acl = self.acl
@@ -263,52 +184,97 @@ class OmModel:
             check(acl, ret, f"acl.mdl.add_dataset_buffer ({label} {index})")
 
     # -- per batch ----------------------------------------------------------------------------
-    def gear_for(self, rows: int) -> int:
-        """The smallest compiled batch that holds `rows`."""
-        sizes = self.info.batch_sizes
-        position = bisect.bisect_left(sizes, rows)
-        if rows < 1 or position == len(sizes):
-            raise BackendError(f"a batch of {rows} rows does not fit the model's compiled batch "
-                               f"sizes {list(sizes)}")
-        return sizes[position]
-
     def run(self, arrays: Sequence[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
         """One execution. `arrays` are C-contiguous, one per model input in order; with `rows`
-        they carry that many rows and are zero-padded on the device up to the gear, without
-        it they are the exact static shapes. Returns one array per output, padding dropped."""
-        acl, session = self.acl, self.session
-        assert self._inputs is not None and self._outputs is not None, "model not loaded"
-        session.bind()
-        gear = self.gear_for(rows) if rows is not None else None
-        for tensor, array in zip(self.info.inputs, arrays):
-            slot = self._inputs.slots[tensor.index]
-            check(acl, acl.rt.memcpy(slot.ptr, slot.size, array.ctypes.data, array.nbytes,
-                                     session.h2d), f"acl.rt.memcpy (input '{tensor.name}')")
-            if gear is not None and rows < gear:
+        the batched ones carry that many rows and are zero-padded up to the gear, the others
+        have their static shapes. Returns one array per output, padding dropped."""
+        session = self.session
+        with session.running():
+            if self._inputs is None or self._outputs is None:
+                raise BackendError("this copy of the model has been released")
+            session.bind()
+            if self.info.shape_kind:
+                return self._run_shaped(arrays, rows)
+            return self._run_batch(arrays, rows)
+
+    def _copy_in(self, index: int, array: np.ndarray, what: str) -> _Slot:
+        assert self._inputs is not None
+        slot = self._inputs.slots[index]
+        check(self.acl, self.acl.rt.memcpy(slot.ptr, slot.size, array.ctypes.data, array.nbytes,
+                                           self.session.h2d), f"acl.rt.memcpy (input '{what}')")
+        return slot
+
+    def _execute(self) -> None:
+        assert self._inputs is not None and self._outputs is not None
+        check(self.acl, self.acl.mdl.execute_async(self.model_id, self._inputs.handle,
+                                                   self._outputs.handle, self.session.stream),
+              "acl.mdl.execute_async")
+        self.session.synchronize()
+
+    def _copy_out(self, index: int, shape: tuple[int, ...], what: str, dtype) -> np.ndarray:
+        assert self._outputs is not None
+        out = np.empty(shape, dtype=dtype)
+        check(self.acl, self.acl.rt.memcpy(out.ctypes.data, out.nbytes,
+                                           self._outputs.slots[index].ptr, out.nbytes,
+                                           self.session.d2h), f"acl.rt.memcpy (output '{what}')")
+        return out
+
+    def _run_batch(self, arrays: Sequence[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
+        acl, info = self.acl, self.info
+        gear = gears.batch_gear(info, rows) if rows is not None else None
+        for tensor, array in zip(info.inputs, arrays):
+            slot = self._copy_in(tensor.index, array, tensor.name)
+            if gear is not None and tensor.batched and rows < gear:
                 check(acl, acl.rt.memset(slot.ptr + array.nbytes, slot.size - array.nbytes, 0,
                                          (gear - rows) * tensor.row_bytes),
                       f"acl.rt.memset (padding of input '{tensor.name}')")
-        if self.info.dynamic:
+        if info.dynamic:
             check(acl, acl.mdl.set_dynamic_batch_size(self.model_id, self._inputs.handle,
-                                                      self.info.gear_index, gear),
+                                                      info.gear_index, gear),
                   f"acl.mdl.set_dynamic_batch_size({gear})")
-        check(acl, acl.mdl.execute_async(self.model_id, self._inputs.handle,
-                                         self._outputs.handle, session.stream),
-              "acl.mdl.execute_async")
-        session.synchronize()
+        self._execute()
+        return [self._copy_out(i, (rows,) + t.row_dims if rows is not None and t.batched
+                               else t.dims, t.name, t.acl_type.numpy)
+                for i, t in enumerate(info.outputs)]
+
+    def _run_shaped(self, arrays: Sequence[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
+        """A --dynamic_image_size / --dynamic_dims model: pad to the gear's shapes, set the gear,
+        and read each output's dims at that gear back from the device."""
+        acl, info = self.acl, self.info
+        gear = gears.shape_gear(info, [a.shape for a in arrays], rows)
+        for tensor, array, shape in zip(info.inputs, arrays, gear):
+            self._copy_in(tensor.index, np.ascontiguousarray(gears.pad_to(array, shape)),
+                          tensor.name)
+        if info.shape_kind == "hw":
+            h, w = gears.hw_of(info, gear)
+            check(acl, acl.mdl.set_dynamic_hw_size(self.model_id, self._inputs.handle,
+                                                   info.gear_index, h, w),
+                  f"acl.mdl.set_dynamic_hw_size({h}, {w})")
+        else:
+            dims = gears.dims_of(gear)
+            check(acl, acl.mdl.set_input_dynamic_dims(self.model_id, self._inputs.handle,
+                                                      info.gear_index, dims),
+                  f"acl.mdl.set_input_dynamic_dims({dims['dims']})")
+        self._execute()
         results = []
-        for tensor, slot in zip(self.info.outputs, self._outputs.slots):
-            shape = (rows,) + tensor.row_dims if rows is not None else tensor.dims
-            out = np.empty(shape, dtype=tensor.acl_type.numpy)
-            check(acl, acl.rt.memcpy(out.ctypes.data, out.nbytes, slot.ptr, out.nbytes,
-                                     session.d2h), f"acl.rt.memcpy (output '{tensor.name}')")
-            results.append(out)
+        for i, tensor in enumerate(info.outputs):
+            shape = unwrap(acl, acl.mdl.get_cur_output_dims(self.desc, i),
+                           f"acl.mdl.get_cur_output_dims({i})")["dims"]
+            out = self._copy_out(i, tuple(int(d) for d in shape), tensor.name,
+                                 tensor.acl_type.numpy)
+            results.append(out[:rows] if rows is not None and tensor.batched else out)
         return results
 
     # -- teardown -----------------------------------------------------------------------------
     def close(self) -> list[str]:
         """Free each buffer's memory, destroy the buffer, then the dataset; then unload the model
         and destroy its desc (the documented order). Goes on past failures and returns them."""
+        with self.session.lock:
+            if self in self.session.models:
+                self.session.models.remove(self)
+            return self._close()
+
+    def _close(self) -> list[str]:
         acl = self.acl
         problems: list[str] = []
 

@@ -31,11 +31,15 @@ def acl_emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         acl._emu.assert_clean()
     finally:
         _forget_acl()
+        from npu import device
+        device.forget(acl)
+        device._closing = False  # a test may have run the exit teardown
         # A test that failed before unloading leaves its sessions listed for telemetry; drop
         # them so the next test starts clean (the emulator above already reported the leak).
         from npu import device
         with device._registry_lock:
             device._sessions.clear()
+            device._open.clear()
 
 
 @pytest.fixture

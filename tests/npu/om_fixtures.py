@@ -110,3 +110,79 @@ def emulator_env(base: Optional[Mapping[str, str]] = None, *,
     if report_path:
         env["ACL_EMU_REPORT"] = str(report_path)
     return env
+
+
+# -- the .om kinds people compile --------------------------------------------------------------
+def side_input_model(path: Path | str, *, gears: Optional[Iterable[int]] = (1, 2, 4, 8),
+                     features: int = 4, side_dims: Sequence[int] = (1, 3), **kwargs: Any) -> Path:
+    """A detector-style dynamic-batch model: `images` [-1, features] beside a static side input
+    `im_info` (e.g. [1, 3], as ATC leaves it). `boxes` = images * im_info[0], `score` = row
+    sums of images. Outputs are [-1, ...]; the emulator reports them at the largest gear."""
+    return write_om(
+        path,
+        inputs=[tensor("images", "FP32", (-1, features)), tensor("im_info", "FP32", side_dims)],
+        outputs=[tensor("boxes", "FP32", (-1, features)), tensor("score", "FP32", (-1, 1))],
+        gears=gears,
+        compute=[{"op": "scale_by", "inputs": ["images", "im_info"], "output": "boxes",
+                  "index": 0},
+                 {"op": "row_sum", "inputs": ["images"], "output": "score"}],
+        **kwargs)
+
+
+def aipp_model(path: Path | str, *, mode: str = "static", height: int = 16, width: int = 16,
+               fmt: int = 1, gears: Optional[Iterable[int]] = (1, 2, 4),
+               max_size: Sequence[int] = (16, 16), **kwargs: Any) -> Path:
+    """A classifier compiled with AIPP on input `image` (declared uint8 [n, 3, h, w]): static
+    AIPP converts a `height` x `width` source image of aclAippInputFormat `fmt` (1 = YUV420SP);
+    dynamic AIPP takes sources up to `max_size` with parameters set at run time. `total` is the
+    sum of the pre-processed image (source bytes, less mean, times var_reci)."""
+    first = -1 if gears else 1
+    src = (height, width) if mode == "static" else tuple(max_size)
+    return _write_raw(path, write_om(
+        path,
+        inputs=[tensor("image", "UINT8", (first, 3, src[0], src[1]))],
+        outputs=[tensor("total", "FP32", (first, 1))],
+        gears=gears,
+        compute=[{"op": "row_sum", "inputs": ["image"], "output": "total"}],
+        **kwargs), aipp={"mode": mode, "input": "image", "format": fmt, "src": list(src)})
+
+
+def hw_model(path: Path | str, *, gears: Sequence[Sequence[int]] = ((16, 16), (32, 24)),
+             batch: int = 1, stride: int = 4, **kwargs: Any) -> Path:
+    """A YOLO-style model compiled with --dynamic_image_size: `image` [batch, 3, -1, -1];
+    `grid` = sums over stride x stride cells (its dims follow the gear), `total` = image sums."""
+    return _write_raw(path, write_om(
+        path,
+        inputs=[tensor("image", "FP32", (batch, 3, -1, -1))],
+        outputs=[tensor("grid", "FP32", (batch, 3, -1, -1)), tensor("total", "FP32", (batch, 1))],
+        compute=[{"op": "pool", "inputs": ["image"], "output": "grid", "stride": stride},
+                 {"op": "row_sum", "inputs": ["image"], "output": "total"}],
+        **kwargs), dynamic_hw=[list(g) for g in gears])
+
+
+def dims_model(path: Path | str, *, gears: Sequence[Sequence[int]] = ((8,), (16,), (32,)),
+               **kwargs: Any) -> Path:
+    """An NLP-style model compiled with --dynamic_dims: `tokens` [1, -1] (float), `echo` is the
+    padded input and `total` its sum."""
+    return _write_raw(path, write_om(
+        path,
+        inputs=[tensor("tokens", "FP32", (1, -1))],
+        outputs=[tensor("echo", "FP32", (1, -1)), tensor("total", "FP32", (1, 1))],
+        compute=[{"op": "identity", "inputs": ["tokens"], "output": "echo"},
+                 {"op": "row_sum", "inputs": ["tokens"], "output": "total"}],
+        **kwargs), dynamic_dims=[list(g) for g in gears])
+
+
+def _write_raw(path: Path | str, written: Path, **fields: Any) -> Path:
+    """Add manifest fields write_om does not know (aipp, dynamic_hw, dynamic_dims, soc, load_ms)."""
+    manifest = json.loads(Path(written).read_text())
+    manifest.update(fields)
+    Path(written).write_text(json.dumps(manifest, indent=1))
+    return Path(written)
+
+
+def with_fields(writer, **fields: Any):
+    """An om writer that also sets raw manifest fields (e.g. soc, load_ms)."""
+    def write(path: Path | str, **kwargs: Any) -> Path:
+        return _write_raw(path, writer(path, **kwargs), **fields)
+    return write

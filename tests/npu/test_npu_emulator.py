@@ -141,7 +141,10 @@ def test_memcpy_checks(ready):
     assert acl.rt.memcpy(dev, 64, host.ctypes.data, 0, 1) == 0  # count 0: no-op
     assert acl.rt.memcpy(0, 64, host.ctypes.data, 64, 1) == 100000
     assert acl.rt.memcpy(dev, 32, host.ctypes.data, 64, 1) == 107000  # count > dst_max
+    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 64, 2) == 0  # CANN 8: kind is reserved
+    acl._emu.configure(memcpy_kind_reserved=False)  # older CANN checks kind against the pointers
     assert acl.rt.memcpy(dev, 64, host.ctypes.data, 64, 2) == 107000  # kind says D2H
+    acl._emu.configure(memcpy_kind_reserved=True)
     assert acl.rt.memcpy(dev + 32, 64, host.ctypes.data, 64, 1) == 107000  # past the end
     assert acl.rt.memcpy(dev, 64, host.ctypes.data, 64, 1) == 0
     # D2H into an immutable bytes object, as acllite does
@@ -225,12 +228,18 @@ def test_dynamic_gears(ready, tmp_path):
     assert acl.mdl.execute_async(model_id, in_ds, out_ds, stream) == 145013  # no gear set
     assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 1, 3) == 145013
     assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 1, 0) == 100000
-    assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 0, 2) == 100000  # not the gear tensor
+    # GE writes the gear into whatever buffer sits at the index: here it clobbers INPUT0
+    assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 0, 2) == 0
+    clobbered = np.zeros(2, dtype=np.uint32)
+    acl.rt.memcpy(clobbered.ctypes.data, 8, ptrs[0], 8, 2)
+    assert clobbered.tolist() == [2, 0]
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     assert acl.rt.memcpy(ptrs[0], x.nbytes, x.ctypes.data, x.nbytes, 1) == 0
+    assert acl.mdl.get_input_data_type(desc, 1) == 3  # the gear tensor is INT32 [1], as GE makes it
+    assert acl.mdl.get_input_dims(desc, 1)[0]["dims"] == [1]
     assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 1, 2) == 0
-    gear_value = np.zeros(1, dtype=np.uint64)
-    acl.rt.memcpy(gear_value.ctypes.data, 8, ptrs[1], 8, 2)
+    gear_value = np.zeros(1, dtype=np.uint32)
+    acl.rt.memcpy(gear_value.ctypes.data, 4, ptrs[1], 4, 2)
     assert gear_value[0] == 2
     assert acl.mdl.execute_async(model_id, in_ds, out_ds, stream) == 0
     out = np.zeros((2, 4), dtype=np.float32)

@@ -27,6 +27,9 @@ def finalize() -> int:
     with RT.lock:
         if not RT.initialised:
             raise AclFail(C.REPEAT_FINALIZE, "acl.finalize without a live acl.init")
+        if RT.syncing:
+            RT.violate("acl.finalize while threads still wait in acl.rt.synchronize_stream: "
+                       + ", ".join(RT.syncing.values()))
         from . import _emu
         live = _emu.live_summary()
         if live:

@@ -46,3 +46,8 @@ MEMCPY_DEFAULT = 4
 
 MEM_DDR = 0
 MEM_HBM = 1
+
+DYNAMIC_AIPP_NAME = "ascend_dynamic_aipp_data"
+AIPP_DATA_SIZE = 160  # bytes of the dynamic AIPP parameter input the emulator reports [infer]
+GE_AIPP_NOT_SET = 507011  # execute with dynamic AIPP parameters never set fails the model task
+RT_AICORE_EXCEPTION = 507015

@@ -60,6 +60,7 @@ def stats() -> dict[str, int]:
             "data_buffers": len(RT.buffers),
             "datasets": len(RT.datasets),
             "descs": len(RT.descs),
+            "aipp_sets": len(RT.aipps),
             "models": len(RT.models),
             "streams": len(RT.streams),
             "contexts": sum(1 for c in RT.contexts.values() if not c.default),

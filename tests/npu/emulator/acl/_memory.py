@@ -221,8 +221,8 @@ class Ledger:
                   C.MEMCPY_HOST_TO_DEVICE: ("host", "device"),
                   C.MEMCPY_DEVICE_TO_HOST: ("device", "host"),
                   C.MEMCPY_DEVICE_TO_DEVICE: ("device", "device")}
-        if kind == C.MEMCPY_DEFAULT:
-            pass
+        if kind == C.MEMCPY_DEFAULT or (self.rt.config.memcpy_kind_reserved and kind in spaces):
+            pass  # CANN 8: the runtime takes the direction from the pointers themselves
         elif kind not in spaces:
             raise AclFail(C.INVALID_PARAM, f"invalid memcpy kind {kind}")
         else:

@@ -6,20 +6,29 @@ Format (written by tests/npu/om_fixtures.py, read here)::
      "inputs":  [{"name": "x", "dtype": 0, "format": 2, "dims": [-1, 4]}],
      "outputs": [{"name": "Mul_3:0:y", "dtype": 0, "format": 2, "dims": [-1, 4]}],
      "dynamic_batch": [4, 1, 8],            # optional gears, unsorted on purpose
+     "dynamic_hw": [[32, 32], [64, 48]],    # or: --dynamic_image_size gears (h, w)
+     "dynamic_dims": [[1, 16], [4, 32]],    # or: --dynamic_dims, the -1 axes' values per gear
+     "aipp": {"mode": "static" | "dynamic", "input": "x", "format": 1, "src": [h, w]},
+     "soc": "Ascend310P3",                   # the --soc_version it was compiled for
+     "load_ms": 0,                           # how long load_from_file takes
      "weight_size": 4096, "work_size": 4096, # charged to device memory at load
      "compute": [{"op": "scale_add", "inputs": ["x"], "output": "Mul_3:0:y",
                   "scale": 2.0, "bias": 1.0}],
      "latency_ms": {"fixed": 0, "per_sample": 0},
      "poison": {"value": -7.0, "code": 507011}}  # an input holding `value` fails execute
 
-`dtype` and `format` are aclDataType / aclFormat numbers. With `dynamic_batch`, every input
-and output has -1 as its first dimension; without it every dimension is fixed.
+`dtype` and `format` are aclDataType / aclFormat numbers. A dynamic-batch model has -1 as the
+first dimension of its batched tensors (at least one input, as ATC demands: E10031); other
+tensors (side inputs such as `im_info`) keep their static dims. With dynamic HW or dims the
+inputs carry -1 on their dynamic axes and outputs take whatever shape the compute gives at the
+gear. An AIPP input is seen by the compute as float32 [n, source bytes]: the emulated AIPP
+subtracts channel-0 mean and multiplies by channel-0 var_reci (dynamic AIPP) byte by byte.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -42,11 +51,38 @@ class TensorSpec:
     def np_dtype(self) -> np.dtype:
         return np.dtype(C.DTYPES[self.dtype])
 
+    @property
+    def batched(self) -> bool:
+        return bool(self.dims) and self.dims[0] == -1
+
     def shape(self, batch: Optional[int]) -> tuple[int, ...]:
-        return (batch,) + self.dims[1:] if batch is not None else self.dims
+        return (batch,) + self.dims[1:] if batch is not None and self.batched else self.dims
 
     def nbytes(self, batch: Optional[int]) -> int:
         return int(np.prod(self.shape(batch), dtype=np.int64)) * self.np_dtype.itemsize
+
+
+# aclAippInputFormat -> (height factor, channels) of the source image as get_input_dims_v2
+# shows it (CANN docs, aclmdlGetInputDimsV2 table 1), and the channels get_input_dims shows.
+AIPP_SOURCE = {1: (1.5, 1, 3), 2: (1, 4, 4), 3: (1, 3, 3), 4: (1, 1, 1)}
+
+
+@dataclass(frozen=True)
+class Aipp:
+    mode: str  # "static" or "dynamic"
+    input: str
+    fmt: int = 1
+    src: tuple[int, int] = (0, 0)  # (h, w) compiled in (static) or the largest (dynamic)
+
+    def v2_dims(self, batch: int, fmt: Optional[int] = None,
+                src: Optional[tuple[int, int]] = None) -> tuple[int, ...]:
+        factor, channels, _ = AIPP_SOURCE[fmt or self.fmt]
+        h, w = src or self.src
+        return (batch, int(h * factor), w, channels)
+
+    def source_bytes(self, batch: int, fmt: Optional[int] = None,
+                     src: Optional[tuple[int, int]] = None) -> int:
+        return int(np.prod(self.v2_dims(batch, fmt, src)))
 
 
 @dataclass(frozen=True)
@@ -61,23 +97,70 @@ class OmSpec:
     latency_fixed_s: float
     latency_per_sample_s: float
     poison: Optional[dict]
+    hw_gears: tuple[tuple[int, int], ...] = ()
+    dims_gears: tuple[tuple[int, ...], ...] = ()  # values of the -1 axes, per gear
+    aipp: Optional[Aipp] = None
+    soc: str = ""
+    load_s: float = 0.0
+    _max_outputs: dict = field(default_factory=dict, compare=False)
 
     @property
     def dynamic(self) -> bool:
         return bool(self.gears)
 
     @property
+    def shape_dynamic(self) -> bool:
+        return bool(self.hw_gears or self.dims_gears)
+
+    @property
+    def gear_tensor_len(self) -> int:
+        if self.gears:
+            return 1
+        if self.hw_gears:
+            return 2
+        return len(self.dims_gears[0]) if self.dims_gears else 0
+
+    @property
     def max_gear(self) -> Optional[int]:
         return max(self.gears) if self.gears else None
 
     def desc_inputs(self) -> tuple[TensorSpec, ...]:
-        """Inputs as the desc shows them: the gear tensor is an extra, last input."""
-        if not self.dynamic:
-            return self.inputs
-        return self.inputs + (TensorSpec(C.DYNAMIC_TENSOR_NAME, 9, ND, (1,)),)
+        """Inputs as the desc shows them: the gear tensor (INT32 [k], as GE creates it) and the
+        dynamic AIPP data are extra inputs after the model's own."""
+        extra: tuple[TensorSpec, ...] = ()
+        if self.gear_tensor_len:
+            extra += (TensorSpec(C.DYNAMIC_TENSOR_NAME, 3, ND, (self.gear_tensor_len,)),)
+        if self.aipp is not None and self.aipp.mode == "dynamic":
+            extra += (TensorSpec(C.DYNAMIC_AIPP_NAME, 4, ND, (C.AIPP_DATA_SIZE,)),)
+        return self.inputs + extra
+
+    def gear_shapes(self, gear: Any) -> dict[str, tuple[int, ...]]:
+        """Each data input's shape at a shape gear: (h, w) or a dims tuple."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        if self.hw_gears:
+            for t in self.inputs:
+                dims = list(t.dims)
+                holes = [i for i, d in enumerate(dims) if d == -1]
+                for axis, value in zip(holes, gear):
+                    dims[axis] = value
+                shapes[t.name] = tuple(dims)
+        else:
+            values = iter(gear)
+            for t in self.inputs:
+                shapes[t.name] = tuple(next(values) if d == -1 else d for d in t.dims)
+        return shapes
+
+    def full_dims_gears(self) -> list[list[int]]:
+        """The dims gears as aclmdlGetInputDynamicDims gives them: every input's dims, concatenated."""
+        return [[d for t in self.inputs for d in self.gear_shapes(g)[t.name]]
+                for g in self.dims_gears]
+
+    def max_shape_gear(self) -> Any:
+        gears = self.hw_gears or self.dims_gears
+        return max(gears, key=lambda g: int(np.prod(g))) if gears else None
 
 
-def _tensor(raw: Any, dynamic: bool, path: str) -> TensorSpec:
+def _tensor(raw: Any, path: str) -> TensorSpec:
     try:
         spec = TensorSpec(str(raw["name"]), int(raw["dtype"]), int(raw.get("format", ND)),
                           tuple(int(d) for d in raw["dims"]))
@@ -85,13 +168,34 @@ def _tensor(raw: Any, dynamic: bool, path: str) -> TensorSpec:
         raise AclFail(C.GE_PARAM_INVALID, f"{path}: bad tensor entry {raw!r}: {exc}") from None
     if spec.dtype not in C.DTYPES:
         raise AclFail(C.GE_PARAM_INVALID, f"{path}: unsupported dtype {spec.dtype}")
-    if dynamic:
-        ok = spec.dims and spec.dims[0] == -1 and all(d > 0 for d in spec.dims[1:])
-    else:
-        ok = all(d > 0 for d in spec.dims)
-    if not ok:
+    if not all(d > 0 or d == -1 for d in spec.dims):
         raise AclFail(C.GE_PARAM_INVALID, f"{path}: tensor {spec.name} has dims {list(spec.dims)}")
     return spec
+
+
+def _check_dynamic(path: str, gears: tuple, hw: tuple, dims: tuple,
+                   inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
+    if sum(1 for kind in (gears, hw, dims) if kind) > 1:
+        raise AclFail(C.GE_PARAM_INVALID, f"{path}: dynamic batch, image size and dims exclude "
+                                          "each other")
+    holes = [d for t in inputs for d in t.dims[1 if gears else 0:] if d == -1]
+    if gears:
+        if len(gears) < 2 or min(gears) <= 0 or len(set(gears)) != len(gears):
+            raise AclFail(C.GE_PARAM_INVALID, f"{path}: bad dynamic_batch gears {list(gears)}")
+        if not any(t.batched for t in inputs) or holes:
+            raise AclFail(C.GE_PARAM_INVALID, f"{path}: E10031: with --dynamic_batch_size one "
+                                              "input must have -1 as its first axis, and only there")
+        if any(d == -1 for t in outputs for d in t.dims[1:]):
+            raise AclFail(C.GE_PARAM_INVALID, f"{path}: an output has -1 past its batch axis")
+    elif hw:
+        if any(sum(1 for d in t.dims if d == -1) not in (0, 2) for t in inputs) or not holes:
+            raise AclFail(C.GE_PARAM_INVALID, f"{path}: dynamic image size needs H and W at -1")
+    elif dims:
+        if any(len(g) != len(holes) for g in dims) or not holes:
+            raise AclFail(C.GE_PARAM_INVALID, f"{path}: each dynamic_dims gear needs "
+                                              f"{len(holes)} values")
+    elif holes or any(-1 in t.dims for t in outputs):
+        raise AclFail(C.GE_PARAM_INVALID, f"{path}: -1 dims in a static model")
 
 
 def parse(path: str) -> OmSpec:
@@ -105,20 +209,28 @@ def parse(path: str) -> OmSpec:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT_TAG:
         raise AclFail(C.GE_PARAM_INVALID, f"{path} is not a valid om file (bad header)")
     gears = tuple(int(g) for g in raw.get("dynamic_batch", ()))
-    if gears and (len(gears) < 2 or min(gears) <= 0 or len(set(gears)) != len(gears)):
-        raise AclFail(C.GE_PARAM_INVALID, f"{path}: bad dynamic_batch gears {list(gears)}")
+    hw = tuple((int(h), int(w)) for h, w in raw.get("dynamic_hw", ()))
+    dims = tuple(tuple(int(d) for d in g) for g in raw.get("dynamic_dims", ()))
+    inputs = tuple(_tensor(t, path) for t in raw.get("inputs", []))
+    outputs = tuple(_tensor(t, path) for t in raw.get("outputs", []))
+    _check_dynamic(path, gears, hw, dims, inputs, outputs)
+    aipp = None
+    if raw.get("aipp"):
+        a = raw["aipp"]
+        aipp = Aipp(str(a["mode"]), str(a["input"]), int(a.get("format", 1)),
+                    tuple(int(v) for v in a.get("src", (0, 0))))
+        if aipp.input not in {t.name for t in inputs} or aipp.fmt not in AIPP_SOURCE:
+            raise AclFail(C.GE_PARAM_INVALID, f"{path}: bad aipp section {a!r}")
     latency = raw.get("latency_ms", {})
     return OmSpec(
-        path=path,
-        inputs=tuple(_tensor(t, bool(gears), path) for t in raw.get("inputs", [])),
-        outputs=tuple(_tensor(t, bool(gears), path) for t in raw.get("outputs", [])),
-        gears=gears,
+        path=path, inputs=inputs, outputs=outputs, gears=gears,
         weight_size=int(raw.get("weight_size", 0)),
         work_size=int(raw.get("work_size", 0)),
         compute=tuple(raw.get("compute", ())),
         latency_fixed_s=float(latency.get("fixed", 0.0)) / 1000.0,
         latency_per_sample_s=float(latency.get("per_sample", 0.0)) / 1000.0,
-        poison=raw.get("poison"),
+        poison=raw.get("poison"), hw_gears=hw, dims_gears=dims, aipp=aipp,
+        soc=str(raw.get("soc", "")), load_s=float(raw.get("load_ms", 0.0)) / 1000.0,
     )
 
 
@@ -144,14 +256,31 @@ def _row_sum(args: list[np.ndarray], op: dict) -> np.ndarray:
     return args[0].reshape(args[0].shape[0], -1).sum(axis=1, keepdims=True)
 
 
+def _scale_by(args: list[np.ndarray], op: dict) -> np.ndarray:
+    """x * side[..., k]: a batched input scaled by one value of a static side input."""
+    factor = float(args[1].reshape(-1)[int(op.get("index", 0))])
+    return args[0] * factor
+
+
+def _pool(args: list[np.ndarray], op: dict) -> np.ndarray:
+    """Sum over the last two axes keeping them as 1/stride of their size: output dims follow
+    the gear, as a detector's grid does."""
+    x, stride = args[0], int(op.get("stride", 4))
+    *lead, h, w = x.shape
+    trimmed = x[..., : h // stride * stride, : w // stride * stride]
+    return trimmed.reshape(*lead, h // stride, stride, w // stride, stride).sum(axis=(-1, -3))
+
+
 OPS: dict[str, Callable[[list[np.ndarray], dict], np.ndarray]] = {
     "identity": _identity, "scale_add": _scale_add, "add": _add, "matmul": _matmul,
-    "row_sum": _row_sum,
+    "row_sum": _row_sum, "scale_by": _scale_by, "pool": _pool,
 }
 
 
-def run(spec: OmSpec, inputs: dict[str, np.ndarray], batch: Optional[int]) -> dict[str, np.ndarray]:
-    """Outputs for one execution, cast and shaped as the model's outputs at this batch."""
+def run(spec: OmSpec, inputs: dict[str, np.ndarray], batch: Optional[int],
+        free_shapes: bool = False) -> dict[str, np.ndarray]:
+    """Outputs for one execution, cast and shaped as the model's outputs at this batch (or, for
+    dynamic HW / dims, whatever shape the compute gives)."""
     ops = spec.compute or tuple(
         {"op": "identity", "inputs": [i.name], "output": o.name}
         for i, o in zip(spec.inputs, spec.outputs))
@@ -164,11 +293,26 @@ def run(spec: OmSpec, inputs: dict[str, np.ndarray], batch: Optional[int]) -> di
     outputs = {}
     for out in spec.outputs:
         value = results.get(out.name)
-        shape = out.shape(batch)
-        if value is None or int(np.prod(np.shape(value))) != int(np.prod(shape)):
+        if value is None:
+            raise AclFail(C.RT_MODEL_EXECUTE, f"emulated compute gave no value for {out.name}")
+        shape = np.shape(value) if free_shapes else out.shape(batch)
+        if int(np.prod(np.shape(value))) != int(np.prod(shape)):
             raise AclFail(C.RT_MODEL_EXECUTE, f"emulated compute gave no fitting value for {out.name}")
         outputs[out.name] = np.asarray(value).astype(out.np_dtype).reshape(shape)
     return outputs
+
+
+def max_output_shapes(spec: OmSpec) -> dict[str, tuple[int, ...]]:
+    """Output dims at the largest shape gear (what the desc reports for dynamic HW / dims)."""
+    if not spec._max_outputs:
+        shapes = spec.gear_shapes(spec.max_shape_gear())
+        zeros = {t.name: np.zeros(shapes[t.name], dtype=np.float64) for t in spec.inputs}
+        if spec.aipp is not None:
+            n = shapes[spec.aipp.input][0]
+            zeros[spec.aipp.input] = np.zeros((n, spec.aipp.source_bytes(1)))
+        for name, value in run(spec, zeros, None, free_shapes=True).items():
+            spec._max_outputs[name] = value.shape
+    return spec._max_outputs
 
 
 def poisoned(spec: OmSpec, inputs: dict[str, np.ndarray]) -> Optional[int]:

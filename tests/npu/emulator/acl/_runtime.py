@@ -52,7 +52,10 @@ class Config:
     run_mode: int = C.RUN_MODE_HOST
     strict_dynamic_sizes: bool = False  # flag dynamic inputs whose buffer is not gear-sized
     require_gear_before_execute: bool = True  # dynamic model executed without a gear -> 145013
-    dims_show_max_gear: bool = False  # desc dims give the largest gear instead of -1
+    dims_show_max_gear: bool = False  # input dims give the largest gear instead of -1
+    # CANN 8 documents memcpy's `kind` as reserved: the direction comes from the pointers.
+    # False gives older CANN's check of kind against the pointers (107000 on a mismatch).
+    memcpy_kind_reserved: bool = True
     latency_scale: float = 1.0  # multiplies every model's latency_ms
     fill_byte: int = 0xA5  # fresh device memory is not zeroed
 
@@ -92,6 +95,7 @@ class Stream:
     handle: int
     ctx: Context
     pending: list = field(default_factory=list)
+    broken: int = 0  # an AI Core exception leaves the stream failing until it is destroyed
 
 
 @dataclass(eq=False)
@@ -123,7 +127,7 @@ class Dataset:
 
 _HANDLE_BASES = {
     "context": 0x7A10_0000_0000, "stream": 0x7A20_0000_0000, "desc": 0x7A30_0000_0000,
-    "dataset": 0x7A40_0000_0000, "buffer": 0x7A50_0000_0000,
+    "dataset": 0x7A40_0000_0000, "buffer": 0x7A50_0000_0000, "aipp": 0x7A60_0000_0000,
 }
 DEVICE_BASE = 1 << 48
 DEVICE_SPAN = 1 << 40  # address range per device
@@ -156,6 +160,8 @@ class Runtime:
             self.faults: list[Fault] = []
             self.violations: list[str] = []
             self.executions: dict[int, dict] = {}
+            self.aipps: dict[int, Any] = {}
+            self.syncing: dict[int, str] = {}  # thread id -> stream it waits on, for finalize
             from . import _memory
             self.memory = _memory.Ledger(self)
             for spec in _env_faults():
@@ -186,6 +192,15 @@ class Runtime:
             self.violations.append(message)
         if exc is not None:
             raise exc(message)
+
+    def find(self, table: dict, handle: int, what: str, code: int = C.INVALID_PARAM) -> Any:
+        """The live object behind a handle; a destroyed one is also recorded as misuse."""
+        found = table.get(handle)
+        if found is None:
+            if handle in self.retired:
+                self.violate(f"use of destroyed {what} {handle:#x}")
+            raise AclFail(code, f"{what} {handle:#x} does not exist")
+        return found
 
     # -- preconditions ------------------------------------------------------------------------
     def require_init(self) -> None:
@@ -243,12 +258,17 @@ def _env_lost_devices() -> list[int]:
     return list(json.loads(os.environ.get("ACL_EMU_CONFIG", "{}") or "{}").get("lost_devices", []))
 
 
+_INT_CODES = frozenset("kKIibhB")
+
+
 def _check_args(name: str, spec: str, args: tuple) -> None:
+    """PyArg_ParseTuple's view: integer codes take ints, "f" numbers, "s" str, "O" anything."""
     required, _, optional = spec.partition("|")
     if not len(required) <= len(args) <= len(required) + len(optional):
         raise TypeError(f"acl.{name} args parse failed")
     for code, value in zip(required + optional, args):
-        ok = (isinstance(value, int) if code == "k" else
+        ok = (isinstance(value, int) if code in _INT_CODES else
+              isinstance(value, (int, float)) if code == "f" else
               isinstance(value, str) if code == "s" else True)
         if not ok:
             raise TypeError(f"acl.{name} args parse failed")

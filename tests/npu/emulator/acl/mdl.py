@@ -1,7 +1,6 @@
 """acl.mdl: model load, descriptions, datasets, dynamic batch gears and execution."""
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -10,9 +9,16 @@ import numpy as np
 
 from . import _codes as C
 from . import _om
+from ._mdl_aipp import (create_aipp, destroy_aipp, get_aipp_type,  # noqa: F401  (acl.mdl.*)
+                        set_aipp_ax_swap_switch, set_aipp_crop_params, set_aipp_csc_params,
+                        set_aipp_dtc_pixel_mean, set_aipp_dtc_pixel_min, set_aipp_input_format,
+                        set_aipp_padding_params, set_aipp_pixel_var_reci,
+                        set_aipp_rbuv_swap_switch, set_aipp_src_image_size, set_input_aipp)
+from ._mdl_dynamic import (get_dynamic_batch, get_dynamic_hw,  # noqa: F401  (acl.mdl.*)
+                           get_input_dynamic_dims, get_input_dynamic_gear_count,
+                           set_dynamic_batch_size, set_dynamic_hw_size, set_input_dynamic_dims)
 from ._memory import Allocation
-from ._runtime import (RT, AclFail, ConcurrentModelUse, Context, Dataset, dict_ret, entry,
-                       ret_only, value_ret)
+from ._runtime import RT, AclFail, Context, Dataset, entry, ret_only, value_ret
 
 
 @dataclass(eq=False)
@@ -25,6 +31,8 @@ class Model:
     busy: Optional[str] = None
     gear: Optional[int] = None  # set by set_dynamic_batch_size (GE keeps it per model)
     cur_gear: Optional[int] = None  # gear of the last execution, for get_cur_output_dims
+    shape_gear: Optional[tuple] = None  # set by set_dynamic_hw_size / set_input_dynamic_dims
+    cur_shapes: Optional[dict] = None  # output shapes of the last execution
 
 
 @dataclass(eq=False)
@@ -32,15 +40,7 @@ class Desc:
     handle: int
     model_id: Optional[int] = None
     spec: Optional[_om.OmSpec] = None
-
-
-@dataclass(eq=False)
-class Task:
-    model: Model
-    inputs: list
-    outputs: list
-    gear: Optional[int]
-    latency_s: float = 0.0
+    from_file: bool = False  # filled by get_desc_from_file: no model behind it
 
 
 # -- load / unload ----------------------------------------------------------------------------
@@ -53,6 +53,10 @@ def load_from_file(path: str) -> tuple[int, int]:
         ctx = RT.current_ctx()
         RT.require_alive(ctx.device)
         spec = _om.parse(path)
+        if spec.soc and spec.soc != RT.config.soc_name:
+            raise AclFail(C.GE_LOAD_MODEL, f"the model was compiled for {spec.soc} (--soc_version)"
+                                           f", this device is {RT.config.soc_name}")
+        time.sleep(spec.load_s)  # the real load holds the GIL as long, as this holds the lock
         model_id = RT.new_model_id()
         charge = spec.weight_size + spec.work_size
         weights = (RT.memory.allocate(ctx.device, charge, owner=f"model {model_id}",
@@ -119,11 +123,18 @@ def destroy_desc(desc: int) -> int:
 def get_desc(desc: int, model_id: int) -> int:
     with RT.lock:
         RT.require_init()
-        found = RT.descs.get(desc)
-        if found is None:
-            raise AclFail(C.INVALID_PARAM, f"desc {desc:#x} does not exist")
-        model = _model(model_id)
-        found.model_id, found.spec = model_id, model.spec
+        found = RT.find(RT.descs, desc, "desc")
+        found.model_id, found.spec = model_id, _model(model_id).spec
+        return C.SUCCESS
+
+
+@entry("mdl.get_desc_from_file", "ks", ret_only)
+def get_desc_from_file(desc: int, path: str) -> int:
+    """The description straight from the file: no load, no device memory, no context needed."""
+    with RT.lock:
+        RT.require_init()
+        found = RT.find(RT.descs, desc, "desc")
+        found.spec, found.model_id, found.from_file = _om.parse(path), None, True
         return C.SUCCESS
 
 
@@ -140,29 +151,56 @@ def _tensor(desc: int, index: int, outputs: bool) -> Optional[_om.TensorSpec]:
     return tensors[index] if 0 <= index < len(tensors) else None
 
 
+def _batch_of(spec: _om.OmSpec, tensor: _om.TensorSpec) -> int:
+    first = tensor.dims[0] if tensor.dims else 1
+    return spec.max_gear if first == -1 and spec.max_gear else first
+
+
 def _size(desc: int, index: int, outputs: bool) -> int:
     tensor = _tensor(desc, index, outputs)
     if tensor is None:
         return 0
-    if tensor.name == C.DYNAMIC_TENSOR_NAME and not outputs:
-        return 8
     spec = _spec(desc)
+    if not outputs and tensor.name in (C.DYNAMIC_TENSOR_NAME, C.DYNAMIC_AIPP_NAME):
+        return tensor.nbytes(None)
+    if not outputs and spec.aipp is not None and tensor.name == spec.aipp.input:
+        return spec.aipp.source_bytes(_batch_of(spec, tensor))
+    if outputs and spec.shape_dynamic:
+        shape = _om.max_output_shapes(spec)[tensor.name]
+        return int(np.prod(shape)) * tensor.np_dtype.itemsize
+    if not outputs and spec.shape_dynamic:
+        shape = spec.gear_shapes(spec.max_shape_gear())[tensor.name]
+        return int(np.prod(shape)) * tensor.np_dtype.itemsize
     return tensor.nbytes(spec.max_gear if spec.dynamic else None)
 
 
-def _dims(desc: int, index: int, outputs: bool, gear: Optional[int] = None) -> tuple[dict, int]:
+def _io_dims(name: str, dims) -> tuple[dict, int]:
+    dims = [int(d) for d in dims]
+    return {"name": name, "dimCount": len(dims), "dims": dims}, C.SUCCESS
+
+
+def _dims(desc: int, index: int, outputs: bool, v2: bool = False) -> tuple[dict, int]:
+    """What the desc reports: -1 on dynamic input axes; outputs of a dynamic-batch model at
+    the largest gear (as hardware reports them); static AIPP inputs in source-image terms."""
     tensor = _tensor(desc, index, outputs)
     if tensor is None:
         RT.set_err(f"index {index} out of range or desc not filled")
         return {}, C.INVALID_PARAM
-    dims = list(tensor.dims)
     spec = _spec(desc)
-    if gear is None and RT.config.dims_show_max_gear and spec is not None and spec.dynamic \
-            and tensor.name != C.DYNAMIC_TENSOR_NAME:
-        gear = spec.max_gear
-    if gear is not None and dims and dims[0] == -1:
-        dims[0] = gear
-    return {"name": tensor.name, "dimCount": len(dims), "dims": dims}, C.SUCCESS
+    dims = list(tensor.dims)
+    if not outputs and spec.aipp is not None and tensor.name == spec.aipp.input \
+            and spec.aipp.mode == "static":
+        n = dims[0] if dims else 1
+        if v2:
+            return _io_dims(tensor.name, spec.aipp.v2_dims(n))
+        h, w = spec.aipp.src
+        return _io_dims(tensor.name, (n, h, w, _om.AIPP_SOURCE[spec.aipp.fmt][2]))
+    if outputs and spec.shape_dynamic:
+        return _io_dims(tensor.name, _om.max_output_shapes(spec)[tensor.name])
+    show_max = outputs or RT.config.dims_show_max_gear
+    if spec.dynamic and show_max and dims and dims[0] == -1:
+        dims[0] = spec.max_gear
+    return _io_dims(tensor.name, dims)
 
 
 @entry("mdl.get_num_inputs", "k")
@@ -192,6 +230,12 @@ def get_input_dims(desc: int, index: int) -> tuple[dict, int]:
     return _dims(desc, index, outputs=False)
 
 
+@entry("mdl.get_input_dims_v2", "kk")
+def get_input_dims_v2(desc: int, index: int) -> tuple[dict, int]:
+    """As get_input_dims, except a static AIPP input: dims whose product is the byte size."""
+    return _dims(desc, index, outputs=False, v2=True)
+
+
 @entry("mdl.get_output_dims", "kk")
 def get_output_dims(desc: int, index: int) -> tuple[dict, int]:
     return _dims(desc, index, outputs=True)
@@ -199,11 +243,19 @@ def get_output_dims(desc: int, index: int) -> tuple[dict, int]:
 
 @entry("mdl.get_cur_output_dims", "kk")
 def get_cur_output_dims(desc: int, index: int) -> tuple[dict, int]:
+    """The output's dims at the last execution's gear. Not for a desc from get_desc_from_file
+    (the CANN docs exclude it)."""
     found = RT.descs.get(desc)
-    model = RT.models.get(found.model_id) if found and found.model_id else None
-    spec = _spec(desc)
-    gear = model.cur_gear if model and model.cur_gear else (spec.max_gear if spec else None)
-    return _dims(desc, index, outputs=True, gear=gear)
+    if found is None or found.from_file:
+        RT.set_err("get_cur_output_dims needs a desc filled by get_desc from a loaded model")
+        return {}, C.INVALID_PARAM
+    model = RT.models.get(found.model_id) if found.model_id else None
+    tensor = _tensor(desc, index, outputs=True)
+    if tensor is None:
+        return {}, C.INVALID_PARAM
+    if model is not None and model.cur_shapes and tensor.name in model.cur_shapes:
+        return _io_dims(tensor.name, model.cur_shapes[tensor.name])
+    return _dims(desc, index, outputs=True)
 
 
 @entry("mdl.get_input_data_type", "kk")
@@ -262,14 +314,6 @@ def get_output_index_by_name(desc: int, name: str) -> tuple[int, int]:
     return _index_by_name(desc, name, outputs=True)
 
 
-@entry("mdl.get_dynamic_batch", "k", dict_ret)
-def get_dynamic_batch(desc: int) -> tuple[dict, int]:
-    spec = _spec(desc)
-    if spec is None:
-        raise AclFail(C.INVALID_PARAM, f"desc {desc:#x} does not exist or is not filled")
-    return {"batchCount": len(spec.gears), "batch": list(spec.gears)}, C.SUCCESS
-
-
 # -- datasets ---------------------------------------------------------------------------------
 
 
@@ -317,179 +361,4 @@ def get_dataset_buffer(dataset: int, index: int) -> int:
     return found.buffers[index]
 
 
-# -- dynamic batch ----------------------------------------------------------------------------
-
-
-@entry("mdl.set_dynamic_batch_size", "kkkk", ret_only)
-def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) -> int:
-    with RT.lock:
-        RT.require_init()
-        ctx = RT.current_ctx()
-        model = _model(model_id)
-        if model.ctx is not ctx:
-            raise AclFail(C.RT_MODEL_CONTEXT, f"model {model_id} was loaded in another context")
-        if batch == 0:
-            raise AclFail(C.INVALID_PARAM, "dynamic batch size must not be 0")
-        found = RT.datasets.get(dataset)
-        if found is None or not 0 <= index < len(found.buffers):
-            raise AclFail(C.INVALID_PARAM, f"no data buffer at index {index} of the dataset")
-        buffer = RT.buffers.get(found.buffers[index])
-        if buffer is None or buffer.addr == 0:
-            raise AclFail(C.INVALID_PARAM, f"data buffer at index {index} has no address")
-        spec = model.spec
-        if not spec.dynamic:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID, f"model {model_id} has no dynamic batch")
-        if index != len(spec.inputs):
-            raise AclFail(C.INVALID_PARAM, f"input {index} is not {C.DYNAMIC_TENSOR_NAME}")
-        if buffer.size < 4:
-            raise AclFail(C.GE_DYNAMIC_INPUT_LENGTH_INVALID, "dynamic tensor buffer too small")
-        if batch not in spec.gears:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                          f"batch size {batch} is not one of the model's gears {list(spec.gears)}")
-        value = np.array([batch], dtype=np.uint64 if buffer.size >= 8 else np.uint32)
-        RT.memory.write_device(buffer.addr, value)
-        found.gear = batch
-        model.gear = batch
-        return C.SUCCESS
-
-
-# -- execution --------------------------------------------------------------------------------
-
-
-def _buffers(dataset: int, label: str) -> list:
-    found = RT.datasets.get(dataset) if dataset else None
-    if found is None:
-        raise AclFail(C.INVALID_PARAM, f"{label} dataset is null or destroyed")
-    buffers = []
-    for handle in found.buffers:
-        buffer = RT.buffers.get(handle)
-        if buffer is None:
-            raise AclFail(C.INVALID_PARAM, f"{label} dataset holds a destroyed data buffer")
-        buffers.append(buffer)
-    return buffers
-
-
-def _prepare(model_id: int, in_ds: int, out_ds: int, stream: Optional[int]) -> Task:
-    RT.require_init()
-    ctx = RT.current_ctx()
-    model = _model(model_id, C.GE_EXEC_MODEL_ID_INVALID)
-    if model.ctx is not ctx:
-        raise AclFail(C.RT_MODEL_CONTEXT, f"model {model_id} was loaded in another context")
-    if stream:
-        from .rt import stream_in_current_context
-        stream_in_current_context(stream)
-    inputs, outputs = _buffers(in_ds, "input"), _buffers(out_ds, "output")
-    spec = model.spec
-    if len(inputs) != len(spec.desc_inputs()) or len(outputs) != len(spec.outputs):
-        raise AclFail(C.GE_PARAM_INVALID,
-                      f"model {model_id} has {len(spec.desc_inputs())} inputs and "
-                      f"{len(spec.outputs)} outputs; datasets hold {len(inputs)} and {len(outputs)}")
-    if any(b.addr == 0 for b in inputs):
-        raise AclFail(C.INVALID_PARAM, "input data buffer with a null address")
-    if stream is not None and any(b.addr == 0 for b in outputs):
-        raise AclFail(C.INVALID_PARAM, "execute_async needs allocated output buffers")
-    gear = None
-    if spec.dynamic:
-        gear = model.gear
-        dataset_gear = RT.datasets[in_ds].gear
-        if dataset_gear is None and RT.config.require_gear_before_execute:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                          "dynamic model executed without set_dynamic_batch_size")
-        if dataset_gear is not None and gear != dataset_gear:
-            RT.violate(f"model {model_id}: gear {gear} set through another dataset, this one "
-                       f"says {dataset_gear} (shared model state raced)")
-        gear = gear or spec.max_gear
-        if RT.config.strict_dynamic_sizes:
-            for tensor, buffer in zip(spec.inputs, inputs):
-                if buffer.size != tensor.nbytes(gear):
-                    RT.violate(f"input {tensor.name}: buffer of {buffer.size} bytes for gear {gear}"
-                               f" (expected {tensor.nbytes(gear)})")
-    else:
-        for tensor, buffer in zip(spec.inputs + spec.outputs, inputs + outputs):
-            if buffer.addr and buffer.size + 64 < tensor.nbytes(None):
-                raise AclFail(C.GE_PARAM_INVALID,
-                              f"buffer for {tensor.name} holds {buffer.size} bytes, the model "
-                              f"needs {tensor.nbytes(None)}")
-    RT.require_alive(model.device)
-    if model.busy:
-        RT.violate(f"model {model_id} entered concurrently by {threading.current_thread().name} "
-                   f"while {model.busy} runs it", ConcurrentModelUse)
-    for tensor, buffer in zip(spec.outputs, outputs):
-        if buffer.addr == 0:  # synchronous execute allocates (0, 0) outputs for the caller
-            alloc = RT.memory.allocate(model.device, tensor.nbytes(gear))
-            buffer.addr, buffer.size = alloc.ptr, alloc.size
-    batch = gear if gear is not None else 1
-    latency = (spec.latency_fixed_s + spec.latency_per_sample_s * batch) * RT.config.latency_scale
-    model.busy = f"thread {threading.current_thread().name}"
-    return Task(model, [(b.addr, b.size) for b in inputs], [(b.addr, b.size) for b in outputs],
-                gear, latency)
-
-
-def _compute(task: Task) -> int:
-    model, spec = task.model, task.model.spec
-    try:
-        RT.require_alive(model.device)
-        if RT.models.get(model.id) is not model:
-            raise AclFail(C.GE_EXEC_MODEL_ID_INVALID, f"model {model.id} was unloaded")
-        arrays = {}
-        for tensor, (addr, size) in zip(spec.inputs, task.inputs):
-            need = tensor.nbytes(task.gear)
-            raw = np.zeros(need, dtype=np.uint8)
-            take = min(need, size)
-            raw[:take] = RT.memory.read_device(addr, take)
-            arrays[tensor.name] = raw.view(tensor.np_dtype).reshape(tensor.shape(task.gear))
-        code = _om.poisoned(spec, arrays)
-        if code is not None:
-            if code == C.RT_LOST_HEARTBEAT:
-                RT.devices[model.device].lost = True
-            raise AclFail(code, f"model {model.id} execution failed on device {model.device} "
-                                f"(emulated fault, error {code})")
-        outputs = _om.run(spec, arrays, task.gear)
-        for tensor, (addr, size) in zip(spec.outputs, task.outputs):
-            value = outputs[tensor.name]
-            if value.nbytes > size + (0 if spec.dynamic else 64):
-                raise AclFail(C.GE_PARAM_INVALID,
-                              f"output buffer for {tensor.name} holds {size} bytes, the gear "
-                              f"needs {value.nbytes}")
-            RT.memory.write_device(addr, value)
-        model.cur_gear = task.gear
-        record = RT.executions.setdefault(model.id, {"count": 0})
-        record.update(count=record["count"] + 1, gear=task.gear, inputs=arrays)
-        RT.devices[model.device].busy_s += task.latency_s
-        return C.SUCCESS
-    except AclFail as failure:
-        RT.set_err(failure.message)
-        return failure.code
-
-
-def run_task(task: Task, hold_lock: bool) -> int:
-    """Wait out the emulated latency (holding the lock for a synchronous execute, as the real
-    one holds the GIL; without it under synchronize_stream), then compute."""
-    try:
-        if hold_lock:
-            with RT.lock:
-                time.sleep(task.latency_s)
-                return _compute(task)
-        time.sleep(task.latency_s)
-        with RT.lock:
-            return _compute(task)
-    finally:
-        task.model.busy = None
-
-
-@entry("mdl.execute", "kkk", ret_only)
-def execute(model_id: int, in_ds: int, out_ds: int) -> int:
-    with RT.lock:
-        task = _prepare(model_id, in_ds, out_ds, None)
-        return run_task(task, hold_lock=True)
-
-
-@entry("mdl.execute_async", "kkkk", ret_only)
-def execute_async(model_id: int, in_ds: int, out_ds: int, stream: int) -> int:
-    with RT.lock:
-        task = _prepare(model_id, in_ds, out_ds, stream)
-        if stream:
-            RT.streams[stream].pending.append(task)
-        else:  # the context's default stream: emulate as synchronous
-            return run_task(task, hold_lock=True)
-        return C.SUCCESS
+from ._mdl_exec import execute, execute_async, run_task  # noqa: E402,F401  (acl.mdl.*)

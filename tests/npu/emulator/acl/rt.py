@@ -1,6 +1,7 @@
 """acl.rt: devices, contexts, streams, memory and device telemetry, as the real binding shapes them."""
 from __future__ import annotations
 
+import threading
 import time
 
 from . import _codes as C
@@ -92,12 +93,7 @@ def create_context(device_id: int) -> tuple[int, int]:
 
 
 def _context(handle: int) -> Context:
-    ctx = RT.contexts.get(handle)
-    if ctx is None:
-        if handle in RT.retired:
-            RT.violate(f"use of destroyed context {handle:#x}")
-        raise AclFail(C.RT_PARAM_INVALID, f"context {handle:#x} does not exist")
-    return ctx
+    return RT.find(RT.contexts, handle, "context", C.RT_PARAM_INVALID)
 
 
 @entry("rt.destroy_context", "k", ret_only)
@@ -188,12 +184,21 @@ def synchronize_stream(stream: int) -> int:
         found = stream_in_current_context(stream)
         tasks, found.pending = found.pending, []
         device = found.ctx.device
+        RT.syncing[threading.get_ident()] = f"{threading.current_thread().name} on {stream:#x}"
     from . import mdl
     first_error = C.SUCCESS
-    for task in tasks:
-        code = mdl.run_task(task, hold_lock=False)
-        if code and not first_error:
-            first_error = code
+    try:
+        for task in tasks:
+            if found.broken:  # after an AI Core exception nothing more runs on this stream
+                task.model.busy = None
+                RT.set_err(f"stream {stream:#x} is broken by an earlier AI Core exception")
+                code = found.broken
+            else:
+                code = mdl.run_task(task, hold_lock=False)
+            if code and not first_error:
+                first_error = code
+    finally:
+        RT.syncing.pop(threading.get_ident(), None)
     injected = RT.take_fault("rt.synchronize_stream", device)
     if injected is not None:
         RT.set_err(f"EZ9999: injected fault in acl.rt.synchronize_stream: error {injected}")

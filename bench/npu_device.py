@@ -1,0 +1,209 @@
+"""The first run on an Atlas box: how fast the device runs an `.om`, and how close the server gets.
+
+    python -m bench.npu_device model.om [--device 0] [--config extra.pbtxt] [--out DIR]
+
+1. Device only, per gear (each dynamic batch size, the static batch, or each image-size / dims
+   gear): inputs copied to the device once and left there, the gear set once, then
+   `execute_async` + `synchronize_stream` in a loop, as ais_bench measures a model (its number
+   is device time only; this loop also pays the Python call, so it is a hair lower).
+2. Served: the same model in a server of this checkout (backend "ascend", dynamic batching),
+   driven by perf_analyzer over HTTP and gRPC at a few concurrencies.
+3. The ratio: served inferences/s over the device-only rows/s at the largest gear.
+
+It writes `npu_device.json` and `npu_device.md` to --out: send both back. `--config` adds text
+to the generated config.pbtxt (e.g. the aipp_* parameters of a dynamic-AIPP model);
+`--perf-args` adds perf_analyzer flags (e.g. `--shape image:3,640,640` for dynamic HW).
+Without perf_analyzer (PERF_ANALYZER or on PATH) step 2 is skipped and says so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from google.protobuf import text_format
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.served import CONVERGE_FLAGS, _call, _read_csv  # noqa: E402
+from npu import aipp as npu_aipp  # noqa: E402
+from npu import acl as npu_acl  # noqa: E402
+from npu.description import ModelDescription  # noqa: E402
+from npu.device import DeviceSession  # noqa: E402
+from npu.om_model import OmModel  # noqa: E402
+from protocol.model_config_pb2 import ModelConfig  # noqa: E402
+
+DEFAULT_LOOPS = 200
+DEFAULT_CONCURRENCY = (1, 4, 16)
+MODEL_NAME = "npu_bench"
+
+
+def gear_inputs(info: ModelDescription) -> list[tuple[str, list[np.ndarray], Optional[int]]]:
+    """(label, model-order input arrays, rows) for every gear, random but deterministic."""
+    rng = np.random.default_rng(0)
+
+    def fill(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        if dtype.kind == "f":
+            return rng.random(shape).astype(dtype)
+        return rng.integers(0, 8, size=shape).astype(dtype)
+
+    runs = []
+    if info.shape_gears:
+        for gear in info.shape_gears:
+            arrays = [fill(shape, t.acl_type.numpy) for t, shape in zip(info.inputs, gear)]
+            rows = info.static_batch_size
+            label = " ".join(f"{t.name}{list(s)}" for t, s in zip(info.inputs, gear))
+            runs.append((label, arrays, rows))
+        return runs
+    for rows in info.batch_sizes or (None,):
+        arrays = [fill(((rows,) + t.row_dims) if rows and t.batched else t.dims, t.acl_type.numpy)
+                  for t in info.inputs]
+        runs.append((f"batch {rows}" if rows else "static", arrays, rows))
+    return runs
+
+
+def device_only(path: Path, device_id: int, loops: int,
+                aipp: Optional[npu_aipp.AippSettings]) -> list[dict[str, Any]]:
+    """Per gear: executions/s and rows/s with the inputs resident on the device."""
+    results: list[dict[str, Any]] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        acl = npu_acl.load()
+        session = DeviceSession.open(acl, device_id)
+        model = None
+        try:
+            model = OmModel.load(session, path, aipp)
+            for label, arrays, rows in gear_inputs(model.info):
+                model.run(arrays, rows)  # copies the inputs in and sets the gear
+                with session.running():
+                    start = time.perf_counter()
+                    for _ in range(loops):
+                        model._execute()  # the inputs and the gear stay as they are
+                    seconds = time.perf_counter() - start
+                per_run = rows or 1
+                results.append({"gear": label, "rows": per_run, "loops": loops,
+                                "ms_per_execution": 1000 * seconds / loops,
+                                "rows_per_sec": per_run * loops / seconds})
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            problems = (model.close() if model else []) + session.close()
+            if problems:
+                print("release problems:", "; ".join(problems), file=sys.stderr)
+
+    thread = threading.Thread(target=work, name="npu-device-bench")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return results
+
+
+def write_repository(root: Path, om: Path, device_id: int, extra: str) -> Path:
+    model_dir = root / MODEL_NAME
+    (model_dir / "1").mkdir(parents=True)
+    shutil.copyfile(om, model_dir / "1" / "model.om")
+    text = (f'name: "{MODEL_NAME}"\nbackend: "ascend"\n'
+            f"instance_group [ {{ kind: KIND_GPU, count: 1, gpus: [ {device_id} ] }} ]\n"
+            "dynamic_batching { max_queue_delay_microseconds: 2000 }\n" + extra)
+    text_format.Parse(text, ModelConfig())  # a bad --config fails here, not in the server
+    (model_dir / "config.pbtxt").write_text(text)
+    return root
+
+
+def served(om: Path, device_id: int, extra: str, perf_analyzer: str,
+           concurrency: tuple[int, ...], out: Path, perf_args: list[str]) -> list[dict[str, Any]]:
+    """perf_analyzer against a server of this checkout serving the model."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from serverproc import running_server
+    points: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = write_repository(Path(tmp), om, device_id, extra)
+        with running_server([repo], log_dir=out) as server:
+            for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+                for level in concurrency:
+                    csv_path = out / f"served-{protocol}-c{level}.csv"
+                    command = [perf_analyzer, "-m", MODEL_NAME, "-i", protocol, "-u", url,
+                               "--concurrency-range", str(level), *CONVERGE_FLAGS, *perf_args,
+                               "-f", str(csv_path)]
+                    code, output = _call(command, timeout=300)
+                    (out / f"served-{protocol}-c{level}.log").write_text(output)
+                    point: dict[str, Any] = {"protocol": protocol, "concurrency": level,
+                                             "command": " ".join(command)}
+                    if code == 0 and csv_path.exists():
+                        row = _read_csv(csv_path)
+                        point.update(infer_per_sec=float(row["Inferences/Second"]),
+                                     p99_us=float(row["p99 latency"]))
+                    else:
+                        point["error"] = f"exit {code}: {output.strip().splitlines()[-1:]}"
+                    points.append(point)
+    return points
+
+
+def report(om: Path, device: list[dict], points: list[dict], note: str) -> str:
+    lines = [f"# NPU device check: {om.name}", "", "| gear | ms/execution | rows/s |",
+             "|---|---:|---:|"]
+    lines += [f"| {d['gear']} | {d['ms_per_execution']:.3f} | {d['rows_per_sec']:.1f} |"
+              for d in device]
+    best = device[-1]["rows_per_sec"] if device else 0.0
+    lines += ["", "| protocol | concurrency | infer/s | p99 µs | served / device |",
+              "|---|---:|---:|---:|---:|"]
+    for p in points:
+        if "error" in p:
+            lines.append(f"| {p['protocol']} | {p['concurrency']} | {p['error']} | | |")
+        else:
+            ratio = p["infer_per_sec"] / best if best else 0.0
+            lines.append(f"| {p['protocol']} | {p['concurrency']} | {p['infer_per_sec']:.1f} | "
+                         f"{p['p99_us']:.0f} | {ratio:.2f} |")
+    if note:
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("om", type=Path)
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--loops", type=int, default=DEFAULT_LOOPS)
+    parser.add_argument("--config", type=Path, help="text added to the generated config.pbtxt")
+    parser.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))
+    parser.add_argument("--perf-analyzer",
+                        default=os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer"))
+    parser.add_argument("--perf-args", default="",
+                        help="more perf_analyzer flags, e.g. '--shape image:3,640,640' for a "
+                             "model with dynamic image size")
+    parser.add_argument("--out", type=Path, default=Path("npu_device_report"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    extra = args.config.read_text() if args.config else ""
+    config = text_format.Parse('name: "x"\n' + extra, ModelConfig())
+    device = device_only(args.om, args.device, args.loops, npu_aipp.settings_from_config(config))
+    note, points = "", []
+    if args.perf_analyzer:
+        points = served(args.om, args.device, extra, args.perf_analyzer,
+                        tuple(int(c) for c in args.concurrency.split(",")), args.out,
+                        shlex.split(args.perf_args))
+    else:
+        note = "served: not measured (no perf_analyzer: set PERF_ANALYZER or put it on PATH)"
+    text = report(args.om, device, points, note)
+    (args.out / "npu_device.md").write_text(text)
+    (args.out / "npu_device.json").write_text(json.dumps(
+        {"om": str(args.om), "device_only": device, "served": points, "note": note}, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""A model desc read into plain data: tensors (names normalised, dims, dtypes, which axis is the
+batch), the compiled gears (batch sizes, or image sizes / dims), and the hidden inputs ATC adds.
+
+Which `.om` kinds this understands, and the pyACL calls behind each (names, argument order and
+return shapes checked against hicann/runtime python/pyACL/mdl/mdl_wrap.cpp):
+- static shapes; `--dynamic_batch_size` (`get_dynamic_batch(desc)` -> ({"batchCount", "batch"},
+  ret)), where only the tensors whose first axis is -1 (or, for outputs, the largest gear) are
+  batched and side inputs such as `im_info [1, 3]` keep their own static dims;
+- `--dynamic_image_size` (`get_dynamic_hw(desc, -1)` -> ({"hwCount", "hw"}, ret)) and
+  `--dynamic_dims` (`get_input_dynamic_gear_count(desc, -1)` -> (n, ret),
+  `get_input_dynamic_dims(desc, -1, n)` -> ([{"name", "dimCount", "dims"}], ret), each gear being
+  every data input's dims concatenated);
+- static AIPP (`get_input_dims_v2(desc, i)` gives the source-image dims whose product is
+  `get_input_size_by_index`, where `get_input_dims` follows the image) and dynamic AIPP (an
+  extra `ascend_dynamic_aipp_data` input, hidden like the gear input).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Optional
+
+import numpy as np
+
+from backends.base import BackendError
+from npu import constants as K
+from npu.errors import unwrap
+
+HIDDEN_INPUTS = (K.DYNAMIC_TENSOR_NAME, K.DYNAMIC_AIPP_NAME)
+
+
+def normalise_output_name(raw: str) -> str:
+    """ATC names outputs `op:edge:name` (from ONNX) or `op:edge` (from TF); keep `name` / `op`."""
+    parts = raw.split(":")
+    if len(parts) >= 3 and parts[1].isdigit():
+        return ":".join(parts[2:])
+    if len(parts) == 2 and parts[1].isdigit():
+        return parts[0]
+    return raw
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    index: int  # position among the model's inputs (hidden inputs counted) or outputs
+    name: str  # the name a config uses (outputs normalised)
+    raw_name: str  # the name the model reports
+    acl_type: K.AclType
+    dims: tuple[int, ...]  # -1 on the batch axis when batched, and on dynamic HW / dims axes
+    size: int  # bytes the model reports (at the largest gear)
+    batched: bool = False  # axis 0 is the batch the gears (or the static batch) count
+    aipp: str = ""  # "static" or "dynamic" for an input that AIPP converts
+
+    @property
+    def row_dims(self) -> tuple[int, ...]:
+        return self.dims[1:]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_dims, dtype=np.int64)) * self.acl_type.numpy.itemsize
+
+    @property
+    def static_bytes(self) -> int:
+        return int(np.prod(self.dims, dtype=np.int64)) * self.acl_type.numpy.itemsize
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    inputs: tuple[TensorInfo, ...]  # the model's own inputs (hidden ones left out)
+    outputs: tuple[TensorInfo, ...]
+    gears: tuple[int, ...] = ()  # dynamic batch gears, ascending; empty otherwise
+    gear_index: Optional[int] = None  # index of ascend_mbatch_shape_data among the inputs
+    num_inputs: int = 0  # as the desc counts them (hidden inputs included)
+    shape_kind: str = ""  # "hw" (--dynamic_image_size) or "dims" (--dynamic_dims)
+    shape_gears: tuple[tuple[tuple[int, ...], ...], ...] = ()  # per gear, every input's dims
+    aipp_index: Optional[int] = None  # index of ascend_dynamic_aipp_data
+    static_batch_size: Optional[int] = None  # compiled batch of the batched tensors
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.gears)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Batch sizes the device accepts: the gears, or the one compiled batch."""
+        if self.gears:
+            return self.gears
+        return (self.static_batch_size,) if self.static_batch_size else ()
+
+    @property
+    def side_inputs(self) -> tuple[TensorInfo, ...]:
+        """Inputs without the batch axis in a model that batches (e.g. im_info [1, 3])."""
+        return tuple(t for t in self.inputs if not t.batched) if self.batch_sizes else ()
+
+    @property
+    def stackable(self) -> bool:
+        """Requests can be stacked on axis 0: every output is batched and every side input has
+        a leading 1 that can carry one copy per request."""
+        return bool(self.batch_sizes) and all(t.batched for t in self.outputs) and all(
+            t.dims[:1] == (1,) for t in self.side_inputs)
+
+    def gear_names(self) -> str:
+        """The compiled gears, as an error message lists them."""
+        if self.shape_kind == "hw":
+            return ", ".join(f"{h}x{w}" for h, w in self._hw_list())
+        if self.shape_kind == "dims":
+            return "; ".join(" ".join(str(list(s)) for s in gear) for gear in self.shape_gears)
+        return ", ".join(str(g) for g in self.batch_sizes)
+
+    def _hw_list(self) -> list[tuple[int, int]]:
+        pairs = []
+        for gear in self.shape_gears:
+            for tensor, shape in zip(self.inputs, gear):
+                holes = [i for i, d in enumerate(tensor.dims) if d == -1]
+                if len(holes) == 2:
+                    pairs.append((shape[holes[0]], shape[holes[1]]))
+                    break
+        return pairs
+
+
+def _dims(acl: ModuleType, result: tuple, call: str) -> tuple[int, ...]:
+    info = unwrap(acl, result, call)
+    return tuple(int(d) for d in info["dims"][:info.get("dimCount", len(info["dims"]))])
+
+
+def _acl_type(acl_dtype: int, what: str) -> K.AclType:
+    if acl_dtype not in K.ACL_TYPES:
+        raise BackendError(f"{what} has aclDataType {acl_dtype}, which the Ascend backend does "
+                           "not support")
+    return K.ACL_TYPES[acl_dtype]
+
+
+def _input_dims(acl: ModuleType, desc: int, i: int) -> tuple[tuple[int, ...], str]:
+    """(dims whose product is the buffer size, "static" when static AIPP changed them)."""
+    mdl = acl.mdl
+    plain = _dims(acl, mdl.get_input_dims(desc, i), f"acl.mdl.get_input_dims({i})")
+    if not hasattr(mdl, "get_input_dims_v2"):  # bindings older than static AIPP support
+        return plain, ""
+    v2 = _dims(acl, mdl.get_input_dims_v2(desc, i), f"acl.mdl.get_input_dims_v2({i})")
+    return v2, ("static" if v2 != plain else "")
+
+
+def _shape_gears(acl: ModuleType, desc: int, kind: str,
+                 inputs: list[TensorInfo]) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Every gear as the full dims of each data input, smallest first."""
+    mdl = acl.mdl
+    gears: list[tuple[tuple[int, ...], ...]] = []
+    if kind == "hw":
+        hw = unwrap(acl, mdl.get_dynamic_hw(desc, -1), "acl.mdl.get_dynamic_hw")
+        for h, w in hw["hw"][:hw["hwCount"]]:
+            gear = []
+            for tensor in inputs:
+                dims = list(tensor.dims)
+                holes = [i for i, d in enumerate(dims) if d == -1]
+                if len(holes) == 2:
+                    dims[holes[0]], dims[holes[1]] = int(h), int(w)
+                gear.append(tuple(dims))
+            gears.append(tuple(gear))
+    else:
+        count = unwrap(acl, mdl.get_input_dynamic_gear_count(desc, -1),
+                       "acl.mdl.get_input_dynamic_gear_count")
+        for entry in unwrap(acl, mdl.get_input_dynamic_dims(desc, -1, count),
+                            "acl.mdl.get_input_dynamic_dims"):
+            flat = [int(d) for d in entry["dims"][:entry["dimCount"]]]
+            gear = []
+            for tensor in inputs:
+                gear.append(tuple(flat[:len(tensor.dims)]))
+                flat = flat[len(tensor.dims):]
+            gears.append(tuple(gear))
+    return tuple(sorted(gears, key=lambda g: sum(int(np.prod(s)) for s in g)))
+
+
+def _static_batch(inputs: list[TensorInfo], outputs: list[TensorInfo]) -> Optional[int]:
+    """The compiled batch of a static model: the first dim every tensor shares."""
+    firsts = {t.dims[0] if t.dims else None for t in inputs + outputs}
+    first = firsts.pop() if len(firsts) == 1 else None
+    return first if first is not None and first > 0 else None
+
+
+def read_description(acl: ModuleType, desc: int) -> ModelDescription:
+    """Everything the backend needs from a filled model desc."""
+    mdl = acl.mdl
+    num_inputs, num_outputs = mdl.get_num_inputs(desc), mdl.get_num_outputs(desc)
+    # Scan the names for the hidden inputs (asking by name logs an error when one is absent).
+    names = [mdl.get_input_name_by_index(desc, i) for i in range(num_inputs)]
+    gear_index = names.index(K.DYNAMIC_TENSOR_NAME) if K.DYNAMIC_TENSOR_NAME in names else None
+    aipp_index = names.index(K.DYNAMIC_AIPP_NAME) if K.DYNAMIC_AIPP_NAME in names else None
+    gears: tuple[int, ...] = ()
+    kind = ""
+    if gear_index is not None:
+        batch = unwrap(acl, mdl.get_dynamic_batch(desc), "acl.mdl.get_dynamic_batch")
+        gears = tuple(sorted({int(g) for g in batch["batch"][:batch["batchCount"]]}))
+        if not gears:
+            hw = unwrap(acl, mdl.get_dynamic_hw(desc, -1), "acl.mdl.get_dynamic_hw")
+            kind = "hw" if hw["hwCount"] else "dims"
+    top = max(gears, default=0)
+    inputs: list[TensorInfo] = []
+    for i, name in enumerate(names):
+        if name in HIDDEN_INPUTS:
+            continue
+        dims, aipp = _input_dims(acl, desc, i)
+        acl_type = _acl_type(mdl.get_input_data_type(desc, i), f"input '{name}'")
+        batched = bool(gears) and bool(dims) and dims[0] in (-1, top)
+        if batched:
+            dims = (-1,) + dims[1:]
+        inputs.append(TensorInfo(i, name, name, acl_type, dims,
+                                 mdl.get_input_size_by_index(desc, i), batched, aipp))
+    if aipp_index is not None:  # dynamic AIPP converts the first uint8 input (or the first)
+        target = next((t for t in inputs if t.acl_type.acl == 4), inputs[0] if inputs else None)
+        inputs = [dataclasses.replace(t, aipp="dynamic") if t is target else t for t in inputs]
+    raw_outputs = [mdl.get_output_name_by_index(desc, i) for i in range(num_outputs)]
+    short = [normalise_output_name(n) for n in raw_outputs]
+    outputs: list[TensorInfo] = []
+    for i, raw in enumerate(raw_outputs):
+        name = short[i] if short.count(short[i]) == 1 else raw  # keep raw names on a clash
+        dims = _dims(acl, mdl.get_output_dims(desc, i), f"acl.mdl.get_output_dims({i})")
+        if kind:  # reported at the largest gear; each execution's come from get_cur_output_dims
+            dims = (-1,) * len(dims)
+        batched = bool(gears) and bool(dims) and dims[0] in (-1, top)
+        if batched:
+            dims = (-1,) + dims[1:]
+        outputs.append(TensorInfo(i, name, raw,
+                                  _acl_type(mdl.get_output_data_type(desc, i), f"output '{name}'"),
+                                  dims, mdl.get_output_size_by_index(desc, i), batched))
+    shape_gears = _shape_gears(acl, desc, kind, inputs) if kind else ()
+    static = None
+    if not gears:
+        static = _static_batch(inputs, [] if kind else outputs)
+        if static and kind and any(-1 in t.dims[:1] for t in inputs):
+            static = None  # dims gears vary axis 0 itself: served unbatched
+        if static:
+            inputs = [dataclasses.replace(t, batched=True) for t in inputs]
+            outputs = [dataclasses.replace(t, batched=True) for t in outputs]
+    elif not any(t.batched for t in inputs):
+        raise BackendError("a dynamic-batch model without an input whose first axis is -1")
+    if not kind:
+        for tensor in inputs + outputs:
+            rest = tensor.dims[1:] if tensor.batched else tensor.dims
+            if any(d < 0 for d in rest):
+                raise BackendError(f"tensor '{tensor.raw_name}' has dynamic dims "
+                                   f"{list(tensor.dims)} but the model has no gears for them")
+    return ModelDescription(tuple(inputs), tuple(outputs), gears, gear_index, num_inputs, kind,
+                            shape_gears, aipp_index, static)

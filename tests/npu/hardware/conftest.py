@@ -1,0 +1,46 @@
+"""Tests that need an Ascend device: collected everywhere, run only where the real pyACL imports.
+
+Point them at your own compiled models (any may be left out; its tests then skip, saying so):
+  ASCEND_SERVE_OM_STATIC   a static-shape .om
+  ASCEND_SERVE_OM_DYNAMIC  an .om compiled with --dynamic_batch_size
+  ASCEND_SERVE_OM_AIPP     an .om compiled with static AIPP (--insert_op_conf, aipp_mode: static)
+  ASCEND_SERVE_NPU_DEVICE  the device id to use (default 0)
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+EMULATOR = Path(__file__).resolve().parents[1] / "emulator"
+
+
+def _real_acl() -> str:
+    """'' when the real pyACL is importable, else why not (checked before any test puts the
+    emulator on sys.path)."""
+    spec = importlib.util.find_spec("acl")
+    if spec is None:
+        return "pyACL (`import acl`) is not available: no Ascend CANN environment on this machine"
+    if spec.origin and Path(spec.origin).resolve().is_relative_to(EMULATOR):
+        return "`import acl` finds the test emulator, not the real pyACL"
+    return ""
+
+
+REASON = _real_acl()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not REASON:
+        return
+    skip = pytest.mark.skip(reason=f"Ascend hardware test: {REASON}")
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(here):
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device_id() -> int:
+    return int(os.environ.get("ASCEND_SERVE_NPU_DEVICE", "0"))
