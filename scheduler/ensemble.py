@@ -180,7 +180,10 @@ class EnsembleScheduler(Scheduler):
                                   f"before the request finished") from None
             raise
         except ServerError:
-            self._stats.record_failure(FailureReason.BACKEND, self._elapsed(request))
+            # A step's failure, counted as Triton counts it on an ensemble: reason OTHER, and
+            # in the metrics once more for the composing model's failure it reflects.
+            self._stats.record_failure(FailureReason.OTHER, self._elapsed(request))
+            self._stats.record_member_failure()
             raise
         except Exception as exc:
             self._stats.record_failure(FailureReason.OTHER, self._elapsed(request))

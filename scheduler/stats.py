@@ -45,6 +45,8 @@ class MetricsObserver(Protocol):
 
     def request_rejected(self, reason: str) -> None: ...
 
+    def failure_counted(self, reason: str) -> None: ...
+
 
 class FailureReason:
     REJECTED = "REJECTED"  # timed out in the queue (REJECT policy) or refused at enqueue
@@ -103,6 +105,13 @@ class VersionStatistics:
             self.fail.add(total_ns)
         if self.observer is not None:
             self.observer.request_failed(reason, total_ns)
+
+    def record_member_failure(self) -> None:
+        """An ensemble request failed in a composing model. Triton's metrics count that failure
+        on the ensemble too, with reason OTHER, besides the ensemble's own failure (qa
+        L0_model_queue test_policy_reject); the statistics count the request once."""
+        if self.observer is not None:
+            self.observer.failure_counted(FailureReason.OTHER)
 
     def record_rejection(self, reason: str, total_ns: int) -> None:
         """A request refused for overload: a REJECTED failure, also counted by why

@@ -87,6 +87,11 @@ class VersionMetrics:
             self.request_us += total_ns / 1000
         self._latency.observe(total_ns / 1e9)
 
+    def failure_counted(self, reason: str) -> None:
+        """One more failure under `reason`, with no request time of its own."""
+        with self._lock:
+            self.failure[reason] = self.failure.get(reason, 0) + 1
+
     def batch_executed(self, batch_size: int) -> None:
         with self._lock:
             self.exec_count += 1

@@ -134,3 +134,51 @@ def test_one_repository_given_twice_counts_once(repo: Path, tmp_path: Path) -> N
         with httpclient.InferenceServerClient(server.http_url) as client:
             assert client.is_model_ready("simple") and client.is_model_ready("ens")
         assert "two or more repositories" not in server.log()
+
+
+def test_an_ensemble_counts_a_member_refusal_as_triton_does(tmp_path: Path) -> None:
+    """L0_model_queue test_policy_reject: a request refused in a composing model's queue counts
+    twice on the ensemble's failure metric, reason OTHER; once in its statistics."""
+    import json
+    import threading
+
+    from testmodels import write_queued_model
+
+    root = write_queued_model(tmp_path / "repo", queue_delay_us=1_500_000)
+    (root / "ens_q" / "1").mkdir(parents=True)
+    (root / "ens_q" / "config.pbtxt").write_text(
+        'name: "ens_q"\nplatform: "ensemble"\nmax_batch_size: 64\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 256 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 256 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "queued" model_version: -1 '
+        'input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "OUT" } } ] }\n')
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [1, 256], "datatype": "FP32",
+                                   "data": [0.0] * 256}]})
+    with running_server([root], log_dir=tmp_path) as server:
+        replies: list = []
+
+        def send() -> None:
+            replies.append(httpx.post(server.base + "/v2/models/ens_q/infer", content=body,
+                                      timeout=30))
+
+        threads = [threading.Thread(target=send) for _ in range(2)]
+        for thread in threads:  # the queue holds one, which waits 1.5 s: the other is refused
+            thread.start()
+        for thread in threads:
+            thread.join()
+        codes = sorted(reply.status_code for reply in replies)
+        assert codes == [200, 503], [reply.text for reply in replies]
+        assert "Exceeds maximum queue size" in [r for r in replies if r.status_code == 503][0].text
+        text = httpx.get(server.metrics_url).text
+
+        def failures(model: str, reason: str) -> float:
+            for line in text.splitlines():
+                if line.startswith("nv_inference_request_failure{") and \
+                        f'model="{model}"' in line and f'reason="{reason}"' in line:
+                    return float(line.rsplit(" ", 1)[1])
+            return -1.0
+
+        assert failures("ens_q", "OTHER") == 2 and failures("ens_q", "BACKEND") == 0
+        assert failures("queued", "REJECTED") == 1
+        stats = httpx.get(server.base + "/v2/models/ens_q/stats").json()["model_stats"][0]
+        assert int(stats["inference_stats"]["fail"]["count"]) == 1
