@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
@@ -35,6 +36,26 @@ from scheduler.pool import BatchRun, Failed, InstancePool, Instance
 from scheduler.stats import FailureReason, RejectionReason, VersionStatistics
 
 logger = logging.getLogger(__name__)
+
+
+def _delay_scheduler() -> int:
+    """TRITONSERVER_DELAY_SCHEDULER=N, Triton's test hook, read once when the server starts:
+    each model version's scheduler forms no batch until N requests are queued (then works as
+    usual), so that tests can fix what one batch holds (NVIDIA's qa L0_batcher sets it)."""
+    value = os.environ.get("TRITONSERVER_DELAY_SCHEDULER", "").strip()
+    if not value:
+        return 0
+    try:
+        count = max(0, int(value))
+    except ValueError:
+        logger.warning("ignoring TRITONSERVER_DELAY_SCHEDULER=%r: not a count", value)
+        return 0
+    logger.warning("TRITONSERVER_DELAY_SCHEDULER=%d: every scheduler holds its first batch until "
+                   "%d requests are queued (a test hook)", count, count)
+    return count
+
+
+DELAY_SCHEDULER = _delay_scheduler()
 
 # Entry states. QUEUED -> RUNNING -> DONE, or QUEUED/RUNNING -> CANCELLED, or QUEUED -> DONE.
 QUEUED, RUNNING, DONE, CANCELLED = range(4)
@@ -172,6 +193,8 @@ class QueueScheduler(Scheduler):
         # Kept at start: asking asyncio for the running loop costs a getpid() syscall per call
         # on Python 3.11, and submit() would ask once per request.
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        # Triton's test hook: form no batch until this many requests are queued (once).
+        self._hold = DELAY_SCHEDULER
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -293,6 +316,10 @@ class QueueScheduler(Scheduler):
         for entry in queue.expire(now):
             self._fail_waiting(entry, Unavailable("Request timeout expired"),
                                FailureReason.REJECTED, now, RejectionReason.QUEUE_TIMEOUT)
+        if self._hold:
+            if len(queue) < self._hold and self._accepting:
+                return queue.next_deadline()
+            self._hold = 0
         wake_at: Optional[int] = None
         while len(queue) and self._pool.has_idle():
             batch, wake_at = queue.take(now, not self._accepting, arriving)

@@ -182,3 +182,33 @@ def test_an_ensemble_counts_a_member_refusal_as_triton_does(tmp_path: Path) -> N
         assert failures("queued", "REJECTED") == 1
         stats = httpx.get(server.base + "/v2/models/ens_q/stats").json()["model_stats"][0]
         assert int(stats["inference_stats"]["fail"]["count"]) == 1
+
+
+def test_the_delay_scheduler_hook_holds_the_first_batch_until_n_are_queued(tmp_path: Path) -> None:
+    """TRITONSERVER_DELAY_SCHEDULER=4 (read at startup): four requests sent one after another to
+    a batching model with no queue delay run as one batch of four, as in Triton."""
+    import concurrent.futures
+
+    import numpy as np
+
+    root = tmp_path / "repo"
+    build_simple(root)
+    config = (root / "simple" / "config.pbtxt").read_text()
+    (root / "simple" / "config.pbtxt").write_text(config + "\ndynamic_batching { }\n")
+    with running_server([root], log_dir=tmp_path,
+                        env={"TRITONSERVER_DELAY_SCHEDULER": "4"}) as server:
+        def infer(index: int) -> np.ndarray:
+            with httpclient.InferenceServerClient(server.http_url) as client:
+                inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+                for tensor in inputs:
+                    tensor.set_data_from_numpy(np.full((1, 16), index, dtype=np.int32))
+                return client.infer("simple", inputs).as_numpy("OUTPUT0")
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(infer, range(4)))
+        for index, result in enumerate(results):
+            assert (result == 2 * index).all()
+        stats = httpx.get(server.base + "/v2/models/simple/stats").json()["model_stats"][0]
+        assert stats["execution_count"] == 1 and stats["inference_count"] == 4
+        assert [b["batch_size"] for b in stats["batch_stats"]] == [4]
+        assert "TRITONSERVER_DELAY_SCHEDULER=4" in server.log()
