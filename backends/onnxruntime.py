@@ -197,6 +197,10 @@ class OnnxRuntimeBackend(Backend):
         from protocol.model_config_pb2 import DataType
 
         skip = 1 if self.config.max_batch_size > 0 else 0
+        # Ragged inputs and scattered batch outputs are 1-D in the model whatever the config's
+        # dims say (Triton's ragged batching): their shapes are not compared.
+        flat = {t.name for t in self.config.input if t.allow_ragged_batch} | {
+            name for spec in self.config.batch_output for name in spec.target_name}
         model_io = {"input": {t.name: t for t in self._session.get_inputs()},
                     "output": {t.name: t for t in self._session.get_outputs()}}
         for kind, declared in (("input", self.config.input), ("output", self.config.output)):
@@ -211,7 +215,7 @@ class OnnxRuntimeBackend(Backend):
                 if _ORT_TO_CONFIG.get(actual.type) != wanted:
                     raise BackendError(f"model '{self.config.name}': {kind} '{tensor.name}' is "
                                        f"{wanted} in the config but {actual.type} in the model")
-                if tensor.HasField("reshape"):
+                if tensor.HasField("reshape") or tensor.name in flat:
                     continue
                 model_dims = [_dim_value(d) for d in actual.shape[skip:]]
                 config_dims = [int(d) for d in tensor.dims]

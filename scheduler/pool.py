@@ -33,6 +33,7 @@ from scheduler.affinity import ThreadPlacement
 from scheduler.batch import concat_inputs, split_outputs
 from scheduler.clock import Clock
 from scheduler.interface import LoadError
+from scheduler.ragged import RaggedBatching
 from scheduler.stats import FailureReason
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -178,6 +179,7 @@ class Instance:
         self._version_label = str(version.version)
         self._clock = clock
         self._outputs = outputs
+        self._ragged = RaggedBatching.of(version.config)  # None for the usual model
         self._loaded = False
         self._jobs: "queue.SimpleQueue[Optional[_Job]]" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
@@ -305,8 +307,12 @@ class Instance:
             return self._run_request_list(backend, requests)
         now = self._clock.now_ns
         start = now()
+        ragged = self._ragged
         try:
-            if len(requests) == 1:  # nothing to join: the request's own arrays, no copy
+            if ragged is not None:
+                maps = [_input_map(request) for request in requests]
+                inputs = ragged.gather(maps)
+            elif len(requests) == 1:  # nothing to join: the request's own arrays, no copy
                 inputs = _input_map(requests[0])
             else:
                 inputs = concat_inputs([_input_map(request) for request in requests])
@@ -320,8 +326,10 @@ class Instance:
             return self._execute_failed(backend, exc, len(requests))
         executed = now()
         try:
-            if len(requests) == 1:
-                pieces: list[Mapping[str, np.ndarray]] = [outputs]
+            if ragged is not None:
+                pieces: list[Mapping[str, np.ndarray]] = ragged.split(outputs, rows, maps)
+            elif len(requests) == 1:
+                pieces = [outputs]
             else:
                 pieces = split_outputs(outputs, rows)
             outcomes: list[Outcome] = [self._response(request, piece)
