@@ -77,3 +77,15 @@ clean:
 
 PROTO_TOOLS := $(VENV)/.installed-dev
 include protocol/proto.mk
+
+# NVIDIA's own qa suites (qa/L0_* of triton-inference-server/server) against this server,
+# unchanged: QA_DIR is that repository's qa folder (nothing is fetched). See tests/qa/run_qa.py.
+.PHONY: qa
+QA_DIR ?=
+QA_SUITES ?= L0_model_queue L0_batcher L0_lifecycle
+$(VENV)/.installed-qa: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[qa]'
+	touch $@ $(VENV)/.installed-test $(VENV)/.installed-dev $(VENV)/.installed
+qa: $(VENV)/.installed-qa
+	@if [ -z "$(QA_DIR)" ]; then echo "make qa needs QA_DIR=/path/to/server/qa"; exit 2; fi
+	$(PY) tests/qa/run_qa.py --qa-dir $(QA_DIR) $(QA_SUITES)

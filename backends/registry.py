@@ -16,6 +16,7 @@ _BACKENDS: dict[str, str] = {
     "onnxruntime": "backends.onnxruntime:OnnxRuntimeBackend",
     "ascend": "npu.backend:AscendBackend",
     "python": "backends.python:PythonBackend",
+    "identity": "backends.identity:IdentityBackend",
 }
 # platform -> backend name
 _PLATFORMS: dict[str, str] = {

@@ -1,0 +1,62 @@
+"""`backend: "identity"`: each output is a copy of its input, as Triton's identity backend.
+
+Why it exists: NVIDIA's qa suites (L0_batcher, L0_model_queue, L0_lifecycle) and many users'
+smoke tests describe their test models with Triton's C++ identity backend. Serving the same
+config.pbtxt unchanged lets those suites run against this server as they run against Triton.
+Output `OUTPUT<n>` is input `INPUT<n>`; other names pair up in config order. Parameters, as the
+C++ backend reads them: `execute_delay_ms` (sleep in every execute), multiplied for instance i
+by `instance_wise_delay_multiplier` x i when that is set (at least x1, so instance 0 keeps the
+base delay), and `creation_delay_sec` (sleep while the model loads).
+"""
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import numpy as np
+
+from backends.base import Backend, BackendError
+
+
+def _parameter(config, key: str, default: float = 0.0) -> float:  # type: ignore[no-untyped-def]
+    if key not in config.parameters:
+        return default
+    text = config.parameters[key].string_value
+    try:
+        return float(text)
+    except ValueError:
+        raise BackendError(f"model '{config.name}': parameter '{key}' must be a number, "
+                           f"got '{text}'") from None
+
+
+class IdentityBackend(Backend):
+    backend_name = "identity"
+    default_model_filename = ""
+
+    def load(self) -> None:
+        config = self.config
+        delay_ms = _parameter(config, "execute_delay_ms")
+        multiplier = _parameter(config, "instance_wise_delay_multiplier")
+        if multiplier > 0:
+            multiplier *= self.instance.index
+        self._delay_s = delay_ms * max(multiplier, 1.0) / 1000.0
+        outputs = [spec.name for spec in config.output]
+        inputs = [spec.name for spec in config.input]
+        self._sources: dict[str, str] = {}
+        for position, name in enumerate(outputs):
+            source = "INPUT" + name[len("OUTPUT"):] if name.startswith("OUTPUT") else ""
+            if source not in inputs:
+                if position >= len(inputs):
+                    raise BackendError(f"model '{config.name}': output '{name}' has no input to "
+                                       f"copy (identity pairs OUTPUT<n> with INPUT<n>)")
+                source = inputs[position]
+            self._sources[name] = source
+        creation = _parameter(config, "creation_delay_sec")
+        if creation > 0:
+            time.sleep(creation)
+
+    def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._delay_s > 0:
+            time.sleep(self._delay_s)
+        return {output: inputs[source] for output, source in self._sources.items()
+                if source in inputs}
