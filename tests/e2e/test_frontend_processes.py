@@ -239,3 +239,30 @@ def test_shutdown_answers_what_was_accepted_and_leaves_no_process(repo: Path,
         for child in children:
             if not gone(child):
                 kill_quietly(child)
+
+
+def test_grpc_streams_through_a_frontend_process(server) -> None:
+    import queue
+
+    children = set(frontend_children(server))
+    for _ in range(30):  # until a channel's connection lands on a frontend process
+        before = set(connection_peers(server.grpc_port))
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        for index in range(5):
+            client.async_stream_infer("simple", _simple_inputs(grpcclient, a, a),
+                                      request_id=str(index))
+        got = [answers.get(timeout=30) for _ in range(5)]
+        landed = [pid for peer, pid in connection_peers(server.grpc_port).items()
+                  if peer not in before]
+        client.stop_stream()
+        client.close()
+        assert all(error is None for _, error in got)
+        assert [result.get_response().id for result, _ in got] == ["0", "1", "2", "3", "4"]
+        for result, _ in got:
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+        if landed and landed[0] in children:
+            return
+    pytest.fail("no gRPC connection landed on a frontend process")
