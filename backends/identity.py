@@ -11,7 +11,7 @@ base delay), and `creation_delay_sec` (sleep while the model loads).
 from __future__ import annotations
 
 import time
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -32,6 +32,9 @@ def _parameter(config, key: str, default: float = 0.0) -> float:  # type: ignore
 class IdentityBackend(Backend):
     backend_name = "identity"
     default_model_filename = ""
+    # Like the C++ backend, each request of a batch is copied on its own (one execute call per
+    # batch): ragged inputs keep each request's shape, nothing is joined.
+    takes_request_lists = True
 
     def load(self) -> None:
         config = self.config
@@ -56,7 +59,11 @@ class IdentityBackend(Backend):
             time.sleep(creation)
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.execute_requests([inputs])[0]  # type: ignore[return-value]
+
+    def execute_requests(self, requests: Sequence[Mapping[str, np.ndarray]]
+                         ) -> list[dict[str, np.ndarray] | BaseException]:
         if self._delay_s > 0:
-            time.sleep(self._delay_s)
-        return {output: inputs[source] for output, source in self._sources.items()
-                if source in inputs}
+            time.sleep(self._delay_s)  # once per execute, as the C++ backend
+        return [{output: inputs[source] for output, source in self._sources.items()
+                 if source in inputs} for inputs in requests]

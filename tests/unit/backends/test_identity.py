@@ -34,6 +34,9 @@ def test_outputs_copy_the_inputs_of_the_same_number() -> None:
               "INPUT1": np.ones((2, 2), np.int32)}
     outputs = _backend().execute(inputs)
     assert outputs["OUTPUT0"] is inputs["INPUT0"] and outputs["OUTPUT1"] is inputs["INPUT1"]
+    ragged = [{"INPUT0": np.ones((1, 16), np.float32)}, {"INPUT0": np.ones((1, 8), np.float32)}]
+    answers = _backend().execute_requests(ragged)  # each request keeps its own shape
+    assert [a["OUTPUT0"].shape for a in answers] == [(1, 16), (1, 8)]  # type: ignore[index]
 
 
 @pytest.mark.parametrize("index, expected_ms", [(0, 50), (1, 100), (2, 200)])
