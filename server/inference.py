@@ -5,8 +5,8 @@ models and shadow traffic. It is built once in server/app.py and handed to whoev
 (the model manager passes `infer_admitted` to the ensembles it builds), so nothing reaches
 back into the server through a patched attribute.
 
-The path resolves the version (where a traffic policy will pick one), keeps count of what is
-in flight so shutdown can wait for it, and submits to that version's scheduler, which validates
+The path resolves the version (a model's traffic policy, server/traffic.py, picks one when set:
+one dict lookup otherwise), keeps count of what is in flight so shutdown can wait for it, and submits to that version's scheduler, which validates
 and queues (scheduler/interface.py). Classification and output selection happen here, once the
 answer is back, with the labels the version read when it loaded.
 """
@@ -19,19 +19,30 @@ from protocol.classification import classify
 from protocol.errors import InternalError, server_exiting
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, VersionRecord
+from server.traffic import NAMED, TrafficControl
 
 
 class InferencePath:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry,
+                 traffic: Optional[TrafficControl] = None) -> None:
         self.registry = registry
+        self.traffic = traffic if traffic is not None else TrafficControl(registry)
+        self._policies = self.traffic.policies  # model -> policy in force (gray release)
         self.exiting = False
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
     def resolve(self, name: str, version: str = "") -> VersionRecord:
-        """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE."""
-        return self.registry.resolve(name, version)
+        """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE
+        (a raw binary body, which carries no traffic_key, is resolved before it is decoded)."""
+        policy = self._policies.get(name)
+        if policy is not None:
+            return self.traffic.resolve(policy, name, version)
+        record = self.registry.resolve(name, version)
+        if version and version != "-1":
+            self.traffic.count(name, record.version, NAMED)
+        return record
 
     async def infer(self, request: InferRequest,
                     record: Optional[VersionRecord] = None) -> InferResponse:
@@ -45,8 +56,18 @@ class InferencePath:
                              record: Optional[VersionRecord] = None) -> InferResponse:
         """`infer` without the exiting check: work on behalf of a request already admitted
         (an ensemble's steps), which must finish during the drain."""
+        policy = self._policies.get(request.model_name)
+        if policy is not None:
+            return await self.traffic.infer(policy, request, record, self._submit)
         if record is None:
-            record = self.registry.resolve(request.model_name, request.model_version)
+            version = request.model_version
+            record = self.registry.resolve(request.model_name, version)
+            if version and version != "-1":
+                self.traffic.count(request.model_name, record.version, NAMED)
+        return await self._submit(request, record)
+
+    async def _submit(self, request: InferRequest, record: VersionRecord) -> InferResponse:
+        """Submit to the version's scheduler and wait for its answer, counted in flight."""
         scheduler = record.scheduler
         assert scheduler is not None
         future = scheduler.submit(request)  # validates; raises at once when refused
