@@ -32,7 +32,7 @@ from server.metrics import ServerMetrics, worker_restarts
 from server.metrics_http import build_metrics_app
 from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
-from server.traffic import TrafficControl, TrafficHooks
+from server.traffic import TrafficControl, TrafficHooks, TrafficSettings
 
 log = logging.getLogger("ascend_serve")
 
@@ -62,7 +62,8 @@ class ServerApp:
         self.metrics = ServerMetrics(restarts=lambda: worker_restarts(self.registry))
         # The one in-process infer: frontends call it through the core, ensembles directly.
         # Gray release: traffic policies, told of every version that starts or stops serving.
-        self.traffic = TrafficControl(self.registry)
+        self.traffic = TrafficControl(self.registry, TrafficSettings(
+            settings.traffic_gate_interval_secs, settings.traffic_shadow_max_inflight))
         self.metrics.add_collector(self.traffic)
         self.inference = InferencePath(self.registry, self.traffic)
         self.manager = ModelManager(

@@ -402,3 +402,47 @@ def test_zero_failed_requests_while_weighted_versions_unload_and_load(tmp_path: 
         assert [o for o in outcomes if o[0] != 200] == []
         assert {v for _, v in outcomes[mark + 3:]} == {"3"}
         assert "model 'simple': traffic weights of version(s) 2 dropped" in server.log()
+
+
+# ----- gRPC: ascend.traffic.v1.TrafficService -------------------------------------------------
+def test_the_traffic_service_over_grpc(server: ServerProcess,
+                                       grpc: grpcclient.InferenceServerClient) -> None:
+    import grpc as grpclib
+
+    from protocol import traffic_service_pb2 as tpb
+    from protocol.traffic_service_pb2_grpc import TrafficServiceStub
+
+    with grpclib.insecure_channel(server.grpc_url) as channel:
+        stub = TrafficServiceStub(channel)
+        policy = tpb.TrafficPolicy(weights={"1": 50, "2": 50},
+                                   shadow=tpb.Shadow(version="3", fraction=0.5))
+        reply = stub.SetTraffic(tpb.SetTrafficRequest(model="simple", policy=policy))
+        assert dict(reply.weights) == {"1": 50, "2": 50} and reply.shadow.fraction == 0.5
+        assert traffic(server, "simple").json() == {
+            "model": "simple", "weights": {"1": 50, "2": 50},
+            "shadow": {"version": "3", "fraction": 0.5}, "canary": None}
+        # A key set over gRPC's API routes the same for HTTP and gRPC inference.
+        key = {"traffic_key": "user-7"}
+        assert simple_version(grpc.infer("simple", simple_inputs(grpcclient), parameters=key)) \
+            == httpx.post(f"{server.base}/v2/models/simple/infer", timeout=10, json={
+                "inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": [0] * 16}
+                           for n in ("INPUT0", "INPUT1")], "parameters": key}
+            ).json()["model_version"]
+        with pytest.raises(grpclib.RpcError) as refused:
+            stub.SetTraffic(tpb.SetTrafficRequest(model="simple", policy=tpb.TrafficPolicy(
+                weights={"1": -1})))
+        assert refused.value.code() == grpclib.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == \
+            "traffic policy: weight of version '1' is negative (-1)"
+        with pytest.raises(grpclib.RpcError) as unknown:
+            stub.GetTraffic(tpb.TrafficRequest(model="nope"))
+        assert unknown.value.code() == grpclib.StatusCode.NOT_FOUND
+        canary = tpb.Canary(baseline="1", candidate="2", steps=[50, 100], step_seconds=3600,
+                            no_latency_gate=True)
+        reply = stub.SetTraffic(tpb.SetTrafficRequest(model="simple", policy=tpb.TrafficPolicy(
+            canary=canary)))
+        assert dict(reply.weights) == {"1": 50, "2": 50} and not reply.HasField("shadow")
+        assert reply.canary.state == "running" and reply.canary.min_requests == 50
+        assert traffic(server, "simple").json()["canary"]["max_p99_ms"] is None
+        reply = stub.DeleteTraffic(tpb.TrafficRequest(model="simple"))
+        assert not reply.weights and not reply.HasField("canary")
