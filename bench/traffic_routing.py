@@ -21,9 +21,10 @@ from protocol.model_config_pb2 import ModelConfig
 from protocol.traffic_json import decode_traffic
 from protocol.types import InferRequest, InferResponse, Tensor
 from repository.registry import ModelRegistry, ModelState, VersionRecord
-from scheduler.interface import Scheduler, VersionSpec
+from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
 from server.inference import InferencePath
+from tests.fakescheduler import InstantScheduler
 
 CONFIG = """name: "m" max_batch_size: 0
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
@@ -32,17 +33,8 @@ N = 20_000
 REPEATS = 5
 
 
-class _Immediate(Scheduler):
+class _Immediate(InstantScheduler):
     """Validates like every scheduler, then answers at once."""
-
-    async def start(self) -> None: ...
-
-    async def drain(self, timeout: float) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def healthy(self) -> bool:
-        return True
 
     def _admit(self, request: InferRequest) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()

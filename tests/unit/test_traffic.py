@@ -18,10 +18,12 @@ from protocol.model_config_pb2 import ModelConfig
 from protocol.traffic_json import decode_traffic
 from protocol.types import InferRequest, InferResponse, Tensor
 from repository.registry import ModelRegistry, ModelState, VersionRecord
-from scheduler.interface import Scheduler, VersionSpec
+from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
 from server.inference import InferencePath
 from server.traffic import TrafficControl, TrafficSettings
+
+from fakescheduler import InstantScheduler
 
 CONFIG = """
 name: "m" max_batch_size: 0
@@ -30,7 +32,7 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 
-class VersionScheduler(Scheduler):
+class VersionScheduler(InstantScheduler):
     """Answers with its version number; fails, or holds answers, when told to."""
 
     def __init__(self, spec: VersionSpec, stats: VersionStatistics) -> None:
@@ -39,15 +41,6 @@ class VersionScheduler(Scheduler):
         self.hold = False
         self.held: list[asyncio.Future] = []
         self.seen = 0
-
-    async def start(self) -> None: ...
-
-    async def drain(self, timeout: float) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def healthy(self) -> bool:
-        return True
 
     def _admit(self, request: InferRequest) -> asyncio.Future:
         self.seen += 1
