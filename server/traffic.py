@@ -27,7 +27,7 @@ from protocol.errors import InvalidArgument, ServerError
 from protocol.traffic_json import ShadowSpec, TrafficSpec, decode_traffic, encode_traffic
 from protocol.types import InferRequest, InferResponse
 from repository.canary import DEFAULT_WINDOW, ROLLED_BACK, STEP, Canary
-from repository.registry import ModelRecord, ModelRegistry, VersionRecord
+from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord
 from repository.traffic_split import WeightTable
 from server.shadow import DEFAULT_MAX_INFLIGHT, ShadowSender
 
@@ -277,11 +277,10 @@ class TrafficControl:
             return
         try:
             spec = decode_traffic(orjson.loads(path.read_bytes()))
+            if _waiting_for(model, spec):
+                return  # a version it names is still loading: try again when one is up
             self.replace(name, spec)
         except (OSError, orjson.JSONDecodeError, ServerError) as exc:
-            if isinstance(exc, InvalidArgument) and "is not READY" in exc.message and any(
-                    r.state.value == "LOADING" for r in model.versions.values()):
-                return  # a version it names is still loading: try again when it is up
             self._file_seen.add(name)
             log.error("model '%s': %s ignored: %s", name, path,
                       getattr(exc, "message", None) or exc)
@@ -309,6 +308,15 @@ class TrafficControl:
         for (model, version), value in list(self.shadow.errors.items()):
             errors.add_metric([model, str(version)], value)
         return [requests, transitions, errors]
+
+
+def _waiting_for(model: ModelRecord, spec: TrafficSpec) -> bool:
+    """Whether a version the policy names is not serving yet but still loading."""
+    for version in spec.versions:
+        record = model.versions.get(int(version))
+        if record is not None and record.state is ModelState.LOADING:
+            return True
+    return False
 
 
 class TrafficHooks:

@@ -189,27 +189,32 @@ def test_traffic_json_holds_from_startup(server: ServerProcess,
 
 
 # ----- routing ------------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_the_split_is_within_binomial_bounds_and_a_named_version_wins(
-        server: ServerProcess, http: httpclient.InferenceServerClient) -> None:
+        server: ServerProcess, protocol: str, request: pytest.FixtureRequest) -> None:
+    client = request.getfixturevalue(protocol)
+    module = httpclient if protocol == "http" else grpcclient
     traffic(server, "simple", "PUT", {"weights": {"1": 80, "2": 20, "3": 0}})
     try:
         n = 400
         before = metric(server, "ascend_traffic_requests_total", model="simple", version="2",
                         route="split")
-        versions = [simple_version(http.infer("simple", simple_inputs(httpclient, i), ), i)
+        named_before = metric(server, "ascend_traffic_requests_total", model="simple",
+                              version="3", route="named")
+        versions = [simple_version(client.infer("simple", simple_inputs(module, i)), i)
                     for i in range(n)]
         twos = versions.count("2")
         # Binomial(400, 0.2): mean 80, standard deviation 8; five of them either side.
         assert versions.count("3") == 0 and abs(twos - 80) <= 40, twos
         assert metric(server, "ascend_traffic_requests_total", model="simple", version="2",
                       route="split") - before == twos
-        named = http.infer("simple", simple_inputs(httpclient), model_version="3")
+        named = client.infer("simple", simple_inputs(module), model_version="3")
         assert simple_version(named) == "3"
         assert metric(server, "ascend_traffic_requests_total", model="simple", version="3",
-                      route="named") >= 1
+                      route="named") == named_before + 1
     finally:
         traffic(server, "simple", "DELETE")
-    assert simple_version(http.infer("simple", simple_inputs(httpclient))) == "3"
+    assert simple_version(client.infer("simple", simple_inputs(module))) == "3"
 
 
 def test_a_key_lands_on_one_version_whatever_the_protocol(

@@ -232,6 +232,18 @@ async def test_traffic_json_applies_when_the_model_comes_up(path: InferencePath,
     assert "m" not in path.traffic.policies
 
 
+async def test_traffic_json_waits_for_a_version_still_loading(path: InferencePath,
+                                                              tmp_path: Path) -> None:
+    (tmp_path / "traffic.json").write_text(json.dumps({"weights": {"1": 1, "3": 1}}))
+    versions = path.registry.models["m"].versions
+    versions[3].state = ModelState.LOADING
+    path.traffic.settle("m")
+    assert "m" not in path.traffic.policies
+    versions[3].state = ModelState.READY
+    path.traffic.settle("m")
+    assert path.traffic.status("m")["weights"] == {"1": 1, "3": 1}
+
+
 async def test_a_bad_traffic_json_is_logged_and_ignored(path: InferencePath, tmp_path: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "traffic.json").write_text('{"weights": {"1": -1}}')
