@@ -35,14 +35,12 @@ class InferencePath:
 
     def resolve(self, name: str, version: str = "") -> VersionRecord:
         """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE
-        (a raw binary body, which carries no traffic_key, is resolved before it is decoded)."""
+        (a raw binary body, which carries no traffic_key, is resolved before it is decoded,
+        and then inferred on that version: it is counted there)."""
         policy = self._policies.get(name)
         if policy is not None:
-            return self.traffic.resolve(policy, name, version)
-        record = self.registry.resolve(name, version)
-        if version and version != "-1":
-            self.traffic.count(name, record.version, NAMED)
-        return record
+            return self.traffic.resolve(policy, name, version, count=False)
+        return self.registry.resolve(name, version)
 
     async def infer(self, request: InferRequest,
                     record: Optional[VersionRecord] = None) -> InferResponse:
@@ -59,11 +57,11 @@ class InferencePath:
         policy = self._policies.get(request.model_name)
         if policy is not None:
             return await self.traffic.infer(policy, request, record, self._submit)
+        version = request.model_version
         if record is None:
-            version = request.model_version
             record = self.registry.resolve(request.model_name, version)
-            if version and version != "-1":
-                self.traffic.count(request.model_name, record.version, NAMED)
+        if version and version != "-1":
+            self.traffic.count(request.model_name, record.version, NAMED)
         return await self._submit(request, record)
 
     async def _submit(self, request: InferRequest, record: VersionRecord) -> InferResponse:

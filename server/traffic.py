@@ -129,12 +129,14 @@ class TrafficControl:
         key = (name, version, route)
         self.counts[key] = self.counts.get(key, 0) + 1
 
-    def resolve(self, policy: Policy, name: str, version: str,
-                key: Optional[str] = None) -> VersionRecord:
-        """The version a request goes to under `policy`, counted by route."""
+    def resolve(self, policy: Policy, name: str, version: str, key: Optional[str] = None,
+                count: bool = True) -> VersionRecord:
+        """The version a request goes to under `policy`, counted by route (unless `count` is
+        false: a raw body's version resolved for its decoding, counted when inferred)."""
         if version and version != "-1":
             record = self.registry.resolve(name, version)
-            self.count(name, record.version, NAMED)
+            if count:
+                self.count(name, record.version, NAMED)
             return record
         table = policy.table
         if table is None:
@@ -148,17 +150,23 @@ class TrafficControl:
             if not rest:
                 return self.registry.resolve(name, "")
             record = model.versions[rest.pick(key)]  # type: ignore[union-attr]
-        self.count(name, record.version, SPLIT if key is None else STICKY)
+        if count:
+            self.count(name, record.version, SPLIT if key is None else STICKY)
         return record
 
     async def infer(self, policy: Policy, request: InferRequest,
                     record: Optional[VersionRecord], submit: Submit) -> InferResponse:
         """Route (unless the frontend already resolved the version), submit, feed the canary
         with the candidate's answers, and send the shadow once the answer is computed."""
+        version = request.model_version
         if record is None:
             key = request.parameters.get(KEY_PARAMETER) if request.parameters else None
-            record = self.resolve(policy, request.model_name, request.model_version,
+            record = self.resolve(policy, request.model_name, version,
                                   None if key is None else str(key))
+        else:  # resolved (uncounted) before its raw body was decoded: no key, so a split
+            named = bool(version) and version != "-1"
+            if named or policy.table is not None:
+                self.count(request.model_name, record.version, NAMED if named else SPLIT)
         canary = policy.canary
         if canary is not None and canary.running and record.version == canary.candidate:
             started = time.perf_counter_ns()
@@ -173,7 +181,7 @@ class TrafficControl:
         else:
             response = await submit(request, record)
         shadow = policy.shadow
-        if shadow is not None and request.model_version in ("", "-1"):
+        if shadow is not None and version in ("", "-1"):
             self.shadow.maybe_send(request.model_name, shadow, request)
         return response
 

@@ -451,3 +451,34 @@ def test_the_traffic_service_over_grpc(server: ServerProcess,
         assert traffic(server, "simple").json()["canary"]["max_p99_ms"] is None
         reply = stub.DeleteTraffic(tpb.TrafficRequest(model="simple"))
         assert not reply.weights and not reply.HasField("canary")
+
+
+# ----- several frontend processes: the owner routes, every process answers the same -----------
+def test_policies_with_frontend_processes(tmp_path: Path) -> None:
+    root = build_repo(tmp_path / "repo")
+    with running_server([root], ["--frontend-processes", "2"], log_dir=tmp_path) as server:
+        policy = {"weights": {"1": 50, "2": 50}, "shadow": None, "canary": None}
+        reply = traffic(server, "simple", "PUT", {"weights": {"1": 50, "2": 50}})
+        assert reply.status_code == 200 and reply.json() == {"model": "simple", **policy}
+        # Fresh connections land on different processes; each reads the owner's policy.
+        for _ in range(12):
+            assert traffic(server, "simple").json() == {"model": "simple", **policy}
+            reply = traffic(server, "simple", "PUT", {"weights": {"1": -1}})
+            assert reply.status_code == 400
+            assert reply.json() == {"error": "traffic policy: weight of version '1' is negative (-1)"}
+            assert traffic(server, "nope").status_code == 404
+        body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": [0] * 16}
+                           for n in ("INPUT0", "INPUT1")]}
+        for i in range(20):
+            key = {"traffic_key": f"user-{i}"}
+            answers = {httpx.post(f"{server.base}/v2/models/simple/infer", timeout=10,
+                                  json={**body, "parameters": key}).json()["model_version"]
+                       for _ in range(4)}
+            with grpcclient.InferenceServerClient(server.grpc_url) as client:
+                answers.add(simple_version(client.infer("simple", simple_inputs(grpcclient),
+                                                        parameters=key)))
+            assert len(answers) == 1
+        split = sum(metric(server, "ascend_traffic_requests_total", model="simple",
+                           version=v, route="sticky") for v in ("1", "2"))
+        assert split == 100
+        assert traffic(server, "simple", "DELETE").status_code == 200

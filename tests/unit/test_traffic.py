@@ -111,7 +111,9 @@ async def test_without_a_policy_the_latest_answers_and_named_requests_are_counte
     assert await answered(path) == "3"
     assert await answered(path, "1") == "1"
     assert path.traffic.counts == {("m", 1, "named"): 1}
-    assert path.resolve("m", "2").version == 2
+    record = path.resolve("m", "2")  # a raw body's version, resolved to decode it
+    assert record.version == 2 and ("m", 2, "named") not in path.traffic.counts
+    assert (await path.infer(request("2"), record)).model_version == "2"
     assert path.traffic.counts[("m", 2, "named")] == 1
 
 
@@ -131,8 +133,13 @@ async def test_a_key_sticks_while_the_weights_are_unchanged(path: InferencePath)
     again = {key: await answered(path, key=key) for key in first}
     assert first == again and set(first.values()) == {"1", "2"}
     assert sum(path.traffic.counts[("m", v, "sticky")] for v in (1, 2)) == 200
-    # The same routing for a raw body, resolved before decoding (no key: split).
-    assert path.resolve("m").version in (1, 2)
+    # A raw body is resolved before decoding (no key: a split), and counted once inferred.
+    before = dict(path.traffic.counts)
+    record = path.resolve("m")
+    assert record.version in (1, 2) and path.traffic.counts == before
+    assert await path.infer(request(), record) is not None
+    assert path.traffic.counts[("m", record.version, "split")] == \
+        before.get(("m", record.version, "split"), 0) + 1
 
 
 async def test_a_refused_put_leaves_the_policy_in_force(path: InferencePath) -> None:
