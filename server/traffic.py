@@ -90,6 +90,7 @@ class TrafficControl:
         self.transitions: dict[tuple[str, str], int] = {}  # (model, to)
         self.shadow = ShadowSender(registry, self.count, settings.shadow_max_inflight)
         self._gate: Optional[asyncio.Task] = None
+        self._closed = False
         self._pending: set[str] = set()  # models with a version event to settle
         self._file_seen: set[str] = set()  # traffic.json looked at since the model came up
 
@@ -187,14 +188,18 @@ class TrafficControl:
 
     # ----- the canary gate -----------------------------------------------------------------
     def _start_gate(self) -> None:
-        if self._gate is None or self._gate.done():
+        if not self._closed and (self._gate is None or self._gate.done()):
             with contextlib.suppress(RuntimeError):  # no running loop: tests call tick()
                 self._gate = asyncio.get_running_loop().create_task(self._run_gate())
 
     async def _run_gate(self) -> None:
+        """Runs while a canary runs (a PUT with a canary starts it again)."""
         while any(p.canary is not None and p.canary.running for p in self.policies.values()):
             await asyncio.sleep(self.settings.gate_interval_s)
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - one bad evaluation must not stop every canary
+                log.exception("canary gate")
 
     def tick(self) -> None:
         """Evaluate every running canary once (the gate's period; tests call it directly)."""
@@ -224,7 +229,8 @@ class TrafficControl:
                         name, spec.candidate, canary.reason)
 
     async def stop(self) -> None:
-        """Cancel the gate (server shutdown)."""
+        """Cancel the gate (server shutdown); it does not start again."""
+        self._closed = True
         gate, self._gate = self._gate, None
         if gate is not None and not gate.done():
             gate.cancel()
