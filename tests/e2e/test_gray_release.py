@@ -482,3 +482,27 @@ def test_policies_with_frontend_processes(tmp_path: Path) -> None:
                            version=v, route="sticky") for v in ("1", "2"))
         assert split == 100
         assert traffic(server, "simple", "DELETE").status_code == 200
+
+
+def test_a_version_removed_in_poll_mode_drops_out_and_a_new_one_gets_nothing(
+        tmp_path: Path) -> None:
+    import shutil
+
+    root = build_repo(tmp_path / "repo")
+    poll = ["--model-control-mode", "poll", "--repository-poll-secs", "0.2",
+            "--repository-settle-secs", "0"]
+    with running_server([root], poll, log_dir=tmp_path) as server, \
+            httpclient.InferenceServerClient(server.http_url) as client:
+        traffic(server, "simple", "PUT", {"weights": {"1": 1, "2": 3}})
+        shutil.rmtree(root / "simple" / "2")
+        wait_for(lambda: traffic(server, "simple").json()["weights"] == {"1": 1},
+                 "version 2's weight to drop out")
+        write_version(root / "simple", 4, 400, config=False)
+        wait_for(lambda: httpx.post(f"{server.base}/v2/repository/index", timeout=10).json()
+                 .count({"name": "simple", "version": "4", "state": "READY"}) == 1,
+                 "version 4 to load")
+        # The policy still routes everything to version 1; 4 answers only when named.
+        assert {client.infer("simple", simple_inputs(httpclient)).get_response()
+                ["model_version"] for _ in range(20)} == {"1"}
+        assert client.infer("simple", simple_inputs(httpclient),
+                            model_version="4").get_response()["model_version"] == "4"
