@@ -16,13 +16,14 @@ version read when it loaded.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable, Optional
 
 from protocol.classification import classify
 from protocol.errors import InternalError, server_exiting
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, VersionRecord
-from server.traffic import NAMED, TrafficControl
+from server.traffic import NAMED, Policy, TrafficControl
 
 
 class InferencePath:
@@ -53,19 +54,37 @@ class InferencePath:
             raise server_exiting()
         return await self.infer_admitted(request, record)
 
-    async def infer_admitted(self, request: InferRequest,
-                             record: Optional[VersionRecord] = None) -> InferResponse:
-        """`infer` without the exiting check: work on behalf of a request already admitted
-        (an ensemble's steps), which must finish during the drain."""
+    def _route(self, request: InferRequest, record: Optional[VersionRecord]
+               ) -> tuple[VersionRecord, Optional[Policy]]:
+        """The version a request goes to (`record` when already resolved), counted, and the
+        model's traffic policy when one is set (one dict lookup when none is)."""
         policy = self._policies.get(request.model_name)
         if policy is not None:
-            return await self.traffic.infer(policy, request, record, self._submit)
+            return self.traffic.route(policy, request, record), policy
         version = request.model_version
         if record is None:
             record = self.registry.resolve(request.model_name, version)
         if version and version != "-1":
             self.traffic.count(request.model_name, record.version, NAMED)
-        return await self._submit(request, record)
+        return record, None
+
+    async def infer_admitted(self, request: InferRequest,
+                             record: Optional[VersionRecord] = None) -> InferResponse:
+        """`infer` without the exiting check: work on behalf of a request already admitted
+        (an ensemble's steps), which must finish during the drain."""
+        record, policy = self._route(request, record)
+        if policy is None:
+            return await self._submit(request, record)
+        started = time.perf_counter_ns()
+        try:
+            response = await self._submit(request, record)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self.traffic.answered(policy, request, record, started, False)
+            raise
+        self.traffic.answered(policy, request, record, started, True)
+        return response
 
     async def _submit(self, request: InferRequest, record: VersionRecord) -> InferResponse:
         """Submit to the version's scheduler and wait for its answer, counted in flight."""
@@ -88,12 +107,16 @@ class InferencePath:
         owner answering a frontend process): `on_done(response, error)` runs on the loop once
         the answer is in. Returns the scheduler's future (cancelling it drops the request if
         it has not run), or None when the request was refused at once (on_done has run)."""
+        policy: Optional[Policy] = None
         try:
             if self.exiting:
                 raise server_exiting()
-            record = self.registry.resolve(request.model_name, request.model_version)
+            record, policy = self._route(request, None)
+            started = time.perf_counter_ns()
             future = record.scheduler.submit(request)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - the caller answers with it
+            if policy is not None:  # refused by the version the policy picked
+                self.traffic.answered(policy, request, record, started, False)
             on_done(None, exc)
             return None
         self.inflight += 1
@@ -106,6 +129,8 @@ class InferencePath:
             if done.cancelled():
                 return
             error = done.exception()
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, error is None)
             if error is None:
                 try:
                     on_done(_select_outputs(done.result(), request.outputs, record), None)

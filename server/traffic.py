@@ -18,14 +18,14 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import orjson
 from prometheus_client.core import CounterMetricFamily
 
 from protocol.errors import InvalidArgument, ServerError
 from protocol.traffic_json import ShadowSpec, TrafficSpec, decode_traffic, encode_traffic
-from protocol.types import InferRequest, InferResponse
+from protocol.types import InferRequest
 from repository.canary import DEFAULT_WINDOW, ROLLED_BACK, STEP, Canary
 from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord
 from repository.traffic_split import WeightTable
@@ -35,7 +35,6 @@ log = logging.getLogger("ascend_serve.traffic")
 
 SPLIT, STICKY, NAMED = "split", "sticky", "named"
 KEY_PARAMETER = "traffic_key"
-Submit = Callable[[InferRequest, VersionRecord], Awaitable[InferResponse]]
 
 
 @dataclass(frozen=True)
@@ -155,36 +154,31 @@ class TrafficControl:
             self.count(name, record.version, SPLIT if key is None else STICKY)
         return record
 
-    async def infer(self, policy: Policy, request: InferRequest,
-                    record: Optional[VersionRecord], submit: Submit) -> InferResponse:
-        """Route (unless the frontend already resolved the version), submit, feed the canary
-        with the candidate's answers, and send the shadow once the answer is computed."""
+    def route(self, policy: Policy, request: InferRequest,
+              record: Optional[VersionRecord]) -> VersionRecord:
+        """The version `request` goes to, counted; `record` when the frontend already
+        resolved it (uncounted, to decode a raw body, which has no key: a split)."""
         version = request.model_version
         if record is None:
             key = request.parameters.get(KEY_PARAMETER) if request.parameters else None
-            record = self.resolve(policy, request.model_name, version,
-                                  None if key is None else str(key))
-        else:  # resolved (uncounted) before its raw body was decoded: no key, so a split
-            named = bool(version) and version != "-1"
-            if named or policy.table is not None:
-                self.count(request.model_name, record.version, NAMED if named else SPLIT)
+            return self.resolve(policy, request.model_name, version,
+                                None if key is None else str(key))
+        named = bool(version) and version != "-1"
+        if named or policy.table is not None:
+            self.count(request.model_name, record.version, NAMED if named else SPLIT)
+        return record
+
+    def answered(self, policy: Policy, request: InferRequest, record: VersionRecord,
+                 started_ns: int, ok: bool) -> None:
+        """A routed request's answer is in (`ok`: not an error): the canary counts the
+        candidate's answers, and a successful request that named no version may be shadowed
+        (the copy starts on the next loop turn, after the caller has the answer)."""
         canary = policy.canary
         if canary is not None and canary.running and record.version == canary.candidate:
-            started = time.perf_counter_ns()
-            try:
-                response = await submit(request, record)
-            except asyncio.CancelledError:
-                raise
-            except BaseException:
-                canary.record((time.perf_counter_ns() - started) / 1e6, False)
-                raise
-            canary.record((time.perf_counter_ns() - started) / 1e6, True)
-        else:
-            response = await submit(request, record)
+            canary.record((time.perf_counter_ns() - started_ns) / 1e6, ok)
         shadow = policy.shadow
-        if shadow is not None and version in ("", "-1"):
+        if ok and shadow is not None and request.model_version in ("", "-1"):
             self.shadow.maybe_send(request.model_name, shadow, request)
-        return response
 
     # ----- the canary gate -----------------------------------------------------------------
     def _start_gate(self) -> None:

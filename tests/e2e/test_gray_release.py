@@ -457,8 +457,9 @@ def test_the_traffic_service_over_grpc(server: ServerProcess,
 def test_policies_with_frontend_processes(tmp_path: Path) -> None:
     root = build_repo(tmp_path / "repo")
     with running_server([root], ["--frontend-processes", "2"], log_dir=tmp_path) as server:
-        policy = {"weights": {"1": 50, "2": 50}, "shadow": None, "canary": None}
-        reply = traffic(server, "simple", "PUT", {"weights": {"1": 50, "2": 50}})
+        policy = {"weights": {"1": 50, "2": 50}, "shadow": {"version": "3", "fraction": 1.0},
+                  "canary": None}
+        reply = traffic(server, "simple", "PUT", {k: v for k, v in policy.items() if v})
         assert reply.status_code == 200 and reply.json() == {"model": "simple", **policy}
         # Fresh connections land on different processes; each reads the owner's policy.
         for _ in range(12):
@@ -481,6 +482,8 @@ def test_policies_with_frontend_processes(tmp_path: Path) -> None:
         split = sum(metric(server, "ascend_traffic_requests_total", model="simple",
                            version=v, route="sticky") for v in ("1", "2"))
         assert split == 100
+        wait_for(lambda: metric(server, "ascend_traffic_requests_total", model="simple",
+                                version="3", route="shadow") == 100, "a shadow of each request")
         assert traffic(server, "simple", "DELETE").status_code == 200
 
 

@@ -289,6 +289,28 @@ async def test_a_held_shadow_never_holds_the_client_and_overflow_is_dropped(
     assert path.traffic.shadow.inflight == 0
 
 
+async def test_infer_nowait_routes_feeds_the_canary_and_shadows(path: InferencePath) -> None:
+    """The path the model owner answers frontend processes by, without a task per request."""
+    scheduler(path, 2).fail = True
+    put(path, {"canary": {"baseline": "1", "candidate": "2", "steps": [50, 100],
+                          "min_requests": 1000},
+               "shadow": {"version": "3", "fraction": 1.0}})
+    answers: list[str] = []
+    for i in range(200):
+        path.infer_nowait(request(key=f"user-{i}"), lambda response, error: answers.append(
+            response.model_version if response is not None else type(error).__name__))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(answers) == 200 and set(answers) == {"1", "InternalError"}
+    canary = path.traffic.policies["m"].canary
+    assert canary.window.served == canary.window.failed == answers.count("InternalError")
+    # Every success is shadowed: sent, or dropped over the in-flight limit (all start at once).
+    sent, dropped = path.traffic.counts[("m", 3, "shadow")], path.traffic.shadow.errors
+    assert sent == path.traffic.shadow.max_inflight
+    assert sent + dropped[("m", 3)] == answers.count("1")
+    assert path.traffic.counts[("m", 2, "sticky")] == answers.count("InternalError")
+
+
 async def test_the_gate_task_runs_and_stops(path: InferencePath) -> None:
     put(path, {"canary": {"baseline": "1", "candidate": "2"}})
     gate = path.traffic._gate
