@@ -112,7 +112,7 @@ class InferencePath:
             if self.exiting:
                 raise server_exiting()
             record, policy = self._route(request, None)
-            started = time.perf_counter_ns()
+            started = time.perf_counter_ns() if policy is not None else 0
             future = record.scheduler.submit(request)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - the caller answers with it
             if policy is not None:  # refused by the version the policy picked
