@@ -54,51 +54,46 @@ class InferencePath:
             raise server_exiting()
         return await self.infer_admitted(request, record)
 
-    def _route(self, request: InferRequest, record: Optional[VersionRecord]
-               ) -> tuple[VersionRecord, Optional[Policy]]:
-        """The version a request goes to (`record` when already resolved), counted, and the
-        model's traffic policy when one is set (one dict lookup when none is)."""
-        policy = self._policies.get(request.model_name)
-        if policy is not None:
-            return self.traffic.route(policy, request, record), policy
-        version = request.model_version
-        if record is None:
-            record = self.registry.resolve(request.model_name, version)
-        if version and version != "-1":
-            self.traffic.count(request.model_name, record.version, NAMED)
-        return record, None
-
     async def infer_admitted(self, request: InferRequest,
                              record: Optional[VersionRecord] = None) -> InferResponse:
         """`infer` without the exiting check: work on behalf of a request already admitted
-        (an ensemble's steps), which must finish during the drain."""
-        record, policy = self._route(request, record)
-        if policy is None:
-            return await self._submit(request, record)
-        started = time.perf_counter_ns()
-        try:
-            response = await self._submit(request, record)
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            self.traffic.answered(policy, request, record, started, False)
-            raise
-        self.traffic.answered(policy, request, record, started, True)
-        return response
-
-    async def _submit(self, request: InferRequest, record: VersionRecord) -> InferResponse:
-        """Submit to the version's scheduler and wait for its answer, counted in flight."""
+        (an ensemble's steps), which must finish during the drain. Under a traffic policy the
+        answer (or failure) is reported to it: the canary's outcomes, the shadow copy."""
+        policy = self._policies.get(request.model_name)  # a traffic policy (gray release)
+        if policy is None:  # as before policies existed, plus counting a named version
+            version = request.model_version
+            if record is None:
+                record = self.registry.resolve(request.model_name, version)
+            if version and version != "-1":
+                self.traffic.count(request.model_name, record.version, NAMED)
+            started = 0
+        else:
+            record = self.traffic.route(policy, request, record)
+            started = time.perf_counter_ns()
         scheduler = record.scheduler
         assert scheduler is not None
-        future = scheduler.submit(request)  # validates; raises at once when refused
+        try:
+            future = scheduler.submit(request)  # validates; raises at once when refused
+        except Exception:
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, False)
+            raise
         self.inflight += 1
         self._idle.clear()
         try:
             response = await future
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, False)
+            raise
         finally:
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
+        if policy is not None:
+            self.traffic.answered(policy, request, record, started, True)
         return _select_outputs(response, request.outputs, record)
 
     def infer_nowait(self, request: InferRequest, on_done: Callable[
@@ -107,15 +102,23 @@ class InferencePath:
         owner answering a frontend process): `on_done(response, error)` runs on the loop once
         the answer is in. Returns the scheduler's future (cancelling it drops the request if
         it has not run), or None when the request was refused at once (on_done has run)."""
-        policy: Optional[Policy] = None
+        policy = self._policies.get(request.model_name)
+        record: Optional[VersionRecord] = None
+        started = 0
         try:
             if self.exiting:
                 raise server_exiting()
-            record, policy = self._route(request, None)
-            started = time.perf_counter_ns() if policy is not None else 0
+            if policy is None:  # as infer_admitted: inline, this is the hot path
+                version = request.model_version
+                record = self.registry.resolve(request.model_name, version)
+                if version and version != "-1":
+                    self.traffic.count(request.model_name, record.version, NAMED)
+            else:
+                record = self.traffic.route(policy, request, None)
+                started = time.perf_counter_ns()
             future = record.scheduler.submit(request)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - the caller answers with it
-            if policy is not None:  # refused by the version the policy picked
+            if policy is not None and record is not None:  # refused by the version picked
                 self.traffic.answered(policy, request, record, started, False)
             on_done(None, exc)
             return None

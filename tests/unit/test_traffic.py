@@ -311,6 +311,15 @@ async def test_infer_nowait_routes_feeds_the_canary_and_shadows(path: InferenceP
     assert path.traffic.counts[("m", 2, "sticky")] == answers.count("InternalError")
 
 
+async def test_infer_nowait_refusals_under_a_policy_are_answered(path: InferencePath) -> None:
+    put(path, {"weights": {"1": 1}})
+    errors: list[str] = []
+    path.infer_nowait(request("9"), lambda response, error: errors.append(str(error)))
+    path.exiting = True
+    path.infer_nowait(request(), lambda response, error: errors.append(str(error)))
+    assert errors == ["Request for unknown model: 'm' version 9 is not found", "Server exiting"]
+
+
 async def test_the_gate_task_runs_and_stops(path: InferencePath) -> None:
     put(path, {"canary": {"baseline": "1", "candidate": "2"}})
     gate = path.traffic._gate
