@@ -1,4 +1,5 @@
-"""Generate the Python modules for ``model_config.proto`` and ``grpc_service.proto``.
+"""Generate the Python modules for ``model_config.proto``, ``grpc_service.proto`` and
+``traffic_service.proto`` (gray release, our own service).
 
 Run ``python -m protocol.generate`` (``make proto``) from the repository root after editing a
 .proto file, and commit the regenerated modules with it; a unit test fails when they are stale.
@@ -25,13 +26,16 @@ import tempfile
 from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
-PROTO_FILES = ("model_config.proto", "grpc_service.proto")
+PROTO_FILES = ("model_config.proto", "grpc_service.proto", "traffic_service.proto")
 GENERATED_FILES = (
     "model_config_pb2.py",
     "model_config_pb2.pyi",
     "grpc_service_pb2.py",
     "grpc_service_pb2.pyi",
     "grpc_service_pb2_grpc.py",
+    "traffic_service_pb2.py",
+    "traffic_service_pb2.pyi",
+    "traffic_service_pb2_grpc.py",
 )
 PACKAGE = "protocol"
 

@@ -32,6 +32,7 @@ from server.metrics import ServerMetrics, worker_restarts
 from server.metrics_http import build_metrics_app
 from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
+from server.traffic import TrafficControl, TrafficHooks, TrafficSettings
 
 log = logging.getLogger("ascend_serve")
 
@@ -60,12 +61,17 @@ class ServerApp:
         self.registry = ModelRegistry()
         self.metrics = ServerMetrics(restarts=lambda: worker_restarts(self.registry))
         # The one in-process infer: frontends call it through the core, ensembles directly.
-        self.inference = InferencePath(self.registry)
+        # Gray release: traffic policies, told of every version that starts or stops serving.
+        self.traffic = TrafficControl(self.registry, TrafficSettings(
+            settings.traffic_gate_interval_secs, settings.traffic_shadow_max_inflight))
+        self.metrics.add_collector(self.traffic)
+        self.inference = InferencePath(self.registry, self.traffic)
         self.manager = ModelManager(
             ManagerSettings(settings.model_repositories, settings.auto_complete_config,
                             settings.exit_timeout_secs, settings.model_config_name,
                             load_dependencies=settings.model_control_mode == "explicit"),
-            self.registry, self.metrics, infer=self.inference.infer_admitted)
+            self.registry, TrafficHooks(self.metrics, self.traffic),
+            infer=self.inference.infer_admitted)
         self.poller: Optional[RepositoryPoller] = None
         if settings.model_control_mode == "poll":
             self.poller = RepositoryPoller(settings.model_repositories, self.manager,
@@ -194,6 +200,7 @@ class ServerApp:
         if self.poller is not None:
             # No new loads from here; one already running gets a share of the budget.
             await self.poller.stop(timeout=max(left() - reserve, 0.0) / 2)
+        await self.traffic.stop()  # the canary gate
         drained = await self.core.wait_idle(max(left() - reserve, 0.0))
         if not drained:
             log.warning("exit timeout reached with %d request(s) in flight; failing them",

@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="poll mode: how long a version's files (or a model's config and labels) must stay "
              "unchanged before they load, unless a '.ready' file written last marks them "
              "complete; 0: two polls in a row (default 10)")
+    add("--traffic-gate-interval-secs", type=_positive_float, default=0.25,
+        help="gray release: seconds between two judgements of a running canary (a rollback "
+             "takes effect within this; default 0.25)")
+    add("--traffic-shadow-max-inflight", type=int, default=32,
+        help="gray release: shadow requests in flight before new ones are dropped and counted "
+             "(default 32)")
     add("--load-model", action="append", dest="load_models", default=[], metavar="NAME",
         help="in explicit mode, a model to load at startup; repeat for several, '*' for all")
     flag("--allow-model-load-file-override", False,
@@ -216,6 +222,8 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         allow_model_load_file_override=args.allow_model_load_file_override,
         overload_status=args.overload_status,
         frontend_processes=args.frontend_processes, frontend_shm_bytes=args.frontend_shm_bytes,
+        traffic_gate_interval_secs=args.traffic_gate_interval_secs,
+        traffic_shadow_max_inflight=max(0, args.traffic_shadow_max_inflight),
     )
 
 

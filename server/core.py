@@ -11,6 +11,7 @@ from typing import Optional
 from protocol.config_json import ConfigJsonError, config_from_json
 from protocol.errors import InvalidArgument, PermissionDenied, ServerError, Unavailable
 from protocol.model_config_pb2 import ModelConfig
+from protocol.traffic_json import TrafficSpec
 from protocol.types import (IndexEntry, InferRequest, InferResponse, ModelMetadata,
                             StatisticsSnapshot, TensorMetadata)
 from protocol import datatypes
@@ -201,6 +202,17 @@ class InferenceCore:
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight; False if the timeout passed first."""
         return await self.path.wait_idle(timeout)
+
+    # ----- gray release (server/traffic.py) ------------------------------------------------
+    def traffic_policy(self, name: str) -> dict:
+        """The GET /v2/models/M/traffic body; NOT_FOUND for an unknown model."""
+        return self.path.traffic.status(name)
+
+    def set_traffic_policy(self, name: str, spec: TrafficSpec) -> dict:
+        return self.path.traffic.replace(name, spec)
+
+    def delete_traffic_policy(self, name: str) -> dict:
+        return self.path.traffic.delete(name)
 
 
 def _type_name(value: int) -> str:

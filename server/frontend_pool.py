@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The control calls a frontend process may make: the InferenceCore API, nothing else.
 CONTROL_METHODS = frozenset({"ready", "server_metadata", "model_metadata", "model_config",
                              "model_ready", "statistics", "repository_index", "load_model",
-                             "unload_model", "resolve_rules"})
+                             "unload_model", "resolve_rules", "traffic_policy",
+                             "set_traffic_policy", "delete_traffic_policy"})
 
 
 class FrontendProcess:

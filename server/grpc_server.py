@@ -9,9 +9,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protocol.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
+from protocol.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
 from server.connections import descriptor_limit, resolve_max_connections
 from server.core import InferenceCore
 from server.grpc import HEALTH_POLL_SECONDS, InferenceServicer, Undecodable, abort, add_service
+from server.grpc_traffic import TrafficServicer
 from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
 
@@ -128,6 +130,7 @@ class GrpcFrontend:
         self.health = HealthServicer(core)
         add_service(self.server, add_GRPCInferenceServiceServicer_to_server, self.inference)
         add_service(self.server, health_pb2_grpc.add_HealthServicer_to_server, self.health)
+        add_service(self.server, add_TrafficServiceServicer_to_server, TrafficServicer(core))
         self.port = 0
 
     async def start(self) -> None:

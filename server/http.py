@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from protocol import compression, rest_decode, rest_encode
+from protocol import compression, rest_decode, rest_encode, traffic_json
 from protocol.config_json import config_to_json
 from protocol.errors import (InvalidArgument, Overloaded, ServerError, Unsupported,
                              client_error, server_exiting)
@@ -304,6 +304,19 @@ class HttpFrontend:
     async def repository_named(self, request: Request) -> Response:
         raise Unsupported("'repository_name' specification is not supported")
 
+    # ----- gray release: /v2/models/{model}/traffic (server/traffic.py) --------------------
+    async def traffic_get(self, request: Request) -> Response:
+        return json_response(self.core.traffic_policy(request.path_params["model"]))
+
+    async def traffic_put(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        self.core.traffic_policy(name)  # an unknown model is a 404 whatever the body says
+        spec = await self.json_document(request, traffic_json.decode_traffic)
+        return json_response(self.core.set_traffic_policy(name, spec))
+
+    async def traffic_delete(self, request: Request) -> Response:
+        return json_response(self.core.delete_traffic_policy(request.path_params["model"]))
+
     # ----- app ----------------------------------------------------------------------------
     def build_app(self) -> FastAPI:
         app = FastAPI(title="ascend-serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -318,6 +331,9 @@ class HttpFrontend:
             ("/v2/repository/{repo}/index", self.repository_named, "POST"),
             ("/v2/repository/{repo}/models/{model}/load", self.repository_named, "POST"),
             ("/v2/repository/{repo}/models/{model}/unload", self.repository_named, "POST"),
+            ("/v2/models/{model}/traffic", self.traffic_get, "GET"),
+            ("/v2/models/{model}/traffic", self.traffic_put, "PUT"),
+            ("/v2/models/{model}/traffic", self.traffic_delete, "DELETE"),
         ]
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:int}"):
             routes += [

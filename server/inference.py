@@ -1,36 +1,49 @@
 """The one in-process infer: pick the version, submit, answer with the outputs asked for.
 
 Every caller takes this door: both frontends, ensemble steps, and later BLS calls from Python
-models and shadow traffic. It is built once in server/app.py and handed to whoever needs it
-(the model manager passes `infer_admitted` to the ensembles it builds), so nothing reaches
-back into the server through a patched attribute.
+models. It is built once in server/app.py and handed to whoever needs it (the model manager
+passes `infer_admitted` to the ensembles it builds), so nothing reaches back into the server
+through a patched attribute. Shadow copies (server/shadow.py) are the one exception: they are
+not client requests (no routing, no in-flight count, no answer), so they go straight to the
+shadow version's scheduler, which validates and queues them like any request.
 
-The path resolves the version (where a traffic policy will pick one), keeps count of what is
-in flight so shutdown can wait for it, and submits to that version's scheduler, which validates
-and queues (scheduler/interface.py). Classification and output selection happen here, once the
-answer is back, with the labels the version read when it loaded.
+The path resolves the version (a model's traffic policy, server/traffic.py, picks one when set:
+one dict lookup otherwise), keeps count of what is in flight so shutdown can wait for it, and
+submits to that version's scheduler, which validates and queues (scheduler/interface.py).
+Classification and output selection happen here, once the answer is back, with the labels the
+version read when it loaded.
 """
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable, Optional
 
 from protocol.classification import classify
 from protocol.errors import InternalError, server_exiting
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, VersionRecord
+from server.traffic import NAMED, Policy, TrafficControl
 
 
 class InferencePath:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry,
+                 traffic: Optional[TrafficControl] = None) -> None:
         self.registry = registry
+        self.traffic = traffic if traffic is not None else TrafficControl(registry)
+        self._policies = self.traffic.policies  # model -> policy in force (gray release)
         self.exiting = False
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
     def resolve(self, name: str, version: str = "") -> VersionRecord:
-        """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE."""
+        """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE
+        (a raw binary body, which carries no traffic_key, is resolved before it is decoded,
+        and then inferred on that version: it is counted there)."""
+        policy = self._policies.get(name)
+        if policy is not None:
+            return self.traffic.resolve(policy, name, version, count=False)
         return self.registry.resolve(name, version)
 
     async def infer(self, request: InferRequest,
@@ -44,20 +57,43 @@ class InferencePath:
     async def infer_admitted(self, request: InferRequest,
                              record: Optional[VersionRecord] = None) -> InferResponse:
         """`infer` without the exiting check: work on behalf of a request already admitted
-        (an ensemble's steps), which must finish during the drain."""
-        if record is None:
-            record = self.registry.resolve(request.model_name, request.model_version)
+        (an ensemble's steps), which must finish during the drain. Under a traffic policy the
+        answer (or failure) is reported to it: the canary's outcomes, the shadow copy."""
+        policy = self._policies.get(request.model_name)  # a traffic policy (gray release)
+        if policy is None:  # as before policies existed, plus counting a named version
+            version = request.model_version
+            if record is None:
+                record = self.registry.resolve(request.model_name, version)
+            if version and version != "-1":
+                self.traffic.count(request.model_name, record.version, NAMED)
+            started = 0
+        else:
+            record = self.traffic.route(policy, request, record)
+            started = time.perf_counter_ns()
         scheduler = record.scheduler
         assert scheduler is not None
-        future = scheduler.submit(request)  # validates; raises at once when refused
+        try:
+            future = scheduler.submit(request)  # validates; raises at once when refused
+        except Exception:
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, False)
+            raise
         self.inflight += 1
         self._idle.clear()
         try:
             response = await future
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, False)
+            raise
         finally:
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
+        if policy is not None:
+            self.traffic.answered(policy, request, record, started, True)
         return _select_outputs(response, request.outputs, record)
 
     def infer_nowait(self, request: InferRequest, on_done: Callable[
@@ -66,12 +102,24 @@ class InferencePath:
         owner answering a frontend process): `on_done(response, error)` runs on the loop once
         the answer is in. Returns the scheduler's future (cancelling it drops the request if
         it has not run), or None when the request was refused at once (on_done has run)."""
+        policy = self._policies.get(request.model_name)
+        record: Optional[VersionRecord] = None
+        started = 0
         try:
             if self.exiting:
                 raise server_exiting()
-            record = self.registry.resolve(request.model_name, request.model_version)
+            if policy is None:  # as infer_admitted: inline, this is the hot path
+                version = request.model_version
+                record = self.registry.resolve(request.model_name, version)
+                if version and version != "-1":
+                    self.traffic.count(request.model_name, record.version, NAMED)
+            else:
+                record = self.traffic.route(policy, request, None)
+                started = time.perf_counter_ns()
             future = record.scheduler.submit(request)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - the caller answers with it
+            if policy is not None and record is not None:  # refused by the version picked
+                self.traffic.answered(policy, request, record, started, False)
             on_done(None, exc)
             return None
         self.inflight += 1
@@ -84,6 +132,8 @@ class InferencePath:
             if done.cancelled():
                 return
             error = done.exception()
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, error is None)
             if error is None:
                 try:
                     on_done(_select_outputs(done.result(), request.outputs, record), None)

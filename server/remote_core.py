@@ -131,6 +131,16 @@ class RemoteCore:
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         await asyncio.to_thread(self.slow.call, "unload_model", name, unload_dependents)
 
+    # ----- gray release: the owner holds the policies (server/traffic.py) ----------------
+    def traffic_policy(self, name: str) -> dict:
+        return self.quick.call("traffic_policy", name)
+
+    def set_traffic_policy(self, name: str, spec: Any) -> dict:
+        return self.quick.call("set_traffic_policy", name, spec)
+
+    def delete_traffic_policy(self, name: str) -> dict:
+        return self.quick.call("delete_traffic_policy", name)
+
     # ----- inference -------------------------------------------------------------------
     def resolve(self, name: str, version: str = "") -> Any:
         """What a raw binary body needs of the version it goes to: its input rules (the

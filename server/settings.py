@@ -68,6 +68,10 @@ class ServerSettings:
     # code it runs): refused (403 / PERMISSION_DENIED) unless this is set.
     allow_model_load_file_override: bool = False
     overload_status: int = 503  # HTTP status of a full queue: 503 or 429 (gRPC: UNAVAILABLE)
+    # Gray release (server/traffic.py): how often a running canary is judged, and how many
+    # shadow requests may be in flight before new ones are dropped (and counted).
+    traffic_gate_interval_secs: float = 0.25
+    traffic_shadow_max_inflight: int = 32
     metrics_interval_ms: int = 2000
     # Processes that accept HTTP and gRPC connections (server/frontend_pool.py): this one, which
     # owns the models and batchers, and frontend_processes - 1 more that decode requests and

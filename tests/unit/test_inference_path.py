@@ -12,9 +12,11 @@ from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, ModelState, VersionRecord
-from scheduler.interface import Scheduler, VersionSpec
+from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
 from server.inference import InferencePath
+
+from fakescheduler import InstantScheduler
 
 CONFIG = """
 name: "m" max_batch_size: 4
@@ -24,22 +26,13 @@ output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "labe
 """
 
 
-class EchoScheduler(Scheduler):
+class EchoScheduler(InstantScheduler):
     """Answers each admitted request with its input as both outputs, or holds it."""
 
     def __init__(self, spec: VersionSpec, stats: VersionStatistics) -> None:
         super().__init__(spec, stats)
         self.held: list[asyncio.Future] = []
         self.hold = False
-
-    async def start(self) -> None: ...
-
-    async def drain(self, timeout: float) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def healthy(self) -> bool:
-        return True
 
     def _admit(self, request: InferRequest) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()

@@ -1,0 +1,20 @@
+"""A scheduler with nothing to start or stop, for tests (and bench/traffic_routing.py) that
+drive server/inference.py over a registry of fake versions: subclasses write `_admit` only.
+
+Imported like serverproc (tests/conftest.py puts this folder on sys.path)."""
+from __future__ import annotations
+
+from scheduler.interface import Scheduler
+
+
+class InstantScheduler(Scheduler):
+    """Validates like every scheduler (Scheduler.submit); lifecycle calls do nothing."""
+
+    async def start(self) -> None: ...
+
+    async def drain(self, timeout: float) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def healthy(self) -> bool:
+        return True
