@@ -80,17 +80,21 @@ def run(qa_dir: Path, suite: str, keep: bool = False, extra_env: dict[str, str] 
                                      os.environ.get("PYTHONPATH")])))
         env.update(extra_env or {})
         print(f"=== {suite} in {suite_dir}", flush=True)
-        with open(suite_dir / "run_qa.log", "w") as log:
+        output = scratch / "test.sh.log"  # beside the suite: its test.sh removes its own *.log
+        with open(output, "w") as log:
             code = subprocess.call(["bash", "test.sh", TRITON_VERSION], cwd=suite_dir, env=env,
                                    stdout=log, stderr=subprocess.STDOUT)
-        passed, failed, swallowed = summarize(suite_dir)
+        passed, failed, swallowed = summarize([output, *suite_dir.glob("*.log")])
+        for line in output.read_text(errors="replace").splitlines():
+            if "Failed" in line or "FAILED" in line or "No such file" in line:
+                print(f"    {line.strip()}", flush=True)
         print(f"    unittest cases: {passed} OK, {failed} FAILED; {swallowed} exception(s) in "
               f"client threads (which the qa harness does not count)", flush=True)
         if swallowed and code == 0:
             code = 1
         print(f"=== {suite}: {'PASSED' if code == 0 else f'FAILED (exit {code})'}", flush=True)
         if code != 0 or keep:
-            print(f"    logs kept in {suite_dir}", flush=True)
+            print(f"    logs kept in {suite_dir} (test.sh's output: {output})", flush=True)
             keep = True
         return code
     finally:
@@ -98,12 +102,12 @@ def run(qa_dir: Path, suite: str, keep: bool = False, extra_env: dict[str, str] 
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def summarize(suite_dir: Path) -> tuple[int, int, int]:
+def summarize(logs: list[Path]) -> tuple[int, int, int]:
     """OK and FAILED unittest runs in the suite's logs, and exceptions raised in client threads
     (qa helpers such as infer_zero assert inside threads, where a failure does not fail the
     unittest case: counted here so that it is not missed)."""
     passed = failed = swallowed = 0
-    for path in suite_dir.glob("*.log"):
+    for path in logs:
         for line in path.read_text(errors="replace").splitlines():
             passed += line == "OK" or line.startswith("OK (")
             failed += line.startswith("FAILED (")
