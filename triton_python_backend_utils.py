@@ -8,22 +8,29 @@ ascend-serve's worker processes. It is our own implementation of the documented 
 It is imported inside every worker process, so it depends on numpy and the standard library
 only (a worker must start in well under a second).
 
-Not supported (they raise TritonModelException with a clear message): BLS
-(`InferenceRequest.exec`/`async_exec`, `load_model`, ...), decoupled response senders and
-DLPack. Custom metrics (`MetricFamily`) are not provided.
+Response senders (decoupled models), BLS (`InferenceRequest.exec` / `async_exec`),
+cancellation and custom metrics (`MetricFamily`) talk to the server through the worker
+(backends/python_model_api.py, backends/python_bridge.py). Not supported (they raise
+TritonModelException with a clear message): `load_model`, `unload_model`, `is_model_ready`,
+DLPack and GPU tensors.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
-import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from backends import python_model_api as _api
+from backends.python_model_api import (InferenceResponseSender, Logger, LogLevel, Metric,
+                                       MetricFamily, TritonModelException)
+
 __all__ = [
     "Tensor", "InferenceRequest", "InferenceResponse", "TritonError", "TritonModelException",
-    "ModelConfig", "Logger", "LogLevel",
+    "ModelConfig", "Logger", "LogLevel", "InferenceResponseSender", "MetricFamily", "Metric",
+    "using_decoupled_model_transaction_policy",
     "get_input_tensor_by_name", "get_output_tensor_by_name", "get_input_config_by_name",
     "get_output_config_by_name", "triton_to_numpy_type", "numpy_to_triton_type",
     "triton_string_to_numpy", "serialize_byte_tensor", "deserialize_bytes_tensor",
@@ -115,8 +122,22 @@ def _json_text(parameters: Any) -> str:
     return json.dumps(parameters or {})
 
 
-class TritonModelException(Exception):
-    """Raised by this module when a model uses it wrongly; also raisable by models."""
+def _json_dict(parameters: Any) -> dict:
+    """Parameters as given (a dict or a JSON object string) as a dict of plain values."""
+    if parameters is None or parameters == "":
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except ValueError:
+            raise TritonModelException("parameters must be a JSON object string or a "
+                                       "dict") from None
+    if not isinstance(parameters, dict):
+        raise TritonModelException("parameters must be a JSON object string or a dict")
+    for key, value in parameters.items():
+        if not isinstance(value, (bool, int, float, str)):
+            raise TritonModelException(f"parameter '{key}' must be a bool, int, float or str")
+    return dict(parameters)
 
 
 class TritonError:
@@ -211,6 +232,7 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._parameters = parameters  # rendered as JSON only when asked for
+        self._state: Any = None  # the worker's sender state, for requests `execute` receives
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -240,18 +262,43 @@ class InferenceRequest:
         """The request parameters as a JSON object string, as Triton hands them over."""
         return _json_text(self._parameters)
 
+    def _parameter_dict(self) -> dict:
+        return _json_dict(self._parameters)
+
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client gave up on this request (decoupled models learn it at once;
+        others when the worker next reads from the server)."""
+        return self._state is not None and self._state.cancelled
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException("decoupled models are not supported by ascend-serve")
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._state is None:
+            raise TritonModelException("a response sender is only available for the requests "
+                                       "execute() receives")
+        return InferenceResponseSender(self._state)
 
-    def exec(self, *args: Any, **kwargs: Any) -> "InferenceResponse":
-        raise TritonModelException("BLS (InferenceRequest.exec) is not supported by ascend-serve; "
-                                   "use an ensemble to call other models")
+    def exec(self, decoupled: bool = False) -> Any:
+        """BLS: run this request on another model through the server's infer path. Returns
+        its InferenceResponse, or with `decoupled=True` an iterator over its responses (the
+        last one empty, carrying the final flag)."""
+        answers = _api.bridge().infer(self, decoupled, _bls_response)
+        if decoupled:
+            return answers
+        return next(answers)
 
-    async def async_exec(self, *args: Any, **kwargs: Any) -> "InferenceResponse":
-        return self.exec()
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """`exec` for `async def execute`: other coroutines run while it waits."""
+        if decoupled:
+            answers = await asyncio.to_thread(lambda: list(self.exec(decoupled=True)))
+            return iter(answers)
+        return await asyncio.to_thread(self.exec)
+
+
+def _bls_response(message: dict) -> "InferenceResponse":
+    """A BLS answer from the server as the InferenceResponse the model sees."""
+    error = message.get("error")
+    tensors = [Tensor(name, array) for name, array in message.get("tensors", {}).items()]
+    return InferenceResponse(tensors, TritonError(error[1], error[0]) if error else None,
+                             message.get("params") or None)
 
 
 class InferenceResponse:
@@ -282,6 +329,18 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         return _json_text(self._parameters)
+
+    def _parameter_dict(self) -> dict:
+        return _json_dict(self._parameters)
+
+
+def using_decoupled_model_transaction_policy(model_config: Any) -> bool:
+    """True when the (parsed) model config says `model_transaction_policy { decoupled: true }`."""
+    if isinstance(model_config, ModelConfig):
+        model_config = model_config.as_dict()
+    if isinstance(model_config, str):
+        model_config = json.loads(model_config)
+    return bool((model_config.get("model_transaction_policy") or {}).get("decoupled", False))
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Optional[Tensor]:
@@ -354,8 +413,10 @@ class ModelConfig:
         self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
-        if transaction_policy_dict.get("decoupled"):
-            raise TritonModelException("decoupled models are not supported by ascend-serve")
+        unknown = set(transaction_policy_dict) - {"decoupled"}
+        if unknown:
+            raise TritonModelException(f"model_transaction_policy has unknown keys "
+                                       f"{sorted(unknown)}")
         self._config["model_transaction_policy"] = dict(transaction_policy_dict)
 
     def add_input(self, input: dict) -> None:  # noqa: A002 - Triton's parameter name
@@ -394,40 +455,6 @@ class ModelConfig:
                         f"{field} {existing} in the config, but auto_complete_config gave {given}")
             return
         entries.append({k: (list(v) if k == "dims" else v) for k, v in tensor.items()})
-
-
-class LogLevel:
-    INFO = 0
-    WARNING = 1
-    ERROR = 2
-    VERBOSE = 3
-
-
-class Logger:
-    """Model-side logging; lines go to the worker's stderr, which is the server's log."""
-
-    _NAMES = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E", LogLevel.VERBOSE: "V"}
-
-    @classmethod
-    def log(cls, message: str, level: int = LogLevel.INFO) -> None:
-        sys.stderr.write(f"{cls._NAMES.get(level, 'I')} [python model] {message}\n")
-        sys.stderr.flush()
-
-    @classmethod
-    def log_info(cls, message: str) -> None:
-        cls.log(message, LogLevel.INFO)
-
-    @classmethod
-    def log_warn(cls, message: str) -> None:
-        cls.log(message, LogLevel.WARNING)
-
-    @classmethod
-    def log_error(cls, message: str) -> None:
-        cls.log(message, LogLevel.ERROR)
-
-    @classmethod
-    def log_verbose(cls, message: str) -> None:
-        cls.log(message, LogLevel.VERBOSE)
 
 
 def _unsupported(what: str) -> Any:

@@ -9,12 +9,32 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, ClassVar, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
+    import asyncio
+
     from protocol.model_config_pb2 import ModelConfig
+    from protocol.stream import StreamItem
+    from protocol.types import InferRequest
+
+
+class BackendHost(Protocol):
+    """What the server lends a backend whose models call back into it (BLS): the loop its
+    infer path runs on, and that path (server/inference.py)."""
+
+    loop: Optional["asyncio.AbstractEventLoop"]
+
+    def is_decoupled(self, name: str, version: str) -> bool:
+        """Whether the version a request for (name, version) goes to is decoupled."""
+
+    def stream(self, request: "InferRequest") -> AsyncIterator["StreamItem"]:
+        """Every answer to `request` (one, final, for a model that is not decoupled)."""
+
+    def custom_metric(self, update: dict) -> None:
+        """A model's custom metric declaration or value (pb_utils.MetricFamily)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +66,11 @@ class Backend(ABC):
     # True when execute_requests should get the requests one by one (Python models) instead of
     # one concatenated batch.
     takes_request_lists: ClassVar[bool] = False
+    # True (per loaded model) when the model answers through each request's stream, any number
+    # of times (`model_transaction_policy { decoupled: true }`): execute_decoupled is called.
+    decoupled: bool = False
+    # True when the backend's constructor takes `host` (a BackendHost, for BLS).
+    uses_host: ClassVar[bool] = False
 
     def __init__(self, config: "ModelConfig", model_dir: Path, version_dir: Path,
                  instance: InstanceSpec) -> None:
@@ -76,6 +101,12 @@ class Backend(ABC):
         """Run several requests at once; only called when `takes_request_lists` is True.
         An entry may be an exception, which fails that request alone."""
         raise BackendError(f"backend '{self.backend_name}' does not take request lists")
+
+    def execute_decoupled(self, requests: Sequence["InferRequest"]
+                          ) -> list[None | BaseException]:
+        """Start several requests of a decoupled model; their answers go to each request's
+        `stream`. An entry is None (taken) or the exception that fails that request."""
+        raise BackendError(f"backend '{self.backend_name}' does not serve decoupled models")
 
     def unload(self) -> None:
         """Release everything `load` acquired."""

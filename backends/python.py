@@ -13,7 +13,16 @@ config `parameters`.
 
 Backend.execute_requests hands over input tensors only, so a model's
 `request.requested_output_names()` lists every output in the config and `request_id()` is "";
-the server still returns only the outputs the client asked for.
+the server still returns only the outputs the client asked for. Decoupled models
+(`execute_decoupled`) get each request's requested outputs, and answer through the request's
+stream (backends/python_streams.py); BLS calls reach the server's infer path through the
+BackendHost handed to the constructor.
+
+Streaming limits, as config `parameters`: `response_buffer_size` (default 64): how many answers
+of one decoupled request may wait for a slow client before the model's `send` blocks;
+`response_send_timeout_s` (default 60): how long `send` blocks before it raises;
+`response_ring_bytes` (default 8 MiB): the worker's shared-memory ring for those answers and
+BLS inputs (a bigger message gets a bigger ring).
 """
 from __future__ import annotations
 
@@ -27,23 +36,18 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from backends.base import Backend, BackendError
+from backends.base import Backend, BackendError, BackendHost
 from backends.python_process import (Result, WorkerDied, WorkerProcess, WorkerReplyError,
                                      describe_exit, end_workers, workers_ended)
+from backends.python_streams import ERROR_CODES, StreamRouter
 from protocol import errors
 from protocol.config_json import config_to_json
+from protocol.types import InferRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)
-
-# pb_utils.TritonError codes -> the error the client receives.
-_ERROR_CODES: dict[int, type[errors.ServerError]] = {
-    0: errors.UnknownError, 1: errors.InternalError, 2: errors.NotFound,
-    3: errors.InvalidArgument, 4: errors.Unavailable, 5: errors.Unsupported,
-    6: errors.AlreadyExists, 7: errors.Cancelled,
-}
 
 INIT_TIMEOUT_S = 600.0  # initialize may load large weights
 FINALIZE_TIMEOUT_S = 10.0
@@ -86,12 +90,23 @@ class PythonBackend(Backend):
     backend_name = "python"
     default_model_filename = "model.py"
     takes_request_lists = True
+    uses_host = True
 
     _READY, _RESTARTING, _FAILED, _STOPPED = "ready", "restarting", "failed", "stopped"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, host: Optional[BackendHost] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config = self.config
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        self._router = StreamRouter(config.name, host)
+        self._stream_settings = {
+            "window": int(_parameter(config, "response_buffer_size", 64)),
+            "send_timeout_s": _parameter(config, "response_send_timeout_s", 60.0),
+            "ring_bytes": int(_parameter(config, "response_ring_bytes", 8 << 20)),
+        }
+        if self._stream_settings["window"] < 1:
+            raise BackendError(f"model '{config.name}': parameter 'response_buffer_size' must "
+                               f"be at least 1")
         self._crashes = CrashWindow(int(_parameter(config, "max_worker_crashes", 3)),
                                     _parameter(config, "worker_crash_window_s", 60.0))
         self._output_names = [output.name for output in config.output]
@@ -138,9 +153,6 @@ class PythonBackend(Backend):
     # ----- lifecycle -------------------------------------------------------------------
 
     def load(self) -> None:
-        if self.config.model_transaction_policy.decoupled:
-            raise BackendError(f"model '{self.config.name}': decoupled Python models are not "
-                               f"supported")
         if not self.model_path().is_file():
             raise BackendError(f"unable to find '{self.model_path()}' for model "
                                f"'{self.config.name}'")
@@ -187,11 +199,12 @@ class PythonBackend(Backend):
 
     def _start_worker(self) -> WorkerProcess:
         try:
-            worker = WorkerProcess.spawn()
+            worker = WorkerProcess.spawn(self._router.handle)
         except WorkerDied as exc:  # the server is past its exit deadline
             raise BackendError(f"the worker process {exc.detail}") from None
         try:
-            worker.initialize(self.model_path(), self.version_dir, self._args(), INIT_TIMEOUT_S)
+            worker.initialize(self.model_path(), self.version_dir, self._args(), INIT_TIMEOUT_S,
+                              self._stream_settings)
         except (WorkerReplyError, WorkerDied) as exc:
             worker.close()
             detail = str(exc) if isinstance(exc, WorkerReplyError) else \
@@ -200,6 +213,9 @@ class PythonBackend(Backend):
         except BaseException:
             worker.close()
             raise
+        if self.decoupled:  # its answers arrive while no call waits: read them as they come
+            threading.Thread(target=worker.pump, name=f"responses-{self.instance.name}",
+                             daemon=True).start()
         return worker
 
     # ----- supervision (on the supervisor thread) ----------------------------------------
@@ -210,6 +226,8 @@ class PythonBackend(Backend):
             code = worker.wait()
             worker.sever()
             detail = describe_exit(code)
+            self._router.fail_all(worker, errors.Unavailable(
+                f"{self._label}: the worker process {detail} while this request was running"))
             with self._cond:
                 if self._state == self._STOPPED or worker is not self._worker:
                     return
@@ -305,6 +323,30 @@ class PythonBackend(Backend):
             return [self._result(result) for result in results]
         return self._unavailable(len(requests), "the worker process is restarting")
 
+    def execute_decoupled(self, requests: Sequence[InferRequest]
+                          ) -> list[None | BaseException]:
+        """Hand the requests to the worker; their answers come through their streams. Like
+        execute_requests, a worker that dies fails only these requests."""
+        worker = self._ready_worker()
+        if worker is None:
+            return self._unavailable(len(requests), "the worker process is restarting")
+        rids = self._router.open(worker, requests)
+        inputs = [{t.name: t.data for t in request.inputs} for request in requests]
+        wanted = [None if request.outputs is None else [o.name for o in request.outputs]
+                  for request in requests]
+        try:
+            worker.execute(inputs, self._output_names, rids, wanted)
+        except WorkerReplyError as exc:
+            self._router.close(rids)
+            return [errors.InternalError(str(exc)) for _ in requests]
+        except WorkerDied as exc:
+            self._router.close(rids)
+            if self._wait_for_verdict(worker) == self._FAILED:
+                raise BackendError(self._failure, fatal=True) from None
+            return self._unavailable(len(requests), f"the worker process {exc.detail} while "
+                                     f"running this request; it is being restarted")
+        return [None] * len(requests)
+
     def _ready_worker(self) -> Optional[WorkerProcess]:
         """The live worker, waiting for a restart to finish; None if it takes too long."""
         deadline = time.monotonic() + RESTART_WAIT_S
@@ -328,12 +370,12 @@ class PythonBackend(Backend):
                                 or self._state != self._READY, timeout=2.0)
             return self._state
 
-    def _unavailable(self, count: int, detail: str) -> list[dict[str, np.ndarray] | BaseException]:
+    def _unavailable(self, count: int, detail: str) -> list[Any]:
         return [errors.Unavailable(f"{self._label}: {detail}") for _ in range(count)]
 
     @staticmethod
     def _result(result: Result) -> dict[str, np.ndarray] | BaseException:
         if isinstance(result, tuple):
             code, message = result
-            return _ERROR_CODES.get(code, errors.InternalError)(message)
+            return ERROR_CODES.get(code, errors.InternalError)(message)
         return result

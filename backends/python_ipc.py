@@ -21,6 +21,7 @@ import pickle
 import socket
 import struct
 import tempfile
+from collections import deque
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -41,8 +42,12 @@ class ChannelClosed(ConnectionError):
 # ----- messages -----------------------------------------------------------------------------
 
 def send_message(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
-    """Send one framed message; `fds` ride along with its first byte."""
-    payload = pickle.dumps(dict(message), protocol=pickle.HIGHEST_PROTOCOL)
+    """Send one framed message; `fds` ride along with its first byte, and the message says how
+    many there are (several messages may be in flight, so a read can bring another's fds)."""
+    body = dict(message)
+    if fds:
+        body["nfds"] = len(fds)
+    payload = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
     data = HEADER.pack(len(payload)) + payload
     if fds:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
@@ -58,19 +63,20 @@ class Receiver:
     `recvmsg` usually brings a whole small message (header and payload), where reading the
     header and then the payload took two. Bytes read past a message stay for the next one.
 
-    File descriptors come back with the message being read when they arrived; the channel
-    has at most one message in flight per direction (each call waits for its reply), so
-    that is the message they were sent with."""
+    File descriptors arrive with the first byte of the message they were sent with, so they
+    queue up in arrival order and each message takes as many as its `nfds` says: a read that
+    brings the start of the next message (and its descriptors) along gives them to that one."""
 
     CHUNK = 4096  # a small message whole; a bigger read allocates more than it saves
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._buffer = bytearray()
+        self._fds: deque[int] = deque()
 
     def recv(self) -> tuple[dict[str, Any], list[int]]:
         buffer = self._buffer
-        fds: list[int] = []
+        fds = self._fds
         while len(buffer) < HEADER.size:
             self._fill(fds, self.CHUNK)
         (length,) = HEADER.unpack_from(buffer)
@@ -79,9 +85,10 @@ class Receiver:
             self._fill_exactly(end - len(buffer))
         message = pickle.loads(buffer[HEADER.size:end])
         del buffer[:end]
-        return message, fds
+        count = message.pop("nfds", 0)
+        return message, [fds.popleft() for _ in range(min(count, len(fds)))]
 
-    def _fill(self, fds: list[int], size: int) -> None:
+    def _fill(self, fds: deque[int], size: int) -> None:
         try:
             chunk, got_fds, _flags, _addr = socket.recv_fds(self.sock, size, MAX_FDS)
         except OSError as exc:

@@ -1,7 +1,9 @@
 """The server's handle on one worker process: spawn it, talk to it, notice when it dies.
 
 Every call is a strict request/reply on the socket, made from the instance's own thread, so
-the arenas are never written while the other side reads them. When the process dies the
+the arenas are never written while the other side reads them. Messages that are not replies
+(decoupled responses, BLS requests, custom metrics) go to the backend's `on_message`, on
+whichever thread reads the channel; their tensors travel in the rings (python_ring.py). When the process dies the
 socket reports end-of-file (or is severed by the supervisor), and the pending call raises
 WorkerDied at once. Workers die with the server: the kernel kills them when it goes (see
 _Spawner), and end_workers() kills those still running at its exit deadline.
@@ -22,7 +24,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from backends.python_ipc import ArenaReader, ArenaWriter, ChannelClosed, Receiver, send_message
+from backends.python_channel import Channel
+from backends.python_ipc import ArenaReader, ArenaWriter, ChannelClosed
+from backends.python_ring import RingReader, RingWriter
 
 # The folder holding the `backends` package and the pb_utils module, for the worker's sys.path.
 _ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +46,16 @@ class WorkerReplyError(Exception):
     """The worker answered with an error (the model raised); the message says what."""
 
 
+class Outputs(dict):
+    """One request's output arrays, with the response parameters the model set."""
+
+    parameters: Optional[dict] = None
+
+
 # One request's result: its output arrays, or (TritonError code, message) from the model.
-Result = dict[str, np.ndarray] | tuple[int, str]
+Result = Outputs | tuple[int, str]
+# Called with each message that is not a reply, and its file descriptors.
+MessageHandler = Callable[["WorkerProcess", dict, list[int]], None]
 
 
 def describe_exit(code: Optional[int]) -> str:
@@ -135,11 +147,14 @@ atexit.register(end_workers)
 class WorkerProcess:
     """One `python -m backends.python_worker` child and its socket and arenas."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket) -> None:
+    def __init__(self, process: subprocess.Popen, sock: socket.socket,
+                 on_message: Optional[MessageHandler] = None) -> None:
         self.process = process
         self._sock = sock
-        self._receiver = Receiver(sock)
-        self._timeout: Optional[float] = None  # the socket's, set only when a call changes it
+        self._on_message = on_message
+        self._channel = Channel(sock, self._route)
+        self.ring = RingReader()  # the worker's ring: decoupled responses, BLS inputs
+        self.answers = RingWriter(grow_when_full=True)  # ours: BLS answers (never waits)
         self._inputs = ArenaWriter()
         self._outputs = ArenaReader()
         # Held for a whole call, so close() (from the supervisor) never pulls the socket out
@@ -148,13 +163,13 @@ class WorkerProcess:
         self._closed = False
 
     @classmethod
-    def spawn(cls) -> "WorkerProcess":
+    def spawn(cls, on_message: Optional[MessageHandler] = None) -> "WorkerProcess":
         """Start a worker (from the spawner thread). It dies with the server: by the parent-death
         signal if the server is killed, by end_workers() at a hard-deadline exit."""
-        return _spawner.run(cls._spawn)
+        return _spawner.run(lambda: cls._spawn(on_message))
 
     @classmethod
-    def _spawn(cls) -> "WorkerProcess":
+    def _spawn(cls, on_message: Optional[MessageHandler]) -> "WorkerProcess":
         with _live_lock:
             if _ended:
                 raise WorkerDied("was not started: the server is shutting down", before_send=True)
@@ -169,7 +184,7 @@ class WorkerProcess:
                 raise
             finally:
                 child.close()
-            worker = cls(process, parent)
+            worker = cls(process, parent, on_message)
             _live.add(worker)
         return worker
 
@@ -179,6 +194,44 @@ class WorkerProcess:
 
     # ----- calls -------------------------------------------------------------------------
 
+    def _route(self, message: dict[str, Any], fds: list[int]) -> Optional[str]:
+        if "op" not in message:
+            return "reply"
+        if self._on_message is not None:
+            self._on_message(self, message, fds)
+        else:
+            for fd in fds:
+                os.close(fd)
+        return None
+
+    def pump(self) -> None:
+        """Read and hand on the worker's messages until it goes (a decoupled model's reader
+        thread: its responses arrive while no call waits)."""
+        try:
+            self._channel.wait("never")
+        except (ChannelClosed, OSError, TimeoutError):
+            pass
+
+    def post(self, message: dict[str, Any], tensors: Optional[Mapping[str, np.ndarray]] = None
+             ) -> None:
+        """Send a message that has no reply (an ack, a cancellation, a BLS answer), with its
+        tensors in our ring. Any thread; never waits for the worker."""
+        with self._channel.send_lock:
+            fds: Sequence[int] = ()
+            if tensors is not None:
+                refs, end, new_fd = self.answers.pack(tensors)
+                message = {**message, "refs": refs, "end": end}
+                fds = [new_fd] if new_fd is not None else ()
+            self._channel.send_locked(message, fds)
+
+    def take(self, refs: list, end: int, fds: list[int]) -> dict[str, np.ndarray]:
+        """On the reading thread: copies of a message's tensors out of the worker's ring."""
+        if fds:
+            self.ring.adopt(fds[0])
+            for extra in fds[1:]:
+                os.close(extra)
+        return self.ring.take(refs, end)
+
     def call(self, message: Mapping[str, Any], fds: Sequence[int] = (),
              timeout: Optional[float] = None) -> tuple[dict[str, Any], list[int]]:
         """Send one message and wait for its reply; WorkerDied if the process goes first."""
@@ -187,12 +240,9 @@ class WorkerProcess:
             with self._call_lock:
                 if self._closed or self.process.poll() is not None:
                     raise ChannelClosed("closed")
-                if timeout != self._timeout:  # two fcntl calls: not on every execute
-                    self._sock.settimeout(timeout)
-                    self._timeout = timeout
-                send_message(self._sock, message, fds)
+                self._channel.send(message, fds)
                 sent = True
-                return self._receiver.recv()
+                return self._channel.wait("reply", timeout)
         except TimeoutError:
             self.kill()
             raise WorkerDied(f"did not answer '{message.get('op')}' within {timeout:g} s") \
@@ -201,9 +251,10 @@ class WorkerProcess:
             raise WorkerDied(describe_exit(self._exit_code()), before_send=not sent) from None
 
     def initialize(self, model_file: Path, version_dir: Path, args: Mapping[str, str],
-                   timeout: Optional[float]) -> None:
+                   timeout: Optional[float], stream: Optional[Mapping[str, Any]] = None) -> None:
         reply, _ = self.call({"op": "init", "model_file": str(model_file),
-                              "version_dir": str(version_dir), "args": dict(args)},
+                              "version_dir": str(version_dir), "args": dict(args),
+                              "stream": dict(stream or {})},
                              timeout=timeout)
         if not reply.get("ok"):
             raise WorkerReplyError(reply.get("error", "initialize failed"))
@@ -218,7 +269,8 @@ class WorkerProcess:
         return reply["config"]
 
     def execute(self, requests: Sequence[Mapping[str, np.ndarray]],
-                output_names: Sequence[str]) -> list[Result]:
+                output_names: Sequence[str], rids: Optional[Sequence[int]] = None,
+                requested: Optional[Sequence[Optional[list[str]]]] = None) -> list[Result]:
         """Run one list of requests; each result is its outputs or the model's error for it.
         Raises WorkerReplyError when the model's execute raised (the whole list failed).
         Only ever called from one thread at a time (the instance's), like the arenas' use."""
@@ -226,9 +278,15 @@ class WorkerProcess:
             if self._closed:
                 raise WorkerDied(describe_exit(self._exit_code()), before_send=True)
             refs, new_fd = self._inputs.pack(requests)
-            reply, fds = self.call({"op": "execute", "requests": refs,
-                                    "outputs": list(output_names)},
-                                   [new_fd] if new_fd is not None else ())
+            message: dict[str, Any] = {"op": "execute", "requests": refs,
+                                       "outputs": list(output_names)}
+            if rids is not None:
+                message["rids"] = list(rids)
+            if requested is not None:
+                message["requested"] = list(requested)
+            reply, fds = self.call(message, [new_fd] if new_fd is not None else ())
+            if rids is not None and reply.get("ok"):
+                return []  # decoupled: the responses come as messages
             for extra in fds[1:]:
                 os.close(extra)
             if fds:
@@ -240,11 +298,14 @@ class WorkerProcess:
         if not reply.get("ok"):
             raise WorkerReplyError(reply.get("error", "execute failed"))
         results: list[Result] = []
-        for group, error in zip(reply["outputs"], reply["errors"]):
+        params = reply.get("params") or [None] * len(reply["errors"])
+        for group, error, parameters in zip(reply["outputs"], reply["errors"], params):
             if error is not None:
                 results.append((int(error[0]), str(error[1])))
             else:
-                results.append({ref[0]: self._outputs.copy(ref) for ref in group})
+                outputs = Outputs((ref[0], self._outputs.copy(ref)) for ref in group)
+                outputs.parameters = parameters
+                results.append(outputs)
         return results
 
     def finalize(self, timeout: float) -> None:
@@ -268,6 +329,7 @@ class WorkerProcess:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self._channel.close()
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -283,6 +345,7 @@ class WorkerProcess:
             self._closed = True
             self._sock.close()
             self._inputs.close()
+            self.answers.close()
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -10,7 +10,10 @@ library, numpy and the model-side utils here; the model itself imports what it n
 """
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
+import json
 import os
 import signal
 import socket
@@ -24,8 +27,11 @@ from typing import Any, Optional
 import numpy as np
 
 import triton_python_backend_utils as pb_utils
-from backends.python_ipc import (ArenaReader, ArenaWriter, ChannelClosed, TensorRef,
-                                 Receiver, send_message)
+from backends import python_model_api
+from backends.python_bridge import WorkerBridge
+from backends.python_channel import Channel
+from backends.python_ipc import ArenaReader, ArenaWriter, ChannelClosed, TensorRef
+from backends.python_ring import RingReader, RingWriter
 
 MODEL_MODULE = "model"
 
@@ -50,23 +56,52 @@ def load_model_module(model_file: str, version_dir: str) -> ModuleType:
     return module
 
 
+DECOUPLED_RETURN_ERROR = ("Python model '{model}' is using the decoupled mode and the execute "
+                          "function must return None.")
+NO_RESPONSE_ERROR = ("the model's execute returned None, but sent no response for this request "
+                     "through its response sender before returning")
+
+
 class WorkerLoop:
-    """Holds the model and both arenas; `serve` runs until finalize or until the server goes."""
+    """Holds the model, both arenas and the rings; `serve` runs until finalize or until the
+    server goes. Messages that are not operations (acks, cancellations, BLS answers) are
+    routed by whichever thread reads the channel (backends/python_channel.py)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.receiver = Receiver(sock)
+        self.channel = Channel(sock, self._route)
         self.inputs = ArenaReader()
         self.outputs = ArenaWriter()
         self.model: Any = None
         self.model_name = ""
         self.instance_name = ""
+        self.decoupled = False
+        self.bridge = WorkerBridge(self.channel, RingWriter(), RingReader(), 64, 60.0)
+        python_model_api.install(self.bridge)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # for `async def execute`
+
+    def _route(self, message: dict, fds: list[int]) -> Any:
+        op = message.get("op")
+        if op in ("ack", "cancel"):
+            self.bridge.on_notice(message)
+            return None
+        if op == "bls_response":
+            return self.bridge.take_bls_answer(message, fds)
+        return "op"
+
+    def _pump(self) -> None:
+        """Decoupled models: keep reading, so acks and cancellations arrive while the main
+        thread runs the model and other threads send."""
+        try:
+            self.channel.wait("never")
+        except (ChannelClosed, OSError):
+            pass
 
     def serve(self) -> int:
         while True:
             try:
-                message, fds = self.receiver.recv()
-            except ChannelClosed:
+                message, fds = self.channel.wait("op")
+            except (ChannelClosed, OSError):
                 return 0  # the server went away: nothing left to answer
             op = message.get("op")
             handler = getattr(self, f"on_{op}", None)
@@ -82,7 +117,7 @@ class WorkerLoop:
                 return 0
 
     def reply(self, message: dict, fds: Optional[list[int]] = None) -> None:
-        send_message(self.sock, message, fds or ())
+        self.channel.send(message, fds or ())
 
     # ----- operations ------------------------------------------------------------------------
 
@@ -90,6 +125,19 @@ class WorkerLoop:
         args = message["args"]
         self.model_name = args.get("model_name", "")
         self.instance_name = args.get("model_instance_name", "")
+        stream = message.get("stream") or {}
+        self.bridge.window = int(stream.get("window", self.bridge.window))
+        self.bridge.send_timeout_s = float(stream.get("send_timeout_s",
+                                                      self.bridge.send_timeout_s))
+        self.bridge.ring = RingWriter(int(stream.get("ring_bytes", 8 << 20)),
+                                      float(stream.get("send_timeout_s", 60.0)))
+        try:
+            self.decoupled = pb_utils.using_decoupled_model_transaction_policy(
+                json.loads(args.get("model_config") or "{}"))
+        except ValueError:
+            self.decoupled = False
+        if self.decoupled:
+            threading.Thread(target=self._pump, name="channel-reader", daemon=True).start()
         try:
             module = load_model_module(message["model_file"], message["version_dir"])
             self.model = module.TritonPythonModel()
@@ -120,29 +168,62 @@ class WorkerLoop:
             self.inputs.adopt(fds[0])
             for extra in fds[1:]:
                 os.close(extra)
-        requests = [self._request(refs, message["outputs"]) for refs in message["requests"]]
+        count = len(message["requests"])
+        rids = message.get("rids") or [-(index + 1) for index in range(count)]
+        wanted = message.get("requested") or [None] * count
+        requests = []
+        for refs, rid, names in zip(message["requests"], rids, wanted):
+            request = self._request(refs, names if names is not None else message["outputs"])
+            request._state = self.bridge.register(rid, self.decoupled, names)
+            requests.append(request)
         try:
-            responses = self.model.execute(requests)
-            results = self._check(responses, len(requests))
+            responses = self._run(requests)
+            if self.decoupled:
+                if responses is not None:
+                    raise pb_utils.TritonModelException(
+                        DECOUPLED_RETURN_ERROR.format(model=self.model_name))
+                return {"ok": True}, None
+            results = self._check(responses, requests)
         except BaseException as exc:  # noqa: BLE001 - fails this batch, not the worker
             traceback.print_exc()
+            for rid in rids:
+                self.bridge.forget(rid)
             return {"ok": False, "error": self._failure_text(exc)}, None
+        finally:
+            if not self.decoupled:
+                for rid in rids:
+                    self.bridge.forget(rid)
         groups: list[dict[str, np.ndarray]] = []
         errors: list[Optional[tuple[int, str]]] = []
+        params: list[Optional[dict]] = []
         for result in results:
             if isinstance(result, pb_utils.TritonError):
                 groups.append({})
                 errors.append((result.code(), result.message()))
+                params.append(None)
             else:
                 groups.append({t.name(): t.as_numpy() for t in result.output_tensors()})
                 errors.append(None)
+                params.append(result._parameter_dict() or None)
         try:
             refs, new_fd = self.outputs.pack(groups)
         except BaseException as exc:  # noqa: BLE001
             traceback.print_exc()
             return {"ok": False, "error": self._failure_text(exc)}, None
-        return {"ok": True, "outputs": refs, "errors": errors}, ([new_fd] if new_fd is not None
+        reply = {"ok": True, "outputs": refs, "errors": errors}
+        if any(params):
+            reply["params"] = params
+        return reply, ([new_fd] if new_fd is not None
                                                                   else None)
+
+    def _run(self, requests: list[pb_utils.InferenceRequest]) -> Any:
+        """The model's execute; an `async def execute` runs to completion on the worker's loop."""
+        result = self.model.execute(requests)
+        if inspect.iscoroutine(result):
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            result = self._loop.run_until_complete(result)
+        return result
 
     def on_finalize(self, message: dict, fds: list[int]) -> tuple[dict, None]:
         finalize = getattr(self.model, "finalize", None)
@@ -165,8 +246,14 @@ class WorkerLoop:
                 f"message: {_describe(exc)}")
 
     @staticmethod
-    def _check(responses: Any, expected: int) -> list[Any]:
-        """Each entry: the response, or its TritonError."""
+    def _check(responses: Any, requests: list[pb_utils.InferenceRequest]) -> list[Any]:
+        """Each entry: the response, or its TritonError. A None from execute means the
+        responses went through the requests' senders (Triton allows one each)."""
+        expected = len(requests)
+        if responses is None:
+            responses = [request._state.collected if request._state.collected is not None
+                         else pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                             NO_RESPONSE_ERROR)) for request in requests]
         if not isinstance(responses, (list, tuple)):
             raise TypeError(f"execute must return a list of InferenceResponse, got "
                             f"{type(responses).__name__}")

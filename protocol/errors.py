@@ -160,3 +160,13 @@ def server_exiting() -> Unavailable:
     """What a request refused during shutdown gets (HTTP 503, gRPC UNAVAILABLE), built here so
     health, infer and open streams word it alike on both protocols."""
     return Unavailable(SERVER_EXITING)
+
+
+# Where a model that answers through a stream cannot be called (Triton's texts).
+HTTP_ENDPOINT = "HTTP end point"
+GRPC_INFER_RPC = "ModelInfer RPC"
+
+
+def decoupled_unsupported(endpoint: str) -> Unsupported:
+    """A decoupled model called where exactly one answer is expected (HTTP infer, ModelInfer)."""
+    return Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")

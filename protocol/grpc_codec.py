@@ -222,6 +222,12 @@ def stream_response(response: pb.ModelInferResponse, final: bool = True
     return message
 
 
+def stream_empty_final(model_name: str, request_id: str) -> pb.ModelStreamInferResponse:
+    """The flag-only last answer of a decoupled request, for a client that asked for it
+    (`triton_enable_empty_final_response`): no outputs, and model_version "" as in Triton."""
+    return stream_response(pb.ModelInferResponse(model_name=model_name, id=request_id), True)
+
+
 def stream_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:
     """A failed stream request: the error text, and the id so the client knows which one."""
     answer = pb.ModelStreamInferResponse(error_message=message)

@@ -54,6 +54,9 @@ class InferRequest:
     timeout_us: int = 0
     # Monotonic nanoseconds at which the frontend finished decoding it.
     arrival_ns: int = field(default_factory=time.monotonic_ns)
+    # The answers of a request to a decoupled model (protocol/stream.py ResponseStream),
+    # set by the infer path; None for every other request.
+    stream: Any = None
 
     def input(self, name: str) -> Optional[Tensor]:
         for tensor in self.inputs:

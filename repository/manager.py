@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Collection, Mapping, Optional, Protocol
+from typing import Any, Callable, Collection, Mapping, Optional, Protocol
 
 from protocol.classification import read_labels
 from protocol.model_config_pb2 import ModelConfig
@@ -75,15 +75,18 @@ SchedulerFactory = Callable[..., Scheduler]
 class ModelManager:
     """`infer` is the server's in-process infer (server/inference.py), which the ensembles this
     manager builds send their steps through; `scheduler_factory(spec, stats, infer=...)` builds
-    each version's scheduler (tests hand in fakes)."""
+    each version's scheduler (tests hand in fakes). `host` is what backends whose models call
+    other models (BLS) get (backends/base.py BackendHost)."""
 
     def __init__(self, settings: ManagerSettings, registry: ModelRegistry,
                  hooks: Optional[VersionHooks] = None, *, infer: Optional[Infer] = None,
-                 scheduler_factory: SchedulerFactory = create_scheduler) -> None:
+                 scheduler_factory: SchedulerFactory = create_scheduler,
+                 host: Optional[Any] = None) -> None:
         self.settings = settings
         self.registry = registry
         self.hooks = hooks
         self._infer = infer
+        self._host = host
         self._scheduler_factory = scheduler_factory
         # One load or unload at a time per model; different models load concurrently.
         self._locks: dict[str, asyncio.Lock] = {}
@@ -313,7 +316,7 @@ class ModelManager:
             backend_cls = None if config.platform == "ensemble" else \
                 registry_backend_class(config.backend, name)
             spec = VersionSpec(name, version, _copy(config), model_dir, version_dir,
-                               backend_cls)  # type: ignore[arg-type]
+                               backend_cls, self._host)  # type: ignore[arg-type]
             stats = VersionStatistics(name, str(version))
             scheduler = self._scheduler_factory(spec, stats, infer=self._infer)
             labels = await asyncio.to_thread(_read_output_labels, spec)

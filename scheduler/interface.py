@@ -6,9 +6,9 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
-from backends.base import Backend
+from backends.base import Backend, BackendHost
 from protocol.errors import ServerError
 from protocol.types import InferRequest
 from scheduler.stats import FailureReason, VersionStatistics
@@ -28,6 +28,7 @@ class VersionSpec:
     model_dir: Path
     version_dir: Path
     backend_cls: type[Backend]
+    host: Optional[BackendHost] = None  # lent to backends that call back in (BLS)
 
 
 class LoadError(Exception):

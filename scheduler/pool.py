@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections import deque
+from functools import partial
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TypeVar, Union
 
@@ -195,8 +196,9 @@ class Instance:
 
     def _load(self) -> None:
         version = self._version
+        extra = {"host": version.host} if version.backend_cls.uses_host else {}
         self.backend = version.backend_cls(version.config, version.model_dir,
-                                           version.version_dir, self.spec)
+                                           version.version_dir, self.spec, **extra)
         self.backend.load()
         self._loaded = True
 
@@ -346,7 +348,14 @@ class Instance:
         inputs = [_input_map(request) for request in requests]
         gathered = now()
         try:
-            results = backend.execute_requests(inputs)
+            if backend.decoupled:
+                # The answers travel through each request's stream; its future only says
+                # whether execute took the request.
+                for request in requests:
+                    request.stream.convert = partial(self._response, request)
+                results = backend.execute_decoupled(requests)
+            else:
+                results = backend.execute_requests(inputs)
             if len(results) != len(requests):
                 raise BackendError(f"model returned {len(results)} responses for "
                                    f"{len(requests)} requests")
@@ -359,6 +368,9 @@ class Instance:
                 error = _backend_error(result) if isinstance(result, Exception) \
                     else InternalError(repr(result))
                 outcomes.append(Failed(error, FailureReason.BACKEND))
+            elif result is None:  # decoupled: accepted
+                outcomes.append(InferResponse(request.model_name, self._version_label,
+                                              id=request.id))
             else:
                 try:
                     outcomes.append(self._response(request, result))
@@ -396,7 +408,8 @@ class Instance:
                 array = np.asarray(array)
                 tensors.append(Tensor(name, numpy_to_wire(array.dtype), tuple(array.shape), array))
         return InferResponse(request.model_name, self._version_label, id=request.id,
-                             outputs=tensors)
+                             outputs=tensors,
+                             parameters=getattr(outputs, "parameters", None) or {})
 
 
 class InstancePool:

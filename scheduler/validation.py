@@ -45,7 +45,8 @@ class RequestRules:
     """What validation needs from a model config, read out of the protobuf once per loaded
     version (protobuf field access and enum names cost more than the checks themselves)."""
 
-    __slots__ = ("model", "max_batch_size", "inputs", "required", "outputs", "queue_policy")
+    __slots__ = ("model", "max_batch_size", "inputs", "required", "outputs", "queue_policy",
+                 "decoupled")
 
     def __init__(self, config: ModelConfig) -> None:
         self.model = config.name
@@ -58,6 +59,8 @@ class RequestRules:
             for spec in config.input}
         self.required = [spec.name for spec in config.input if not spec.optional]
         self.outputs = frozenset(spec.name for spec in config.output)
+        # Answers any number of times, through the request's stream (protocol/stream.py).
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.queue_policy = QueuePolicy(config)
 
 

@@ -22,6 +22,7 @@ from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from scheduler import affinity
 from server.core import InferenceCore
+from server.custom_metrics import CustomMetrics
 from server.frontend_pool import FrontendPool
 from server.inference import InferencePath
 from server.offload import BodyOffload
@@ -60,18 +61,21 @@ class ServerApp:
         set_overload_http_status(settings.overload_status)  # the error table's queue-full row
         self.registry = ModelRegistry()
         self.metrics = ServerMetrics(restarts=lambda: worker_restarts(self.registry))
-        # The one in-process infer: frontends call it through the core, ensembles directly.
+        # The one in-process infer: frontends call it through the core, ensembles directly,
+        # Python models (BLS) as their backend's host.
         # Gray release: traffic policies, told of every version that starts or stops serving.
         self.traffic = TrafficControl(self.registry, TrafficSettings(
             settings.traffic_gate_interval_secs, settings.traffic_shadow_max_inflight))
         self.metrics.add_collector(self.traffic)
-        self.inference = InferencePath(self.registry, self.traffic)
+        custom = CustomMetrics()  # Python models' own metric families
+        self.metrics.add_collector(custom)
+        self.inference = InferencePath(self.registry, self.traffic, custom_metric=custom.apply)
         self.manager = ModelManager(
             ManagerSettings(settings.model_repositories, settings.auto_complete_config,
                             settings.exit_timeout_secs, settings.model_config_name,
                             load_dependencies=settings.model_control_mode == "explicit"),
             self.registry, TrafficHooks(self.metrics, self.traffic),
-            infer=self.inference.infer_admitted)
+            infer=self.inference.infer_admitted, host=self.inference)
         self.poller: Optional[RepositoryPoller] = None
         if settings.model_control_mode == "poll":
             self.poller = RepositoryPoller(settings.model_repositories, self.manager,
@@ -105,6 +109,7 @@ class ServerApp:
 
     async def start(self) -> bool:
         """Load models and open the listeners. False when startup must abort (--exit-on-error)."""
+        self.inference.attach_loop()
         missing = layout.missing_repositories(self.settings.model_repositories)
         if missing:
             reason = f"model repository '{missing[0]}' does not exist"

@@ -6,10 +6,12 @@ them to its wire form through protocol/errors.py.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import AsyncIterator, Optional
 
 from protocol.config_json import ConfigJsonError, config_from_json
-from protocol.errors import InvalidArgument, PermissionDenied, ServerError, Unavailable
+from protocol.errors import (HTTP_ENDPOINT, InvalidArgument, PermissionDenied, ServerError,
+                             Unavailable)
+from protocol.stream import StreamItem
 from protocol.model_config_pb2 import ModelConfig
 from protocol.traffic_json import TrafficSpec
 from protocol.types import (IndexEntry, InferRequest, InferResponse, ModelMetadata,
@@ -194,10 +196,16 @@ class InferenceCore:
         """The version an inference request for (name, version) goes to."""
         return self.path.resolve(name, version)
 
-    async def infer(self, request: InferRequest,
-                    record: Optional[VersionRecord] = None) -> InferResponse:
-        """The one in-process infer (server/inference.py); `record` when already resolved."""
-        return await self.path.infer(request, record)
+    async def infer(self, request: InferRequest, record: Optional[VersionRecord] = None,
+                    endpoint: str = HTTP_ENDPOINT) -> InferResponse:
+        """The one in-process infer (server/inference.py); `record` when already resolved;
+        `endpoint` names the caller when a decoupled model must be refused."""
+        return await self.path.infer(request, record, endpoint)
+
+    def infer_stream(self, request: InferRequest, record: Optional[VersionRecord] = None
+                     ) -> AsyncIterator[StreamItem]:
+        """Every answer to a client's request (any number for a decoupled model)."""
+        return self.path.stream(request, record, admitted=False)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight; False if the timeout passed first."""

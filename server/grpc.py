@@ -19,8 +19,8 @@ import grpc
 
 from protocol import grpc_codec as codec
 from protocol import grpc_service_pb2 as pb
-from protocol.errors import (InvalidArgument, NotFound, Overloaded, ServerError, Unsupported,
-                             client_error, server_exiting)
+from protocol.errors import (GRPC_INFER_RPC, InvalidArgument, NotFound, Overloaded, ServerError,
+                             Unsupported, client_error, server_exiting)
 from protocol.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
 from server.core import InferenceCore
 from server.runtime_settings import RuntimeSettings
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 # stream) instead of an error_message on an open stream.
 STREAM_ERROR_HEADER = "triton_grpc_error"
 HEALTH_POLL_SECONDS = 0.5
+STREAM_OUTBOX_SIZE = 64  # answers of one ModelStreamInfer call waiting to be written
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata of a full-queue UNAVAILABLE
 _NO_SHM = "shared memory is not supported by this server"
 
@@ -147,12 +148,31 @@ _END = object()
 
 
 async def _infer(core: InferenceCore, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
-    """One inference, wire to wire: the path both ModelInfer and ModelStreamInfer take."""
-    if type(message) is Undecodable:  # a stream's malformed message (ModelInfer: `guarded`)
+    """One inference, wire to wire (ModelInfer): a decoupled model is refused."""
+    request = codec.decode_infer_request(message)
+    response = await core.infer(request, endpoint=GRPC_INFER_RPC)
+    return codec.encode_infer_response(response, message.id)
+
+
+async def _stream_answers(core: InferenceCore, message: pb.ModelInferRequest
+                          ) -> AsyncIterator[Any]:
+    """Every answer to one ModelStreamInfer request, wire to wire: each model answer with
+    `triton_final_response`, a failed one as a _Failure; a decoupled model's flag-only final
+    answer only when the request asked for empty final responses."""
+    if type(message) is Undecodable:  # a malformed message (ModelInfer: `guarded`)
         raise message.error
     request = codec.decode_infer_request(message)
-    response = await core.infer(request)
-    return codec.encode_infer_response(response, message.id)
+    empty_final = bool(request.parameters.get("triton_enable_empty_final_response", False))
+    async for item in core.infer_stream(request):
+        if item.error is not None:
+            yield _Failure(item.error, message.id)
+            if item.final and empty_final:
+                yield codec.stream_empty_final(request.model_name, message.id)
+        elif item.response is not None:
+            yield codec.stream_response(
+                codec.encode_infer_response(item.response, message.id), item.final)
+        elif empty_final:
+            yield codec.stream_empty_final(request.model_name, message.id)
 
 
 def _wants_status_errors(context: grpc.aio.ServicerContext) -> bool:
@@ -171,7 +191,9 @@ class InferStream:
         self.core = core
         self.context = context
         self.raise_errors = _wants_status_errors(context)
-        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
+        # Bounded: a decoupled model's answers wait here for a slow client, and past this many
+        # its answers stay unread, so its sender blocks (backends/python_bridge.py).
+        self.outbox: asyncio.Queue[Any] = asyncio.Queue(STREAM_OUTBOX_SIZE)
         self.tasks: set[asyncio.Task] = set()
         self.reader: Optional[asyncio.Task] = None
         self.closing = False
@@ -224,14 +246,17 @@ class InferStream:
         """Queue the end marker (after every answer) once reading stopped and none is left."""
         if not self._ended and self.reader is not None and self.reader.done() and not self.tasks:
             self._ended = True
-            self.outbox.put_nowait(_END)
+            if self.outbox.full():  # the consumer is draining it; it ends after the rest
+                asyncio.get_running_loop().create_task(self.outbox.put(_END))
+            else:
+                self.outbox.put_nowait(_END)
 
     async def _answer(self, message: pb.ModelInferRequest) -> None:
         try:
-            item: Any = codec.stream_response(await _infer(self.core, message))
+            async for item in _stream_answers(self.core, message):
+                await self.outbox.put(item)
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
-            item = _Failure(rpc_error(exc, "a streamed inference"), message.id)
-        self.outbox.put_nowait(item)
+            await self.outbox.put(_Failure(rpc_error(exc, "a streamed inference"), message.id))
 
     def _cancel_all(self) -> None:
         """The call ended (client cancel, deadline, error): nothing it started may run on."""

@@ -12,23 +12,34 @@ one dict lookup otherwise), keeps count of what is in flight so shutdown can wai
 submits to that version's scheduler, which validates and queues (scheduler/interface.py).
 Classification and output selection happen here, once the answer is back, with the labels the
 version read when it loaded.
+
+Decoupled models answer any number of times: `stream` (server/streaming.py) gives every answer
+to the gRPC stream, generate_stream and BLS; `infer` refuses them as Triton does, and
+`infer_admitted` (ensemble steps) takes their one answer. The path is also the BackendHost
+(backends/base.py) Python models make their BLS calls through.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Optional
+from typing import AsyncIterator, Callable, Optional
 
 from protocol.classification import classify
-from protocol.errors import InternalError, server_exiting
+from protocol.errors import HTTP_ENDPOINT, InternalError, decoupled_unsupported, server_exiting
+from protocol.stream import StreamItem
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, VersionRecord
+from server import streaming
 from server.traffic import NAMED, Policy, TrafficControl
+
+ONE_ANSWER_ERROR = ("model '{model}' is decoupled and gave {count}; a caller that expects one "
+                    "answer needs exactly 1 response")
 
 
 class InferencePath:
     def __init__(self, registry: ModelRegistry,
-                 traffic: Optional[TrafficControl] = None) -> None:
+                 traffic: Optional[TrafficControl] = None,
+                 custom_metric: Optional[Callable[[dict], None]] = None) -> None:
         self.registry = registry
         self.traffic = traffic if traffic is not None else TrafficControl(registry)
         self._policies = self.traffic.policies  # model -> policy in force (gray release)
@@ -36,6 +47,21 @@ class InferencePath:
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.loop: Optional[asyncio.AbstractEventLoop] = None  # set by attach_loop
+        self._custom_metric = custom_metric
+
+    # ----- what Python models' backends use (BackendHost) --------------------------------
+    def attach_loop(self) -> None:
+        """Called on the server's loop at start: BLS calls arrive from worker threads."""
+        self.loop = asyncio.get_running_loop()
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        record = self.resolve(name, version)
+        return record.scheduler is not None and record.scheduler.rules.decoupled
+
+    def custom_metric(self, update: dict) -> None:
+        if self._custom_metric is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._custom_metric, update)
 
     def resolve(self, name: str, version: str = "") -> VersionRecord:
         """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE
@@ -46,19 +72,34 @@ class InferencePath:
             return self.traffic.resolve(policy, name, version, count=False)
         return self.registry.resolve(name, version)
 
-    async def infer(self, request: InferRequest,
-                    record: Optional[VersionRecord] = None) -> InferResponse:
-        """A request from a client; refused once the server is exiting. `record` is the
-        version when the caller already resolved it (to decode a raw binary body)."""
+    async def infer(self, request: InferRequest, record: Optional[VersionRecord] = None,
+                    endpoint: str = HTTP_ENDPOINT) -> InferResponse:
+        """A request from a client; refused once the server is exiting, and for a decoupled
+        model (`endpoint` names the caller in Triton's text). `record` is the version when the
+        caller already resolved it (to decode a raw binary body)."""
         if self.exiting:
             raise server_exiting()
-        return await self.infer_admitted(request, record)
+        return await self.infer_admitted(request, record, refuse_decoupled=endpoint)
+
+    def stream(self, request: InferRequest, record: Optional[VersionRecord] = None,
+               admitted: bool = True) -> AsyncIterator[StreamItem]:
+        """Every answer to `request`, in order, the last one `final` (one answer for a model
+        that is not decoupled, routed by infer_admitted). With `admitted=False` (a client's
+        request) it is refused once the server is exiting. A decoupled model's version is
+        picked uncounted by a traffic policy (its streams take no part in canaries)."""
+        if not admitted and self.exiting:
+            raise server_exiting()
+        picked = record if record is not None else \
+            self.resolve(request.model_name, request.model_version)
+        return streaming.answers(self, request, picked, record)
 
     async def infer_admitted(self, request: InferRequest,
-                             record: Optional[VersionRecord] = None) -> InferResponse:
+                             record: Optional[VersionRecord] = None,
+                             refuse_decoupled: str = "") -> InferResponse:
         """`infer` without the exiting check: work on behalf of a request already admitted
         (an ensemble's steps), which must finish during the drain. Under a traffic policy the
-        answer (or failure) is reported to it: the canary's outcomes, the shadow copy."""
+        answer (or failure) is reported to it: the canary's outcomes, the shadow copy. A
+        decoupled model gives its one answer, or is refused naming `refuse_decoupled`."""
         policy = self._policies.get(request.model_name)  # a traffic policy (gray release)
         if policy is None:  # as before policies existed, plus counting a named version
             version = request.model_version
@@ -72,6 +113,10 @@ class InferencePath:
             started = time.perf_counter_ns()
         scheduler = record.scheduler
         assert scheduler is not None
+        if scheduler.rules.decoupled:
+            if refuse_decoupled:
+                raise decoupled_unsupported(refuse_decoupled)
+            return await self.one_answer(request, record, ONE_ANSWER_ERROR)
         try:
             future = scheduler.submit(request)  # validates; raises at once when refused
         except Exception:
@@ -97,7 +142,8 @@ class InferencePath:
         return _select_outputs(response, request.outputs, record)
 
     def infer_nowait(self, request: InferRequest, on_done: Callable[
-            [Optional[InferResponse], Optional[BaseException]], None]) -> Optional[asyncio.Future]:
+            [Optional[InferResponse], Optional[BaseException]], None],
+            endpoint: str = HTTP_ENDPOINT) -> Optional[asyncio.Future]:
         """`infer` without a coroutine, for a caller that keeps no task per request (the model
         owner answering a frontend process): `on_done(response, error)` runs on the loop once
         the answer is in. Returns the scheduler's future (cancelling it drops the request if
@@ -116,6 +162,8 @@ class InferencePath:
             else:
                 record = self.traffic.route(policy, request, None)
                 started = time.perf_counter_ns()
+            if record.scheduler.rules.decoupled:  # type: ignore[union-attr]
+                raise decoupled_unsupported(endpoint)
             future = record.scheduler.submit(request)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - the caller answers with it
             if policy is not None and record is not None:  # refused by the version picked
@@ -145,6 +193,34 @@ class InferencePath:
         future.add_done_callback(finished)
         return future
 
+    async def one_answer(self, request: InferRequest, record: VersionRecord,
+                         error_text: str) -> InferResponse:
+        """The single answer of a decoupled model; `error_text` (with {model} and {count})
+        when it gives none or more than one. A second answer ends the call at once (the
+        request is cancelled), so a model that streams on is never buffered here."""
+        answers: list[InferResponse] = []
+        async for item in streaming.answers(self, request, record):
+            if item.error is not None:
+                raise item.error
+            if item.response is not None:
+                answers.append(item.response)
+                if len(answers) > 1:
+                    break
+        if len(answers) != 1:
+            count = "no response" if not answers else "more than one response"
+            raise InternalError(error_text.format(model=request.model_name, count=count))
+        return answers[0]
+
+    def enter(self) -> None:
+        """One more inference in flight (shutdown waits for it)."""
+        self.inflight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight; False if the timeout passed first."""
         try:
@@ -155,8 +231,9 @@ class InferencePath:
 
 
 def _select_outputs(response: InferResponse, requested: Optional[list[RequestedOutput]],
-                    record: VersionRecord) -> InferResponse:
-    """Keep the outputs asked for, in the order asked, classified where asked."""
+                    record: VersionRecord, lenient: bool = False) -> InferResponse:
+    """Keep the outputs asked for, in the order asked, classified where asked (`lenient`: a
+    decoupled model's answer may leave some out)."""
     if requested is None:
         return response
     by_name = {t.name: t for t in response.outputs}
@@ -165,6 +242,8 @@ def _select_outputs(response: InferResponse, requested: Optional[list[RequestedO
     for wanted in requested:
         tensor = by_name.get(wanted.name)
         if tensor is None:
+            if lenient:
+                continue
             raise InternalError(f"model '{response.model_name}' did not produce the requested "
                                 f"output '{wanted.name}'")
         if wanted.classification > 0:

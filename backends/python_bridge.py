@@ -1,0 +1,201 @@
+"""The worker's side of what a model does besides answering `execute`: response senders
+(decoupled models), cancellation, BLS calls and custom metrics.
+
+pb_utils calls in here (the worker hands it this object at start); everything leaves on the
+worker's channel (backends/python_channel.py) with tensors in the worker's ring
+(backends/python_ring.py), and BLS answers come back through the server's ring.
+
+Flow control: a decoupled request may have at most `window` responses that the server has not
+yet handed to its client. `send` blocks while that many are outstanding (the server acks each
+one as its client takes it), so a slow client holds the model back instead of growing the
+server's memory; after `send_timeout_s` without progress `send` raises. A cancelled request
+(its client went away) never blocks: what it sends is dropped.
+
+Used in the worker process only: the standard library, numpy and the other worker modules.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from backends.python_channel import Channel
+from backends.python_ring import RingReader, RingWriter
+
+FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class SendError(Exception):
+    """A misuse of a response sender; pb_utils raises it as TritonModelException."""
+
+
+@dataclass
+class _Request:
+    """One request's sender state (decoupled: `rid` is the server's id for it)."""
+
+    rid: int
+    decoupled: bool
+    outputs: Optional[frozenset[str]]  # the outputs the client asked for; None: all
+    window: int
+    sent: int = 0
+    acked: int = 0
+    closed: bool = False
+    cancelled: bool = False
+    # Non-decoupled models: the one response sent through the sender, answered with execute.
+    collected: Any = None
+    lock: threading.Condition = field(default_factory=threading.Condition)
+
+
+class WorkerBridge:
+    def __init__(self, channel: Channel, ring: RingWriter, replies: RingReader, window: int,
+                 send_timeout_s: float) -> None:
+        self.channel = channel
+        self.ring = ring
+        self.replies = replies
+        self.window = window
+        self.send_timeout_s = send_timeout_s
+        self._requests: dict[int, _Request] = {}
+        self._bls_ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # ----- requests --------------------------------------------------------------------------
+
+    def register(self, rid: int, decoupled: bool, outputs: Optional[list[str]]) -> _Request:
+        state = _Request(rid, decoupled, frozenset(outputs) if outputs is not None else None,
+                         self.window)
+        with self._lock:
+            self._requests[rid] = state
+        return state
+
+    def forget(self, rid: int) -> None:
+        with self._lock:
+            self._requests.pop(rid, None)
+
+    def on_notice(self, message: dict) -> None:
+        """An ack or a cancellation from the server (on the reading thread)."""
+        with self._lock:
+            state = self._requests.get(message["rid"])
+        if state is None:
+            return
+        with state.lock:
+            if message["op"] == "ack":
+                state.acked += message.get("n", 1)
+            else:
+                state.cancelled = True
+            state.lock.notify_all()
+
+    def is_cancelled(self, rid: int) -> bool:
+        with self._lock:
+            state = self._requests.get(rid)
+        return state is not None and state.cancelled
+
+    # ----- responses ----------------------------------------------------------------------------
+
+    def send(self, state: _Request, response: Any, flags: int) -> None:
+        """pb_utils' ResponseSender.send, with Triton's checks and texts."""
+        if flags not in (0, FINAL):
+            raise SendError("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise SendError("Inference Response object must be provided when the response "
+                            "flags is set to zero.")
+        with state.lock:
+            if not state.decoupled:
+                if response is not None and state.sent > 0:
+                    raise SendError("Unable to send response. Non-decoupled model cannot send "
+                                    "more than one response.")
+                if response is None and flags == FINAL and state.sent == 0:
+                    raise SendError("Unable to send response. Non-decoupled model cannot send "
+                                    "complete final before sending a response.")
+            if state.closed:
+                raise SendError("Unable to send response. Response sender has been closed.")
+            if flags == FINAL:
+                state.closed = True
+            state.sent += 1
+            if not state.decoupled:
+                if response is not None:
+                    state.collected = response
+                return
+            if state.cancelled:
+                self._finish(state, flags)
+                return
+            if response is not None:
+                self._wait_for_room(state)
+        self._post(state, response, flags)
+
+    def _wait_for_room(self, state: _Request) -> None:
+        """Called holding state.lock: block while `window` responses are unread."""
+        deadline = time.monotonic() + self.send_timeout_s
+        while state.sent - 1 - state.acked >= state.window and not state.cancelled:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                state.sent -= 1
+                raise SendError(f"Unable to send response. The client has not read the last "
+                                f"{state.window} responses within {self.send_timeout_s:g} s.")
+            state.lock.wait(remaining)
+
+    def _post(self, state: _Request, response: Any, flags: int) -> None:
+        outputs: dict[str, np.ndarray] = {}
+        error = None
+        params = None
+        if response is not None:
+            if response.has_error():
+                err = response.error()
+                error = (err.code(), err.message())
+            for tensor in response.output_tensors():
+                if state.outputs is None or tensor.name() in state.outputs:
+                    outputs[tensor.name()] = tensor.as_numpy()
+            params = response._parameter_dict()
+        with self.channel.send_lock:
+            refs, end, fd = self.ring.pack(outputs)
+            self.channel.send_locked(
+                {"op": "response", "rid": state.rid, "refs": refs, "end": end,
+                 "error": error, "params": params, "final": flags == FINAL,
+                 "empty": response is None}, [fd] if fd is not None else ())
+        self._finish(state, flags)
+
+    def _finish(self, state: _Request, flags: int) -> None:
+        if flags == FINAL:
+            self.forget(state.rid)
+
+    # ----- BLS ------------------------------------------------------------------------------
+
+    def infer(self, request: Any, decoupled: bool,
+              make_response: Callable[[dict], Any]) -> Iterator[Any]:
+        """Send a BLS request; yield each answer (pb_utils.InferenceResponse) until the last."""
+        bid = next(self._bls_ids)
+        inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+        names = request.requested_output_names()
+        key = ("bls", bid)
+        with self.channel.send_lock:
+            refs, end, fd = self.ring.pack(inputs)
+            self.channel.send_locked(
+                {"op": "bls", "bid": bid, "model": request.model_name(),
+                 "version": request.model_version(), "refs": refs, "end": end,
+                 "outputs": list(names) if names else None, "id": request.request_id(),
+                 "params": request._parameter_dict(), "timeout": request.timeout(),
+                 "decoupled": decoupled}, [fd] if fd is not None else ())
+        try:
+            while True:
+                message, _ = self.channel.wait(key)
+                yield make_response(message)
+                if message["final"]:
+                    return
+        finally:
+            self.channel.drop(key)
+
+    def take_bls_answer(self, message: dict, fds: list[int]) -> tuple[str, int]:
+        """On the reading thread: copy an answer's tensors out of the server's ring."""
+        if fds:
+            self.replies.adopt(fds[0])
+        message["tensors"] = self.replies.take(message.pop("refs"), message["end"])
+        return ("bls", message["bid"])
+
+    # ----- custom metrics ---------------------------------------------------------------------
+
+    def metric(self, update: dict) -> None:
+        """A custom metric's declaration or new value, for the server's /metrics."""
+        self.channel.send({"op": "metric", **update})

@@ -1,0 +1,113 @@
+"""One socket shared by several waiting threads, in either process.
+
+A plain call waits for its reply on the socket itself. Decoupled responses, BLS requests and
+their answers arrive between replies, and any thread may be waiting for one of them, so reading
+is shared: whichever waiting thread finds nobody reading becomes the reader, reads messages and
+routes each one, either to the thread that waits for it (its key) or to an inline handler for
+the small notices that wait for nobody (acks, cancellations, responses to hand on). When the
+reader's own message comes it stops reading and another waiter takes over. With one thread
+waiting (a model without any of this) that thread simply reads its reply, as before.
+
+Used by both processes: the standard library and python_ipc only.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
+
+from backends.python_ipc import ChannelClosed, Receiver, send_message
+
+Message = tuple[dict[str, Any], list[int]]
+# Returns the key of the thread the message is for, or None when it was handled inline.
+Router = Callable[[dict[str, Any], list[int]], Optional[Hashable]]
+
+
+class Channel:
+    """Send from any thread (one lock); receive by key (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket, route: Router) -> None:
+        self.sock = sock
+        self._receiver = Receiver(sock)
+        self._route = route
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._reading = False
+        self._inbox: dict[Hashable, deque[Message]] = {}
+        self._broken: Optional[BaseException] = None
+        self._timeout: Optional[float] = None  # the socket's, changed only when a wait needs
+
+    def send(self, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+        with self._send_lock:
+            send_message(self.sock, message, fds)
+
+    @property
+    def send_lock(self) -> threading.Lock:
+        """Held around a ring pack and its send, so messages leave in the order packed."""
+        return self._send_lock
+
+    def send_locked(self, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+        """`send` for a caller already holding `send_lock`."""
+        send_message(self.sock, message, fds)
+
+    def wait(self, key: Hashable, timeout: Optional[float] = None) -> Message:
+        """The next message routed to `key`. Raises ChannelClosed when the other side went,
+        TimeoutError when `timeout` passed first (the channel is then unusable)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                queued = self._inbox.get(key)
+                if queued:
+                    return queued.popleft()
+                if self._broken is not None:
+                    raise ChannelClosed(str(self._broken))
+                if not self._reading:
+                    self._reading = True
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"no message for {key!r} within {timeout:g} s")
+                self._cond.wait(remaining)
+        try:
+            return self._read_until(key, deadline)
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+
+    def _read_until(self, key: Hashable, deadline: Optional[float]) -> Message:
+        while True:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+            if remaining != self._timeout:
+                self.sock.settimeout(remaining)
+                self._timeout = remaining
+            try:
+                message, fds = self._receiver.recv()
+            except TimeoutError:
+                raise
+            except (ChannelClosed, OSError) as exc:
+                with self._cond:
+                    self._broken = exc
+                raise ChannelClosed(str(exc)) from exc
+            target = self._route(message, fds)
+            if target is None:
+                continue
+            if target == key:
+                return message, fds
+            with self._cond:
+                self._inbox.setdefault(target, deque()).append((message, fds))
+                self._cond.notify_all()
+
+    def drop(self, key: Hashable) -> None:
+        """Forget what is queued for a key nobody will wait for again."""
+        with self._cond:
+            self._inbox.pop(key, None)
+
+    def close(self) -> None:
+        """Wake every waiter with ChannelClosed (the socket is shut by the owner)."""
+        with self._cond:
+            if self._broken is None:
+                self._broken = ChannelClosed("the channel was closed")
+            self._cond.notify_all()

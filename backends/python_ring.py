@@ -1,0 +1,177 @@
+"""Shared-memory rings for the messages that do not wait for a reply.
+
+The request/reply arenas (backends/python_ipc.py) are rewritten by every call, which is safe
+only because each call waits for its answer. Decoupled responses and BLS traffic go out while
+other work is in flight, so each side also owns a ring: the writer copies a message's tensors
+into the next free stretch and sends the refs on the socket; the reader copies them out (in
+the order the messages arrive, which is the order they were written) and publishes how far it
+has read in the ring's first eight bytes. The writer reuses space only behind that mark, so a
+tensor is never overwritten before it has been read, and no tensor is ever pickled (BYTES
+tensors, which have no fixed layout, are).
+
+A message bigger than the ring gets a bigger ring: its file descriptor rides with the message,
+and every earlier message, in the old ring, is read before it (one socket, in order).
+
+Used by both processes, so it imports only the standard library, numpy and python_ipc.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import struct
+import threading
+import time
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from backends.python_ipc import ALIGN, TensorRef, _anonymous_file, _round_up
+
+HEADER_BYTES = 64  # the reader's position (uint64) at offset 0, the rest unused
+_POSITION = struct.Struct("<Q")
+DEFAULT_RING_BYTES = 8 << 20
+FULL_POLL_S = 0.0005
+
+
+class RingFull(TimeoutError):
+    """The reader did not free enough space in time."""
+
+
+def _plan(group: Mapping[str, Any]) -> tuple[list[tuple[str, Any, int, int]], int]:
+    """(name, blob, offset from the start of the message, nbytes) per tensor, and the size."""
+    plan = []
+    size = 0
+    for name, value in group.items():
+        array = np.asarray(value)
+        if array.dtype == object:
+            blob: Any = pickle.dumps(array, protocol=pickle.HIGHEST_PROTOCOL)
+            nbytes = len(blob)
+        else:
+            blob, nbytes = array, array.nbytes
+        plan.append((name, blob, size, nbytes))
+        size = _round_up(size + nbytes, ALIGN)
+    return plan, max(size, ALIGN)
+
+
+class RingWriter:
+    """This process's ring. `pack` is thread-safe; callers must send the messages in the order
+    `pack` returned them, so `pack` and the send happen under the caller's one lock."""
+
+    def __init__(self, capacity: int = DEFAULT_RING_BYTES, wait_s: float = 30.0,
+                 grow_when_full: bool = False) -> None:
+        self._capacity = _round_up(capacity, mmap.PAGESIZE)
+        self._wait_s = wait_s
+        self._grow_when_full = grow_when_full  # for a writer that must never block (a loop)
+        self._map: Optional[mmap.mmap] = None
+        self._fd = -1
+        self._head = 0
+        self.lock = threading.Lock()
+
+    def pack(self, group: Mapping[str, Any]) -> tuple[list[TensorRef], int, Optional[int]]:
+        """Copy the tensors in; returns their refs, the position to publish once they are read,
+        and a new ring's file descriptor to send along (or None). Raises RingFull."""
+        plan, size = _plan(group)
+        new_fd = None
+        if self._map is None or size > self._capacity:
+            new_fd = self._replace(max(size * 2, self._capacity))
+        start = self._reserve(size)
+        if start is None:  # full: grow (a writer that must not wait) or give up
+            if not self._grow_when_full:
+                raise RingFull(f"the shared-memory ring ({self._capacity} bytes) stayed full "
+                               f"for {self._wait_s:g} s: the reader is not keeping up")
+            new_fd = self._replace(self._capacity * 2)
+            start = self._reserve(size)
+            assert start is not None
+        base = HEADER_BYTES + start % self._capacity
+        assert self._map is not None
+        refs: list[TensorRef] = []
+        for name, blob, offset, nbytes in plan:
+            where = base + offset
+            if isinstance(blob, bytes):
+                self._map[where:where + nbytes] = blob
+                refs.append((name, "", (), where, nbytes))
+            else:
+                if nbytes:
+                    target = np.ndarray(blob.shape, blob.dtype, buffer=self._map, offset=where)
+                    target[...] = blob
+                    del target
+                refs.append((name, blob.dtype.str, tuple(blob.shape), where, nbytes))
+        return refs, self._head, new_fd
+
+    def _reserve(self, size: int) -> Optional[int]:
+        """The ring position of `size` free contiguous bytes, waiting for the reader up to
+        wait_s (not at all when growing instead); None when they did not come free."""
+        capacity = self._capacity
+        offset = self._head % capacity
+        skip = capacity - offset if offset + size > capacity else 0
+        needed = self._head + skip + size - capacity
+        deadline = None if self._grow_when_full else time.monotonic() + self._wait_s
+        while self._read_position() < needed:
+            if deadline is None or time.monotonic() > deadline:
+                return None
+            time.sleep(FULL_POLL_S)
+        start = self._head + skip
+        self._head = start + size
+        return start
+
+    def _read_position(self) -> int:
+        assert self._map is not None
+        return _POSITION.unpack_from(self._map, 0)[0]
+
+    def _replace(self, capacity: int) -> int:
+        capacity = _round_up(capacity, mmap.PAGESIZE)
+        fd = _anonymous_file()
+        try:
+            os.ftruncate(fd, HEADER_BYTES + capacity)
+            mapped = mmap.mmap(fd, HEADER_BYTES + capacity)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.close()
+        self._fd, self._map, self._capacity, self._head = fd, mapped, capacity, 0
+        return fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._map = None
+
+
+class RingReader:
+    """The other process's ring, mapped here. Only the thread reading the socket uses it."""
+
+    def __init__(self) -> None:
+        self._map: Optional[mmap.mmap] = None
+
+    def adopt(self, fd: int) -> None:
+        """Map the writer's new ring (taking ownership of `fd`)."""
+        try:
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+
+    def take(self, refs: list[TensorRef], end: int) -> dict[str, np.ndarray]:
+        """Copies of the tensors, then their space handed back to the writer."""
+        try:
+            return {ref[0]: self._copy(ref) for ref in refs}
+        finally:
+            self.release(end)
+
+    def release(self, end: int) -> None:
+        if self._map is not None:
+            _POSITION.pack_into(self._map, 0, end)
+
+    def _copy(self, ref: TensorRef) -> np.ndarray:
+        name, dtype, shape, offset, nbytes = ref
+        if self._map is None:
+            raise ConnectionError(f"tensor '{name}' refers to a ring that was never received")
+        if not dtype:
+            return pickle.loads(memoryview(self._map)[offset:offset + nbytes])
+        if nbytes == 0:
+            return np.empty(shape, dtype=np.dtype(dtype))
+        return np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=offset).copy()
+
+    def close(self) -> None:
+        self._map = None
