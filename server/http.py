@@ -25,6 +25,7 @@ from protocol.types import InferRequest
 from repository.registry import VersionRecord
 from server.core import InferenceCore
 from server.http_body import BodyBuffer, BodyLimit
+from server.http_generate import GenerateEndpoints
 from server.offload import (BodyOffload, inflate_small, json_output_size,
                             parse_json_document)
 from server.runtime_settings import RuntimeSettings
@@ -343,6 +344,7 @@ class HttpFrontend:
                 (prefix + "/stats", self.model_stats, "GET"),
                 (prefix + "/infer", self.infer, "POST"),
             ]
+            routes += GenerateEndpoints(self).routes(prefix)
         for path, handler, method in routes:
             app.add_route(path, guarded(handler), methods=[method], include_in_schema=False)
 
