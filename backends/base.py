@@ -69,6 +69,8 @@ class Backend(ABC):
     # True (per loaded model) when the model answers through each request's stream, any number
     # of times (`model_transaction_policy { decoupled: true }`): execute_decoupled is called.
     decoupled: bool = False
+    # True when execute_requests also wants the InferRequests (ids, parameters, outputs asked).
+    wants_request_details: ClassVar[bool] = False
     # True when the backend's constructor takes `host` (a BackendHost, for BLS).
     uses_host: ClassVar[bool] = False
 

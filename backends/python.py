@@ -11,12 +11,11 @@ within `worker_crash_window_s` seconds (default 60) it gives up: `healthy()` sta
 every later call raises a fatal BackendError naming the reason. Both numbers can be set as
 config `parameters`.
 
-Backend.execute_requests hands over input tensors only, so a model's
-`request.requested_output_names()` lists every output in the config and `request_id()` is "";
-the server still returns only the outputs the client asked for. Decoupled models
-(`execute_decoupled`) get each request's requested outputs, and answer through the request's
-stream (backends/python_streams.py); BLS calls reach the server's infer path through the
-BackendHost handed to the constructor.
+A model's `request.requested_output_names()` lists the outputs the client asked for (every
+output in the config when it asked for none), `request_id()` and `parameters()` are the
+client's. Decoupled models (`execute_decoupled`) answer through each request's stream
+(backends/python_streams.py); BLS calls reach the server's infer path through the BackendHost
+handed to the constructor.
 
 Streaming limits, as config `parameters`: `response_buffer_size` (default 64): how many answers
 of one decoupled request may wait for a slow client before the model's `send` blocks;
@@ -90,6 +89,7 @@ class PythonBackend(Backend):
     backend_name = "python"
     default_model_filename = "model.py"
     takes_request_lists = True
+    wants_request_details = True
     uses_host = True
 
     _READY, _RESTARTING, _FAILED, _STOPPED = "ready", "restarting", "failed", "stopped"
@@ -300,7 +300,8 @@ class PythonBackend(Backend):
             raise result
         return result
 
-    def execute_requests(self, requests: Sequence[Mapping[str, np.ndarray]]
+    def execute_requests(self, requests: Sequence[Mapping[str, np.ndarray]],
+                         details: Optional[Sequence[InferRequest]] = None
                          ) -> list[dict[str, np.ndarray] | BaseException]:
         """Run the list in the worker. While the worker restarts this waits for it; a worker
         that dies fails only these requests (UNAVAILABLE). Raises only when the instance is
@@ -310,7 +311,8 @@ class PythonBackend(Backend):
             if worker is None:
                 return self._unavailable(len(requests), "the worker process is restarting")
             try:
-                results = worker.execute(requests, self._output_names)
+                results = worker.execute(requests, self._output_names,
+                                         **_request_details(details))
             except WorkerReplyError as exc:
                 return [errors.InternalError(str(exc)) for _ in requests]
             except WorkerDied as exc:
@@ -332,10 +334,8 @@ class PythonBackend(Backend):
             return self._unavailable(len(requests), "the worker process is restarting")
         rids = self._router.open(worker, requests)
         inputs = [{t.name: t.data for t in request.inputs} for request in requests]
-        wanted = [None if request.outputs is None else [o.name for o in request.outputs]
-                  for request in requests]
         try:
-            worker.execute(inputs, self._output_names, rids, wanted)
+            worker.execute(inputs, self._output_names, rids=rids, **_request_details(requests))
         except WorkerReplyError as exc:
             self._router.close(rids)
             return [errors.InternalError(str(exc)) for _ in requests]
@@ -379,3 +379,24 @@ class PythonBackend(Backend):
             code, message = result
             return ERROR_CODES.get(code, errors.InternalError)(message)
         return result
+
+
+def _request_details(requests: Optional[Sequence[InferRequest]]) -> dict[str, Any]:
+    """What a model's `request_id()`, `parameters()` and `requested_output_names()` return,
+    sent only when some request has any (most send none: nothing extra to pickle)."""
+    if not requests:
+        return {}
+    details: dict[str, Any] = {}
+    if any(request.outputs is not None for request in requests):
+        details["requested"] = [None if request.outputs is None else
+                                [output.name for output in request.outputs]
+                                for request in requests]
+    if any(request.id or request.parameters for request in requests):
+        details["meta"] = [(request.id, _plain(request.parameters)) for request in requests]
+    return details
+
+
+def _plain(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Request parameters a model may see (the JSON kinds; the server's own are left in)."""
+    return {key: value for key, value in parameters.items()
+            if isinstance(value, (bool, int, float, str))}

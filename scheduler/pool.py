@@ -354,6 +354,8 @@ class Instance:
                 for request in requests:
                     request.stream.convert = partial(self._response, request)
                 results = backend.execute_decoupled(requests)
+            elif backend.wants_request_details:  # ids, parameters, requested outputs
+                results = backend.execute_requests(inputs, requests)
             else:
                 results = backend.execute_requests(inputs)
             if len(results) != len(requests):

@@ -51,11 +51,25 @@ def test_request_accessors_and_lookup() -> None:
     assert pb_utils.get_input_tensor_by_name(request, "C") is None
 
 
-def test_bls_is_refused_clearly() -> None:
+def test_bls_outside_a_worker_is_refused_clearly() -> None:
     request = pb_utils.InferenceRequest(model_name="other", inputs=[],
                                         requested_output_names=["X"])
-    with pytest.raises(pb_utils.TritonModelException, match="BLS"):
+    with pytest.raises(pb_utils.TritonModelException, match="Python model worker"):
         request.exec()
+    with pytest.raises(pb_utils.TritonModelException, match="response sender"):
+        request.get_response_sender()
+    assert not request.is_cancelled()
+
+
+def test_decoupled_policy_helper_and_parameters() -> None:
+    config = {"model_transaction_policy": {"decoupled": True}}
+    assert pb_utils.using_decoupled_model_transaction_policy(config)
+    assert pb_utils.using_decoupled_model_transaction_policy(json.dumps(config))
+    assert not pb_utils.using_decoupled_model_transaction_policy({})
+    response = pb_utils.InferenceResponse([], parameters={"n": 3, "ok": True})
+    assert json.loads(response.parameters()) == {"n": 3, "ok": True}
+    with pytest.raises(pb_utils.TritonModelException, match="parameter 'bad'"):
+        pb_utils.InferenceResponse([], parameters={"bad": [1]})._parameter_dict()
 
 
 def test_response_outputs_and_errors() -> None:
