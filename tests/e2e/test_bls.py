@@ -1,0 +1,88 @@
+"""BLS from Python models against a real server: `exec()`, `async_exec()`, `exec(decoupled=True)`
+and the errors a call gets back, verbatim; the calls go through the server's infer path, so the
+called model's statistics and metrics move.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from examples.build_repository import build_simple
+from examples.streaming import build_streaming
+from serverproc import ServerProcess, running_server
+from streamingmodels import write_streaming_models
+
+pytestmark = pytest.mark.e2e
+
+X = np.arange(16, dtype=np.int32).reshape(1, 16)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("bls")
+    build_simple(repo)
+    build_streaming(repo)
+    write_streaming_models(repo)
+    with running_server([repo], log_dir=tmp_path_factory.mktemp("logs")) as process:
+        yield process
+
+
+def _bls(server: ServerProcess, mode: str) -> tuple[np.ndarray, str]:
+    x = httpclient.InferInput("X", [1, 16], "INT32")
+    x.set_data_from_numpy(X)
+    how = httpclient.InferInput("MODE", [1], "BYTES")
+    how.set_data_from_numpy(np.array([mode.encode()], dtype=object))
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        result = client.infer("bls", [x, how])
+    return result.as_numpy("OUT"), result.as_numpy("ERR")[0].decode()
+
+
+def _simple_success(server: ServerProcess) -> int:
+    stats = httpx.get(f"{server.base}/v2/models/simple/stats").json()
+    return stats["model_stats"][0]["inference_stats"]["success"]["count"]
+
+
+def _simple_metric(server: ServerProcess) -> float:
+    for line in httpx.get(server.metrics_url).text.splitlines():
+        if line.startswith('nv_inference_request_success{model="simple"'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_exec_goes_through_the_infer_path(server: ServerProcess) -> None:
+    before, metric_before = _simple_success(server), _simple_metric(server)
+    out, err = _bls(server, "exec")
+    assert err == ""
+    assert out.tolist() == (X + 1).tolist()  # simple's OUTPUT0 = INPUT0 + INPUT1
+    assert _simple_success(server) == before + 1
+    assert _simple_metric(server) == metric_before + 1
+
+
+def test_async_exec_runs_calls_concurrently(server: ServerProcess) -> None:
+    before = _simple_success(server)
+    out, err = _bls(server, "async")
+    assert err == ""
+    assert out.tolist() == ((X + 1) + (X + 2)).tolist()
+    assert _simple_success(server) == before + 2
+
+
+def test_errors_come_back_verbatim(server: ServerProcess) -> None:
+    _, err = _bls(server, "unknown")
+    assert err == "Request for unknown model: 'nope' is not found"
+    _, err = _bls(server, "bad_input")
+    assert "unexpected shape for input 'INPUT0' for model 'simple'" in err
+    _, err = _bls(server, "decoupled")
+    assert err.startswith("Model 'chatty' is decoupled: call it with exec(decoupled=True)")
+
+
+def test_exec_decoupled_iterates_every_response(server: ServerProcess) -> None:
+    text = httpclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"alpha beta gamma"], dtype=object))
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        result = client.infer("token_join", [text])
+    assert result.as_numpy("text_output")[0] == b"alpha beta gamma"
+    assert int(result.as_numpy("count")[0]) == 3
