@@ -11,6 +11,7 @@ from testmodels import write_python_model
 # FINAL it tries to send once more and logs what the sender said. It logs a cancellation.
 CHATTY_MODEL = '''
 import json
+import os
 import threading
 import time
 
@@ -23,6 +24,7 @@ class TritonPythonModel:
         family = pb_utils.MetricFamily("chatty_tokens_total", "Tokens chatty sent",
                                        pb_utils.MetricFamily.COUNTER)
         self.tokens = family.Metric(labels={"model": args["model_name"]})
+        pb_utils.Logger.log_info(f"chatty worker pid {os.getpid()}")
 
     def execute(self, requests):
         for request in requests:

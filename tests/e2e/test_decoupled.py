@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import re
+import signal
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -207,6 +209,27 @@ def test_cancelling_the_stream_reaches_the_model_and_frees_it(server: ServerProc
              "no pending request", timeout=10)
     answers_after = _stream(server, "chatty", [_count(2)], enable_empty_final_response=True)
     assert len(answers_after) == 3
+
+
+def test_a_worker_that_dies_mid_stream_ends_the_stream_with_an_error(
+        server: ServerProcess) -> None:
+    pid = int(re.findall(r"chatty worker pid (\d+)", server.log())[-1])
+    answers: "queue.Queue" = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("chatty", [_count(10_000)], parameters={"delay_ms": 20})
+        assert answers.get(timeout=30)[1] is None
+        os.kill(pid, signal.SIGKILL)
+        while True:
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                break
+        client.stop_stream()
+    assert "the worker process was killed by SIGKILL while this request was running" in \
+        error.message()
+    wait_for(lambda: len(re.findall(r"chatty worker pid", server.log())) >= 2,
+             "the worker to restart")
+    assert len(_stream(server, "chatty", [_count(1)], enable_empty_final_response=True)) == 2
 
 
 def test_custom_metrics_reach_the_metrics_endpoint(server: ServerProcess) -> None:
