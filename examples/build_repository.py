@@ -34,7 +34,10 @@ Models (the repository layout is ``<output>/<model>/config.pbtxt`` and
 ``identity_bytes``          INPUT BYTES [-1] -> OUTPUT BYTES [-1] (Identity); max_batch_size 0.
 ==========================  ================================================================
 
-Benchmark-only models live in ``examples/mlp_compute.py``.
+The Python ``pipeline`` ensemble comes from ``examples/pipeline.py``, the streaming examples
+(``token_stream``, a decoupled model sending one word per response, and ``token_join``, a BLS
+model calling it) from ``examples/streaming.py``. Benchmark-only models live in
+``examples/mlp_compute.py``.
 
 The ``build_*`` functions take the repository root and write one model directory under it,
 returning that directory; the ``make_*_model`` functions return the ``onnx.ModelProto`` and the
@@ -477,6 +480,10 @@ def build_repository(output: Path = DEFAULT_OUTPUT) -> Path:
     from examples.pipeline import build_pipeline
 
     build_pipeline(output)
+    # The streaming examples: a decoupled token streamer and a BLS model that calls it.
+    from examples.streaming import build_streaming
+
+    build_streaming(output)
     return output
 
 
@@ -489,8 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     output = build_repository(args.output)
     elapsed = time.perf_counter() - start
     from examples.pipeline import PIPELINE_BUILDERS
+    from examples.streaming import STREAMING_MODELS
 
-    names = [*BUILDERS, *PIPELINE_BUILDERS]
+    names = [*BUILDERS, *PIPELINE_BUILDERS, *STREAMING_MODELS]
     print(f"built {len(names)} models in {output} ({elapsed:.2f} s): {', '.join(names)}")
     return 0
 

@@ -49,8 +49,10 @@ def _parse_config(pb, repo: Path, name: str):
 
 def test_layout(repo: Path) -> None:
     from examples.pipeline import PIPELINE_BUILDERS
+    from examples.streaming import STREAMING_MODELS
 
-    assert sorted(p.name for p in repo.iterdir()) == sorted([*MODELS, *PIPELINE_BUILDERS])
+    assert sorted(p.name for p in repo.iterdir()) == sorted([*MODELS, *PIPELINE_BUILDERS,
+                                                             *STREAMING_MODELS])
     assert (repo / "preprocess" / "1" / "model.py").is_file()
     assert (repo / "pipeline" / "config.pbtxt").is_file()
     for name in MODELS:
@@ -313,7 +315,8 @@ def test_configs_parse_as_triton_model_config(repo: Path) -> None:
 def test_cli_builds_into_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert br.main(["--output", str(tmp_path / "repo")]) == 0
     from examples.pipeline import PIPELINE_BUILDERS
+    from examples.streaming import STREAMING_MODELS
 
-    names = sorted([*MODELS, *PIPELINE_BUILDERS])
+    names = sorted([*MODELS, *PIPELINE_BUILDERS, *STREAMING_MODELS])
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == names
     assert f"built {len(names)} models" in capsys.readouterr().out
