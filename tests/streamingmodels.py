@@ -200,6 +200,24 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 '''
 
 
+# An ensemble whose one step is the decoupled example `token_stream`.
+WORDS_CONFIG = '''
+name: "words"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "WORD" data_type: TYPE_STRING dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [ {
+    model_name: "token_stream"
+    model_version: -1
+    input_map { key: "text_input" value: "TEXT" }
+    output_map { key: "text_output" value: "WORD" }
+  } ]
+}
+'''
+
+
 def write_streaming_models(repo: Path) -> None:
     """chatty, sender, flood and bls (which calls the example `simple`, built separately)."""
     for name, source, config in (("chatty", CHATTY_MODEL, CHATTY_CONFIG),
@@ -207,3 +225,5 @@ def write_streaming_models(repo: Path) -> None:
                                  ("flood", FLOOD_MODEL, FLOOD_CONFIG),
                                  ("bls", BLS_MODEL, BLS_CONFIG)):
         write_python_model(repo, name, source, config)
+    (repo / "words" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "words" / "config.pbtxt").write_text(WORDS_CONFIG)

@@ -86,3 +86,16 @@ def test_exec_decoupled_iterates_every_response(server: ServerProcess) -> None:
         result = client.infer("token_join", [text])
     assert result.as_numpy("text_output")[0] == b"alpha beta gamma"
     assert int(result.as_numpy("count")[0]) == 3
+
+
+def test_a_decoupled_step_that_answers_once_works_in_an_ensemble(server: ServerProcess) -> None:
+    def words(text: bytes) -> httpx.Response:
+        return httpx.post(f"{server.base}/v2/models/words/infer", json={"inputs": [
+            {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [text.decode()]}]})
+
+    one = words(b"single")
+    assert one.status_code == 200
+    assert one.json()["outputs"][0]["data"] == ["single"]
+    two = words(b"two words")
+    assert two.status_code == 500
+    assert "model 'token_stream' is decoupled and gave 2 responses" in two.json()["error"]
