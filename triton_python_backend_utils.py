@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 

@@ -146,6 +146,54 @@ def _round_up(value: int, step: int) -> int:
     return (value + step - 1) // step * step
 
 
+# Where each tensor of a group goes: (name, array or pickled bytes, offset, nbytes).
+Plan = list[tuple[str, Any, int, int]]
+
+
+def plan_group(group: Mapping[str, Any], offset: int = 0) -> tuple[Plan, int]:
+    """Lay a group's tensors out from `offset` (aligned); returns the plan and the end."""
+    plan: Plan = []
+    for name, value in group.items():
+        array_value = np.asarray(value)
+        if array_value.dtype == object:
+            blob: Any = pickle.dumps(array_value, protocol=pickle.HIGHEST_PROTOCOL)
+            nbytes = len(blob)
+        else:
+            blob = array_value
+            nbytes = array_value.nbytes
+        plan.append((name, blob, offset, nbytes))
+        offset = _round_up(offset + nbytes, ALIGN)
+    return plan, offset
+
+
+def write_planned(mapped: mmap.mmap, plan: Plan, base: int = 0) -> list[TensorRef]:
+    """Copy a planned group into shared memory at `base`; returns its refs."""
+    refs: list[TensorRef] = []
+    for name, blob, offset, nbytes in plan:
+        start = base + offset
+        if isinstance(blob, bytes):
+            mapped[start:start + nbytes] = blob
+            refs.append((name, "", (), start, nbytes))
+        else:
+            if nbytes:
+                target = np.ndarray(blob.shape, blob.dtype, buffer=mapped, offset=start)
+                target[...] = blob
+                del target
+            refs.append((name, blob.dtype.str, tuple(blob.shape), start, nbytes))
+    return refs
+
+
+def map_anonymous(size: int) -> tuple[int, mmap.mmap]:
+    """A new anonymous shared file of `size` bytes and its mapping."""
+    fd = _anonymous_file()
+    try:
+        os.ftruncate(fd, size)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class ArenaWriter:
     """The arena this process writes tensors into; grows (by replacement) when needed."""
 
@@ -162,50 +210,20 @@ class ArenaWriter:
         Returns each group's refs, and the new arena's file descriptor when the arena was
         replaced (the reader must map it before reading the refs; send it with the message).
         """
-        plans: list[list[tuple[str, Any, int, int]]] = []
+        plans: list[Plan] = []
         offset = 0
         for group in groups:
-            plan = []
-            for name, value in group.items():
-                array_value = np.asarray(value)
-                if array_value.dtype == object:
-                    blob: Any = pickle.dumps(array_value, protocol=pickle.HIGHEST_PROTOCOL)
-                    nbytes = len(blob)
-                else:
-                    blob = array_value
-                    nbytes = array_value.nbytes
-                plan.append((name, blob, offset, nbytes))
-                offset = _round_up(offset + nbytes, ALIGN)
+            plan, offset = plan_group(group, offset)
             plans.append(plan)
         new_fd = self._reserve(offset)
         assert self._map is not None
-        refs: list[list[TensorRef]] = []
-        for plan in plans:
-            group_refs: list[TensorRef] = []
-            for name, blob, start, nbytes in plan:
-                if isinstance(blob, bytes):
-                    self._map[start:start + nbytes] = blob
-                    group_refs.append((name, "", (), start, nbytes))
-                else:
-                    if nbytes:
-                        target = np.ndarray(blob.shape, blob.dtype, buffer=self._map, offset=start)
-                        target[...] = blob
-                        del target
-                    group_refs.append((name, blob.dtype.str, tuple(blob.shape), start, nbytes))
-            refs.append(group_refs)
-        return refs, new_fd
+        return [write_planned(self._map, plan) for plan in plans], new_fd
 
     def _reserve(self, needed: int) -> Optional[int]:
         if self._map is not None and needed <= self.size:
             return None
         size = _round_up(max(needed, 2 * self.size, self._min_size), mmap.PAGESIZE)
-        fd = _anonymous_file()
-        try:
-            os.ftruncate(fd, size)
-            mapped = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, mapped = map_anonymous(size)
         self.close()
         self._fd, self._map, self.size = fd, mapped, size
         return fd

@@ -26,7 +26,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from backends.python_ipc import ALIGN, TensorRef, _anonymous_file, _round_up
+from backends.python_ipc import (ALIGN, TensorRef, _round_up, map_anonymous, plan_group,
+                                 write_planned)
 
 HEADER_BYTES = 64  # the reader's position (uint64) at offset 0, the rest unused
 _POSITION = struct.Struct("<Q")
@@ -36,22 +37,6 @@ FULL_POLL_S = 0.0005
 
 class RingFull(TimeoutError):
     """The reader did not free enough space in time."""
-
-
-def _plan(group: Mapping[str, Any]) -> tuple[list[tuple[str, Any, int, int]], int]:
-    """(name, blob, offset from the start of the message, nbytes) per tensor, and the size."""
-    plan = []
-    size = 0
-    for name, value in group.items():
-        array = np.asarray(value)
-        if array.dtype == object:
-            blob: Any = pickle.dumps(array, protocol=pickle.HIGHEST_PROTOCOL)
-            nbytes = len(blob)
-        else:
-            blob, nbytes = array, array.nbytes
-        plan.append((name, blob, size, nbytes))
-        size = _round_up(size + nbytes, ALIGN)
-    return plan, max(size, ALIGN)
 
 
 class RingWriter:
@@ -71,7 +56,8 @@ class RingWriter:
     def pack(self, group: Mapping[str, Any]) -> tuple[list[TensorRef], int, Optional[int]]:
         """Copy the tensors in; returns their refs, the position to publish once they are read,
         and a new ring's file descriptor to send along (or None). Raises RingFull."""
-        plan, size = _plan(group)
+        plan, size = plan_group(group)
+        size = max(size, ALIGN)
         new_fd = None
         if self._map is None or size > self._capacity:
             new_fd = self._replace(max(size * 2, self._capacity))
@@ -83,20 +69,8 @@ class RingWriter:
             new_fd = self._replace(self._capacity * 2)
             start = self._reserve(size)
             assert start is not None
-        base = HEADER_BYTES + start % self._capacity
         assert self._map is not None
-        refs: list[TensorRef] = []
-        for name, blob, offset, nbytes in plan:
-            where = base + offset
-            if isinstance(blob, bytes):
-                self._map[where:where + nbytes] = blob
-                refs.append((name, "", (), where, nbytes))
-            else:
-                if nbytes:
-                    target = np.ndarray(blob.shape, blob.dtype, buffer=self._map, offset=where)
-                    target[...] = blob
-                    del target
-                refs.append((name, blob.dtype.str, tuple(blob.shape), where, nbytes))
+        refs = write_planned(self._map, plan, HEADER_BYTES + start % self._capacity)
         return refs, self._head, new_fd
 
     def _reserve(self, size: int) -> Optional[int]:
@@ -121,13 +95,7 @@ class RingWriter:
 
     def _replace(self, capacity: int) -> int:
         capacity = _round_up(capacity, mmap.PAGESIZE)
-        fd = _anonymous_file()
-        try:
-            os.ftruncate(fd, HEADER_BYTES + capacity)
-            mapped = mmap.mmap(fd, HEADER_BYTES + capacity)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, mapped = map_anonymous(HEADER_BYTES + capacity)
         self.close()
         self._fd, self._map, self._capacity, self._head = fd, mapped, capacity, 0
         return fd

@@ -218,6 +218,18 @@ ensemble_scheduling {
 '''
 
 
+def build_streaming_repository(repo: Path) -> Path:
+    """The example `simple` and streaming models with the test models above: the repository
+    the streaming, generate and BLS e2e tests serve."""
+    from examples.build_repository import build_simple
+    from examples.streaming import build_streaming
+
+    build_simple(repo)
+    build_streaming(repo)
+    write_streaming_models(repo)
+    return repo
+
+
 def write_streaming_models(repo: Path) -> None:
     """chatty, sender, flood and bls (which calls the example `simple`, built separately)."""
     for name, source, config in (("chatty", CHATTY_MODEL, CHATTY_CONFIG),

@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from examples.build_repository import build_simple
-from examples.streaming import build_streaming
 from serverproc import ServerProcess, running_server
-from streamingmodels import write_streaming_models
+from streamingmodels import build_streaming_repository
 
 pytestmark = pytest.mark.e2e
 
@@ -23,10 +21,7 @@ X = np.arange(16, dtype=np.int32).reshape(1, 16)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("bls")
-    build_simple(repo)
-    build_streaming(repo)
-    write_streaming_models(repo)
+    repo = build_streaming_repository(tmp_path_factory.mktemp("bls"))
     with running_server([repo], log_dir=tmp_path_factory.mktemp("logs")) as process:
         yield process
 

@@ -24,11 +24,9 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from examples.build_repository import build_simple
-from examples.streaming import build_streaming
 from procutil import wait_for
 from serverproc import ServerProcess, running_server
-from streamingmodels import write_streaming_models
+from streamingmodels import build_streaming_repository
 
 pytestmark = pytest.mark.e2e
 
@@ -37,10 +35,7 @@ PERF_ANALYZER = os.environ.get("PERF_ANALYZER")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("streaming")
-    build_simple(repo)
-    build_streaming(repo)
-    write_streaming_models(repo)
+    repo = build_streaming_repository(tmp_path_factory.mktemp("streaming"))
     with running_server([repo], log_dir=tmp_path_factory.mktemp("logs")) as process:
         yield process
 

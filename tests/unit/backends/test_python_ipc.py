@@ -3,21 +3,12 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Iterator
 
 import numpy as np
 import pytest
 
 from backends.python_ipc import (ArenaReader, ArenaWriter, ChannelClosed, Receiver,
                                  recv_message, send_message)
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    yield left, right
-    left.close()
-    right.close()
 
 
 def test_messages_keep_their_boundaries(pair: tuple[socket.socket, socket.socket]) -> None:

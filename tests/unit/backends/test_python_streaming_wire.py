@@ -7,7 +7,6 @@ import os
 import socket
 import threading
 import time
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -16,14 +15,6 @@ from backends.python_bridge import SendError, WorkerBridge
 from backends.python_channel import Channel
 from backends.python_ipc import ChannelClosed, Receiver, send_message
 from backends.python_ring import RingFull, RingReader, RingWriter
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    yield left, right
-    left.close()
-    right.close()
 
 
 def test_ring_wraps_around_and_reuses_what_was_read() -> None:
