@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import pickle
 import struct
 import threading
 import time
@@ -26,8 +25,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from backends.python_ipc import (ALIGN, TensorRef, _round_up, map_anonymous, plan_group,
-                                 write_planned)
+from backends.python_ipc import (ALIGN, ArenaReader, TensorRef, _round_up, map_anonymous,
+                                 plan_group, write_planned)
 
 HEADER_BYTES = 64  # the reader's position (uint64) at offset 0, the rest unused
 _POSITION = struct.Struct("<Q")
@@ -107,39 +106,16 @@ class RingWriter:
         self._map = None
 
 
-class RingReader:
+class RingReader(ArenaReader):
     """The other process's ring, mapped here. Only the thread reading the socket uses it."""
-
-    def __init__(self) -> None:
-        self._map: Optional[mmap.mmap] = None
-
-    def adopt(self, fd: int) -> None:
-        """Map the writer's new ring (taking ownership of `fd`)."""
-        try:
-            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
 
     def take(self, refs: list[TensorRef], end: int) -> dict[str, np.ndarray]:
         """Copies of the tensors, then their space handed back to the writer."""
         try:
-            return {ref[0]: self._copy(ref) for ref in refs}
+            return {ref[0]: self.copy(ref) for ref in refs}
         finally:
             self.release(end)
 
     def release(self, end: int) -> None:
         if self._map is not None:
             _POSITION.pack_into(self._map, 0, end)
-
-    def _copy(self, ref: TensorRef) -> np.ndarray:
-        name, dtype, shape, offset, nbytes = ref
-        if self._map is None:
-            raise ConnectionError(f"tensor '{name}' refers to a ring that was never received")
-        if not dtype:
-            return pickle.loads(memoryview(self._map)[offset:offset + nbytes])
-        if nbytes == 0:
-            return np.empty(shape, dtype=np.dtype(dtype))
-        return np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=offset).copy()
-
-    def close(self) -> None:
-        self._map = None
