@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from backends.python_channel import Channel
-from backends.python_ring import RingReader, RingWriter
+from backends.python_ring import RingFull, RingReader, RingWriter
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -59,6 +59,9 @@ class WorkerBridge:
         self.window = window
         self.send_timeout_s = send_timeout_s
         self._requests: dict[int, _Request] = {}
+        # Cancellations that overtook their request's execute (rids not registered yet).
+        self._early: set[int] = set()
+        self._last_rid = 0
         self._bls_ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -69,6 +72,11 @@ class WorkerBridge:
                          self.window)
         with self._lock:
             self._requests[rid] = state
+            if rid > 0:
+                self._last_rid = max(self._last_rid, rid)
+                if rid in self._early:
+                    state.cancelled = True
+                self._early = {early for early in self._early if early > rid}
         return state
 
     def forget(self, rid: int) -> None:
@@ -77,10 +85,13 @@ class WorkerBridge:
 
     def on_notice(self, message: dict) -> None:
         """An ack or a cancellation from the server (on the reading thread)."""
+        rid = message["rid"]
         with self._lock:
-            state = self._requests.get(message["rid"])
-        if state is None:
-            return
+            state = self._requests.get(rid)
+            if state is None:
+                if message["op"] == "cancel" and rid > self._last_rid:
+                    self._early.add(rid)
+                return
         with state.lock:
             if message["op"] == "ack":
                 state.acked += message.get("n", 1)
@@ -150,7 +161,10 @@ class WorkerBridge:
                     outputs[tensor.name()] = tensor.as_numpy()
             params = response._parameter_dict()
         with self.channel.send_lock:
-            refs, end, fd = self.ring.pack(outputs)
+            try:
+                refs, end, fd = self.ring.pack(outputs)
+            except RingFull as exc:
+                raise SendError(f"Unable to send response. {exc}") from None
             self.channel.send_locked(
                 {"op": "response", "rid": state.rid, "refs": refs, "end": end,
                  "error": error, "params": params, "final": flags == FINAL,

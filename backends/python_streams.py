@@ -82,6 +82,8 @@ class StreamRouter:
             stream.on_cancel = lambda rid=rid, sink=sink: self._cancelled(sink, rid)
             with self._lock:
                 self._sinks[rid] = sink
+            if stream.cancelled:  # before the hook was set: the worker learns it all the same
+                self._cancelled(sink, rid)
             rids.append(rid)
         return rids
 

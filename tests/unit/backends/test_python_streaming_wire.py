@@ -189,3 +189,14 @@ def test_sender_blocks_at_its_window_until_acked(
     assert bridge.is_cancelled(9)
     for _ in range(5):  # a cancelled request never blocks; what it sends is dropped
         bridge.send(state, _Response(), 0)
+
+
+def test_a_cancel_that_overtakes_its_request_still_reaches_it(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    bridge = _bridge(pair)
+    bridge.register(3, True, None)
+    bridge.on_notice({"op": "cancel", "rid": 5})  # request 5's execute has not arrived yet
+    bridge.on_notice({"op": "cancel", "rid": 2})  # an old one, long finished: forgotten
+    assert bridge.register(5, True, None).cancelled
+    assert not bridge.register(6, True, None).cancelled
+    assert not bridge.register(2, True, None).cancelled
