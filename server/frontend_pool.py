@@ -109,7 +109,8 @@ class FrontendProcess:
                     link.send((ERROR, ident, as_server_error(error)))  # type: ignore[union-attr]
 
             # No task per request: the answer goes back from the future's callback.
-            future = self.path.infer_nowait(unpack_request(message[2]), answer)
+            # message[3], when there: the endpoint a decoupled model's refusal names.
+            future = self.path.infer_nowait(unpack_request(message[2]), answer, *message[3:])
             if future is not None and not future.done():
                 self.inflight[ident] = future
         elif tag == CANCEL:

@@ -16,9 +16,10 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
-from protocol.errors import Unavailable, server_exiting
+from protocol.errors import HTTP_ENDPOINT, Unavailable, server_exiting
+from protocol.stream import StreamItem
 from protocol.handover_codec import pack_request, unpack_response
 from protocol.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, InferResponse
@@ -27,7 +28,9 @@ from server.settings import ServerSettings
 
 OWNER_GONE = "the model owner process is gone; the server is restarting or stopping"
 CONTROL_TIMEOUT_S = 30.0  # the longest a frontend waits for the owner to answer a control call
-RULES_TTL_S = 1.0  # how long a frontend reuses a model's input rules (raw binary requests)
+RULES_TTL_S = 1.0
+# A decoupled model streamed over a connection a frontend process accepted is refused so.
+FRONTEND_STREAM_ENDPOINT = "A frontend process (--frontend-processes)"  # how long a frontend reuses a model's input rules (raw binary requests)
 
 
 class ControlClient:
@@ -154,7 +157,15 @@ class RemoteCore:
             cached = self._rules[key] = (now, self.quick.call("resolve_rules", name, version))
         return SimpleNamespace(scheduler=SimpleNamespace(rules=cached[1]))
 
-    async def infer(self, request: InferRequest, record: Any = None) -> InferResponse:
+    async def infer_stream(self, request: InferRequest, record: Any = None
+                           ) -> AsyncIterator[StreamItem]:
+        """The one answer of a model that is not decoupled; decoupled models stream only from
+        the model owner's own listeners (the link carries one answer per request)."""
+        yield StreamItem(final=True,
+                         response=await self.infer(request, record, FRONTEND_STREAM_ENDPOINT))
+
+    async def infer(self, request: InferRequest, record: Any = None,
+                    endpoint: str = HTTP_ENDPOINT) -> InferResponse:
         if self.exiting:
             raise server_exiting()
         link = self.link
@@ -164,7 +175,8 @@ class RemoteCore:
         ident = self._next_id
         future = self.loop.create_future()
         self._pending[ident] = future
-        link.send((INFER, ident, pack_request(request)))
+        link.send((INFER, ident, pack_request(request)) if endpoint == HTTP_ENDPOINT
+                  else (INFER, ident, pack_request(request), endpoint))
         self.inflight += 1
         self._idle.clear()
         try:

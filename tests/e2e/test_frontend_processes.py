@@ -266,3 +266,32 @@ def test_grpc_streams_through_a_frontend_process(server) -> None:
         if landed and landed[0] in children:
             return
     pytest.fail("no gRPC connection landed on a frontend process")
+
+
+def test_decoupled_models_and_generate_through_every_process(server) -> None:
+    """HTTP infer refuses a decoupled model the same everywhere; generate works everywhere for
+    a model that is not decoupled; a decoupled model streams where the owner took the
+    connection and is refused, saying why, where a frontend process did."""
+    streamed = {"owner": 0, "frontend": 0}
+    for _ in range(CONNECTIONS):
+        with httpx.Client(base_url=server.base, timeout=30) as client:
+            refused = client.post("/v2/models/token_stream/infer", json={"inputs": [
+                {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a b"]}]})
+            assert refused.status_code == 501
+            assert refused.json() == {"error": "HTTP end point doesn't support models with "
+                                               "decoupled transaction policy"}
+            plain = client.post("/v2/models/simple/generate",
+                                json={"INPUT0": list(range(16)), "INPUT1": [1] * 16})
+            assert plain.status_code == 200 and plain.json()["OUTPUT0"] == list(range(1, 17))
+            stream = client.post("/v2/models/token_stream/generate_stream",
+                                 json={"text_input": "a b"})
+            if stream.status_code == 200:
+                assert stream.text.count("data: ") == 2
+                streamed["owner"] += 1
+            else:
+                assert stream.status_code == 501
+                assert stream.json()["error"] == (
+                    "A frontend process (--frontend-processes) doesn't support models with "
+                    "decoupled transaction policy")
+                streamed["frontend"] += 1
+    assert sum(streamed.values()) == CONNECTIONS
