@@ -180,7 +180,8 @@ class TritonPythonModel:
                 err = answer.error().message() if answer.has_error() else ""
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("OUT", out.astype(np.int32)),
-                pb_utils.Tensor("ERR", np.array([err.encode()], dtype=object))]))
+                pb_utils.Tensor("ERR", np.array([err.encode()], dtype=object))],
+                parameters={"mode": mode, "caller": request.request_id()}))
         return responses
 '''
 

@@ -32,7 +32,9 @@ def _bls(server: ServerProcess, mode: str) -> tuple[np.ndarray, str]:
     how = httpclient.InferInput("MODE", [1], "BYTES")
     how.set_data_from_numpy(np.array([mode.encode()], dtype=object))
     with httpclient.InferenceServerClient(server.http_url) as client:
-        result = client.infer("bls", [x, how])
+        result = client.infer("bls", [x, how], request_id=f"call-{mode}")
+    # The model's InferenceResponse(parameters=...) and the request id it saw.
+    assert result.get_response()["parameters"] == {"mode": mode, "caller": f"call-{mode}"}
     return result.as_numpy("OUT"), result.as_numpy("ERR")[0].decode()
 
 
