@@ -14,6 +14,7 @@ import itertools
 import logging
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -78,8 +79,8 @@ class StreamRouter:
             rid = next(self._ids)
             stream: ResponseStream = request.stream
             sink = _Sink(stream, worker)
-            stream.on_consumed = lambda rid=rid, sink=sink: self._notify(sink, "ack", rid)
-            stream.on_cancel = lambda rid=rid, sink=sink: self._cancelled(sink, rid)
+            stream.attach(partial(self._notify, sink, "ack", rid),
+                          partial(self._cancelled, sink, rid))
             with self._lock:
                 self._sinks[rid] = sink
             if stream.cancelled:  # before the hook was set: the worker learns it all the same

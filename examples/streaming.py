@@ -53,7 +53,7 @@ class TritonPythonModel:
                                       args=(request, request.get_response_sender(), words,
                                             delay), daemon=True)
             thread.start()
-            self.threads.append(thread)
+            self.threads = [t for t in self.threads if t.is_alive()] + [thread]
         return None  # decoupled: the answers go through the response senders
 
     def stream(self, request, sender, words, delay):

@@ -5,8 +5,8 @@ returned or before. The backend pushes each answer here (thread-safe); the infer
 them to the frontend in order, with a final marker. It lives beside InferRequest because it is
 part of the one internal request: `InferRequest.stream` is set for requests to decoupled models.
 
-Back-pressure is the producer's business: `on_consumed` tells it each time the consumer took an
-answer (the Python backend turns that into credit for the model's sender), so at most a
+Back-pressure is the producer's business: its `on_consumed` hook runs each time the consumer
+took an answer (the Python backend turns that into credit for the model's sender), so at most a
 window of answers waits here. `cancel` tells it the consumer went away.
 """
 from __future__ import annotations
@@ -42,10 +42,21 @@ class ResponseStream:
         self._waiter: Optional[asyncio.Future] = None
         self.finished = False  # the final item has been pushed
         self.cancelled = False
-        # Set by whoever produces (the pool and the backend), before the first push.
-        self.convert: Optional[Callable[[Mapping[str, np.ndarray]], InferResponse]] = None
-        self.on_consumed: Optional[Callable[[], None]] = None
-        self.on_cancel: Optional[Callable[[], None]] = None
+        # Given by the producers (the instance pool, the backend) before the first push.
+        self._convert: Optional[Callable[[Mapping[str, np.ndarray]], InferResponse]] = None
+        self._on_consumed: Optional[Callable[[], None]] = None
+        self._on_cancel: Optional[Callable[[], None]] = None
+
+    def set_converter(self, convert: Callable[[Mapping[str, np.ndarray]], InferResponse]
+                      ) -> None:
+        """How an answer's output arrays become an InferResponse (the instance's rules)."""
+        self._convert = convert
+
+    def attach(self, on_consumed: Callable[[], None], on_cancel: Callable[[], None]) -> None:
+        """The producer's hooks: an answer was taken (credit for the model's sender); the
+        consumer went away (tell the model)."""
+        self._on_consumed = on_consumed
+        self._on_cancel = on_cancel
 
     def push_threadsafe(self, item: StreamItem) -> None:
         self._loop.call_soon_threadsafe(self.push, item)
@@ -74,15 +85,15 @@ class ResponseStream:
             finally:
                 self._waiter = None
         item = self._items.popleft()
-        if item.outputs is not None and item.error is None and self.convert is not None:
+        if item.outputs is not None and item.error is None and self._convert is not None:
             try:
-                item.response = self.convert(item.outputs)
+                item.response = self._convert(item.outputs)
             except ServerError as exc:
                 item.error = exc
             if item.response is not None:
                 item.response.parameters.update(item.parameters)
-        if self.on_consumed is not None and not item.final:
-            self.on_consumed()
+        if self._on_consumed is not None and not item.final:
+            self._on_consumed()
         return item
 
     def cancel(self) -> None:
@@ -92,5 +103,5 @@ class ResponseStream:
             return
         self.cancelled = True
         self._items.clear()
-        if self.on_cancel is not None:
-            self.on_cancel()
+        if self._on_cancel is not None:
+            self._on_cancel()

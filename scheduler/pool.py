@@ -352,7 +352,7 @@ class Instance:
                 # The answers travel through each request's stream; its future only says
                 # whether execute took the request.
                 for request in requests:
-                    request.stream.convert = partial(self._response, request)
+                    request.stream.set_converter(partial(self._response, request))
                 results = backend.execute_decoupled(requests)
             elif backend.wants_request_details:  # ids, parameters, requested outputs
                 results = backend.execute_requests(inputs, requests)

@@ -58,10 +58,9 @@ def test_stream_orders_acks_and_cancels() -> None:
     async def run() -> None:
         stream = ResponseStream(asyncio.get_running_loop())
         consumed, cancelled = [], []
-        stream.on_consumed = lambda: consumed.append(1)
-        stream.on_cancel = lambda: cancelled.append(1)
-        stream.convert = lambda outputs: InferResponse("m", "1", outputs=[
-            Tensor(name, "INT32", value.shape, value) for name, value in outputs.items()])
+        stream.attach(lambda: consumed.append(1), lambda: cancelled.append(1))
+        stream.set_converter(lambda outputs: InferResponse("m", "1", outputs=[
+            Tensor(name, "INT32", value.shape, value) for name, value in outputs.items()]))
         stream.push(StreamItem({"X": np.array([1], np.int32)}))
         stream.push(StreamItem(error=InternalError("boom")))
         stream.push(StreamItem(final=True))
@@ -74,7 +73,7 @@ def test_stream_orders_acks_and_cancels() -> None:
         other = ResponseStream(asyncio.get_running_loop())
         await asyncio.to_thread(other.push_threadsafe, StreamItem({"X": np.zeros(1)}))
         assert (await other.next()).outputs is not None  # from another thread, in order
-        other.on_cancel = lambda: cancelled.append(1)
+        other.attach(lambda: None, lambda: cancelled.append(1))
         other.cancel()
         other.cancel()
         assert cancelled == [1]
