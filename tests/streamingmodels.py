@@ -173,6 +173,15 @@ class TritonPythonModel:
                                                      call("simple", x + 1).async_exec())
                 out = (pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy()
                        + pb_utils.get_output_tensor_by_name(second, "OUTPUT0").as_numpy())
+            elif mode == "async_stream":  # chatty's 3 answers, then the empty final one
+                stream = await pb_utils.InferenceRequest(
+                    model_name="chatty", requested_output_names=["OUT"],
+                    inputs=[pb_utils.Tensor("COUNT", np.array([3], dtype=np.int32))],
+                ).async_exec(decoupled=True)
+                answers = list(stream)
+                values = [int(a.output_tensors()[0].as_numpy()[0]) for a in answers[:-1]]
+                out[0, :len(values)] = values
+                err = f"{len(answers)} answers, last empty: {not answers[-1].output_tensors()}"
             else:
                 target = {"unknown": "nope", "decoupled": "chatty", "bad_input": "simple"}[mode]
                 request_ = call(target, x[:, :3] if mode == "bad_input" else x)

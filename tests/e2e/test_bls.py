@@ -76,6 +76,13 @@ def test_errors_come_back_verbatim(server: ServerProcess) -> None:
     assert err.startswith("Model 'chatty' is decoupled: call it with exec(decoupled=True)")
 
 
+def test_async_exec_decoupled_gives_every_answer_then_an_empty_one(
+        server: ServerProcess) -> None:
+    out, note = _bls(server, "async_stream")
+    assert out[0, :4].tolist() == [0, 1, 2, 0]
+    assert note == "4 answers, last empty: True"
+
+
 def test_exec_decoupled_iterates_every_response(server: ServerProcess) -> None:
     text = httpclient.InferInput("text_input", [1], "BYTES")
     text.set_data_from_numpy(np.array([b"alpha beta gamma"], dtype=object))
