@@ -72,11 +72,17 @@ class GenerateEndpoints:
     async def generate(self, request: Request) -> Response:
         infer_request, record = await self._request(request)
         answers = []
-        async for item in self.core.infer_stream(infer_request, record):
-            if item.error is not None:
-                raise item.error
-            if item.response is not None:
-                answers.append(item.response)
+        stream = self.core.infer_stream(infer_request, record)
+        try:
+            async for item in stream:
+                if item.error is not None:
+                    raise item.error
+                if item.response is not None:
+                    answers.append(item.response)
+                    if len(answers) > 1:  # stop (and cancel) at once: nothing piles up here
+                        break
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
         if len(answers) != 1:
             raise InvalidArgument(ONE_RESPONSE_ERROR)
         return Response(generate_body(answers[0]), media_type="application/json")

@@ -179,3 +179,13 @@ def test_a_slow_client_holds_the_model_back(server: ServerProcess) -> None:
     wait_for(lambda: "flood cancelled after" in server.log(), "the model to see the cancel",
              timeout=15)
     assert httpx.get(f"{server.base}/v2/health/live").status_code == 200
+
+
+def test_generate_stops_a_model_that_keeps_answering(server: ServerProcess) -> None:
+    """/generate gives up at the second answer and cancels the request: nothing piles up."""
+    cancels = server.log().count("flood cancelled after")
+    answer = httpx.post(_url(server, "flood", "generate"), json={"COUNT": 100_000}, timeout=30)
+    assert answer.status_code == 400
+    assert answer.json()["error"].startswith("generate expects model to produce exactly 1")
+    wait_for(lambda: server.log().count("flood cancelled after") > cancels,
+             "the model to see the cancel", timeout=15)
