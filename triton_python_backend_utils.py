@@ -282,7 +282,7 @@ class InferenceRequest:
         last one empty, carrying the final flag)."""
         answers = _api.bridge().infer(self, decoupled, _bls_response)
         if decoupled:
-            return answers
+            return _api.ResponseIterator(answers)
         return next(answers)
 
     async def async_exec(self, decoupled: bool = False) -> Any:

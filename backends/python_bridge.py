@@ -63,6 +63,7 @@ class WorkerBridge:
         self._early: set[int] = set()
         self._last_rid = 0
         self._bls_ids = itertools.count(1)
+        self._abandoned: set[int] = set()  # BLS calls whose caller stopped reading
         self._lock = threading.Lock()
 
     # ----- requests --------------------------------------------------------------------------
@@ -192,21 +193,39 @@ class WorkerBridge:
                  "outputs": list(names) if names else None, "id": request.request_id(),
                  "params": request._parameter_dict(), "timeout": request.timeout(),
                  "decoupled": decoupled}, [fd] if fd is not None else ())
+        finished = False
         try:
             while True:
                 message, _ = self.channel.wait(key)
+                finished = message["final"]
                 yield make_response(message)
-                if message["final"]:
+                if finished:
                     return
         finally:
+            if not finished:  # the caller stopped early: the server cancels the call
+                with self._lock:
+                    self._abandoned.add(bid)
+                try:
+                    self.channel.send({"op": "bls_cancel", "bid": bid})
+                except OSError:
+                    pass
             self.channel.drop(key)
 
-    def take_bls_answer(self, message: dict, fds: list[int]) -> tuple[str, int]:
-        """On the reading thread: copy an answer's tensors out of the server's ring."""
+    def take_bls_answer(self, message: dict, fds: list[int]) -> Optional[tuple[str, int]]:
+        """On the reading thread: copy an answer's tensors out of the server's ring (or only
+        hand the space back, for a call its caller abandoned)."""
         if fds:
             self.replies.adopt(fds[0])
+        bid = message["bid"]
+        with self._lock:
+            abandoned = bid in self._abandoned
+            if abandoned and message["final"]:
+                self._abandoned.discard(bid)
+        if abandoned:
+            self.replies.release(message["end"])
+            return None
         message["tensors"] = self.replies.take(message.pop("refs"), message["end"])
-        return ("bls", message["bid"])
+        return ("bls", bid)
 
     # ----- custom metrics ---------------------------------------------------------------------
 

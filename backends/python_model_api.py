@@ -51,6 +51,23 @@ class InferenceResponseSender:
         return self._state.closed
 
 
+class ResponseIterator:
+    """What `exec(decoupled=True)` returns: the called model's answers, in order, the last one
+    empty; `cancel()` (or dropping it unfinished) cancels the call in the server."""
+
+    def __init__(self, answers: Any) -> None:
+        self._answers = answers
+
+    def __iter__(self) -> "ResponseIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._answers)
+
+    def cancel(self) -> None:
+        self._answers.close()
+
+
 class MetricFamily:
     """A custom metric family, exported on the server's /metrics beside Triton's own."""
 

@@ -10,6 +10,7 @@ sender waits for that credit) and passes a cancellation on to the model.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -69,6 +70,8 @@ class StreamRouter:
         self._sinks: dict[int, _Sink] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        # BLS calls running on the loop, by (worker pid, call id), so the caller can stop one.
+        self._calls: dict[tuple[int, int], "concurrent.futures.Future"] = {}
 
     # ----- decoupled requests (instance thread) -------------------------------------------------
 
@@ -124,6 +127,11 @@ class StreamRouter:
             self._on_response(worker, message, fds)
         elif op == "bls":
             self._on_bls(worker, message, fds)
+        elif op == "bls_cancel":
+            with self._lock:
+                call = self._calls.pop((worker.pid, message["bid"]), None)
+            if call is not None:
+                call.cancel()  # the call's request is cancelled on the loop
         elif op == "metric":
             if self.host is not None:
                 self.host.custom_metric(message)
@@ -152,7 +160,15 @@ class StreamRouter:
         if host is None or host.loop is None:
             self._answer(worker, message["bid"], None, errors.Unavailable(NO_HOST_ERROR), True)
             return
-        asyncio.run_coroutine_threadsafe(self._bls(worker, message, inputs), host.loop)
+        key = (worker.pid, message["bid"])
+        call = asyncio.run_coroutine_threadsafe(self._bls(worker, message, inputs), host.loop)
+        with self._lock:
+            self._calls[key] = call
+        call.add_done_callback(lambda _: self._forget_call(key))
+
+    def _forget_call(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            self._calls.pop(key, None)
 
     # ----- BLS (on the loop) ---------------------------------------------------------------------
 
@@ -176,6 +192,9 @@ class StreamRouter:
             self._answer(worker, bid, None, None, True)  # decoupled: the empty final one
         except errors.ServerError as exc:
             self._answer(worker, bid, None, exc, True)
+        except asyncio.CancelledError:  # the caller stopped reading: close its call
+            self._answer(worker, bid, None, errors.Cancelled("the BLS call was cancelled"), True)
+            raise
         except Exception as exc:  # noqa: BLE001 - the model must get an answer, always
             log.exception("BLS call from python model '%s' failed", self.model)
             self._answer(worker, bid, None, errors.InternalError(str(exc)), True)

@@ -182,6 +182,14 @@ class TritonPythonModel:
                 values = [int(a.output_tensors()[0].as_numpy()[0]) for a in answers[:-1]]
                 out[0, :len(values)] = values
                 err = f"{len(answers)} answers, last empty: {not answers[-1].output_tensors()}"
+            elif mode == "stop_early":  # two answers of a long stream, then cancel the call
+                stream = pb_utils.InferenceRequest(
+                    model_name="chatty", requested_output_names=["OUT"],
+                    inputs=[pb_utils.Tensor("COUNT", np.array([100000], dtype=np.int32))],
+                    parameters={"delay_ms": 5}).exec(decoupled=True)
+                out[0, :2] = [int(next(stream).output_tensors()[0].as_numpy()[0])
+                              for _ in range(2)]
+                stream.cancel()
             else:
                 target = {"unknown": "nope", "decoupled": "chatty", "bad_input": "simple"}[mode]
                 request_ = call(target, x[:, :3] if mode == "bad_input" else x)

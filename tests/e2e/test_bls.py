@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from procutil import wait_for
 from serverproc import ServerProcess, running_server
 from streamingmodels import build_streaming_repository
 
@@ -81,6 +82,14 @@ def test_async_exec_decoupled_gives_every_answer_then_an_empty_one(
     out, note = _bls(server, "async_stream")
     assert out[0, :4].tolist() == [0, 1, 2, 0]
     assert note == "4 answers, last empty: True"
+
+
+def test_cancelling_a_decoupled_call_reaches_the_called_model(server: ServerProcess) -> None:
+    cancels = server.log().count("chatty cancelled at")
+    out, err = _bls(server, "stop_early")
+    assert out[0, :2].tolist() == [0, 1] and err == ""
+    wait_for(lambda: server.log().count("chatty cancelled at") > cancels,
+             "chatty to see the cancel", timeout=15)
 
 
 def test_exec_decoupled_iterates_every_response(server: ServerProcess) -> None:
