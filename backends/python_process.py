@@ -215,7 +215,9 @@ class WorkerProcess:
     def post(self, message: dict[str, Any], tensors: Optional[Mapping[str, np.ndarray]] = None
              ) -> None:
         """Send a message that has no reply (an ack, a cancellation, a BLS answer), with its
-        tensors in our ring. Any thread; never waits for the worker."""
+        tensors in our ring. Any thread; never waits for the worker. OSError once closed."""
+        if self._closed:
+            raise ConnectionError("the worker's channel is closed")
         with self._channel.send_lock:
             fds: Sequence[int] = ()
             if tensors is not None:
