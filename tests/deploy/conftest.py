@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "npu"))
 import om_fixtures as omf  # noqa: E402
 from entrypoint import console_script, entrypoint_env, fake_cann, start_entrypoint  # noqa: E402
 from examples.build_repository import build_simple  # noqa: E402
-from manifests import chart_manifests, one  # noqa: E402
+from manifests import chart_manifests, chart_values, one  # noqa: E402
 from procutil import wait_for  # noqa: E402
 from serverproc import ServerProcess, free_port  # noqa: E402
 
@@ -25,8 +25,6 @@ CHART_PORTS = {"--http-port": "http", "--grpc-port": "grpc", "--metrics-port": "
 def chart_args(repository: Path, ports: dict[str, int]) -> list[str]:
     """The chart's container args (Ascend values) with the repository and ports swapped for
     this machine's, and the listeners on 127.0.0.1."""
-    from manifests import chart_values
-
     pod = one(chart_manifests(chart_values("values-ascend.yaml")), "Deployment")
     args = []
     for arg in pod["spec"]["template"]["spec"]["containers"][0]["args"]:
