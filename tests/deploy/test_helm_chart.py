@@ -151,6 +151,10 @@ def test_ascend_values_request_the_device_plugin_resource_and_mount_the_driver()
     assert {"name": "ASCEND_SET_ENV",
             "value": "/usr/local/Ascend/ascend-toolkit/set_env.sh"} in container["env"]
     assert pod["securityContext"]["supplementalGroups"] == [1000]
+    rolling = one(manifests, "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxUnavailable": 1, "maxSurge": 0}  # no spare NPU needed to roll
+    default = one(chart_manifests(), "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert default == {"maxUnavailable": 0, "maxSurge": 1}
 
     other = chart_manifests({**VARIANTS["ascend"],
                              "ascend": {"enabled": True, "resourceName": "huawei.com/Ascend310P",
