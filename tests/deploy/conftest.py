@@ -38,7 +38,7 @@ def chart_args(repository: Path, ports: dict[str, int]) -> list[str]:
                    "--metrics-address=127.0.0.1"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def entrypoint_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The Ascend image's start, run directly: entrypoint.sh (variant ascend) sources a stand-in
     set_env.sh and execs the console script with the chart's args; the repository holds an ONNX
