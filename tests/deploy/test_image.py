@@ -90,6 +90,19 @@ def test_command_line_parses_with_the_servers_cli_and_ports_are_its_defaults():
     assert f"http://127.0.0.1:{DEFAULTS.http_port}/v2/health/ready" in check
 
 
+def test_build_copies_every_package_pyproject_installs():
+    text = (ROOT / "pyproject.toml").read_text()
+    packages = json.loads(re.search(r"^include = (\[.*\])$", text, re.M)[1])
+    modules = json.loads(re.search(r"^py-modules = (\[.*\])$", text, re.M)[1])
+    copied = {src.rstrip("/") for op, args in instructions() if op == "COPY" and "--from" not in args
+              for src in args.split()[:-1]}
+    wanted = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+              and any(fnmatch.fnmatch(p.name, pattern) for pattern in packages)}
+    assert wanted and wanted <= copied
+    assert {f"{m}.py" for m in modules} <= copied
+    assert {"pyproject.toml", "README.md"} <= copied  # the build reads both
+
+
 def test_dockerignore_keeps_everything_the_build_copies():
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
