@@ -2,6 +2,7 @@
 real server started the way the image and the chart start it."""
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -24,7 +25,8 @@ CHART_PORTS = {"--http-port": "http", "--grpc-port": "grpc", "--metrics-port": "
 
 def chart_args(repository: Path, ports: dict[str, int]) -> list[str]:
     """The chart's container args (Ascend values) with the repository and ports swapped for
-    this machine's, and the listeners on 127.0.0.1."""
+    this machine's, the listeners on 127.0.0.1, and no room for shadow copies (so that they
+    are counted as dropped)."""
     pod = one(chart_manifests(chart_values("values-ascend.yaml")), "Deployment")
     args = []
     for arg in pod["spec"]["template"]["spec"]["containers"][0]["args"]:
@@ -35,17 +37,54 @@ def chart_args(repository: Path, ports: dict[str, int]) -> list[str]:
             arg = f"{flag}={ports[CHART_PORTS[flag]]}"
         args.append(arg)
     return args + ["--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
-                   "--metrics-address=127.0.0.1"]
+                   "--metrics-address=127.0.0.1", "--traffic-shadow-max-inflight=0"]
+
+
+SIMPLE_INPUTS = [{"name": f"INPUT{i}", "shape": [1, 16], "datatype": "INT32",
+                  "data": list(range(16))} for i in (0, 1)]
+CANARY = {"baseline": "1", "candidate": "2", "steps": [50, 100], "step_seconds": 0.05,
+          "min_requests": 1}
+
+
+def infer(base: str, model: str, inputs: list[dict]) -> None:
+    response = httpx.post(f"{base}/v2/models/{model}/infer", json={"inputs": inputs}, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def traffic(base: str, policy: dict) -> dict:
+    response = httpx.put(f"{base}/v2/models/simple/traffic", json=policy, timeout=10)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def exercise_gray_release(base: str) -> None:
+    """A canary of simple's version 2 that promotes itself, then a 50/50 split with a shadow
+    whose copies the server drops (--traffic-shadow-max-inflight=0): every traffic series the
+    dashboard reads gets a sample."""
+    traffic(base, {"canary": CANARY})
+
+    def promoted() -> bool:
+        infer(base, "simple", SIMPLE_INPUTS)
+        state = httpx.get(f"{base}/v2/models/simple/traffic", timeout=10).json()["canary"]
+        return state["state"] == "promoted"
+
+    wait_for(promoted, "the canary to promote itself", timeout=30, interval=0.02)
+    traffic(base, {"weights": {"1": 50, "2": 50}, "shadow": {"version": "1", "fraction": 1.0}})
+    infer(base, "simple", SIMPLE_INPUTS)
 
 
 @pytest.fixture(scope="module")
 def entrypoint_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The Ascend image's start, run directly: entrypoint.sh (variant ascend) sources a stand-in
     set_env.sh and execs the console script with the chart's args; the repository holds an ONNX
-    model and an Ascend model (on the emulator), each asked once so every series exists."""
+    model in two versions under a traffic policy and an Ascend model (on the emulator), each
+    asked once so that their series exist."""
     root = tmp_path_factory.mktemp("entrypoint")
     repo = root / "models"
-    build_simple(repo)
+    simple = build_simple(repo)  # two versions, split by a traffic policy below
+    shutil.copytree(simple / "1", simple / "2")
+    with open(simple / "config.pbtxt", "a") as config:
+        config.write("\nversion_policy: { all { } }\n")
     omf.write_model_repository(repo, "npu_scale", max_queue_delay_us=100)
     bin_dir = root / "bin"
     bin_dir.mkdir()
@@ -65,14 +104,10 @@ def entrypoint_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
 
     try:
         wait_for(ready, "the entrypoint's server to be ready", timeout=60, interval=0.1)
-        for model, inputs in (
-                ("simple", [{"name": f"INPUT{i}", "shape": [1, 16], "datatype": "INT32",
-                             "data": list(range(16))} for i in (0, 1)]),
-                ("npu_scale", [{"name": "INPUT0", "shape": [2, 4], "datatype": "FP32",
-                                "data": [1.0] * 8}])):
-            response = httpx.post(f"{server.base}/v2/models/{model}/infer",
-                                  json={"inputs": inputs}, timeout=10)
-            assert response.status_code == 200, response.text
+        exercise_gray_release(server.base)
+        for model, inputs in (("simple", SIMPLE_INPUTS), ("npu_scale", [
+                {"name": "INPUT0", "shape": [2, 4], "datatype": "FP32", "data": [1.0] * 8}])):
+            infer(server.base, model, inputs)
         yield server
     finally:
         server.stop()

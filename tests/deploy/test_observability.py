@@ -1,6 +1,7 @@
 """The Grafana dashboard, the HPA's adapter rule and the alert rules: every PromQL expression
 parses, and every metric it names is one a real server exports (scraped from the server the
-Ascend image's entrypoint started, with an ONNX model and an emulated NPU model)."""
+Ascend image's entrypoint started, with an ONNX model under a gray release and an emulated NPU
+model)."""
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ def test_every_expression_parses():
     expressions = all_expressions()
     sources = [where.split()[0] for where, _ in expressions]
     assert {source: sources.count(source) for source in set(sources)} == {
-        "panel": 17, "variable": 2, "rule": 2, "alert": 3}
+        "panel": 20, "variable": 2, "rule": 2, "alert": 3}
     failures = []
     for where, expression in expressions:
         try:
@@ -52,9 +53,10 @@ def test_parser_refuses_what_prometheus_refuses():
 def test_every_named_metric_is_exported_by_a_running_server(exported):
     named = {name for _, expression in all_expressions() for name in metric_names(expression)}
     assert named - exported - PROMETHEUS_OWN == set()
-    # The scrape really covered the NPU and histogram series the dashboard reads.
+    # The scrape really covered the NPU, histogram and gray release series the dashboard reads.
     assert {"ascend_npu_memory_used_bytes", "ascend_npu_utilization",
-            "ascend_inference_batch_size_bucket",
+            "ascend_inference_batch_size_bucket", "ascend_traffic_requests_total",
+            "ascend_canary_transitions_total", "ascend_shadow_errors_total",
             "ascend_inference_request_latency_seconds_bucket"} <= named & exported
 
 
@@ -71,6 +73,8 @@ def test_dashboard_covers_what_operators_asked_for():
         "Per-version split": "nv_inference_request_success",
         "NPU memory used": "ascend_npu_memory_used_bytes",
         "NPU utilisation": "ascend_npu_utilization",
+        "Requests by route": "ascend_traffic_requests_total",
+        "Canary transitions and shadow errors": "ascend_canary_transitions_total",
     }
     for title, metric in wanted.items():
         expressions = [t["expr"] for t in panels[title]["targets"]]
