@@ -409,7 +409,10 @@ class ModelConfig:
 
     def set_dynamic_batching(self) -> None:
         if "sequence_batching" in self._config:
-            raise TritonModelException("cannot set dynamic batching on a sequence batching model")
+            raise TritonModelException(
+                "Configuration specified scheduling_choice as 'sequence_batching', but "
+                f"auto-complete-config function for model '{self._config.get('name', '')}' "
+                "tries to set scheduling_choice as 'dynamic_batching'")
         self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:

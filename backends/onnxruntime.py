@@ -153,9 +153,16 @@ class OnnxRuntimeBackend(Backend):
                 config.dynamic_batching.preferred_batch_size.append(DEFAULT_MAX_BATCH_SIZE)
         skip = 1 if config.max_batch_size > 0 else 0
 
+        # A sequence model's control and state inputs are fed by the batcher, not declared.
+        batcher_fed = {c.name for c in config.sequence_batching.control_input} | \
+            {s.input_name for s in config.sequence_batching.state} | \
+            {s.output_name for s in config.sequence_batching.state}
+
         def fill(target: Any, tensors: list[Any]) -> None:
             existing = {t.name: t for t in target}
             for tensor in tensors:
+                if tensor.name in batcher_fed:
+                    continue
                 entry = existing.get(tensor.name)
                 if entry is None:
                     if had_io and existing:

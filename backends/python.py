@@ -382,7 +382,8 @@ class PythonBackend(Backend):
 
 
 def _request_details(requests: Optional[Sequence[InferRequest]]) -> dict[str, Any]:
-    """What a model's `request_id()`, `parameters()` and `requested_output_names()` return,
+    """What a model's `request_id()`, `parameters()`, `requested_output_names()`,
+    `correlation_id()` and `flags()` return,
     sent only when some request has any (most send none: nothing extra to pickle)."""
     if not requests:
         return {}
@@ -393,6 +394,10 @@ def _request_details(requests: Optional[Sequence[InferRequest]]) -> dict[str, An
                                 for request in requests]
     if any(request.id or request.parameters for request in requests):
         details["meta"] = [(request.id, _plain(request.parameters)) for request in requests]
+    if any(request.correlation_id or request.sequence_flags for request in requests):
+        # A sequence model's `correlation_id()` and `flags()` (padding requests: 0, 0).
+        details["sequence"] = [(request.correlation_id, request.sequence_flags)
+                               for request in requests]
     return details
 
 

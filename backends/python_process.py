@@ -273,7 +273,8 @@ class WorkerProcess:
     def execute(self, requests: Sequence[Mapping[str, np.ndarray]],
                 output_names: Sequence[str], rids: Optional[Sequence[int]] = None,
                 requested: Optional[Sequence[Optional[list[str]]]] = None,
-                meta: Optional[Sequence[tuple[str, dict]]] = None) -> list[Result]:
+                meta: Optional[Sequence[tuple[str, dict]]] = None,
+                sequence: Optional[Sequence[tuple[int | str, int]]] = None) -> list[Result]:
         """Run one list of requests; each result is its outputs or the model's error for it.
         Raises WorkerReplyError when the model's execute raised (the whole list failed).
         Only ever called from one thread at a time (the instance's), like the arenas' use."""
@@ -289,6 +290,8 @@ class WorkerProcess:
                 message["requested"] = list(requested)
             if meta is not None:
                 message["meta"] = list(meta)
+            if sequence is not None:  # (correlation ID, flags) per request
+                message["sequence"] = list(sequence)
             reply, fds = self.call(message, [new_fd] if new_fd is not None else ())
             if rids is not None and reply.get("ok"):
                 return []  # decoupled: the responses come as messages

@@ -172,11 +172,12 @@ class WorkerLoop:
         rids = message.get("rids") or [-(index + 1) for index in range(count)]
         wanted = message.get("requested") or [None] * count
         meta = message.get("meta") or [("", None)] * count
+        sequence = message.get("sequence") or [(0, 0)] * count
         requests = []
-        for refs, rid, names, (request_id, params) in zip(message["requests"], rids, wanted,
-                                                          meta):
+        for refs, rid, names, (request_id, params), (corrid, flags) in zip(
+                message["requests"], rids, wanted, meta, sequence):
             request = self._request(refs, names if names is not None else message["outputs"],
-                                    request_id, params)
+                                    request_id, params, corrid, flags)
             request._state = self.bridge.register(rid, self.decoupled, names)
             requests.append(request)
         try:
@@ -241,13 +242,15 @@ class WorkerLoop:
     # ----- helpers ---------------------------------------------------------------------------
 
     def _request(self, refs: list[TensorRef], outputs: list[str], request_id: str = "",
-                 parameters: Optional[dict] = None) -> pb_utils.InferenceRequest:
+                 parameters: Optional[dict] = None, correlation_id: int | str = 0,
+                 flags: int = 0) -> pb_utils.InferenceRequest:
         # A decoupled model may read its inputs after execute returned, when the next call has
         # rewritten the arena: it gets copies.
         view = self.inputs.copy if self.decoupled else self.inputs.view
         tensors = [pb_utils.Tensor(ref[0], view(ref)) for ref in refs]
         return pb_utils.InferenceRequest(self.model_name, tensors, outputs,
-                                         request_id=request_id, parameters=parameters)
+                                         request_id=request_id, parameters=parameters,
+                                         correlation_id=correlation_id, flags=flags)
 
     def _failure_text(self, exc: BaseException) -> str:
         return (f"Failed to process the request(s) for model instance '{self.instance_name}', "

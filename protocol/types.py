@@ -52,6 +52,10 @@ class InferRequest:
     batch_size: int = 0
     priority: int = 0
     timeout_us: int = 0
+    # Filled by the sequence batcher: the `sequence_id` (uint64 or string; 0 = none) and
+    # Triton's request flags (1 START, 2 END), which Python models read.
+    correlation_id: int | str = 0
+    sequence_flags: int = 0
     # Monotonic nanoseconds at which the frontend finished decoding it.
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     # The answers of a request to a decoupled model (protocol/stream.py ResponseStream),

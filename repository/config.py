@@ -14,6 +14,7 @@ from google.protobuf import text_format
 from backends import registry
 from backends.base import BackendError
 from protocol.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
+from scheduler.sequence_config import DEFAULT_IDLE_US, SequenceConfigError, read_settings
 
 
 class ConfigError(Exception):
@@ -102,6 +103,13 @@ def registry_backend_class(backend_name: str, model_name: str) -> Any:
 def _normalize_common(config: ModelConfig, name: str) -> None:
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
+    if config.HasField("sequence_batching"):  # Triton's defaults, shown in /config too
+        sequence = config.sequence_batching
+        if not sequence.max_sequence_idle_microseconds:
+            sequence.max_sequence_idle_microseconds = DEFAULT_IDLE_US
+        if sequence.HasField("oldest") and not len(sequence.oldest.preferred_batch_size) \
+                and config.max_batch_size > 0:
+            sequence.oldest.preferred_batch_size.append(config.max_batch_size)
     optimization = config.optimization
     optimization.input_pinned_memory.enable = True
     optimization.output_pinned_memory.enable = True
@@ -191,3 +199,8 @@ def validate(config: ModelConfig) -> None:
         if batching.preserve_ordering and batching.priority_levels > 1:
             raise ConfigError(f"model '{name}': preserve_ordering cannot be combined with more "
                               f"than one priority level")
+    if config.HasField("sequence_batching"):
+        try:
+            read_settings(config)
+        except SequenceConfigError as exc:
+            raise ConfigError(str(exc)) from None

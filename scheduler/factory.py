@@ -8,16 +8,20 @@ from scheduler.clock import Clock
 from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.ensemble import EnsembleScheduler, Infer
 from scheduler.interface import Scheduler, VersionSpec
+from scheduler.sequence import SequenceBatcher
 from scheduler.stats import VersionStatistics
 
 
 def create_scheduler(spec: VersionSpec, stats: VersionStatistics, *,
                      clock: Optional[Clock] = None, infer: Optional[Infer] = None) -> Scheduler:
-    """The dynamic batcher when the config has `dynamic_batching`, else the default scheduler
-    (one request per execution, instances in parallel). Call `start()` on the result to load."""
+    """The dynamic batcher when the config has `dynamic_batching`, the sequence batcher when it
+    has `sequence_batching`, else the default scheduler (one request per execution, instances
+    in parallel). Call `start()` on the result to load."""
     if spec.config.platform == "ensemble":
         assert infer is not None, "an ensemble needs the core's infer"
         return EnsembleScheduler(spec, stats, infer)
     if spec.config.HasField("dynamic_batching"):
         return DynamicBatcher(spec, stats, clock=clock)
+    if spec.config.HasField("sequence_batching"):
+        return SequenceBatcher(spec, stats, clock=clock)
     return DefaultScheduler(spec, stats, clock=clock)

@@ -87,15 +87,21 @@ def _enum_name(message, field_name: str) -> str:
 
 
 def _output_specs(config: "ModelConfig") -> list[_OutputSpec]:
+    named = [(output.name, _enum_name(output, "data_type")) for output in config.output]
+    # A sequence model's implicit state outputs are kept too: the sequence batcher takes them
+    # out of the response and feeds them back as the next request's state inputs.
+    if config.HasField("sequence_batching"):
+        named += [(state.output_name, _enum_name(state, "data_type"))
+                  for state in config.sequence_batching.state]
     specs: list[_OutputSpec] = []
-    for output in config.output:
-        datatype = BY_CONFIG_NAME.get(_enum_name(output, "data_type"))
+    for name, type_name in named:
+        datatype = BY_CONFIG_NAME.get(type_name)
         if datatype is None:
-            specs.append(_OutputSpec(output.name, None, None))
+            specs.append(_OutputSpec(name, None, None))
         else:
             # BYTES arrays vary in dtype, and BF16 travels as uint16 bit patterns: no casting.
             dtype = datatype.numpy if datatype.name not in ("BYTES", "BF16") else None
-            specs.append(_OutputSpec(output.name, datatype.name, dtype))
+            specs.append(_OutputSpec(name, datatype.name, dtype))
     return specs
 
 
@@ -463,6 +469,15 @@ class InstancePool:
             if instance.healthy:
                 return True
         return False
+
+    def idle_instances(self) -> list[Instance]:
+        """The free healthy instances, for a scheduler that picks the instance itself (a
+        sequence's slot lives on one instance); claim the one it uses with `claim`."""
+        return [instance for instance in self._idle if instance.healthy]
+
+    def claim(self, instance: Instance) -> None:
+        """Take a free instance that `idle_instances` listed."""
+        self._idle.remove(instance)
 
     def release(self, instance: Instance) -> None:
         if instance.healthy and not instance.passive:

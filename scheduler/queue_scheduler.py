@@ -166,6 +166,7 @@ class _Batch:
     instance: Instance
     rows: int
     result: Optional[BatchRun] = None
+    padding: int = 0  # not-ready rows the sequence batcher added (executed, not inferences)
 
 
 class QueueScheduler(Scheduler):
@@ -359,8 +360,8 @@ class QueueScheduler(Scheduler):
         if len(self._queue) and self._pool.has_idle():
             self._dispatch_now()  # the next batch first: the instance need not wait for the loop
         if result.executed:
-            self._stats.record_execution(batch.rows, result.input_ns, result.infer_ns,
-                                         result.output_ns)
+            self._stats.record_execution(batch.rows + batch.padding, result.input_ns,
+                                         result.infer_ns, result.output_ns, batch.rows)
         if self._preserve_ordering:
             in_order = self._in_order
             while in_order and in_order[0].result is not None:

@@ -39,13 +39,17 @@ class MetricsObserver(Protocol):
 
     def request_failed(self, reason: str, total_ns: int) -> None: ...
 
-    def batch_executed(self, batch_size: int) -> None: ...
+    def batch_executed(self, batch_size: int, inferences: int = -1) -> None: ...
 
     def pending_changed(self, delta: int) -> None: ...
 
     def request_rejected(self, reason: str) -> None: ...
 
     def failure_counted(self, reason: str) -> None: ...
+
+    def sequences_changed(self, active: int) -> None: ...
+
+    def sequences_idle_released(self, count: int) -> None: ...
 
 
 class FailureReason:
@@ -121,10 +125,13 @@ class VersionStatistics:
             self.observer.request_rejected(reason)
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int,
-                         output_ns: int) -> None:
-        """One model execution of `batch_size` inferences (batch elements)."""
+                         output_ns: int, inferences: int = -1) -> None:
+        """One model execution of `batch_size` batch elements, `inferences` of them real
+        requests (the rest padding a sequence batcher added; -1: all of them)."""
+        if inferences < 0:
+            inferences = batch_size
         with self._lock:
-            self.inference_count += batch_size
+            self.inference_count += inferences
             self.execution_count += 1
             stats = self.batch_stats.get(batch_size)
             if stats is None:
@@ -134,7 +141,17 @@ class VersionStatistics:
             stats.compute_output.add(output_ns)
             self.last_inference_ms = int(time.time() * 1000)
         if self.observer is not None:
-            self.observer.batch_executed(batch_size)
+            self.observer.batch_executed(batch_size, inferences)
+
+    def sequences_changed(self, active: int) -> None:
+        """A sequence model's live sequences (started, not yet ended or released)."""
+        if self.observer is not None:
+            self.observer.sequences_changed(active)
+
+    def sequences_idle_released(self, count: int) -> None:
+        """Sequences whose slots were released after max_sequence_idle_microseconds."""
+        if self.observer is not None:
+            self.observer.sequences_idle_released(count)
 
     def pending_changed(self, delta: int) -> None:
         """Requests accepted but not yet executing (nv_inference_pending_request_count)."""

@@ -41,6 +41,8 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "nv_inference_pending_request_count": ("gauge", "Instantaneous number of pending requests awaiting execution per-model."),
     "nv_model_load_duration_secs": ("gauge", "Model load time in seconds"),
     # Beyond Triton: nv_inference_request_failure{reason="REJECTED"} split by why.
+    "ascend_sequence_active": ("gauge", "Sequences of a sequence-batched model version that started and have neither ended nor been released (holding a slot or waiting for one)"),
+    "ascend_sequence_idle_released_total": ("counter", "Sequences released after max_sequence_idle_microseconds without a request; their next request needs the START flag"),
     "ascend_inference_rejected_total": ("counter", "Number of inference requests refused for overload, by reason: queue_full (max_queue_size reached, answered at once with a retry hint), queue_timeout (queue timeout expired under timeout_action REJECT)"),
 }
 
@@ -64,6 +66,8 @@ class VersionMetrics:
     output_us: float = 0.0
     pending: int = 0
     rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REJECTION_REASONS})
+    sequences: Optional[int] = None  # active sequences; None for a model without them
+    sequences_idle: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -92,15 +96,24 @@ class VersionMetrics:
         with self._lock:
             self.failure[reason] = self.failure.get(reason, 0) + 1
 
-    def batch_executed(self, batch_size: int) -> None:
+    def batch_executed(self, batch_size: int, inferences: int = -1) -> None:
+        inferences = batch_size if inferences < 0 else inferences
         with self._lock:
             self.exec_count += 1
-            self.inference_count += batch_size
+            self.inference_count += inferences
         self._batch.observe(batch_size)
 
     def pending_changed(self, delta: int) -> None:
         with self._lock:
             self.pending += delta
+
+    def sequences_changed(self, active: int) -> None:
+        with self._lock:
+            self.sequences = active
+
+    def sequences_idle_released(self, count: int) -> None:
+        with self._lock:
+            self.sequences_idle += count
 
     def request_rejected(self, reason: str) -> None:
         with self._lock:
@@ -214,6 +227,9 @@ class ServerMetrics:
                 add("nv_model_load_duration_secs", labels, round(v.load_seconds, 6))
                 for reason, count in v.rejected.items():
                     add("ascend_inference_rejected_total", {**labels, "reason": reason}, count)
+                if v.sequences is not None:
+                    add("ascend_sequence_active", labels, v.sequences)
+                    add("ascend_sequence_idle_released_total", labels, v.sequences_idle)
         yield from families.values()
 
     def _worker_families(self) -> Iterable[Metric]:

@@ -106,11 +106,17 @@ class Observer:
     def request_failed(self, reason: str, total_ns: int) -> None:
         self.failures.append(reason)
 
-    def batch_executed(self, batch_size: int) -> None:
+    def batch_executed(self, batch_size: int, inferences: int = -1) -> None:
         self.batch_sizes.append(batch_size)
 
     def pending_changed(self, delta: int) -> None:
         self.pending.append(delta)
+
+    def sequences_changed(self, active: int) -> None:
+        self.sequences_active = active
+
+    def sequences_idle_released(self, count: int) -> None:
+        self.idle_released = getattr(self, "idle_released", 0) + count
 
     def request_rejected(self, reason: str) -> None:
         self.rejections.append(reason)
