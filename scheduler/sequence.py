@@ -118,7 +118,7 @@ class SequenceBatcher(QueueScheduler):
         requests: list[InferRequest] = []
         for _, entry, state in pairs:
             if entry is None:
-                requests.append(self._not_ready(representative))
+                requests.append(self._padding(representative))
             else:
                 requests.append(self._with_controls(entry.request, state))
                 entry.started_ns = now
@@ -144,7 +144,7 @@ class SequenceBatcher(QueueScheduler):
                             correlation_id=request.correlation_id, sequence_flags=flags,
                             arrival_ns=request.arrival_ns)
 
-    def _not_ready(self, like: InferRequest) -> InferRequest:
+    def _padding(self, like: InferRequest) -> InferRequest:
         """A padding request for an empty direct slot: zeros shaped like a real request,
         READY false, correlation ID 0; the model runs it and its answer is dropped."""
         settings = self.settings

@@ -73,7 +73,7 @@ class SequenceQueue(RequestQueue):
         self._last_seen: dict[CorrelationId, int] = {}
         self._next_reap: Optional[int] = None
         self._count = 0
-        self.on_release: Optional[callable] = None  # called with a slot when it is freed
+        self._now = 0  # the latest time a caller gave (push, reap, take)
 
     # -- admission --------------------------------------------------------------------------
 
@@ -91,6 +91,7 @@ class SequenceQueue(RequestQueue):
         corrid = request.correlation_id
         flags = request.sequence_flags
         end = bool(flags & FLAG_END)
+        self._now = entry.admitted_ns
         slot = self._slot_of.get(corrid)
         backlog = self._backlog_of.get(corrid)
         if flags & FLAG_START and (slot is not None or backlog is not None):
@@ -134,26 +135,26 @@ class SequenceQueue(RequestQueue):
         request needs START again. Returns the released correlation IDs."""
         if self._next_reap is None or now_ns < self._next_reap:
             return []
+        self._now = now_ns
         idle_ns = self._settings.idle_ns
         released: list[CorrelationId] = []
-        next_reap: Optional[int] = None
+        idle_slots: list[Slot] = []
         for corrid, seen in list(self._last_seen.items()):
-            due = seen + idle_ns
-            if due > now_ns:
-                next_reap = due if next_reap is None else min(next_reap, due)
+            if seen + idle_ns > now_ns:
                 continue
             slot = self._slot_of.pop(corrid, None)
             if slot is not None:
                 del self._last_seen[corrid]
                 released.append(corrid)
                 slot.releasing = True
-                self._release_if_drained(slot)
-            elif corrid in self._backlog_of:  # waits for a slot: look again later
-                due = now_ns + idle_ns
-                next_reap = due if next_reap is None else min(next_reap, due)
+                idle_slots.append(slot)
+            elif corrid in self._backlog_of:  # waits for a slot: its idle time starts there
+                self._last_seen[corrid] = now_ns
             else:
                 del self._last_seen[corrid]
-        self._next_reap = next_reap
+        for slot in idle_slots:  # after the scan: a backlogged sequence may take the slot
+            self._release_if_drained(slot)
+        self._next_reap = min(self._last_seen.values()) + idle_ns if self._last_seen else None
         return released
 
     def next_reap(self) -> Optional[int]:
@@ -170,6 +171,7 @@ class SequenceQueue(RequestQueue):
         """Triton's direct batch for one instance: slots 0..highest busy slot, one request
         each, empty (or shape-incompatible) slots as None; or ([], when to look again)."""
         settings = self._settings
+        self._now = now_ns
         slots = self.lanes[lane]
         highest = -1
         ready = 0
@@ -206,6 +208,7 @@ class SequenceQueue(RequestQueue):
         """A dynamic batch from the sequences of one instance with nothing in flight, oldest
         head first, by preferred_batch_size and max_queue_delay_microseconds."""
         settings = self._settings
+        self._now = now_ns
         heads = []
         for slot in self.lanes[lane]:
             if slot.in_flight:
@@ -279,8 +282,6 @@ class SequenceQueue(RequestQueue):
         slot.owner = None
         slot.releasing = False
         slot.state = None
-        if self.on_release is not None:
-            self.on_release(slot)
         while self._backlogs:
             backlog = self._backlogs.popleft()
             if not any(entry.live for entry in backlog.entries):
@@ -292,6 +293,10 @@ class SequenceQueue(RequestQueue):
             if self._backlog_of.get(backlog.corrid) is backlog:
                 del self._backlog_of[backlog.corrid]
                 self._slot_of[backlog.corrid] = slot
+                # Idle time counts from when the sequence could run, not from its wait.
+                if backlog.corrid in self._last_seen:
+                    self._last_seen[backlog.corrid] = max(self._last_seen[backlog.corrid],
+                                                          self._now)
             return
         heapq.heappush(self._free, (slot.index, slot.lane))
 
