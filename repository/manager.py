@@ -338,7 +338,7 @@ class ModelManager:
         if self.hooks is not None:
             if replacing:
                 self.hooks.version_unloaded(name, version)
-            stats.observer = self.hooks.version_loaded(name, version, seconds)
+            stats.attach(self.hooks.version_loaded(name, version, seconds))
         record.versions[version] = VersionRecord(version, ModelState.READY, "", spec, scheduler,
                                                  seconds, labels)
         log.info("loaded '%s' version %d in %.2fs", name, version, seconds)

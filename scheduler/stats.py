@@ -89,6 +89,7 @@ class VersionStatistics:
     cache_miss: Duration = field(default_factory=Duration)
     batch_stats: dict[int, BatchStats] = field(default_factory=dict)
     pending: int = 0
+    sequences_active: int | None = None  # None: not a sequence model
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_success(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
@@ -143,8 +144,16 @@ class VersionStatistics:
         if self.observer is not None:
             self.observer.batch_executed(batch_size, inferences)
 
+    def attach(self, observer: "MetricsObserver | None") -> None:
+        """Start reporting to `observer` (bound once the version has loaded), telling it what
+        it missed that is a level rather than a count."""
+        self.observer = observer
+        if observer is not None and self.sequences_active is not None:
+            observer.sequences_changed(self.sequences_active)
+
     def sequences_changed(self, active: int) -> None:
         """A sequence model's live sequences (started, not yet ended or released)."""
+        self.sequences_active = active
         if self.observer is not None:
             self.observer.sequences_changed(active)
 

@@ -38,6 +38,8 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "sequence",
+    "sequence(string_id)",
 ]
 POLLING_REFUSAL = "explicit model load / unload is not allowed if polling is enabled"
 FILE_OVERRIDE_FLAG = "--allow-model-load-file-override"
