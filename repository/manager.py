@@ -351,7 +351,16 @@ class ModelManager:
                               drain_timeout: Optional[float] = None) -> None:
         scheduler = record.scheduler
         assert scheduler is not None
-        await scheduler.drain(self.settings.drain_timeout if drain_timeout is None else drain_timeout)
+        # Live sequences finish on this copy: their next requests are routed here meanwhile.
+        pinned = scheduler.live_sequences() > 0
+        if pinned:
+            self.registry.pin_sequences(name, record)
+        try:
+            await scheduler.drain(self.settings.drain_timeout if drain_timeout is None
+                                  else drain_timeout)
+        finally:
+            if pinned:
+                self.registry.unpin_sequences(name, record)
         await scheduler.stop()
         log.info("retired '%s' version %d", name, version)
 

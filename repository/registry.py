@@ -12,6 +12,7 @@ from typing import Optional
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.model_config_pb2 import ModelConfig
+from protocol.types import InferRequest
 from scheduler.interface import Scheduler, VersionSpec
 
 
@@ -70,6 +71,50 @@ def parse_version(version: str, model: str) -> int:
 class ModelRegistry:
     def __init__(self) -> None:
         self.models: dict[str, ModelRecord] = {}
+        # Copies of sequence models being retired that still have live sequences: requests
+        # continuing those sequences go there, not to the version that replaced them.
+        self.sequence_drains: dict[str, list[VersionRecord]] = {}
+
+    def route(self, request: InferRequest) -> VersionRecord:
+        """The version an inference request goes to: the retiring copy its sequence started
+        on, if any (a dict lookup while no sequence model retires), else `resolve`'s."""
+        drains = self.sequence_drains
+        if drains and request.parameters:
+            for record in drains.get(request.model_name, ()):
+                if request.model_version in ("", str(record.version)) and \
+                        record.scheduler is not None and \
+                        record.scheduler.continues_sequence(request):
+                    return record
+        return self.resolve(request.model_name, request.model_version)
+
+    def sequence_home(self, request: InferRequest) -> Optional[VersionRecord]:
+        """The copy on which the sequence `request` continues is live (a retiring copy or any
+        serving version), or None: for a request without START, where a traffic split or
+        shutdown must not send it elsewhere."""
+        parameters = request.parameters
+        if not parameters or "sequence_id" not in parameters or \
+                parameters.get("sequence_start"):
+            return None
+        candidates = list(self.sequence_drains.get(request.model_name, ()))
+        model = self.models.get(request.model_name)
+        if model is not None:
+            candidates += [record for record in model.versions.values() if record.serving]
+        for record in candidates:
+            if request.model_version in ("", "-1", str(record.version)) and \
+                    record.scheduler is not None and \
+                    record.scheduler.continues_sequence(request):
+                return record
+        return None
+
+    def pin_sequences(self, name: str, record: VersionRecord) -> None:
+        self.sequence_drains.setdefault(name, []).append(record)
+
+    def unpin_sequences(self, name: str, record: VersionRecord) -> None:
+        records = [r for r in self.sequence_drains.get(name, []) if r is not record]
+        if records:
+            self.sequence_drains[name] = records
+        else:
+            self.sequence_drains.pop(name, None)
 
     def get(self, name: str) -> ModelRecord:
         record = self.models.get(name)

@@ -90,6 +90,15 @@ class Scheduler(ABC):
     async def stop(self) -> None:
         """Unload every instance on its own thread. Call after drain()."""
 
+    def continues_sequence(self, request: InferRequest) -> bool:
+        """Whether `request` continues a sequence that is live here (no START flag): such a
+        request must reach this copy even while it drains (sequence batcher only)."""
+        return False
+
+    def live_sequences(self) -> int:
+        """Sequences started here and not yet ended or released (sequence batcher only)."""
+        return 0
+
     @abstractmethod
     def healthy(self) -> bool:
         """False when an instance became unusable (device lost, worker gone for good)."""

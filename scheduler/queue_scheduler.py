@@ -246,7 +246,7 @@ class QueueScheduler(Scheduler):
         return self._clock.now_ns()
 
     def _admit(self, request: InferRequest) -> asyncio.Future:
-        if not self._accepting or not self._usable:
+        if not self._usable or not (self._accepting or self._admits_while_draining(request)):
             raise self._not_ready()
         now = self._clock.now_ns()
         rows = request.batch_size if self._batching and request.batch_size > 0 else 1
@@ -267,6 +267,10 @@ class QueueScheduler(Scheduler):
         future.add_done_callback(entry.on_cancel)
         self._dispatch_now(arriving=True)  # launched before we return, when the rules allow
         return future
+
+    def _admits_while_draining(self, request: InferRequest) -> bool:
+        """A request still taken after drain began (a live sequence's next one)."""
+        return False
 
     def _not_ready(self) -> Unavailable:
         return Unavailable(f"'{self._spec.name}' version {self._spec.version} "

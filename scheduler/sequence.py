@@ -46,6 +46,7 @@ class SequenceBatcher(QueueScheduler):
                       else self._sequences.take_direct)
         self._state_outputs = frozenset(state.output_name for state in settings.states)
         self._active = -1
+        self._drained = False  # after drain(): not even live sequences are admitted
 
     async def start(self) -> None:
         await super().start()
@@ -56,6 +57,8 @@ class SequenceBatcher(QueueScheduler):
     def _admit(self, request: InferRequest) -> "object":
         try:
             self._read_sequence(request)
+            if not self._accepting and not self._admits_while_draining(request):
+                raise self._not_ready()  # retiring: only live sequences go on
             self._sequences.check(request)
         except InvalidArgument:
             self._stats.record_failure(FailureReason.OTHER,
@@ -84,6 +87,35 @@ class SequenceBatcher(QueueScheduler):
         request.correlation_id = corrid
         request.sequence_flags = (FLAG_START if parameters.get("sequence_start") else 0) | \
             (FLAG_END if parameters.get("sequence_end") else 0)
+
+    # -- draining: live sequences finish ---------------------------------------------------
+
+    def continues_sequence(self, request: InferRequest) -> bool:
+        parameters = request.parameters
+        if not parameters or parameters.get("sequence_start"):
+            return False
+        return self._sequences.knows(parse_correlation_id(parameters.get("sequence_id")))
+
+    def live_sequences(self) -> int:
+        return self._sequences.active_sequences()
+
+    def _admits_while_draining(self, request: InferRequest) -> bool:
+        return not self._drained and not request.sequence_flags & FLAG_START and \
+            self._sequences.knows(request.correlation_id)
+
+    def _busy(self) -> bool:
+        """Draining waits for live sequences to end (or be released as idle) too."""
+        return super()._busy() or (not self._drained and bool(self.live_sequences()))
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking new sequences; live ones may go on until they end, go idle or the
+        timeout passes; then what is left fails and every sequence is forgotten."""
+        try:
+            await super().drain(timeout)
+        finally:
+            self._drained = True
+            self._sequences.forget_sequences()
+            self._report_active()
 
     # -- dispatch -------------------------------------------------------------------------
 

@@ -80,8 +80,7 @@ class SequenceQueue(RequestQueue):
     def check(self, request: InferRequest) -> None:
         """Refuse a request that continues a sequence nobody started (Triton's text)."""
         corrid = request.correlation_id
-        if not request.sequence_flags & FLAG_START and corrid not in self._slot_of \
-                and corrid not in self._backlog_of:
+        if not request.sequence_flags & FLAG_START and not self.knows(corrid):
             raise InvalidArgument(
                 f"inference request for sequence {corrid} to model '{self._settings.model}' "
                 f"must specify the START flag on the first request of the sequence")
@@ -159,6 +158,17 @@ class SequenceQueue(RequestQueue):
 
     def next_reap(self) -> Optional[int]:
         return self._next_reap
+
+    def knows(self, corrid: CorrelationId) -> bool:
+        """A live sequence (holding a slot or waiting for one) has this correlation ID."""
+        return corrid in self._slot_of or corrid in self._backlog_of
+
+    def forget_sequences(self) -> None:
+        """After a drain: no sequence is live here any more."""
+        self._slot_of.clear()
+        self._backlog_of.clear()
+        self._last_seen.clear()
+        self._next_reap = None
 
     def active_sequences(self) -> int:
         """Sequences started and neither ended nor released (with a slot or waiting for one)."""

@@ -36,6 +36,10 @@ ONE_ANSWER_ERROR = ("model '{model}' is decoupled and gave {count}; a caller tha
                     "answer needs exactly 1 response")
 
 
+# How often shutdown looks again whether the live sequences have ended (only while exiting).
+SEQUENCE_POLL_S = 0.05
+
+
 class InferencePath:
     def __init__(self, registry: ModelRegistry,
                  traffic: Optional[TrafficControl] = None,
@@ -77,7 +81,7 @@ class InferencePath:
         """A request from a client; refused once the server is exiting, and for a decoupled
         model (`endpoint` names the caller in Triton's text). `record` is the version when the
         caller already resolved it (to decode a raw binary body)."""
-        if self.exiting:
+        if self.exiting and not self._continues_sequence(request):
             raise server_exiting()
         return await self.infer_admitted(request, record, refuse_decoupled=endpoint)
 
@@ -87,7 +91,7 @@ class InferencePath:
         that is not decoupled, routed by infer_admitted). With `admitted=False` (a client's
         request) it is refused once the server is exiting. A decoupled model's version is
         picked uncounted by a traffic policy (its streams take no part in canaries)."""
-        if not admitted and self.exiting:
+        if not admitted and self.exiting and not self._continues_sequence(request):
             raise server_exiting()
         picked = record if record is not None else \
             self.resolve(request.model_name, request.model_version)
@@ -104,12 +108,14 @@ class InferencePath:
         if policy is None:  # as before policies existed, plus counting a named version
             version = request.model_version
             if record is None:
-                record = self.registry.resolve(request.model_name, version)
+                record = self.registry.route(request)  # a retiring copy's live sequence
             if version and version != "-1":
                 self.traffic.count(request.model_name, record.version, NAMED)
             started = 0
         else:
-            record = self.traffic.route(policy, request, record)
+            # A live sequence stays on its version whatever the split says.
+            record = self.registry.sequence_home(request) or \
+                self.traffic.route(policy, request, record)
             started = time.perf_counter_ns()
         scheduler = record.scheduler
         assert scheduler is not None
@@ -152,15 +158,16 @@ class InferencePath:
         record: Optional[VersionRecord] = None
         started = 0
         try:
-            if self.exiting:
+            if self.exiting and not self._continues_sequence(request):
                 raise server_exiting()
             if policy is None:  # as infer_admitted: inline, this is the hot path
                 version = request.model_version
-                record = self.registry.resolve(request.model_name, version)
+                record = self.registry.route(request)  # a retiring copy's live sequence
                 if version and version != "-1":
                     self.traffic.count(request.model_name, record.version, NAMED)
             else:
-                record = self.traffic.route(policy, request, None)
+                record = self.registry.sequence_home(request) or \
+                    self.traffic.route(policy, request, None)
                 started = time.perf_counter_ns()
             if record.scheduler.rules.decoupled:  # type: ignore[union-attr]
                 raise decoupled_unsupported(endpoint)
@@ -222,12 +229,28 @@ class InferencePath:
             self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
-        """Wait until no inference is in flight; False if the timeout passed first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        """Wait until no inference is in flight and no sequence is live (a live sequence's
+        next request is still taken while exiting); False if the timeout passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return False
+            if not self._live_sequences():
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(SEQUENCE_POLL_S)
+
+    def _live_sequences(self) -> int:
+        return sum(record.scheduler.live_sequences()  # type: ignore[union-attr]
+                   for _, record in self.registry.serving_versions())
+
+    def _continues_sequence(self, request: InferRequest) -> bool:
+        """While exiting: a request that continues a live sequence is still served."""
+        return self.registry.sequence_home(request) is not None
 
 
 def _select_outputs(response: InferResponse, requested: Optional[list[RequestedOutput]],

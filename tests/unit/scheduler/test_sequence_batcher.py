@@ -272,3 +272,29 @@ def test_config_errors_are_tritons(block, text):
     with pytest.raises(ConfigError) as error:
         validate(config)
     assert str(error.value) == text
+
+
+async def test_drain_lets_live_sequences_finish_and_refuses_new_ones(direct):
+    h = direct
+    assert await values(h.submit(1, 2, start=True)) == [2]
+    draining = asyncio.ensure_future(h.scheduler.drain(30))
+    await h.settle()
+    assert not draining.done()  # sequence 1 is live
+    assert h.scheduler.live_sequences() == 1
+    with pytest.raises(Exception) as error:
+        h.submit(2, 1, start=True)
+    assert "is not at ready state" in str(error.value)
+    assert await values(h.submit(1, 3)) == [5]
+    assert await values(h.submit(1, 4, end=True)) == [9]
+    await asyncio.wait_for(draining, 10)
+    assert h.scheduler.live_sequences() == 0
+
+
+async def test_drain_timeout_fails_what_is_left(direct):
+    h = direct
+    await values(h.submit(1, 2, start=True))
+    await h.scheduler.drain(0)
+    with pytest.raises(Exception) as error:
+        h.submit(1, 1)
+    assert "is not at ready state" in str(error.value)
+    assert h.scheduler.live_sequences() == 0
