@@ -2,6 +2,8 @@
 
 Usage::
 
+    python -m examples.sequences --output examples/models   # beside `make run`'s models
+
     from examples.sequences import build_sequences
     build_sequences(repo)         # writes accumulator/, accumulator_oldest/, accumulator_onnx/
 
@@ -21,12 +23,15 @@ The Python model is written as Triton's python backend documents it, so it runs 
 """
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 from typing import Callable
 
 from onnx import TensorProto, helper
 
-from examples.build_repository import _finish_model, _write_model_dir, _write_text
+from examples.build_repository import (DEFAULT_OUTPUT, _finish_model, _write_model_dir,
+                                       _write_text)
 
 SEQUENCE_MODELS = ("accumulator", "accumulator_oldest", "accumulator_onnx")
 
@@ -171,3 +176,18 @@ SEQUENCE_BUILDERS: dict[str, Callable[[Path], Path]] = {
 def build_sequences(repo: Path) -> None:
     for build in SEQUENCE_BUILDERS.values():
         build(repo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
+                        help=f"model repository folder (default: {DEFAULT_OUTPUT})")
+    args = parser.parse_args(argv)
+    build_sequences(args.output)
+    print(f"built {len(SEQUENCE_BUILDERS)} models in {args.output}: "
+          f"{', '.join(SEQUENCE_BUILDERS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

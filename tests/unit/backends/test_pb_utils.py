@@ -137,3 +137,13 @@ def test_model_config_auto_complete_helpers() -> None:
 def test_logger_writes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     pb_utils.Logger.log_warn("careful")
     assert "careful" in capsys.readouterr().err
+
+
+def test_auto_complete_cannot_add_dynamic_batching_to_a_sequence_model() -> None:
+    config = pb_utils.ModelConfig({"name": "m", "sequence_batching": {}})
+    with pytest.raises(pb_utils.TritonModelException) as error:
+        config.set_dynamic_batching()
+    assert str(error.value) == (
+        "Configuration specified scheduling_choice as 'sequence_batching', but "
+        "auto-complete-config function for model 'm' tries to set scheduling_choice as "
+        "'dynamic_batching'")

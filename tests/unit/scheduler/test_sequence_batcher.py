@@ -298,3 +298,22 @@ async def test_drain_timeout_fails_what_is_left(direct):
         h.submit(1, 1)
     assert "is not at ready state" in str(error.value)
     assert h.scheduler.live_sequences() == 0
+
+
+def test_dynamic_and_sequence_batching_together_do_not_parse(tmp_path):
+    from repository.config import ConfigError, parse_config_text
+
+    with pytest.raises(ConfigError) as error:
+        parse_config_text('name: "m" sequence_batching { } dynamic_batching { }',
+                          tmp_path / "config.pbtxt")
+    assert 'Field "dynamic_batching" is specified along with field "sequence_batching", ' \
+        'another member of oneof "scheduling_choice"' in str(error.value)
+
+
+def test_defaults_are_tritons():
+    from repository.config import _normalize_common
+
+    config = make_config("oldest { max_candidate_sequences: 2 }", idle_us=0)
+    _normalize_common(config, "seq")
+    assert config.sequence_batching.max_sequence_idle_microseconds == 1_000_000
+    assert list(config.sequence_batching.oldest.preferred_batch_size) == [2]
