@@ -32,6 +32,36 @@ START_ERROR = ("inference request for sequence {} to model '{}' must specify the
                "the first request of the sequence")
 
 
+PY_STATE_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            state = pb_utils.get_input_tensor_by_name(request, "ACC_IN").as_numpy()
+            total = (state + value).astype(np.int32)
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("ACC_OUT", total)]))
+        return responses
+"""
+PY_STATE_CONFIG = """
+name: "accumulator_py_state"
+backend: "python"
+max_batch_size: 4
+sequence_batching {
+  state [ { input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  oldest { max_candidate_sequences: 4 }
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("sequences")
@@ -40,6 +70,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
                       strategy="oldest { max_candidate_sequences: 8 }")
     write_accumulator(repo, "accumulator_idle", idle_us=300_000)
     build_accumulator_onnx(repo, "accumulator_onnx_idle", idle_us=300_000)
+    (repo / "accumulator_py_state" / "1").mkdir(parents=True)
+    (repo / "accumulator_py_state" / "1" / "model.py").write_text(PY_STATE_MODEL)
+    (repo / "accumulator_py_state" / "config.pbtxt").write_text(PY_STATE_CONFIG)
     with running_server([repo], log_dir=tmp_path_factory.mktemp("logs")) as process:
         yield process
 
@@ -70,18 +103,24 @@ def _metric(server: ServerProcess, name: str, model: str) -> float:
     raise AssertionError(f"{prefix} not found")
 
 
-@pytest.mark.parametrize("model", ["accumulator", "accumulator_oldest", "accumulator_onnx"])
-def test_interleaved_sequences_from_concurrent_http_clients(server: ServerProcess,
-                                                            model: str) -> None:
+@pytest.mark.parametrize("model, module", [
+    ("accumulator", httpclient), ("accumulator_oldest", httpclient),
+    ("accumulator_onnx", httpclient), ("accumulator_py_state", httpclient),
+    ("accumulator", grpcclient), ("accumulator_onnx", grpcclient)],
+    ids=["direct-http", "oldest-http", "onnx-state-http", "python-state-http", "direct-grpc",
+         "onnx-state-grpc"])
+def test_interleaved_sequences_from_concurrent_clients(server: ServerProcess, model: str,
+                                                       module) -> None:
     """Six clients at once (more sequences than the four slots): every running sum is right."""
     errors: list[BaseException] = []
     seen: dict[int, list[tuple]] = {}
+    url = server.http_url if module is httpclient else server.grpc_url
 
     def client(corrid: int) -> None:
         try:
-            connection = httpclient.InferenceServerClient(server.http_url)
+            connection = module.InferenceServerClient(url)
             values = [corrid * 100 + step for step in range(6)]
-            seen[corrid] = (_run_sequence(connection, httpclient, model, corrid, values), values)
+            seen[corrid] = (_run_sequence(connection, module, model, corrid, values), values)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -93,7 +132,7 @@ def test_interleaved_sequences_from_concurrent_http_clients(server: ServerProces
     assert not errors, errors
     for corrid, (answers, values) in seen.items():
         assert [total for total, _ in answers] == list(np.cumsum(values))
-        if model != "accumulator_onnx":
+        if model in ("accumulator", "accumulator_oldest"):
             assert {label for _, label in answers} == {f"int:{corrid}:{corrid}"}
 
 
