@@ -132,6 +132,10 @@ class SequenceBatcher(QueueScheduler):
             self._stats.sequences_idle_released(len(released))
             self._report_active()
         wake_at = sequences.next_reap()
+        if self._hold:  # TRITONSERVER_DELAY_SCHEDULER, as the queue scheduler honours it
+            if len(sequences) < self._hold and self._accepting:
+                return wake_at
+            self._hold = 0
         if len(sequences):
             flush = not self._accepting
             for instance in self._pool.idle_instances():

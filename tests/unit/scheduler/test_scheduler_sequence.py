@@ -317,3 +317,17 @@ def test_defaults_are_tritons():
     _normalize_common(config, "seq")
     assert config.sequence_batching.max_sequence_idle_microseconds == 1_000_000
     assert list(config.sequence_batching.oldest.preferred_batch_size) == [2]
+
+
+async def test_delay_scheduler_hook_holds_the_first_batch():
+    h = Harness(make_config())
+    h.scheduler._hold = 2  # what TRITONSERVER_DELAY_SCHEDULER=2 sets at startup
+    await h.scheduler.start()
+    try:
+        first = h.submit(1, 1, start=True)
+        await h.settle()
+        assert not first.done() and not h.batches
+        assert await values(first, h.submit(2, 2, start=True)) == [1, 2]
+        assert [[row["CORRID"] for row in batch] for batch in h.batches] == [[1, 2]]
+    finally:
+        await h.scheduler.stop()
