@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from protocol.errors import InvalidArgument
+from protocol.errors import InvalidArgument, Unavailable
 from protocol.types import InferRequest, InferResponse, Tensor
 from scheduler.clock import Clock
 from scheduler.interface import VersionSpec
@@ -25,9 +25,11 @@ from scheduler.queue_scheduler import QueueScheduler, _Batch
 from scheduler.sequence_config import (FLAG_END, FLAG_START, SequenceSettings, StateSpec,
                                        parse_correlation_id, read_settings)
 from scheduler.sequence_queue import Pair, SequenceQueue, Slot
-from scheduler.stats import FailureReason, VersionStatistics
+from scheduler.stats import FailureReason, RejectionReason, VersionStatistics
 
 logger = logging.getLogger(__name__)
+
+BACKLOG_TIMEOUT = "timeout of the corresponding sequence has been expired"  # Triton's text
 
 
 class SequenceBatcher(QueueScheduler):
@@ -85,6 +87,9 @@ class SequenceBatcher(QueueScheduler):
                                   f"correlation ID '{corrid}', but its control input "
                                   f"'{control.name}' takes {control.wire} correlation IDs")
         request.correlation_id = corrid
+        # Triton applies a request's `timeout` to a sequence waiting for a slot (validated by
+        # the queue policy, which leaves it unset for models without dynamic_batching).
+        request.timeout_us = int(parameters.get("timeout") or 0)
         request.sequence_flags = (FLAG_START if parameters.get("sequence_start") else 0) | \
             (FLAG_END if parameters.get("sequence_end") else 0)
 
@@ -131,6 +136,9 @@ class SequenceBatcher(QueueScheduler):
                             self.settings.idle_ns // 1000)
             self._stats.sequences_idle_released(len(released))
             self._report_active()
+        for entry in sequences.expire_backlogs(now):
+            self._fail_waiting(entry, Unavailable(BACKLOG_TIMEOUT), FailureReason.REJECTED, now,
+                               RejectionReason.QUEUE_TIMEOUT)
         wake_at = sequences.next_reap()
         if self._hold:  # TRITONSERVER_DELAY_SCHEDULER, as the queue scheduler honours it
             if len(sequences) < self._hold and self._accepting:

@@ -47,6 +47,15 @@ class Slot:
 class _Backlog:
     corrid: CorrelationId
     entries: deque = field(default_factory=deque)
+    expires_ns: Optional[int] = None  # the earliest request `timeout` of its requests
+
+    def add(self, entry: Entry) -> None:
+        self.entries.append(entry)
+        timeout_us = entry.request.timeout_us
+        if timeout_us:
+            expires = entry.admitted_ns + timeout_us * 1000
+            if self.expires_ns is None or expires < self.expires_ns:
+                self.expires_ns = expires
 
 
 # A batch position: the slot, its request (None: a not-ready padding slot) and the sequence's
@@ -115,11 +124,11 @@ class SequenceQueue(RequestQueue):
                 self._backlogs.append(backlog)
                 if not end:
                     self._backlog_of[corrid] = backlog
-                backlog.entries.append(entry)
+                backlog.add(entry)
                 return
         if slot is None:
             assert backlog is not None
-            backlog.entries.append(entry)
+            backlog.add(entry)
             if end:
                 del self._backlog_of[corrid]
             return
@@ -157,7 +166,32 @@ class SequenceQueue(RequestQueue):
         return released
 
     def next_reap(self) -> Optional[int]:
-        return self._next_reap
+        """When idle sequences or backlog timeouts are next due (None: nothing to watch)."""
+        due = self._next_reap
+        for backlog in self._backlogs:
+            if backlog.expires_ns is not None and (due is None or backlog.expires_ns < due):
+                due = backlog.expires_ns
+        return due
+
+    def expire_backlogs(self, now_ns: int) -> list[Entry]:
+        """Backlogged sequences whose request `timeout` ran out before they got a slot: they
+        leave the queue, and their waiting requests are returned to be failed."""
+        if not self._backlogs:
+            return []
+        expired: list[Entry] = []
+        kept: deque[_Backlog] = deque()
+        for backlog in self._backlogs:
+            if backlog.expires_ns is None or backlog.expires_ns > now_ns:
+                kept.append(backlog)
+                continue
+            if self._backlog_of.get(backlog.corrid) is backlog:
+                del self._backlog_of[backlog.corrid]
+                self._last_seen.pop(backlog.corrid, None)
+            live = [entry for entry in backlog.entries if entry.live]
+            self._count -= len(live)
+            expired += live
+        self._backlogs = kept
+        return expired
 
     def knows(self, corrid: CorrelationId) -> bool:
         """A live sequence (holding a slot or waiting for one) has this correlation ID."""

@@ -331,3 +331,23 @@ async def test_delay_scheduler_hook_holds_the_first_batch():
         assert [[row["CORRID"] for row in batch] for batch in h.batches] == [[1, 2]]
     finally:
         await h.scheduler.stop()
+
+
+async def test_request_timeout_expires_a_backlogged_sequence(direct):
+    from protocol.errors import Unavailable
+
+    h = direct
+    await values(h.submit(1, 1, start=True), h.submit(2, 1, start=True))
+    data = np.ones((1, 1), dtype=np.int32)
+    request = InferRequest("seq", parameters={"sequence_id": 3, "sequence_start": True,
+                                              "timeout": 5000},
+                           arrival_ns=h.clock.now_ns(),
+                           inputs=[Tensor("INPUT", "INT32", (1, 1), data)])
+    waiting = h.scheduler.submit(request)
+    await h.advance(6 * MS)
+    with pytest.raises(Unavailable) as error:
+        await asyncio.wait_for(waiting, 5)
+    assert error.value.message == "timeout of the corresponding sequence has been expired"
+    assert h.stats.pending == 0
+    with pytest.raises(InvalidArgument):  # the expired sequence is unknown
+        h.submit(3, 1)
