@@ -72,3 +72,18 @@ def test_shutdown_lets_live_sequences_finish(tmp_path: Path) -> None:
         assert _step(client, 1, 6) == (11, "1")
         assert _step(client, 1, 7, end=True) == (18, "1")
         assert server.process.wait(20) == 0
+
+
+def test_sequences_through_frontend_processes(tmp_path: Path) -> None:
+    """Each request on a new connection, so the kernel spreads them over both processes: the
+    sequence still runs in one place, the model owner, with its state."""
+    write_accumulator(tmp_path)
+    with running_server([tmp_path], ["--frontend-processes", "2"]) as server:
+        values = [3, 4, 5, 6, 7, 8]
+        answers = []
+        for step, value in enumerate(values):
+            client = httpclient.InferenceServerClient(server.http_url)
+            answers.append(_step(client, 9, value, start=step == 0,
+                                 end=step == len(values) - 1)[0])
+            client.close()
+        assert answers == list(np.cumsum(values))
