@@ -20,9 +20,9 @@ from protocol.errors import InvalidArgument, Unavailable
 from protocol.types import InferRequest, InferResponse, Tensor
 from scheduler.clock import Clock
 from scheduler.interface import VersionSpec
-from scheduler.pool import BatchRun, Instance
+from scheduler.pool import BatchRun, Instance, instance_specs
 from scheduler.queue_scheduler import QueueScheduler, _Batch
-from scheduler.sequence_config import (FLAG_END, FLAG_START, SequenceSettings, StateSpec,
+from scheduler.sequence_config import (FLAG_END, FLAG_START, StateSpec,
                                        parse_correlation_id, read_settings)
 from scheduler.sequence_queue import Pair, SequenceQueue, Slot
 from scheduler.stats import FailureReason, RejectionReason, VersionStatistics
@@ -40,7 +40,6 @@ class SequenceBatcher(QueueScheduler):
         self.settings = settings = read_settings(spec.config)
         # The pool is built by the base class; its instance list follows the config the same
         # way, so the lanes are known before it exists.
-        from scheduler.pool import instance_specs
         lanes = [not passive for _, passive in instance_specs(spec.config, spec.name)]
         self._sequences = SequenceQueue(settings, lanes)
         super().__init__(spec, stats, self._sequences, clock=clock)

@@ -11,8 +11,6 @@ import queue
 import subprocess
 import threading
 import time
-from functools import partial
-from pathlib import Path
 from typing import Iterator
 
 import httpx
