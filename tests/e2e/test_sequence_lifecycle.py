@@ -18,11 +18,12 @@ from serverproc import running_server
 pytestmark = pytest.mark.e2e
 
 
-def _step(client, corrid: int, value: int, start: bool = False, end: bool = False):
+def _step(client, corrid: int, value: int, start: bool = False, end: bool = False,
+          parameters: dict | None = None):
     tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
     result = client.infer("accumulator", [tensor], sequence_id=corrid, sequence_start=start,
-                          sequence_end=end)
+                          sequence_end=end, parameters=parameters)
     return int(result.as_numpy("OUTPUT")[0][0]), result.get_response()["model_version"]
 
 
@@ -87,3 +88,31 @@ def test_sequences_through_frontend_processes(tmp_path: Path) -> None:
                                  end=step == len(values) - 1)[0])
             client.close()
         assert answers == list(np.cumsum(values))
+
+
+def test_a_traffic_split_keeps_each_sequence_on_its_version(tmp_path: Path) -> None:
+    """Under a 50/50 split (gray release) only START picks a version (here by a traffic key,
+    so both versions get sequences); the later requests carry no key, and would be split at
+    random, but go where the sequence's state is."""
+    model_dir = write_accumulator(tmp_path)
+    shutil.copytree(model_dir / "1", model_dir / "2")
+    config = model_dir / "config.pbtxt"
+    config.write_text(config.read_text() + "version_policy: { all { } }\n")
+    with running_server([tmp_path]) as server:
+        import httpx
+
+        answer = httpx.put(f"{server.base}/v2/models/accumulator/traffic",
+                           json={"weights": {"1": 50, "2": 50}})
+        assert answer.status_code == 200, answer.text
+        client = httpclient.InferenceServerClient(server.http_url)
+        versions = set()
+        for corrid in range(1, 13):
+            values = [corrid, 1, 2, 3]
+            answers = [_step(client, corrid, value, start=step == 0, end=step == 3,
+                             parameters={"traffic_key": f"user-{corrid}"} if step == 0
+                             else None)
+                       for step, value in enumerate(values)]
+            assert [total for total, _ in answers] == list(np.cumsum(values))
+            assert len({version for _, version in answers}) == 1
+            versions.add(answers[0][1])
+        assert versions == {"1", "2"}
