@@ -129,6 +129,12 @@ def read_settings(config: "ModelConfig") -> SequenceSettings:
 
     name = config.name
     seq = config.sequence_batching
+    if config.model_transaction_policy.decoupled:
+        raise SequenceConfigError(f"sequence batching of a decoupled model is not supported "
+                                  f"by ascend-serve (model {name})")
+    if seq.iterative_sequence:
+        raise SequenceConfigError(f"sequence batching 'iterative_sequence' is not supported by "
+                                  f"ascend-serve (model {name})")
     controls = _read_controls(seq, name, ModelSequenceBatching, DataType)
     batching = config.max_batch_size > 0
     idle_us = seq.max_sequence_idle_microseconds or DEFAULT_IDLE_US

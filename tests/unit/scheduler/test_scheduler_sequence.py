@@ -260,6 +260,8 @@ async def test_oldest_strategy_batches_oldest_sequences_one_request_each():
      'data_type: TYPE_FP32 } ] } ]',
      "unexpected control data type, expected TYPE_UINT64, TYPE_INT64, TYPE_UINT32, "
      "TYPE_INT32, or TYPE_STRING for CONTROL_SEQUENCE_CORRID for seq"),
+    ("iterative_sequence: true",
+     "sequence batching 'iterative_sequence' is not supported by ascend-serve (model seq)"),
 ])
 def test_config_errors_are_tritons(block, text):
     from repository.config import ConfigError, validate
