@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.sections import carry_sections  # noqa: E402
 from bench import cpu_side_by_side, floor, handover_cost, offline, report, served  # noqa: E402
 from examples.build_repository import (build_conv_compute,  # noqa: E402
                                        build_conv_compute_nobatch, build_dense_compute,
@@ -280,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
                + (" (--quick: smoke run, not numbers)" if args.quick else "")])
     results_path.parent.mkdir(parents=True, exist_ok=True)
-    results_path.write_text(report.render(results))
+    # sections the standalone benchmarks wrote (bench/sections.py) are kept
+    results_path.write_text(carry_sections(report.render(results), results_path))
     raw_path = args.out_dir / "results.json"
     raw_path.write_text(report.portable(json.dumps(dataclasses.asdict(results), indent=1),
                                         perf_analyzer))

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from protocol import datatypes
+from protocol import datatypes, shared_memory
 from protocol import grpc_service_pb2 as pb
 from protocol.errors import InvalidArgument
 from protocol.types import (DurationSnapshot, IndexEntry, InferRequest, InferResponse,
@@ -29,7 +29,6 @@ _TYPED_PARAMETERS: dict[str, tuple[str, ...]] = {
     "triton_enable_empty_final_response": ("bool_param",),
 }
 _RESERVED_PREFIX = "triton_"
-_SHM_REGION = "shared_memory_region"
 _INT64_MAX = 2**63 - 1
 
 
@@ -88,14 +87,6 @@ def encode_parameters(target: Any, values: Mapping[str, Any]) -> None:
         encode_parameter(target[key], value)
 
 
-def _check_no_shared_memory(parameters: Mapping[str, pb.InferParameter]) -> None:
-    """No region can be registered here, so any reference to one names an unknown region."""
-    region = parameters.get(_SHM_REGION)
-    if region is not None:
-        raise InvalidArgument(f"Unable to find shared memory region: "
-                              f"'{region.string_param}'")
-
-
 # ----- inputs -------------------------------------------------------------------------------
 def _shape(name: str, dims: Iterable[int]) -> tuple[int, ...]:
     shape = tuple(dims)  # int64 fields: already Python ints
@@ -134,10 +125,15 @@ def _has_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> bool:
 
 def _decode_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: Optional[bytes],
                   model: str) -> Tensor:
-    _check_no_shared_memory(tensor.parameters)
     datatype = datatypes.lookup(tensor.datatype)
     shape = _shape(tensor.name, tensor.shape)
-    if raw is not None:
+    if shared_memory.REGION in tensor.parameters:  # read where the regions are
+        datatypes.checked_element_count(tensor.name, shape, datatype)
+        if _has_contents(tensor):
+            raise InvalidArgument(f"contents field must not be specified when using shared "
+                                  f"memory for '{tensor.name}' for model '{model}'")
+        data = shared_memory.placeholder(datatype.numpy)
+    elif raw is not None:
         if _has_contents(tensor):
             raise InvalidArgument(f"contents field must not be specified when using "
                                   f"raw_input_contents for '{tensor.name}' for model '{model}'")
@@ -150,20 +146,25 @@ def _decode_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: Optional[b
 
 def _raw_contents(message: pb.ModelInferRequest) -> list[Optional[bytes]]:
     """One raw buffer per input (read once: each access copies out of the message), or Nones
-    when the request uses typed contents."""
+    when the request uses typed contents. Inputs in shared memory have no raw entry (as
+    tritonclient sends them): the others take the entries in order."""
     raw = list(message.raw_input_contents)
     if not raw:
         return [None] * len(message.inputs)
-    if len(raw) != len(message.inputs):
-        raise InvalidArgument(f"expected {len(message.inputs)} inputs but got {len(raw)} raw "
+    in_shm = [shared_memory.REGION in tensor.parameters for tensor in message.inputs]
+    expected = len(in_shm) - sum(in_shm)
+    if len(raw) != expected:
+        raise InvalidArgument(f"expected {expected} inputs but got {len(raw)} raw "
                               f"input contents")
-    return raw  # type: ignore[return-value]
+    if expected == len(in_shm):
+        return raw  # type: ignore[return-value]
+    entries = iter(raw)
+    return [None if shm else next(entries) for shm in in_shm]
 
 
 def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
     """A requested output; `classification` must be an integer, `binary_data` means nothing
     over gRPC (outputs are always raw) and is ignored."""
-    _check_no_shared_memory(output.parameters)
     classification = 0
     parameters: dict[str, Any] = {}
     for key, value in output.parameters.items():
@@ -174,6 +175,9 @@ def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> R
                                       f"output '{output.name}'")
         elif key != "binary_data":
             parameters[key] = parameter_value(key, value)
+    if classification and shared_memory.REGION in parameters:
+        raise InvalidArgument(f"Output can't set both 'shared_memory_region' and "
+                              f"'classification' (output '{output.name}')")
     return RequestedOutput(output.name, None, classification, parameters)
 
 
@@ -209,7 +213,9 @@ def encode_infer_response(response: InferResponse, request_id: str = "") -> pb.M
         output = message.outputs.add(name=tensor.name, datatype=tensor.datatype,
                                      shape=[int(d) for d in tensor.shape])
         encode_parameters(output.parameters, tensor.parameters)
-    message.raw_output_contents.extend([_raw_bytes(t) for t in response.outputs])
+    # index-aligned with `outputs`: an output written to shared memory has an empty entry
+    message.raw_output_contents.extend([
+        b"" if shared_memory.REGION in t.parameters else _raw_bytes(t) for t in response.outputs])
     encode_parameters(message.parameters, response.parameters)
     return message
 
@@ -332,6 +338,17 @@ def decode_unload_dependents(parameters: Mapping[str, pb.ModelRepositoryParamete
     if parameter.WhichOneof("parameter_choice") != "bool_param":
         raise InvalidArgument("'unload_dependents' must be a boolean")
     return parameter.bool_param
+
+
+# ----- shared memory --------------------------------------------------------------------------
+def encode_system_shm_status(regions: Iterable[Mapping[str, Any]]
+                             ) -> pb.SystemSharedMemoryStatusResponse:
+    """The registry's status rows, keyed by region name as Triton's map is."""
+    response = pb.SystemSharedMemoryStatusResponse()
+    for region in regions:
+        response.regions[region["name"]].CopyFrom(
+            pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+    return response
 
 
 # ----- trace and log settings ---------------------------------------------------------------

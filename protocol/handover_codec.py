@@ -54,17 +54,19 @@ def pack_request(request: InferRequest) -> tuple:
                    for o in request.outputs]
     return (request.model_name, request.model_version, request.id,
             _pack_tensors(request.inputs), outputs, request.parameters or None,
-            request.arrival_ns)
+            request.arrival_ns, request.traceparent, request.received)
 
 
 def unpack_request(packed: tuple) -> InferRequest:
-    name, version, ident, inputs, outputs, parameters, arrival_ns = packed
+    (name, version, ident, inputs, outputs, parameters, arrival_ns, traceparent,
+     received) = packed
     requested: Optional[list[RequestedOutput]] = None
     if outputs is not None:
         requested = [RequestedOutput(o_name, binary, classification, o_parameters or {})
                      for o_name, binary, classification, o_parameters in outputs]
     return InferRequest(name, version, ident, _unpack_tensors(inputs), requested,
-                        parameters or {}, arrival_ns=arrival_ns)
+                        parameters or {}, arrival_ns=arrival_ns, traceparent=traceparent,
+                        received=received)
 
 
 def pack_response(response: InferResponse) -> tuple:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import numpy as np
 import orjson
 
-from protocol import datatypes
+from protocol import datatypes, shared_memory
 from protocol.datatypes import DataType
 from protocol.errors import InvalidArgument
 from protocol.rest_common import HEADER_LENGTH_HEADER, Buffer, is_bool, is_uint
@@ -241,16 +241,19 @@ def _parse_output(entry: Any, index: int) -> RequestedOutput:
     elif not isinstance(parameters, dict):
         raise InvalidArgument(
             f"Unable to parse 'parameters' for output '{name}': expected a JSON object")
-    if "shared_memory_region" in parameters:
-        region = parameters["shared_memory_region"]
-        raise InvalidArgument(f"output '{name}' asks for shared memory region '{region}', but "
-                              "shared memory is not supported by this server")
     binary = parameters.get("binary_data")
     if binary is not None and not is_bool(binary):
         raise InvalidArgument(f"Unable to parse 'binary_data' for output '{name}'")
     classification = parameters.get("classification", 0)
     if not is_uint(classification):
         raise InvalidArgument(f"Unable to set 'classification' for output '{name}'")
+    if shared_memory.in_shared_memory(parameters):
+        if classification:
+            raise InvalidArgument(f"Output can't set both 'shared_memory_region' and "
+                                  f"'classification' (output '{name}')")
+        if binary:
+            raise InvalidArgument(f"Output can't set both 'shared_memory_region' and "
+                                  f"'binary_data' (output '{name}')")
     return RequestedOutput(name=name, binary=binary, classification=classification,
                            parameters=parameters)
 

@@ -14,6 +14,7 @@ import orjson
 from protocol import datatypes
 from protocol.errors import InternalError
 from protocol.rest_common import Buffer
+from protocol.shared_memory import in_shared_memory
 from protocol.types import (DurationSnapshot, IndexEntry, InferResponse, ModelMetadata,
                             RequestedOutput, StatisticsSnapshot, Tensor, TensorMetadata)
 
@@ -34,7 +35,10 @@ def encode_infer_response(response: InferResponse, requested: Optional[list[Requ
     blobs: list[Buffer] = []
     for tensor in response.outputs:
         choice = choices.get(tensor.name)
-        if binary_default if choice is None else choice:
+        if in_shared_memory(tensor.parameters):  # written to its region: no data here
+            entries.append({"name": tensor.name, "datatype": tensor.datatype,
+                            "shape": [int(dim) for dim in tensor.shape]})
+        elif binary_default if choice is None else choice:
             blob = datatypes.raw_from_tensor(_wire_array(tensor), tensor.datatype)
             entries.append(_output_entry(tensor, len(blob)))
             blobs.append(blob)

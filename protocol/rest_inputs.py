@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from protocol import datatypes
+from protocol import datatypes, shared_memory
 from protocol.datatypes import DataType
 from protocol.errors import InvalidArgument, TooLarge
 from protocol.rest_common import HEADER_LENGTH_HEADER, is_uint
@@ -21,6 +21,7 @@ from protocol.types import Tensor
 
 MAX_DIMS = datatypes.MAX_DIMS  # numpy's limit on ndim; more dims could never become an array
 _INT64_MAX = 2**63 - 1
+SHARED_MEMORY = -1  # an input's "size" when its data is in a registered region
 _LIMIT_HINT = "Use --http-max-input-size to increase the limit."
 
 
@@ -109,6 +110,9 @@ def _decode_input(entry: Any, index: int, cursor: BinaryCursor, budget: _SizeBud
     datatype = _parse_datatype(name, entry.get("datatype"))
     shape = _parse_shape(name, entry.get("shape"))
     count = _checked_element_count(name, shape, datatype)
+    if binary_size == SHARED_MEMORY:  # read where the regions are (server/shm_registry.py)
+        return Tensor(name=name, datatype=datatype.name, shape=shape,
+                      data=shared_memory.placeholder(datatype.numpy), parameters=parameters)
     budget.claim(name, shape, datatype, count)
     if binary_size is None:
         data = _tensor_from_json(name, datatype, shape, count, entry["data"], may_hold_bools)
@@ -131,7 +135,8 @@ def _input_parameters(name: str, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _input_source(name: str, entry: dict[str, Any], parameters: dict[str, Any]) -> Optional[int]:
-    """The input's binary_data_size, or None when its data is JSON; exactly one source allowed."""
+    """The input's binary_data_size, None when its data is JSON, SHARED_MEMORY when it is in a
+    region; exactly one source allowed."""
     has_data = "data" in entry
     has_binary = "binary_data_size" in parameters
     has_shm = "shared_memory_region" in parameters
@@ -144,9 +149,7 @@ def _input_source(name: str, entry: dict[str, Any], parameters: dict[str, Any]) 
             "Input must set only one of the following fields: 'data', 'binary_data_size' in "
             f"'parameters', 'shared_memory_region' in 'parameters'. But{but} (input '{name}')")
     if has_shm:
-        raise InvalidArgument(
-            f"input '{name}' uses shared memory region '{parameters['shared_memory_region']}', "
-            "but shared memory is not supported by this server; send the data as JSON or binary")
+        return SHARED_MEMORY
     if not has_binary:
         return None
     size = parameters["binary_data_size"]

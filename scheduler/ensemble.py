@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 
 from protocol.errors import InternalError, InvalidArgument, ServerError, Unavailable
 from protocol.types import InferRequest, InferResponse, Tensor
@@ -230,7 +230,10 @@ class EnsembleScheduler(Scheduler):
             inputs.append(Tensor(input_name, source.datatype, source.shape, source.data))
         sub_request = InferRequest(step.model_name, step.model_version, id=request.id,
                                    inputs=inputs, parameters=dict(request.parameters))
+        # A traced ensemble request traces its steps as its children (server/tracing.py).
+        step_trace = request.trace.child(sub_request) if request.trace is not None else None
         where = f"in ensemble '{self._name}', {step.label}"
+        response: Optional[InferResponse] = None
         try:
             response = await self._infer(sub_request)
         except ServerError as exc:
@@ -239,6 +242,9 @@ class EnsembleScheduler(Scheduler):
             raise
         except Exception as exc:
             raise InternalError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if step_trace is not None:
+                step_trace.end(response)
         by_name = {tensor.name: tensor for tensor in response.outputs}
         produced: dict[str, Tensor] = {}
         for output_name, tensor_name in step.outputs.items():

@@ -31,7 +31,6 @@ from server.listeners import (Listener, http_frontend_listener, http_limits, met
                               uvicorn_listener, wait_started)
 from server.metrics import ServerMetrics, worker_restarts
 from server.metrics_http import build_metrics_app
-from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
 from server.traffic import TrafficControl, TrafficHooks, TrafficSettings
 
@@ -82,8 +81,6 @@ class ServerApp:
                                            settings.repository_poll_secs,
                                            settle=settings.repository_settle_secs)
         self.core = InferenceCore(settings, self.registry, self.manager, self.inference)
-        # One trace/log settings object for both frontends: a change over one reads back on both.
-        self.runtime = RuntimeSettings.create(settings.log_verbose)
         self._stop = asyncio.Event()
         self._listeners: list[Listener] = []
         self._offloads: list[BodyOffload] = []  # each HTTP frontend's parser processes
@@ -130,7 +127,7 @@ class ServerApp:
             return False
         s = self.settings
         if s.allow_http:
-            listener, offload = http_frontend_listener(self.core, self.runtime, s)
+            listener, offload = http_frontend_listener(self.core, s)
             self._offloads.append(offload)
             self._listeners.append(listener)
         if s.allow_metrics:
@@ -143,7 +140,7 @@ class ServerApp:
         if s.allow_grpc:
             from server.grpc_server import start_grpc_server
 
-            self.grpc_server = await start_grpc_server(self.core, s, self.runtime)
+            self.grpc_server = await start_grpc_server(self.core, s)
         # Wait until every listener is bound before declaring the server live.
         if not await wait_started(self._listeners, self._tasks):
             return False
@@ -223,6 +220,7 @@ class ServerApp:
                         killed)
         await self.core.wait_idle(min(left(), 0.5))  # let handlers write those answers
         await self._close_listeners(left())
+        self.core.tracer.flush()  # traces not yet written (log_frequency 0: all of them)
         log.info("ascend-serve stopped")
 
     async def _close_listeners(self, grace: float) -> None:

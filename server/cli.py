@@ -145,7 +145,37 @@ def build_parser() -> argparse.ArgumentParser:
     add("--frontend-shm-bytes", type=_positive_int, default=64 * 1024 * 1024, metavar="BYTES",
         help="shared memory each way between the model owner and each extra frontend process; "
              "tensors that do not fit travel through the socket (default 64 MiB)")
+    add("--http-restricted-api", action="append", default=[], metavar="API[,API...]:KEY=VALUE",
+        help="HTTP requests in these API categories (health, metadata, inference, "
+             "shared-memory, model-config, model-repository, statistics, trace, logging) must "
+             "carry header KEY with VALUE, or get 403; repeat for other groups")
+    add("--grpc-restricted-protocol", action="append", default=[],
+        metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
+        help="gRPC calls in these categories must carry metadata "
+             "'triton-grpc-protocol-KEY' with VALUE, or get UNAVAILABLE; repeat for other groups")
+    add("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+        help="Triton's trace settings: rate=N, level=OFF|TIMESTAMPS|TENSORS (repeatable), "
+             "count=N, mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+             "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, "
+             "opentelemetry,bsp_schedule_delay=MS (and bsp_max_queue_size, "
+             "bsp_max_export_batch_size)")
+    add("--max-shared-memory-regions", type=_positive_int, default=1024, metavar="N",
+        help="system shared memory regions clients may register at once (default 1024)")
     return parser
+
+
+def _require_otel() -> None:
+    """OpenTelemetry mode needs the optional SDK: say so at startup, not on the first trace."""
+    import importlib.util
+
+    for module in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a parent package is missing
+            found = False
+        if not found:
+            raise ValueError("--trace-config mode=opentelemetry needs the OpenTelemetry SDK: "
+                             "pip install 'ascend-serve[otel]'")
 
 
 def _process_count(value: str) -> int:
@@ -181,7 +211,20 @@ _non_negative_float = _bounded(float, strict=False)
 
 
 def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from server.restricted import GRPC_HEADER_PREFIX, parse_restrictions
+    from server.tracing import parse_trace_config
+
+    try:
+        http_restricted = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
+        grpc_restricted = parse_restrictions(args.grpc_restricted_protocol,
+                                             "--grpc-restricted-protocol", GRPC_HEADER_PREFIX)
+        trace_config, otel_config = parse_trace_config(args.trace_config)
+        if trace_config.get("trace_mode") == ["opentelemetry"]:
+            _require_otel()
+    except ValueError as exc:
+        parser.error(str(exc))
     return ServerSettings(
         model_repositories=[p.resolve() for p in args.model_repositories],
         http_address=args.http_address, http_port=args.http_port,
@@ -224,6 +267,9 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         frontend_processes=args.frontend_processes, frontend_shm_bytes=args.frontend_shm_bytes,
         traffic_gate_interval_secs=args.traffic_gate_interval_secs,
         traffic_shadow_max_inflight=max(0, args.traffic_shadow_max_inflight),
+        max_shared_memory_regions=args.max_shared_memory_regions,
+        http_restricted_api=http_restricted, grpc_restricted_protocol=grpc_restricted,
+        trace_config=trace_config, otel_config=otel_config,
     )
 
 

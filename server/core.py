@@ -5,12 +5,13 @@ them to its wire form through protocol/errors.py.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Callable, Optional
 
 from protocol.config_json import ConfigJsonError, config_from_json
-from protocol.errors import (HTTP_ENDPOINT, InvalidArgument, PermissionDenied, ServerError,
-                             Unavailable)
+from protocol.errors import (HTTP_ENDPOINT, InvalidArgument, NotFound, PermissionDenied,
+                             ServerError, Unavailable)
 from protocol.stream import StreamItem
 from protocol.model_config_pb2 import ModelConfig
 from protocol.traffic_json import TrafficSpec
@@ -22,7 +23,10 @@ from repository.registry import (ModelRecord, ModelRegistry, ModelState, Version
                                  parse_version)
 from scheduler.interface import LoadError
 from server.inference import InferencePath
+from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
+from server.shm_registry import Binding, SharedMemoryRegistry
+from server.tracing import Trace, Tracer, may_trace
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +39,15 @@ EXTENSIONS = [
     "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
     "sequence",
     "sequence(string_id)",
+    "trace",
+    "logging",
 ]
 POLLING_REFUSAL = "explicit model load / unload is not allowed if polling is enabled"
 FILE_OVERRIDE_FLAG = "--allow-model-load-file-override"
@@ -56,6 +64,15 @@ class InferenceCore:
         # Set at startup when a --model-repository path does not exist and --exit-on-error is
         # off: the server keeps answering metadata but is not live, as Triton is not.
         self.repository_failure = ""
+        self.shared_memory = SharedMemoryRegistry(settings.max_shared_memory_regions)
+        # Trace and log settings: one state, read and changed over both protocols.
+        self.runtime = RuntimeSettings.create(settings.log_verbose, settings.trace_config)
+        self.tracer = _tracer(settings, self.runtime)  # server/tracing.py, otel_tracing.py
+        # OpenTelemetry mode: the frontends read each request's W3C traceparent.
+        self.propagates_trace = settings.trace_config.get("trace_mode") == ["opentelemetry"]
+        # Whether a request may ever be traced (a trace file, or OpenTelemetry, at startup):
+        # only then do the frontends take receive timestamps.
+        self.may_trace = may_trace(settings)
 
     @property
     def exiting(self) -> bool:
@@ -193,6 +210,40 @@ class InferenceCore:
         self._check_explicit()
         await self.manager.unload_model(name, unload_dependents)
 
+    # ----- shared memory (server/shm_registry.py) ------------------------------------------
+    def register_system_shared_memory(self, name: str, key: str, offset: int,
+                                      byte_size: int) -> None:
+        self.shared_memory.register(name, key, offset, byte_size)
+
+    def system_shared_memory_status(self, name: str = "") -> list[dict]:
+        return self.shared_memory.status(name)
+
+    def unregister_system_shared_memory(self, name: str = "") -> None:
+        self.shared_memory.unregister(name)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
+        """No CUDA here: nothing is registered, as Triton built without GPU support answers."""
+        if name:
+            raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+        return []
+
+    # ----- trace and log settings (server/runtime_settings.py) -------------------------------
+    def trace_settings(self, model: str = "",
+                       changes: Optional[dict[str, Optional[list[str]]]] = None
+                       ) -> dict[str, list[str]]:
+        """The settings of `model` (or the global ones), after applying `changes` if any."""
+        if model and not self.registry.is_ready(model, ""):  # Triton's check, code and text
+            raise InvalidArgument(f"Request for unknown model : {model}")
+        if changes:
+            self.runtime.trace.update(changes, model)
+        return self.runtime.trace.current(model)
+
+    def log_settings(self, changes: Optional[dict] = None) -> dict:
+        """The log settings, after applying `changes` (all or nothing) if any."""
+        if changes:
+            self.runtime.log.update(changes)
+        return dict(self.runtime.log.values)
+
     # ----- inference ---------------------------------------------------------------------
     def resolve(self, name: str, version: str = "") -> VersionRecord:
         """The version an inference request for (name, version) goes to."""
@@ -201,13 +252,90 @@ class InferenceCore:
     async def infer(self, request: InferRequest, record: Optional[VersionRecord] = None,
                     endpoint: str = HTTP_ENDPOINT) -> InferResponse:
         """The one in-process infer (server/inference.py); `record` when already resolved;
-        `endpoint` names the caller when a decoupled model must be refused."""
-        return await self.path.infer(request, record, endpoint)
+        `endpoint` names the caller when a decoupled model must be refused. Tensors in
+        registered shared memory are read and written here, where the regions are, and
+        sampled requests are traced here."""
+        binding = self.shared_memory.bind(request)
+        trace = self.tracer.sample(request) if self.runtime.trace.active else None
+        if binding is None and trace is None:
+            return await self.path.infer(request, record, endpoint)
+        try:
+            response = await self.path.infer(request, record, endpoint)
+            return self._finish(response, binding, trace)
+        except BaseException:
+            if trace is not None and not trace.finished:
+                self.tracer.finish(trace, None, request.model_version)
+            raise
+        finally:
+            if binding is not None:
+                binding.release()
 
     def infer_stream(self, request: InferRequest, record: Optional[VersionRecord] = None
                      ) -> AsyncIterator[StreamItem]:
-        """Every answer to a client's request (any number for a decoupled model)."""
-        return self.path.stream(request, record, admitted=False)
+        """Every answer to a client's request (any number for a decoupled model); each answer
+        with outputs in shared memory writes them there (the next one overwrites them)."""
+        binding = self.shared_memory.bind(request)
+        trace = self.tracer.sample(request) if self.runtime.trace.active else None
+        if binding is None and trace is None:
+            return self.path.stream(request, record, admitted=False)
+        try:
+            answers = self.path.stream(request, record, admitted=False)
+        except BaseException:
+            self._end(request, None, binding, trace)
+            raise
+        return self._bound_answers(request, answers, binding, trace)
+
+    async def _bound_answers(self, request: InferRequest, answers: AsyncIterator[StreamItem],
+                             binding: Optional[Binding], trace: Optional[Trace]
+                             ) -> AsyncIterator[StreamItem]:
+        last: Optional[InferResponse] = None
+        try:
+            async for item in answers:
+                if item.response is not None:
+                    last = item.response
+                    if binding is not None:
+                        item.response = binding.finish(item.response)
+                yield item
+        finally:
+            self._end(request, last, binding, trace)
+
+    def _end(self, request: InferRequest, response: Optional[InferResponse],
+             binding: Optional[Binding], trace: Optional[Trace]) -> None:
+        if trace is not None and not trace.finished:
+            self.tracer.finish(trace, response, response.model_version if response
+                               else request.model_version)
+        if binding is not None:
+            binding.release()
+
+    def infer_nowait(self, request: InferRequest, on_done: Callable[
+            [Optional[InferResponse], Optional[BaseException]], None],
+            endpoint: str = HTTP_ENDPOINT) -> Optional[asyncio.Future]:
+        """`infer` for the owner answering a frontend process (InferencePath.infer_nowait:
+        no task per request). Raises at once for a bad shared-memory reference."""
+        binding = self.shared_memory.bind(request)
+        trace = self.tracer.sample(request) if self.runtime.trace.active else None
+        if binding is None and trace is None:
+            return self.path.infer_nowait(request, on_done, endpoint)
+
+        def done(response: Optional[InferResponse], error: Optional[BaseException]) -> None:
+            if error is None and response is not None:
+                try:
+                    response = self._finish(response, binding, trace)
+                except Exception as exc:  # noqa: BLE001 - the caller answers with it
+                    response, error = None, exc
+            self._end(request, None, binding, trace)
+            on_done(response, error)
+
+        future = self.path.infer_nowait(request, done, endpoint)
+        if future is not None and binding is not None:  # a cancelled request calls no `done`
+            future.add_done_callback(lambda _: binding.release())
+        return future
+
+    def _finish(self, response: InferResponse, binding: Optional[Binding],
+                trace: Optional[Trace]) -> InferResponse:
+        if trace is not None:
+            self.tracer.finish(trace, response, response.model_version)
+        return response if binding is None else binding.finish(response)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight; False if the timeout passed first."""
@@ -223,6 +351,14 @@ class InferenceCore:
 
     def delete_traffic_policy(self, name: str) -> dict:
         return self.path.traffic.delete(name)
+
+
+def _tracer(settings: ServerSettings, runtime: RuntimeSettings) -> Tracer:
+    if settings.trace_config.get("trace_mode") == ["opentelemetry"]:
+        from server.otel_tracing import OtelTracer, build_provider
+
+        return OtelTracer(runtime.trace, build_provider(settings.otel_config))
+    return Tracer(runtime.trace)
 
 
 def _type_name(value: int) -> str:

@@ -40,7 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTROL_METHODS = frozenset({"ready", "server_metadata", "model_metadata", "model_config",
                              "model_ready", "statistics", "repository_index", "load_model",
                              "unload_model", "resolve_rules", "traffic_policy",
-                             "set_traffic_policy", "delete_traffic_policy"})
+                             "set_traffic_policy", "delete_traffic_policy",
+                             "register_system_shared_memory", "system_shared_memory_status",
+                             "unregister_system_shared_memory", "cuda_shared_memory_status",
+                             "trace_settings", "log_settings"})
 
 
 class FrontendProcess:
@@ -108,9 +111,15 @@ class FrontendProcess:
                 else:
                     link.send((ERROR, ident, as_server_error(error)))  # type: ignore[union-attr]
 
-            # No task per request: the answer goes back from the future's callback.
+            # No task per request: the answer goes back from the future's callback. The core
+            # reads shared-memory inputs and traces, as for a request received here.
             # message[3], when there: the endpoint a decoupled model's refusal names.
-            future = self.path.infer_nowait(unpack_request(message[2]), answer, *message[3:])
+            try:
+                future = self.core.infer_nowait(unpack_request(message[2]), answer,
+                                                *message[3:])
+            except Exception as exc:  # noqa: BLE001 - a bad region answers this request only
+                link.send((ERROR, ident, as_server_error(exc)))  # type: ignore[union-attr]
+                return
             if future is not None and not future.done():
                 self.inflight[ident] = future
         elif tag == CANCEL:

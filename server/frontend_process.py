@@ -29,7 +29,6 @@ async def serve(settings: ServerSettings, index: int, fds: list[int], shm_bytes:
                 quick: ControlClient, slow: ControlClient) -> int:
     from server.grpc_server import start_grpc_server
     from server.listeners import http_frontend_listener, wait_started
-    from server.runtime_settings import RuntimeSettings
 
     loop = asyncio.get_running_loop()
     infer_fd, _, _, from_owner_fd, to_owner_fd = fds
@@ -41,17 +40,16 @@ async def serve(settings: ServerSettings, index: int, fds: list[int], shm_bytes:
     await loop.connect_accepted_socket(lambda: link, socket.socket(fileno=infer_fd))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runtime = RuntimeSettings.create(settings.log_verbose)
     listeners, tasks, offloads = [], [], []
     grpc_server: Optional[Any] = None
     try:
         if settings.allow_http:
-            listener, offload = http_frontend_listener(core, runtime, settings)
+            listener, offload = http_frontend_listener(core, settings)
             listeners.append(listener)
             offloads.append(offload)
             tasks.append(asyncio.create_task(listener.serve()))
         if settings.allow_grpc:
-            grpc_server = await start_grpc_server(core, settings, runtime)
+            grpc_server = await start_grpc_server(core, settings)
         if not await wait_started(listeners, tasks):
             raise OSError("the HTTP listener did not start")
     except Exception as exc:  # noqa: BLE001 - the owner reports it and stops

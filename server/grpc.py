@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, NoReturn, Optional
 
@@ -19,11 +20,12 @@ import grpc
 
 from protocol import grpc_codec as codec
 from protocol import grpc_service_pb2 as pb
-from protocol.errors import (GRPC_INFER_RPC, InvalidArgument, NotFound, Overloaded, ServerError,
+from protocol import shared_memory
+from protocol.errors import (GRPC_INFER_RPC, InvalidArgument, Overloaded, ServerError,
                              Unsupported, client_error, server_exiting)
 from protocol.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
+from protocol.types import InferRequest
 from server.core import InferenceCore
-from server.runtime_settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,6 @@ STREAM_ERROR_HEADER = "triton_grpc_error"
 HEALTH_POLL_SECONDS = 0.5
 STREAM_OUTBOX_SIZE = 64  # answers of one ModelStreamInfer call waiting to be written
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata of a full-queue UNAVAILABLE
-_NO_SHM = "shared memory is not supported by this server"
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServerError) -> NoReturn:
@@ -147,21 +148,45 @@ class _Failure:
 _END = object()
 
 
-async def _infer(core: InferenceCore, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
+async def _infer(core: InferenceCore, message: pb.ModelInferRequest, traceparent: str = ""
+                 ) -> pb.ModelInferResponse:
     """One inference, wire to wire (ModelInfer): a decoupled model is refused."""
-    request = codec.decode_infer_request(message)
+    request = _decode(core, message, traceparent)
     response = await core.infer(request, endpoint=GRPC_INFER_RPC)
     return codec.encode_infer_response(response, message.id)
 
 
-async def _stream_answers(core: InferenceCore, message: pb.ModelInferRequest
-                          ) -> AsyncIterator[Any]:
+def _decode(core: InferenceCore, message: pb.ModelInferRequest, traceparent: str
+            ) -> InferRequest:
+    """The request, with what tracing reads where it is possible: the client's traceparent
+    (OpenTelemetry mode) and when the message arrived (grpc.aio hands it over already read,
+    so the wait/read itself is not seen)."""
+    now = time.monotonic_ns() if core.may_trace else 0
+    request = codec.decode_infer_request(message)
+    request.traceparent = traceparent
+    if now:
+        request.received = (("GRPC_WAITREAD_START", now), ("GRPC_WAITREAD_END", now))
+    return request
+
+
+def _traceparent(core: InferenceCore, context: grpc.aio.ServicerContext) -> str:
+    """The client's W3C trace context, read only in OpenTelemetry trace mode."""
+    if not core.propagates_trace:
+        return ""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str):
+            return value
+    return ""
+
+
+async def _stream_answers(core: InferenceCore, message: pb.ModelInferRequest,
+                          traceparent: str = "") -> AsyncIterator[Any]:
     """Every answer to one ModelStreamInfer request, wire to wire: each model answer with
     `triton_final_response`, a failed one as a _Failure; a decoupled model's flag-only final
     answer only when the request asked for empty final responses."""
     if type(message) is Undecodable:  # a malformed message (ModelInfer: `guarded`)
         raise message.error
-    request = codec.decode_infer_request(message)
+    request = _decode(core, message, traceparent)
     empty_final = bool(request.parameters.get("triton_enable_empty_final_response", False))
     async for item in core.infer_stream(request):
         if item.error is not None:
@@ -191,6 +216,7 @@ class InferStream:
         self.core = core
         self.context = context
         self.raise_errors = _wants_status_errors(context)
+        self.traceparent = _traceparent(core, context)
         # Bounded: a decoupled model's answers wait here for a slow client, and past this many
         # its answers stay unread, so its sender blocks (backends/python_bridge.py).
         self.outbox: asyncio.Queue[Any] = asyncio.Queue(STREAM_OUTBOX_SIZE)
@@ -253,7 +279,7 @@ class InferStream:
 
     async def _answer(self, message: pb.ModelInferRequest) -> None:
         try:
-            async for item in _stream_answers(self.core, message):
+            async for item in _stream_answers(self.core, message, self.traceparent):
                 await self.outbox.put(item)
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
             await self.outbox.put(_Failure(rpc_error(exc, "a streamed inference"), message.id))
@@ -268,10 +294,8 @@ class InferStream:
 
 # ----- the inference service ----------------------------------------------------------------
 class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, core: InferenceCore, runtime: RuntimeSettings) -> None:
+    def __init__(self, core: InferenceCore) -> None:
         self.core = core
-        self.trace = runtime.trace
-        self.logging = runtime.log
         self.streams: set[InferStream] = set()
         self.closing = False
 
@@ -329,7 +353,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ModelInferResponse:
-        return await _infer(self.core, request)
+        return await _infer(self.core, request, _traceparent(self.core, context))
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext
@@ -367,37 +391,37 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         await self.core.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
-    # ----- shared memory: nothing can be registered, so status is empty and unregister a no-op
+    # ----- shared memory (server/shm_registry.py; CUDA: none on this server) ----------------
     @guarded
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
                                        context: Any) -> pb.SystemSharedMemoryStatusResponse:
-        if request.name:
-            raise NotFound(f"Unable to find system shared memory region: '{request.name}'")
-        return pb.SystemSharedMemoryStatusResponse()
+        return codec.encode_system_shm_status(
+            self.core.system_shared_memory_status(request.name))
 
     @guarded
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
                                          context: Any) -> pb.SystemSharedMemoryRegisterResponse:
-        raise Unsupported(f"System {_NO_SHM}")
+        self.core.register_system_shared_memory(request.name, request.key, request.offset,
+                                                request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
     @guarded
     async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
                                            context: Any
                                            ) -> pb.SystemSharedMemoryUnregisterResponse:
-        """perf_analyzer unregisters everything ("") at startup; with no regions that succeeds."""
+        self.core.unregister_system_shared_memory(request.name)  # "" means all
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @guarded
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
                                      context: Any) -> pb.CudaSharedMemoryStatusResponse:
-        if request.name:
-            raise NotFound(f"Unable to find cuda shared memory region: '{request.name}'")
+        self.core.cuda_shared_memory_status(request.name)  # always empty, or NOT_FOUND
         return pb.CudaSharedMemoryStatusResponse()
 
     @guarded
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
                                        context: Any) -> pb.CudaSharedMemoryRegisterResponse:
-        raise Unsupported(f"CUDA {_NO_SHM}")
+        raise shared_memory.cuda_unsupported(request.name)
 
     @guarded
     async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
@@ -408,16 +432,11 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     @guarded
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any
                            ) -> pb.TraceSettingResponse:
-        model = request.model_name
-        if model:
-            self.core.model_config(model)  # unknown model -> its usual error
-        if request.settings:
-            self.trace.update(codec.decode_trace_settings(request.settings), model)
-        return codec.encode_trace_settings(self.trace.current(model))
+        changes = codec.decode_trace_settings(request.settings) if request.settings else None
+        return codec.encode_trace_settings(self.core.trace_settings(request.model_name, changes))
 
     @guarded
     async def LogSettings(self, request: pb.LogSettingsRequest, context: Any
                           ) -> pb.LogSettingsResponse:
-        if request.settings:
-            self.logging.update(codec.decode_log_settings(request.settings))
-        return codec.encode_log_settings(self.logging.values)
+        changes = codec.decode_log_settings(request.settings) if request.settings else None
+        return codec.encode_log_settings(self.core.log_settings(changes))

@@ -14,7 +14,6 @@ from server.connections import descriptor_limit, resolve_max_connections
 from server.core import InferenceCore
 from server.grpc import HEALTH_POLL_SECONDS, InferenceServicer, Undecodable, abort, add_service
 from server.grpc_traffic import TrafficServicer
-from server.runtime_settings import RuntimeSettings
 from server.settings import ServerSettings
 
 
@@ -122,11 +121,11 @@ class GrpcFrontend:
     streams once their in-flight requests are answered), so shutdown need not wait the whole
     grace period for clients that never hang up."""
 
-    def __init__(self, core: InferenceCore, settings: ServerSettings,
-                 runtime: RuntimeSettings) -> None:
+    def __init__(self, core: InferenceCore, settings: ServerSettings) -> None:
         self.settings = settings
-        self.server = grpc.aio.server(options=server_options(settings))
-        self.inference = InferenceServicer(core, runtime)
+        self.server = grpc.aio.server(options=server_options(settings),
+                                      interceptors=_interceptors(settings))
+        self.inference = InferenceServicer(core)
         self.health = HealthServicer(core)
         add_service(self.server, add_GRPCInferenceServiceServicer_to_server, self.inference)
         add_service(self.server, health_pb2_grpc.add_HealthServicer_to_server, self.health)
@@ -149,9 +148,17 @@ class GrpcFrontend:
         await self.server.stop(grace)
 
 
-async def start_grpc_server(core: InferenceCore, settings: ServerSettings,
-                            runtime: RuntimeSettings) -> GrpcFrontend:
+def _interceptors(settings: ServerSettings) -> list[grpc.aio.ServerInterceptor]:
+    """Only what is configured: with no restricted protocol, calls pay for no interceptor."""
+    if not settings.grpc_restricted_protocol:
+        return []
+    from server.grpc_restricted import RestrictedProtocolInterceptor
+
+    return [RestrictedProtocolInterceptor(settings.grpc_restricted_protocol)]
+
+
+async def start_grpc_server(core: InferenceCore, settings: ServerSettings) -> GrpcFrontend:
     """Bind and start the gRPC listener (raising OSError when the address cannot be bound)."""
-    frontend = GrpcFrontend(core, settings, runtime)
+    frontend = GrpcFrontend(core, settings)
     await frontend.start()
     return frontend

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import orjson
@@ -24,11 +25,12 @@ from protocol.errors import (InvalidArgument, Overloaded, ServerError, Unsupport
 from protocol.types import InferRequest
 from repository.registry import VersionRecord
 from server.core import InferenceCore
+from server.http_admin import AdminRoutes
 from server.http_body import BodyBuffer, BodyLimit
 from server.http_generate import GenerateEndpoints
+from server.restricted import HttpGuard, RestrictionMiddleware
 from server.offload import (BodyOffload, inflate_small, json_output_size,
                             parse_json_document)
-from server.runtime_settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +86,13 @@ def guarded(handler: Handler) -> Handler:
 
 
 class HttpFrontend:
-    def __init__(self, core: InferenceCore, runtime: RuntimeSettings) -> None:
+    def __init__(self, core: InferenceCore) -> None:
         self.core = core
         self.settings = core.settings
-        self.runtime = runtime  # trace and log settings, shared with gRPC (endpoints to come)
         self.body_limit = BodyLimit(self.settings.http_max_input_size)
+        # --http-restricted-api (server/restricted.py); None when nothing is restricted.
+        restricted = self.settings.http_restricted_api
+        self.guard: Optional[HttpGuard] = HttpGuard(restricted) if restricted else None
         # Large bodies and responses are worked on in parser processes (server/offload.py).
         self.offload = BodyOffload(self.settings.http_offload_threshold,
                                    self.settings.http_parser_processes)
@@ -172,15 +176,18 @@ class HttpFrontend:
     async def infer_reply(self, name: str, version: str, headers: Mapping[str, str],
                           chunks: AsyncIterator[bytes]) -> tuple[bytes, dict[str, str], str]:
         """Body in, (payload, extra headers, content type) out: decode once, infer, encode once."""
+        start = time.monotonic_ns() if self.core.may_trace else 0
         self.body_limit.check_declared(headers)
         buffer = BodyBuffer(self.body_limit)
         async for chunk in chunks:
             buffer.add(chunk)
         body = buffer.parts if self.offload.wants(buffer.total) else buffer.join()
-        return await self.infer_body(name, version, headers, body)
+        received = (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns())) \
+            if start else ()
+        return await self.infer_body(name, version, headers, body, received)
 
     async def infer_body(self, name: str, version: str, headers: Mapping[str, str],
-                         body: Any) -> tuple[bytes, dict[str, str], str]:
+                         body: Any, received: tuple = ()) -> tuple[bytes, dict[str, str], str]:
         """infer_reply for a body already read (and within the size limit): one buffer, or the
         list of its chunks when it is over --http-offload-threshold."""
         if type(body) is list or (len(body) > self.offload.threshold and self.offload.enabled):
@@ -197,6 +204,9 @@ class HttpFrontend:
                 infer_request, record = await self._decode_large(name, version, headers, [body])
             else:
                 infer_request, record = self._decode(name, version, headers, inflated)
+        if self.core.propagates_trace:  # OpenTelemetry mode: the client's W3C trace context
+            infer_request.traceparent = headers.get("traceparent") or ""
+        infer_request.received = received  # receive timestamps where tracing is possible
         # Raw requests set binary_data_output themselves (all outputs come back binary).
         binary_default = bool(infer_request.parameters.get("binary_data_output", False))
         response = await self.core.infer(infer_request, record)
@@ -345,8 +355,12 @@ class HttpFrontend:
                 (prefix + "/infer", self.infer, "POST"),
             ]
             routes += GenerateEndpoints(self).routes(prefix)
+        routes += AdminRoutes(self).routes()  # shared memory, trace, logging
         for path, handler, method in routes:
             app.add_route(path, guarded(handler), methods=[method], include_in_schema=False)
+
+        if self.guard is not None:  # before routing: a restricted path is 403 on any method
+            app.add_middleware(RestrictionMiddleware, guard=self.guard)
 
         @app.exception_handler(StarletteHTTPException)
         async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any, Mapping, Optional
 
 from uvicorn.protocols.http.httptools_impl import (STATUS_LINE, HttpToolsProtocol,
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 # The request headers the infer path reads (uvicorn gives names in lower case).
 _WANTED_HEADERS = {name.encode("latin-1"): name for name in (
-    "content-length", "content-encoding", "inference-header-content-length", "accept-encoding")}
+    "content-length", "content-encoding", "inference-header-content-length", "accept-encoding",
+    "traceparent")}
 # Above this size the payload is written on its own rather than joined to the headers (a copy).
 _JOIN_LIMIT = 64 * 1024
 
@@ -176,7 +178,9 @@ class InferHttpProtocol(BoundedHttpProtocol):
         # Not the 503 of limit_concurrency, nor a connection from the health-check reserve.
         if scope["method"] == "POST" and app is self.app and not self._health_only:
             match = INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
+            guard = self.frontend.guard  # a refused request goes on to ASGI, which refuses it
+            if match is not None and (guard is None
+                                      or guard.refusal(scope["path"], scope["headers"]) is None):
                 task = self.loop.create_task(
                     self._serve_infer(cycle, match.group(1), match.group(2) or ""))
                 self._infer_task = task
@@ -192,12 +196,15 @@ class InferHttpProtocol(BoundedHttpProtocol):
             task.cancel()  # the queued request is dropped; nobody is left to answer
 
     async def _serve_infer(self, cycle: RequestResponseCycle, name: str, version: str) -> None:
+        start = time.monotonic_ns() if self.frontend.core.may_trace else 0
         headers = {_WANTED_HEADERS[key]: value.decode("latin-1")
                    for key, value in cycle.scope["headers"] if key in _WANTED_HEADERS}
         try:
             body = await self._read_body(cycle, headers)
+            received = (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns())) \
+                if start else ()
             payload, extra, media_type = await self.frontend.infer_body(name, version, headers,
-                                                                         body)
+                                                                         body, received)
             status = 200
         except asyncio.CancelledError:
             if not cycle.disconnected:

@@ -79,7 +79,7 @@ def metrics_limits(limits: ConnectionLimits) -> ConnectionLimits:
                                health_reserve=0)
 
 
-def http_frontend_listener(core: Any, runtime: Any, settings: ServerSettings
+def http_frontend_listener(core: Any, settings: ServerSettings
                            ) -> tuple[Listener, Any]:
     """The HTTP frontend over `core` (the model owner's InferenceCore, or a frontend process's
     RemoteCore) and its uvicorn listener; also returns the frontend's parser-process pool,
@@ -88,7 +88,7 @@ def http_frontend_listener(core: Any, runtime: Any, settings: ServerSettings
     from server.http_protocol import protocol_class
 
     s = settings
-    frontend = HttpFrontend(core, runtime)
+    frontend = HttpFrontend(core)
     listener = uvicorn_listener(frontend.build_app(), s.http_address, s.http_port, s.log_verbose,
                                 protocol_class(frontend, http_limits(s)),
                                 s.http_keep_alive_timeout_secs,

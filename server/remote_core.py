@@ -24,7 +24,9 @@ from protocol.handover_codec import pack_request, unpack_response
 from protocol.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, InferResponse
 from server.handover import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
+from server.runtime_settings import apply_log_settings
 from server.settings import ServerSettings
+from server.tracing import may_trace
 
 OWNER_GONE = "the model owner process is gone; the server is restarting or stopping"
 CONTROL_TIMEOUT_S = 30.0  # the longest a frontend waits for the owner to answer a control call
@@ -81,6 +83,9 @@ class RemoteCore:
         self._pending: dict[int, asyncio.Future] = {}
         self._next_id = 0
         self._rules: dict[tuple[str, str], tuple[float, Any]] = {}
+        # OpenTelemetry mode: requests carry the client's traceparent to the owner.
+        self.propagates_trace = settings.trace_config.get("trace_mode") == ["opentelemetry"]
+        self.may_trace = may_trace(settings)
 
     # ----- the link's callbacks --------------------------------------------------------
     def on_message(self, message: tuple) -> None:
@@ -143,6 +148,29 @@ class RemoteCore:
 
     def delete_traffic_policy(self, name: str) -> dict:
         return self.quick.call("delete_traffic_policy", name)
+
+    # ----- trace and log settings: the owner's, applied to this process's logging too ----
+    def trace_settings(self, model: str = "", changes: Optional[dict] = None) -> dict:
+        return self.quick.call("trace_settings", model, changes)
+
+    def log_settings(self, changes: Optional[dict] = None) -> dict:
+        values = self.quick.call("log_settings", changes)
+        apply_log_settings(values)
+        return values
+
+    # ----- shared memory: the regions live in the owner, which reads and writes them ----
+    def register_system_shared_memory(self, name: str, key: str, offset: int,
+                                      byte_size: int) -> None:
+        self.quick.call("register_system_shared_memory", name, key, offset, byte_size)
+
+    def system_shared_memory_status(self, name: str = "") -> list[dict]:
+        return self.quick.call("system_shared_memory_status", name)
+
+    def unregister_system_shared_memory(self, name: str = "") -> None:
+        self.quick.call("unregister_system_shared_memory", name)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
+        return self.quick.call("cuda_shared_memory_status", name)
 
     # ----- inference -------------------------------------------------------------------
     def resolve(self, name: str, version: str = "") -> Any:

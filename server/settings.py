@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 GRPC_MAX_MESSAGE = 2**31 - 1
@@ -78,3 +79,13 @@ class ServerSettings:
     # hand them over through shared memory (frontend_shm_bytes each way per process).
     frontend_processes: int = 1
     frontend_shm_bytes: int = 64 * 1024 * 1024
+    # System shared memory regions clients may register at once (server/shm_registry.py).
+    max_shared_memory_regions: int = 1024
+    # Restricted APIs (server/restricted.py): category -> Restriction (the header and value a
+    # request in that category must carry); empty: nothing restricted.
+    http_restricted_api: dict[str, Any] = field(default_factory=dict)
+    grpc_restricted_protocol: dict[str, Any] = field(default_factory=dict)
+    # Initial trace settings from --trace-config (server/tracing.py), e.g. {"trace_rate": ["1"]}.
+    trace_config: dict[str, list[str]] = field(default_factory=dict)
+    # --trace-config opentelemetry,...: `url`, `resource` (a dict), `bsp_*` (server/otel_tracing.py)
+    otel_config: dict[str, Any] = field(default_factory=dict)

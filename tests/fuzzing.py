@@ -76,7 +76,7 @@ ALLOWED_503 = re.compile(
     r"Exceeds maximum queue size|is not at ready state|has no available versions")
 ALLOWED_501 = re.compile(
     r"'repository_name' specification is not supported|Unsupported compression type|"
-    r"shared memory is not supported|tracing is not supported|log file location")
+    r"trace file location|trace mode can not be updated|log file location")
 # What the server's log must never show after a case: a bug, even where the answer was fine.
 BUG_IN_LOG = re.compile(r"unexpected error in|Traceback \(most recent call last\)|"
                         r"Exception in ASGI application|Fatal Python error|Segmentation fault")

@@ -344,12 +344,11 @@ def test_shared_memory_answers(client: grpcclient.InferenceServerClient) -> None
     assert not client.get_cuda_shared_memory_status().regions
     client.unregister_system_shared_memory()  # "" means all: perf_analyzer calls it at startup
     client.unregister_cuda_shared_memory()
-    for register in (lambda: client.register_system_shared_memory("r", "/key", 64),
+    for register in (lambda: client.register_system_shared_memory("r", "/no_such_key", 64),
                      lambda: client.register_cuda_shared_memory("r", b"\0" * 64, 0, 64)):
-        with pytest.raises(InferenceServerException) as error:
+        with pytest.raises(InferenceServerException) as error:  # test_shared_memory.py: more
             register()
-        assert error.value.status() == "StatusCode.UNIMPLEMENTED"
-        assert "not supported" in error.value.message()
+        assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
 def test_trace_settings(client: grpcclient.InferenceServerClient) -> None:
@@ -360,11 +359,14 @@ def test_trace_settings(client: grpcclient.InferenceServerClient) -> None:
     assert updated["settings"]["trace_rate"]["value"] == ["7"]
     assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1000"]
     with pytest.raises(InferenceServerException) as error:
-        client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
+        client.update_trace_settings(settings={"trace_file": "/tmp/elsewhere.json"})
     assert error.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert error.value.message() == \
+        "trace file location can not be updated through network protocol"
     with pytest.raises(InferenceServerException) as error:
         client.get_trace_settings("no_such_model")
-    assert error.value.status() == "StatusCode.NOT_FOUND"
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert error.value.message() == "Request for unknown model : no_such_model"
 
 
 def test_log_settings(client: grpcclient.InferenceServerClient) -> None:

@@ -46,7 +46,7 @@ def test_health_and_server_metadata(http: httpx.Client) -> None:
     meta = http.get("/v2").json()
     assert meta["name"] == "ascend-serve"
     assert "binary_tensor_data" in meta["extensions"] and "statistics" in meta["extensions"]
-    assert "system_shared_memory" not in meta["extensions"]
+    assert {"system_shared_memory", "trace", "logging"} <= set(meta["extensions"])
 
 
 def test_model_metadata_ready_and_config(http: httpx.Client) -> None:

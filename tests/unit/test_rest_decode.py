@@ -145,8 +145,6 @@ ERROR_CASES = [
     ("data-and-binary", *_with_binary(_json(_input("x", "FP32", [1], [1.0], binary_data_size=4)),
                                       _fp32(1)),
      InvalidArgument, "But set 'data' 'binary_data_size'"),
-    ("shared-memory", _json(_input("x", "FP32", [1], shared_memory_region="r0")), None,
-     InvalidArgument, "shared memory is not supported"),
     ("too-few-elements", _json(_input("x", "INT32", [2, 2], [1, 2, 3])), None, InvalidArgument,
      "Unable to parse 'data': Shape does not match true shape of 'data' field: unexpected number of "
      "elements for input 'x': shape [2, 2] needs 4, 'data' holds 3"),
@@ -240,10 +238,10 @@ ERROR_CASES = [
     ("output-classification-negative", _json(
         _input("x", "INT32", [1], [1]), outputs=[{"name": "y", "parameters": {"classification": -2}}]),
      None, InvalidArgument, "Unable to set 'classification' for output 'y'"),
-    ("output-shared-memory", _json(
+    ("output-shared-memory-and-classification", _json(
         _input("x", "INT32", [1], [1]),
-        outputs=[{"name": "y", "parameters": {"shared_memory_region": "r"}}]),
-     None, InvalidArgument, "shared memory is not supported"),
+        outputs=[{"name": "y", "parameters": {"shared_memory_region": "r", "classification": 2}}]),
+     None, InvalidArgument, "Output can't set both 'shared_memory_region' and 'classification'"),
     ("depth-120-fails", _nested(120), None,
      InvalidArgument, "JSON nesting depth exceeds maximum allowed limit (100)"),
 ]

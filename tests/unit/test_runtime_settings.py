@@ -1,14 +1,11 @@
-"""server/runtime_settings.py: one trace/log settings object, handed to both frontends."""
+"""server/runtime_settings.py: trace and log settings, checked whole and applied to logging."""
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
-from typing import Any
-
 import pytest
 
 from protocol.errors import InvalidArgument, Unsupported
-from server.runtime_settings import TRACE_DEFAULTS, LogSettings, RuntimeSettings, TraceSettings
+from server.runtime_settings import TRACE_DEFAULTS, LogSettings, TraceSettings
 
 
 def test_trace_defaults_and_per_model_overrides() -> None:
@@ -24,9 +21,11 @@ def test_trace_defaults_and_per_model_overrides() -> None:
     ({"nope": ["1"]}, InvalidArgument),
     ({"log_file": None}, InvalidArgument),  # an unknown key with an empty value (was KeyError)
     ({"trace_level": ["LOUD"]}, InvalidArgument),
-    ({"trace_level": ["TIMESTAMPS"]}, Unsupported),
+    ({"trace_file": ["/tmp/x"]}, Unsupported),
+    ({"trace_level": ["TIMESTAMPS"], "trace_file": ["/tmp/x"]}, Unsupported),  # all or nothing
     ({"trace_rate": ["-1"]}, InvalidArgument),
-    ({"trace_file": ["a", "b"]}, InvalidArgument),
+    ({"trace_count": ["1", "2"]}, InvalidArgument),
+    ({"trace_rate": ["0"]}, InvalidArgument),
 ])
 def test_trace_refusals(changes: dict, error: type) -> None:
     trace = TraceSettings()
@@ -35,31 +34,38 @@ def test_trace_refusals(changes: dict, error: type) -> None:
     assert trace.current() == TRACE_DEFAULTS  # nothing applied
 
 
-def test_log_settings_apply_to_python_logging() -> None:
+def test_log_switches_filter_each_level_and_log_file_is_refused_whole() -> None:
     root = logging.getLogger()
     level = root.level
+    handler = logging.Handler()
+    records: list[logging.LogRecord] = []
+    handler.emit = records.append  # type: ignore[method-assign]
+    root.addHandler(handler)
     try:
         settings = LogSettings(verbose=0)
-        settings.update({"log_info": False})
-        assert root.level == logging.WARNING
-        with pytest.raises(Unsupported):
-            settings.update({"log_file": "/tmp/x"})
-        with pytest.raises(InvalidArgument):
-            settings.update({"log_verbose_level": True})
+        settings.update({"log_warning": False})
+        log = logging.getLogger("probe")
+        log.error("e")
+        log.warning("w")
+        log.info("i")
+        assert [r.getMessage() for r in records] == ["e", "i"]
+        with pytest.raises(Unsupported, match="log file location can not be updated"):
+            settings.update({"log_info": False, "log_file": ""})
+        assert settings.values["log_info"] is True  # nothing in that request applied
     finally:
+        settings.update({"log_warning": True})
+        root.removeHandler(handler)
         root.setLevel(level)
 
 
-def test_one_object_per_process_is_shared_by_both_frontends() -> None:
-    from server.grpc import InferenceServicer
-    from server.http import HttpFrontend
-
-    runtime = RuntimeSettings.create(log_verbose=2)
-    assert runtime.log.values["log_verbose_level"] == 2
-    from server.settings import ServerSettings
-
-    core: Any = SimpleNamespace(settings=ServerSettings(http_max_input_size=10))
-    servicer = InferenceServicer(core, runtime)
-    http = HttpFrontend(core, runtime)
-    assert servicer.trace is runtime.trace and servicer.logging is runtime.log
-    assert http.runtime is runtime
+def test_trace_count_is_spent_and_active_follows_the_levels() -> None:
+    trace = TraceSettings({"trace_count": ["2"]})
+    assert not trace.active
+    trace.update({"trace_level": ["TIMESTAMPS"]}, model="m")
+    assert trace.active
+    assert trace.take_one("m") and trace.take_one("m") and not trace.take_one("m")
+    assert trace.current()["trace_count"] == ["0"]
+    trace.update({"trace_count": None})  # back to the --trace-config value
+    assert trace.current()["trace_count"] == ["2"]
+    trace.update({"trace_level": None}, model="m")
+    assert not trace.active

@@ -1,0 +1,54 @@
+"""The gRPC side of restricted APIs (server/restricted.py): a server interceptor, installed only
+when --grpc-restricted-protocol names a category, that answers a call in a restricted category
+without its `triton-grpc-protocol-<key>` metadata UNAVAILABLE, as Triton does, before any
+handler (or request parsing) runs."""
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Mapping, Optional
+
+import grpc
+
+from server.restricted import Restriction, grpc_category
+
+
+def refusal_text(restriction: Restriction) -> str:
+    return f"This protocol is restricted, expecting header '{restriction.header}'"
+
+
+class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, restrictions: Mapping[str, Restriction]) -> None:
+        self.restrictions = dict(restrictions)
+
+    async def intercept_service(
+            self, continuation: Callable[[Any], Awaitable[Optional[grpc.RpcMethodHandler]]],
+            details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+        category = grpc_category(details.method)
+        restriction = self.restrictions.get(category) if category else None
+        if restriction is None:
+            return await continuation(details)
+        for key, value in details.invocation_metadata or ():
+            if key == restriction.header:
+                if restriction.allows(value if isinstance(value, str) else None):
+                    return await continuation(details)
+                break
+        handler = await continuation(details)
+        return None if handler is None else _refusing(handler, refusal_text(restriction))
+
+
+def _refusing(handler: grpc.RpcMethodHandler, text: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that only aborts (the request is never parsed)."""
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, text)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, text)
+        yield  # pragma: no cover - an async generator that never yields
+
+    serializer = handler.response_serializer
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(streaming, None, serializer)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(streaming, None, serializer)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(unary, None, serializer)
+    return grpc.unary_unary_rpc_method_handler(unary, None, serializer)
