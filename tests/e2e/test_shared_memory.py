@@ -125,6 +125,34 @@ def test_mixed_inputs_bytes_and_an_output_over_the_socket_grpc(example_server, r
         client.unregister_system_shared_memory("mixed")
 
 
+def test_shared_memory_through_a_grpc_stream(example_server, regions) -> None:
+    """ModelStreamInfer takes the same regions: inputs read there, outputs written there."""
+    import queue
+
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    key, handle = regions(256)
+    shm.set_shared_memory_region(handle, [A, B])
+    client.register_system_shared_memory("streamed", key, 256)
+    answers: queue.Queue = queue.Queue()
+    try:
+        inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+                  grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs[0].set_shared_memory("streamed", 64)
+        inputs[1].set_shared_memory("streamed", 64, offset=64)
+        outputs = [grpcclient.InferRequestedOutput("OUTPUT0")]
+        outputs[0].set_shared_memory("streamed", 64, offset=128)
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("simple", inputs, outputs=outputs, request_id="s1")
+        result, error = answers.get(timeout=30)
+        client.stop_stream()
+        assert error is None, error
+        assert result.get_response().id == "s1"
+        np.testing.assert_array_equal(
+            shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=128), A + B)
+    finally:
+        client.unregister_system_shared_memory("streamed")
+
+
 def test_registering_at_an_offset_and_two_regions_on_one_key(example_server, regions) -> None:
     """Triton bugs not copied: a non-zero (unaligned) register offset reads from that offset,
     and two names over one key both work."""
