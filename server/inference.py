@@ -30,7 +30,7 @@ from protocol.stream import StreamItem
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, VersionRecord
 from server import streaming
-from server.traffic import NAMED, Policy, TrafficControl
+from server.traffic import NAMED, TrafficControl
 
 ONE_ANSWER_ERROR = ("model '{model}' is decoupled and gave {count}; a caller that expects one "
                     "answer needs exactly 1 response")

@@ -41,6 +41,10 @@ def prepare(qa_dir: Path, suite: str, scratch: Path) -> Path:
     server = bin_dir / "tritonserver"
     server.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SHIM}" "$@"\n')
     server.chmod(0o755)
+    # Some suites name Triton's install path outright instead of $TRITON_DIR: point it here
+    # (the path only; nothing else in test.sh changes).
+    script = scratch / "qa" / suite / "test.sh"
+    script.write_text(script.read_text().replace("/opt/tritonserver", str(scratch / "triton")))
     return scratch / "qa" / suite
 
 
