@@ -27,6 +27,8 @@ SHARED = ("common", "custom_models", "python_models")
 # The backends these suites may use here: ONNX Runtime and Python (no TensorRT or PyTorch).
 BACKENDS = "onnx python"
 TRITON_VERSION = "2.51.0"  # the release the suites were checked against (REPO_VERSION)
+sys.path.insert(0, str(ROOT))
+from server.core import SERVER_VERSION  # noqa: E402  what the qa tests compare metadata with
 
 
 def prepare(qa_dir: Path, suite: str, scratch: Path) -> Path:
@@ -75,7 +77,7 @@ def run(qa_dir: Path, suite: str, keep: bool = False, extra_env: dict[str, str] 
         if "qa_model_repository" in (suite_dir / "test.sh").read_text():
             generate_models(scratch)
         env = dict(os.environ, TRITON_DIR=str(scratch / "triton"),
-                   DATADIR=str(scratch / "data"), TRITON_SERVER_VERSION=TRITON_VERSION,
+                   DATADIR=str(scratch / "data"), TRITON_SERVER_VERSION=SERVER_VERSION,
                    BACKENDS=BACKENDS, TEST_SYSTEM_SHARED_MEMORY="0",
                    TEST_CUDA_SHARED_MEMORY="0", TEST_VALGRIND="0",
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
