@@ -72,10 +72,35 @@ class ServerProcess:
         return self.process.returncode
 
 
+# What a server that lost a port to another process logs (uvicorn; the gRPC listener).
+PORT_RACE = ("address already in use", "failed to bind gRPC")
+PORT_ATTEMPTS = 3
+
+
 def start_server(repositories: Sequence[Path], extra_args: Sequence[str] = (),
                  env: Optional[dict[str, str]] = None, log_dir: Optional[Path] = None,
                  wait_ready: bool | str = True, timeout: float = 60.0) -> ServerProcess:
-    """`wait_ready`: wait for readiness (True), liveness (False), or a 200 from that path."""
+    """`wait_ready`: wait for readiness (True), liveness (False), or a 200 from that path.
+
+    A free port is only free when it is picked: another process (any client's outgoing
+    connection, from the same range) may take it before the server binds. A server that exits
+    for that reason is started again on fresh ports, up to PORT_ATTEMPTS times."""
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            return _start_once(repositories, extra_args, env, log_dir, wait_ready, timeout)
+        except _PortTaken:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+def _start_once(repositories: Sequence[Path], extra_args: Sequence[str],
+                env: Optional[dict[str, str]], log_dir: Optional[Path],
+                wait_ready: bool | str, timeout: float) -> ServerProcess:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     args = [sys.executable, "-m", "server"]
     for repository in repositories:
@@ -100,7 +125,9 @@ def start_server(repositories: Sequence[Path], extra_args: Sequence[str] = (),
         "/v2/health/ready" if wait_ready else "/v2/health/live"
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
+            log = server.log()
+            kind = _PortTaken if any(text in log for text in PORT_RACE) else RuntimeError
+            raise kind(f"server exited with {process.returncode}:\n{log}")
         try:
             if httpx.get(server.base + path, timeout=1.0).status_code == 200:
                 return server
