@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Hashable, Iterator, Optional
 from protocol.errors import Overloaded
 from protocol.types import InferRequest
 from scheduler.clock import Clock
-from scheduler.queue_scheduler import QUEUED, RUNNING, Entry, QueueScheduler, RequestQueue
+from scheduler.queue_scheduler import QUEUED, RUNNING, BatchingQueue, Entry, QueueScheduler
 from scheduler.interface import VersionSpec
 from scheduler.policy import LevelPolicy, QueuePolicy
 from scheduler.stats import VersionStatistics
@@ -35,7 +35,7 @@ class _Level:
     count: int = 0
 
 
-class BatchQueue(RequestQueue):
+class BatchQueue(BatchingQueue):
     """The dynamic batcher's queue and batch-sealing rule for one model version."""
 
     def __init__(self, config: "ModelConfig") -> None:

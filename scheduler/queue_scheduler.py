@@ -95,16 +95,6 @@ class RequestQueue(ABC):
     def push(self, entry: Entry) -> None:
         """Queue `entry` (setting its level, deadline and key); raise Unavailable when full."""
 
-    @abstractmethod
-    def take(self, now_ns: int, flush: bool, arriving: bool = False
-             ) -> tuple[list[Entry], Optional[int]]:
-        """The next batch for a free instance (removed from the queue and marked RUNNING), or
-        ([], when to look again: None for 'on the next arrival'). `flush` means no more
-        requests will come: send without waiting. `arriving` means the caller is `submit()`:
-        a batch that is due only because its queue delay ran out is then left to the timer's
-        pass (return it as due, not the batch), which also takes what else arrives in this
-        loop turn; sealing it mid-turn would cut those off and make batches smaller."""
-
     def expire(self, now_ns: int) -> list[Entry]:
         """Entries whose queue timeout ran out and must be rejected (removed from the queue)."""
         return []
@@ -125,7 +115,22 @@ class RequestQueue(ABC):
     def __len__(self) -> int: ...
 
 
-class FifoQueue(RequestQueue):
+class BatchingQueue(RequestQueue):
+    """A queue the default dispatcher asks for "the next batch for a free instance". (The
+    sequence batcher's queue forms batches per instance instead and dispatches on its own.)"""
+
+    @abstractmethod
+    def take(self, now_ns: int, flush: bool, arriving: bool = False
+             ) -> tuple[list[Entry], Optional[int]]:
+        """The next batch for a free instance (removed from the queue and marked RUNNING), or
+        ([], when to look again: None for 'on the next arrival'). `flush` means no more
+        requests will come: send without waiting. `arriving` means the caller is `submit()`:
+        a batch that is due only because its queue delay ran out is then left to the timer's
+        pass (return it as due, not the batch), which also takes what else arrives in this
+        loop turn; sealing it mid-turn would cut those off and make batches smaller."""
+
+
+class FifoQueue(BatchingQueue):
     """Oldest first, one request per execution: the default scheduler's queue."""
 
     def __init__(self) -> None:
@@ -315,9 +320,9 @@ class QueueScheduler(Scheduler):
 
     def _dispatch(self, arriving: bool = False) -> Optional[int]:
         """Reject expired requests, give batches to free instances; return when to look again.
-        `arriving`: the pass of `submit()` (see `RequestQueue.take`)."""
+        `arriving`: the pass of `submit()` (see `BatchingQueue.take`)."""
         now = self._clock.now_ns()
-        queue = self._queue
+        queue: BatchingQueue = self._queue  # type: ignore[assignment]
         for entry in queue.expire(now):
             self._fail_waiting(entry, Unavailable("Request timeout expired"),
                                FailureReason.REJECTED, now, RejectionReason.QUEUE_TIMEOUT)

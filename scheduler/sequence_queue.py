@@ -346,10 +346,6 @@ class SequenceQueue(RequestQueue):
 
     # -- leaving --------------------------------------------------------------------------------
 
-    def take(self, now_ns: int, flush: bool, arriving: bool = False
-             ) -> tuple[list[Entry], Optional[int]]:
-        raise NotImplementedError("the sequence batcher takes per instance")
-
     def discard(self, entry: Entry) -> None:
         self._count -= 1
 
