@@ -27,8 +27,8 @@ from server.frontend_pool import FrontendPool
 from server.inference import InferencePath
 from server.offload import BodyOffload
 from server.http_protocol import bounded_protocol_class
-from server.listeners import (Listener, http_frontend_listener, http_limits, metrics_limits,
-                              uvicorn_listener, wait_started)
+from server.listeners import (Listener, ServiceStartError, http_frontend_listener, http_limits,
+                              metrics_limits, uvicorn_listener, wait_started)
 from server.metrics import ServerMetrics, worker_restarts
 from server.metrics_http import build_metrics_app
 from server.settings import ServerSettings
@@ -134,7 +134,7 @@ class ServerApp:
             self._listeners.append(uvicorn_listener(
                 build_metrics_app(self.metrics), s.metrics_address, s.metrics_port,
                 s.log_verbose, bounded_protocol_class(metrics_limits(http_limits(s))),
-                s.http_keep_alive_timeout_secs))
+                s.http_keep_alive_timeout_secs, service="Metrics"))
         for listener in self._listeners:
             self._tasks.append(asyncio.create_task(listener.serve()))
         if s.allow_grpc:
@@ -179,6 +179,11 @@ class ServerApp:
             if not await self.start():
                 await self._close_listeners(1.0)
                 return 1
+        except ServiceStartError as exc:
+            log.error("%s", exc)  # Triton's words, which operators and scripts grep for
+            await self._close_listeners(1.0)
+            await self.manager.shutdown()
+            return 1
         except OSError as exc:
             log.error("failed to start: %s", exc)
             await self._close_listeners(1.0)

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from server.settings import DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, ServerSettings
+from server.settings import (DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, SERVER_NAME,
+                             ServerSettings)
 
 
 def _bool(value: str) -> bool:
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("--model-repository", "--model-store", action="append", dest="model_repositories",
         required=True, type=Path, help="path of a model repository; repeat for several")
+    add("--id", dest="server_id", default=SERVER_NAME,
+        help=f"the server's name in server metadata, as Triton's --id (default {SERVER_NAME}; "
+             "Triton's is triton)")
     add("--http-address", default="0.0.0.0")
     add("--http-port", type=int, default=8000)
     add("--grpc-address", default="0.0.0.0")
@@ -42,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--allow-grpc", True, "serve gRPC")
     flag("--allow-metrics", True, "serve Prometheus metrics")
     flag("--strict-readiness", True, "ready only when every model is ready")
+    flag("--ready-with-no-models", False,
+         "with strict readiness, be ready while no model is loaded, as Triton is")
     add("--exit-timeout-secs", type=float, default=30.0,
         help="how long shutdown waits for in-flight requests (default 30)")
     add("--log-verbose", type=int, default=0, help="verbose logging level (default 0)")
@@ -227,11 +233,13 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         parser.error(str(exc))
     return ServerSettings(
         model_repositories=[p.resolve() for p in args.model_repositories],
+        server_id=args.server_id,
         http_address=args.http_address, http_port=args.http_port,
         grpc_address=args.grpc_address, grpc_port=args.grpc_port,
         metrics_address=args.metrics_address, metrics_port=args.metrics_port,
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
-        strict_readiness=args.strict_readiness, exit_timeout_secs=args.exit_timeout_secs,
+        strict_readiness=args.strict_readiness, ready_with_no_models=args.ready_with_no_models,
+        exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose, auto_complete_config=not args.disable_auto_complete_config,
         exit_on_error=args.exit_on_error,
         colocate_cheap_instances=args.colocate_cheap_instances,

@@ -30,7 +30,6 @@ from server.tracing import Trace, Tracer, may_trace
 
 log = logging.getLogger(__name__)
 
-SERVER_NAME = "ascend-serve"
 SERVER_VERSION = "0.1.0"
 # Only what really works end to end.
 EXTENSIONS = [
@@ -95,19 +94,20 @@ class InferenceCore:
         """Kubernetes readiness. Strict (the default): live, at least one model serving, and
         every model the server is meant to serve has a healthy ready version; a model on its
         first load does not count against it (Triton #7014), an unloaded one is not meant to
-        serve. Not strict: live, as Triton (an explicit-mode server that starts empty and loads
-        later is ready)."""
+        serve; with no model at all not ready, unless --ready-with-no-models. Not strict: live,
+        as Triton (an explicit-mode server that starts empty and loads later is ready)."""
         if not self.live():
             return False
         if not self.settings.strict_readiness:
             return True
-        if not self.registry.serving_versions():
+        if not self.registry.serving_versions() and not self.settings.ready_with_no_models:
             return False
         return all(_model_counts_as_ready(model) for model in self.registry.models.values())
 
     # ----- metadata and config -----------------------------------------------------------
     def server_metadata(self) -> dict:
-        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+        return {"name": self.settings.server_id, "version": SERVER_VERSION,
+                "extensions": list(EXTENSIONS)}
 
     def _config_for(self, name: str, version: str) -> tuple[ModelConfig, list[str]]:
         model = self.registry.get(name)

@@ -14,6 +14,7 @@ from server.connections import descriptor_limit, resolve_max_connections
 from server.core import InferenceCore
 from server.grpc import HEALTH_POLL_SECONDS, InferenceServicer, Undecodable, abort, add_service
 from server.grpc_traffic import TrafficServicer
+from server.listeners import bind_failure
 from server.settings import ServerSettings
 
 
@@ -136,10 +137,10 @@ class GrpcFrontend:
         address = _address(self.settings.grpc_address, self.settings.grpc_port)
         try:
             self.port = self.server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"failed to bind gRPC to {address}: {exc}") from None
+        except RuntimeError:
+            self.port = 0
         if not self.port:
-            raise OSError(f"failed to bind gRPC to {address}")
+            raise bind_failure("GRPC", self.settings.grpc_address, self.settings.grpc_port)
         await self.server.start()
 
     async def stop(self, grace: Optional[float]) -> None:

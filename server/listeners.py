@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import socket
 from typing import Any, Iterator, Optional
 
@@ -31,33 +32,60 @@ class Listener(uvicorn.Server):
         await super().serve(sockets or self.sockets)
 
 
+class ServiceStartError(OSError):
+    """A listener could not bind its address. The text is Triton's ("failed to start HTTP
+    service: Unavailable - Socket '0.0.0.0:8000' already in use"): operators and NVIDIA's qa
+    scripts look for it in the log."""
+
+    def __init__(self, service: str, host: str, port: int, cause: OSError) -> None:
+        where = f"Socket '{host}:{port}'"
+        reason = (f"{where} already in use" if cause.errno == errno.EADDRINUSE
+                  else f"{where}: {cause.strerror or cause}")
+        super().__init__(cause.errno, f"failed to start {service} service: Unavailable - {reason}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def uvicorn_listener(app: Any, host: str, port: int, verbose: int, http: Any = "httptools",
-                     keep_alive: float = 60.0, reuse_port: bool = False) -> Listener:
-    """A uvicorn server for `app`; with `reuse_port` on a socket bound here with SO_REUSEPORT
-    (uvicorn binds its own socket otherwise)."""
+                     keep_alive: float = 60.0, reuse_port: bool = False,
+                     service: str = "HTTP") -> Listener:
+    """A uvicorn server for `app` on a socket bound here, now (ServiceStartError when it cannot
+    be), with SO_REUSEPORT where frontend processes share the port."""
     config = uvicorn.Config(app, host=host, port=port, loop="none", http=http,
                             lifespan="off", access_log=verbose > 1,
                             log_level="info" if verbose else "warning",
                             timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
                             timeout_graceful_shutdown=5)
     listener = Listener(config)
-    if reuse_port:
-        listener.sockets = [reuse_port_socket(host, port)]
+    listener.sockets = [listening_socket(service, host, port, reuse_port)]
     return listener
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to (host, port) that other processes of this server may bind too."""
+def listening_socket(service: str, host: str, port: int, reuse_port: bool = False
+                     ) -> socket.socket:
+    """A TCP socket bound to (host, port); with `reuse_port` other processes of this server may
+    bind it too."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        raise ServiceStartError(service, host, port, exc) from None
     return sock
+
+
+def bind_failure(service: str, host: str, port: int) -> ServiceStartError:
+    """Why (host, port) cannot be bound, for a listener (grpcio's) that does not say."""
+    try:
+        listening_socket(service, host, port).close()
+    except ServiceStartError as exc:
+        return exc
+    return ServiceStartError(service, host, port, OSError(errno.EINVAL, "cannot be bound"))
 
 
 def http_limits(s: ServerSettings) -> ConnectionLimits:

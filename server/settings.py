@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+SERVER_NAME = "ascend-serve"  # what server metadata names us unless --id says otherwise
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 GRPC_MAX_MESSAGE = 2**31 - 1
 
@@ -22,6 +23,9 @@ class ServerSettings:
     allow_grpc: bool = True
     allow_metrics: bool = True
     strict_readiness: bool = True
+    # Strict readiness with no model loaded: not ready (ours), or ready (Triton's).
+    ready_with_no_models: bool = False
+    server_id: str = SERVER_NAME  # the name server metadata reports (Triton's --id)
     exit_timeout_secs: float = 30.0
     log_verbose: int = 0
     auto_complete_config: bool = True

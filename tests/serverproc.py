@@ -72,8 +72,9 @@ class ServerProcess:
         return self.process.returncode
 
 
-# What a server that lost a port to another process logs (uvicorn; the gRPC listener).
-PORT_RACE = ("address already in use", "failed to bind gRPC")
+# What a server that lost a port to another process logs (server/listeners.py's
+# ServiceStartError, in Triton's words).
+PORT_RACE = ("already in use",)
 PORT_ATTEMPTS = 3
 
 

@@ -212,3 +212,88 @@ def test_the_delay_scheduler_hook_holds_the_first_batch_until_n_are_queued(tmp_p
         assert stats["execution_count"] == 1 and stats["inference_count"] == 4
         assert [b["batch_size"] for b in stats["batch_stats"]] == [4]
         assert "TRITONSERVER_DELAY_SCHEDULER=4" in server.log()
+
+
+def test_id_names_the_server_and_ready_with_no_models_is_tritons_readiness(
+        repo: Path, tmp_path: Path) -> None:
+    """--id is the metadata name (ours by default); --ready-with-no-models makes strict
+    readiness ready while nothing is loaded, as Triton's is, and still not ready once a model
+    has failed."""
+    with running_server([repo], [*EXPLICIT, "--id", "triton", "--ready-with-no-models"],
+                        log_dir=tmp_path) as server:
+        assert httpx.get(server.base + "/v2").json()["name"] == "triton"
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            assert client.get_server_metadata().name == "triton"
+            assert client.is_server_ready()
+    (repo / "simple" / "1" / "model.onnx").write_bytes(b"not a model")
+    with running_server([repo], ["--ready-with-no-models", "--exit-on-error", "false"],
+                        log_dir=tmp_path, wait_ready=False) as server:
+        wait_for(lambda: "load failed for model 'simple'" in server.log(), "the load failure")
+        assert httpx.get(server.base + "/v2/health/ready").status_code == 400
+
+
+@pytest.mark.parametrize("service, flag", [("HTTP", "--http-port"), ("GRPC", "--grpc-port"),
+                                           ("Metrics", "--metrics-port")])
+def test_a_port_in_use_stops_the_start_with_tritons_words(
+        repo: Path, tmp_path: Path, service: str, flag: str) -> None:
+    import subprocess
+    import sys
+
+    from serverproc import ROOT, free_port
+
+    with running_server([repo], log_dir=tmp_path) as first:
+        taken = {"--http-port": first.http_port, "--grpc-port": first.grpc_port,
+                 "--metrics-port": first.metrics_port}[flag]
+        ports = {name: str(free_port()) for name in ("--http-port", "--grpc-port",
+                                                     "--metrics-port")}
+        ports[flag] = str(taken)
+        command = [sys.executable, "-m", "server", "--model-repository", str(repo),
+                   "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+                   "--metrics-address", "127.0.0.1", *[a for p in ports.items() for a in p]]
+        second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1
+        assert (f"failed to start {service} service: Unavailable - "
+                f"Socket '127.0.0.1:{taken}' already in use") in second.stderr
+        assert httpx.get(first.base + "/v2/health/ready").status_code == 200  # untouched
+
+
+def test_a_load_request_reloads_only_what_changed_on_disk(tmp_path: Path) -> None:
+    """As Triton: unchanged versions keep serving, a touched version is rebuilt, a model-level
+    file other than the config rebuilds all, a version-policy change only adds and removes,
+    and a request that changes nothing keeps a config an earlier request supplied."""
+    import os
+    import shutil
+    import time
+
+    repo = tmp_path / "repo"
+    model = build_simple(repo)
+    shutil.copytree(model / "1", model / "2")
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text() + "\nversion_policy: { specific: { versions: [1] } }\n")
+    with running_server([repo], [*EXPLICIT, "--load-model", "simple"], log_dir=tmp_path) as server:
+        def loads(version: int) -> int:
+            return server.log().count(f"loaded 'simple' version {version} in")
+
+        def settle() -> None:  # a later mtime than the last load saw, whatever the clock
+            time.sleep(0.05)
+
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            assert (loads(1), loads(2)) == (1, 0)
+            config.write_text(config.read_text().replace("versions: [1]", "versions: [1, 2]"))
+            client.load_model("simple")
+            assert (loads(1), loads(2)) == (1, 1)  # 1 kept serving, 2 added
+            settle()
+            os.utime(model / "2" / "model.onnx")
+            client.load_model("simple")
+            assert (loads(1), loads(2)) == (1, 2)  # only the touched version
+            (model / "helper.txt").write_text("a file every version may use")
+            client.load_model("simple")
+            assert (loads(1), loads(2)) == (2, 3)  # a model-level file: all of them
+            client.load_model("simple")
+            assert (loads(1), loads(2)) == (2, 3)  # nothing changed: nothing rebuilt
+            client.load_model("simple", config='{"backend": "onnxruntime", "version_policy": '
+                                                '{"specific": {"versions": [2]}}}')
+            assert client.is_model_ready("simple", "2") and not client.is_model_ready("simple", "1")
+            client.load_model("simple")  # no config, no change: the override stays
+            assert client.is_model_ready("simple", "2") and not client.is_model_ready("simple", "1")
+        assert server.log().count("successfully loaded 'simple'") == 7
