@@ -23,6 +23,7 @@ from repository.config import ConfigError, normalize, read_config, registry_back
 from repository.overrides import (OverrideError, checked_path, create_override_directory,
                                   remove_override_directory)
 from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord
+from repository.reload_plan import same_but_versions, snapshot, unchanged_versions
 from repository.warmup import run_warmup
 from scheduler.ensemble import Infer
 from scheduler.factory import create_scheduler
@@ -130,6 +131,8 @@ class ModelManager:
         if name in duplicates:
             raise ConfigError(layout.DUPLICATE_REASON)
         if name not in unique:
+            # Triton's log line for it (qa's L0_lifecycle looks for it).
+            log.error("failed to poll model '%s': model not found in any model repository.", name)
             raise LoadError(not_in_repository(name))
         return unique[name].path
 
@@ -141,9 +144,12 @@ class ModelManager:
         available = layout.version_directories(model_dir)
         if only is not None:
             available = {v: path for v, path in available.items() if v in only}
-        selected_dirs = [available[v] for v in sorted(available)]
-        normalize(config, name, model_dir, selected_dirs, auto_complete=self.settings.auto_complete)
+        config.name = config.name or name  # normalize refuses a name other than the folder's
         versions = layout.select_versions(config, available)
+        # Auto-complete reads the newest version the policy serves (as Triton's backends read
+        # the version they load): a newer folder the policy skips may hold no model at all.
+        selected_dirs = [available[v] for v in (versions or sorted(available))]
+        normalize(config, name, model_dir, selected_dirs, auto_complete=self.settings.auto_complete)
         if not versions:
             raise ConfigError(f"at least one version must be available under the version policy "
                               f"of model '{name}'")
@@ -182,6 +188,16 @@ class ModelManager:
             self._fail_model(self.registry.record(name), str(exc))
             raise LoadError(load_failed(name, str(exc))) from None
         record = self.registry.record(name)
+        # A load request (not the poller's, which says what changed itself) reloads only what
+        # changed on disk since the last load, as Triton (repository/reload_plan.py).
+        now = None if model_dir is None or only is not None or keep else \
+            await asyncio.to_thread(snapshot, model_dir)
+        if now is not None:
+            if override is None and record.loaded_files == now and record.ready_versions():
+                log.info("successfully loaded '%s'", name)  # nothing changed: as it serves
+                return
+            keep = unchanged_versions(record.loaded_files, now)
+        record.loaded_files = None
         private: Optional[Path] = None
         try:
             if model_dir is None:
@@ -209,6 +225,7 @@ class ModelManager:
         await self._release_private(name)
         if failures:
             raise LoadError(load_failed(name, "".join(failures)))
+        record.loaded_files = now
         log.info("successfully loaded '%s'", name)  # Triton's line; qa scripts count it
 
     def _source(self, name: str, override: Optional[ModelConfig],
@@ -411,6 +428,7 @@ class ModelManager:
                 record = self.registry.record(name)
             record.state = ModelState.UNAVAILABLE
             record.reason = reason
+            record.loaded_files = None
             await asyncio.gather(*(self._retire(record, v) for v, r in list(record.versions.items())
                                    if r.state is not ModelState.UNAVAILABLE or r.reason != UNLOADED))
             if reason != UNLOADED:
@@ -445,9 +463,10 @@ class ModelManager:
 
 
 def _same(current: Optional[VersionRecord], config: ModelConfig) -> bool:
-    """A serving copy that an unchanged version may keep (its config is identical)."""
+    """A serving copy that an unchanged version may keep (its config is the same but for the
+    version policy)."""
     return current is not None and current.serving and current.spec is not None \
-        and current.spec.config == config
+        and same_but_versions(current.spec.config, config)
 
 
 async def _stop_quietly(scheduler: Scheduler) -> None:

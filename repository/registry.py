@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.model_config_pb2 import ModelConfig
@@ -53,6 +53,9 @@ class ModelRecord:
     # Set when the model failed before any version could be considered (bad config, duplicate).
     state: ModelState = ModelState.UNKNOWN
     reason: str = ""
+    # The files as the last complete load request saw them (repository/reload_plan.py); None
+    # after anything else changed what serves.
+    loaded_files: Optional[Any] = None
 
     def ready_versions(self) -> list[int]:
         return sorted(v for v, record in self.versions.items() if record.serving)
