@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Optional, Protocol
 
-from protocol.classification import read_labels
 from protocol.model_config_pb2 import ModelConfig
 from repository import layout
 from repository.dependents import ensembles_using, ready_to_reload
@@ -24,7 +23,7 @@ from repository.overrides import (OverrideError, checked_path, create_override_d
                                   remove_override_directory)
 from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord
 from repository.reload_plan import same_but_versions, snapshot, unchanged_versions
-from repository.warmup import run_warmup
+from repository.version_builder import build_version
 from scheduler.ensemble import Infer
 from scheduler.factory import create_scheduler
 from scheduler.interface import LoadError, Scheduler, VersionSpec
@@ -52,6 +51,8 @@ class ManagerSettings:
     config_name: Optional[str] = None
     # Explicit mode: loading an ensemble also loads the models its steps use (Triton does).
     load_dependencies: bool = False
+    # Tries after a version's first failed load (Triton's --model-load-retry-count).
+    load_retries: int = 0
 
 
 def not_in_repository(name: str) -> str:
@@ -97,6 +98,8 @@ class ModelManager:
         self._dependents: dict[str, set[str]] = {}
         # Ensembles unloaded because a model they use was (reloaded when it is loaded again).
         self._taken_along: set[str] = set()
+        # Ensembles being loaded -> the models they run (an unload of one of those waits).
+        self._building: dict[str, set[str]] = {}
         self._retiring: dict[int, asyncio.Task] = {}
         self._closing = False
 
@@ -180,6 +183,14 @@ class ModelManager:
     async def _load_locked(self, name: str, override: Optional[ModelConfig],
                            only: Optional[Collection[int]], keep: Collection[int],
                            files: Optional[Mapping[str, bytes]], chain: tuple[str, ...]) -> None:
+        try:
+            await self._load_held(name, override, only, keep, files, chain)
+        finally:
+            self._building.pop(name, None)
+
+    async def _load_held(self, name: str, override: Optional[ModelConfig],
+                         only: Optional[Collection[int]], keep: Collection[int],
+                         files: Optional[Mapping[str, bytes]], chain: tuple[str, ...]) -> None:
         if self._closing:
             raise LoadError(load_failed(name, "the server is shutting down"))
         try:
@@ -241,8 +252,8 @@ class ModelManager:
         try:
             for key in files:
                 checked_path(key)
-        except OverrideError as exc:
-            raise LoadError(load_failed(name, str(exc))) from None
+        except OverrideError as exc:  # nothing was written: Triton's words for a refusal
+            raise LoadError(f"failed to load '{name}': {exc}") from None
         return None
 
     async def _swap(self, record: ModelRecord, config: ModelConfig, model_dir: Path,
@@ -306,6 +317,7 @@ class ModelManager:
         if config.platform != "ensemble":
             return
         members = sorted({step.model_name for step in config.ensemble_scheduling.step})
+        self._building[name] = set(members)
         for member in members:
             if member == name or member in chain:
                 raise ConfigError(f"circular dependency between ensemble '{name}' and '{member}'")
@@ -327,7 +339,6 @@ class ModelManager:
         if not replacing:
             record.versions[version] = VersionRecord(version, ModelState.LOADING)
         started = time.monotonic()
-        scheduler: Optional[Scheduler] = None
         try:
             # An ensemble has no runtime of its own; its scheduler runs the member models.
             backend_cls = None if config.platform == "ensemble" else \
@@ -335,15 +346,10 @@ class ModelManager:
             spec = VersionSpec(name, version, _copy(config), model_dir, version_dir,
                                backend_cls, self._host)  # type: ignore[arg-type]
             stats = VersionStatistics(name, str(version))
-            scheduler = self._scheduler_factory(spec, stats, infer=self._infer)
-            labels = await asyncio.to_thread(_read_output_labels, spec)
-            await scheduler.start()
-            await run_warmup(spec, scheduler)
-            if self._closing:
-                raise LoadError("the server is shutting down")
+            scheduler, labels = await build_version(
+                spec, stats, self._scheduler_factory, self._infer, self.settings.load_retries,
+                lambda: self._closing)
         except Exception as exc:  # noqa: BLE001 - any failure becomes this version's reason
-            if scheduler is not None:
-                await _stop_quietly(scheduler)
             reason = getattr(exc, "message", None) or str(exc)
             log.error("failed to load '%s' version %d: %s", name, version, reason)
             if replacing:
@@ -379,7 +385,7 @@ class ModelManager:
             if pinned:
                 self.registry.unpin_sequences(name, record)
         await scheduler.stop()
-        log.info("retired '%s' version %d", name, version)
+        log.info("successfully unloaded '%s' version %d", name, version)  # Triton's line
 
     async def _retire(self, record: ModelRecord, version: int,
                       drain_timeout: Optional[float] = None) -> None:
@@ -407,6 +413,9 @@ class ModelManager:
         """Unload every version (in-flight requests finish), and every ensemble that uses it
         (loaded again with it later). Unknown names are a no-op."""
         self._taken_along.discard(name)  # unloaded by request: not reloaded behind the user
+        for ensemble in [e for e, members in self._building.items() if name in members]:
+            async with self._lock(ensemble):  # an ensemble loading on it: let it finish first,
+                pass                          # so that it is taken along below
         using = ensembles_using(self.registry, name)
         await self.remove_model(name, UNLOADED)
         for ensemble in using:
@@ -467,27 +476,6 @@ def _same(current: Optional[VersionRecord], config: ModelConfig) -> bool:
     version policy)."""
     return current is not None and current.serving and current.spec is not None \
         and same_but_versions(current.spec.config, config)
-
-
-async def _stop_quietly(scheduler: Scheduler) -> None:
-    try:
-        await scheduler.stop()
-    except Exception:  # noqa: BLE001 - the load already failed; report that, not this
-        log.exception("stopping a version that failed to load")
-
-
-def _read_output_labels(spec: VersionSpec) -> dict[str, list[str]]:
-    """Each output's classification labels (`label_filename`), read once per loaded copy so a
-    reload shows changed labels. An unreadable file means no labels, as in Triton."""
-    labels: dict[str, list[str]] = {}
-    for tensor in spec.config.output:
-        if tensor.label_filename:
-            try:
-                labels[tensor.name] = read_labels(spec.model_dir / tensor.label_filename)
-            except OSError:
-                log.warning("model '%s': cannot read label file '%s'", spec.name,
-                            tensor.label_filename)
-    return labels
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

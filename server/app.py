@@ -72,7 +72,8 @@ class ServerApp:
         self.manager = ModelManager(
             ManagerSettings(settings.model_repositories, settings.auto_complete_config,
                             settings.exit_timeout_secs, settings.model_config_name,
-                            load_dependencies=settings.model_control_mode == "explicit"),
+                            load_dependencies=settings.model_control_mode == "explicit",
+                            load_retries=settings.model_load_retry_count),
             self.registry, TrafficHooks(self.metrics, self.traffic),
             infer=self.inference.infer_admitted, host=self.inference)
         self.poller: Optional[RepositoryPoller] = None

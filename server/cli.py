@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-verbose", type=int, default=0, help="verbose logging level (default 0)")
     flag("--disable-auto-complete-config", False, "do not fill configs from model files")
     flag("--exit-on-error", True, "exit when a model fails to load at startup")
+    add("--model-load-retry-count", type=_non_negative_int, default=0, metavar="N",
+        help="load a version that failed to load up to N more times (default 0), as Triton")
     flag("--colocate-cheap-instances", True,
          "keep the event loop on one CPU and move instance threads whose batches cost them "
          "little CPU onto it (Linux; see scheduler/affinity.py)")
@@ -266,7 +268,8 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
         grpc_max_connections=args.grpc_max_connections,
         grpc_handshake_timeout_ms=args.grpc_handshake_timeout,
-        model_config_name=args.model_config_name, metrics_interval_ms=args.metrics_interval_ms,
+        model_config_name=args.model_config_name, model_load_retry_count=args.model_load_retry_count,
+        metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs, load_models=list(args.load_models),
         repository_settle_secs=args.repository_settle_secs,

@@ -30,6 +30,7 @@ class ServerSettings:
     log_verbose: int = 0
     auto_complete_config: bool = True
     exit_on_error: bool = True
+    model_load_retry_count: int = 0  # more tries for a version that failed to load
     colocate_cheap_instances: bool = True  # scheduler/affinity.py
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     json_max_depth: int = 100

@@ -5,6 +5,7 @@ given twice."""
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -297,3 +298,75 @@ def test_a_load_request_reloads_only_what_changed_on_disk(tmp_path: Path) -> Non
             client.load_model("simple")  # no config, no change: the override stays
             assert client.is_model_ready("simple", "2") and not client.is_model_ready("simple", "1")
         assert server.log().count("successfully loaded 'simple'") == 7
+
+
+RETRY_MODEL = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        marker = os.path.join(args["model_repository"], args["model_version"], "tried")
+        if not os.path.exists(marker):
+            open(marker, "x").close()
+            raise Exception("failing the first load attempt")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_model_load_retry_count_tries_a_failed_load_again(tmp_path: Path, retries: int) -> None:
+    repo = tmp_path / "repo"
+    (repo / "retry" / "1").mkdir(parents=True)
+    (repo / "retry" / "1" / "model.py").write_text(RETRY_MODEL)
+    (repo / "retry" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
+    if not retries:  # the first failure stops the start (--exit-on-error)
+        with pytest.raises(RuntimeError, match="server exited with 1"):
+            start_server([repo], log_dir=tmp_path, timeout=60)
+        return
+    with running_server([repo], ["--model-load-retry-count", str(retries)],
+                        log_dir=tmp_path) as server:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            assert client.is_model_ready("retry", "1")
+        assert "failing the first load attempt" in server.log()
+        assert "retrying (1 of 1)" in server.log()
+
+
+def test_unloading_a_member_while_its_ensemble_loads_takes_the_ensemble_along(
+        tmp_path: Path) -> None:
+    """L0_lifecycle test_concurrent_model_load_unload: the unload waits for the ensemble's load
+    to finish, then both are unloaded."""
+    import threading
+
+    repo = tmp_path / "repo"
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "config.pbtxt").write_text(
+        'backend: "identity"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'parameters [ { key: "creation_delay_sec" value: { string_value: "2" } } ]\n')
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "slow" model_version: -1\n'
+        '  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" }\n'
+        '} ] }\n')
+    with running_server([repo], [*EXPLICIT, "--strict-readiness", "false"],
+                        log_dir=tmp_path) as server:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            loading = threading.Thread(target=client.load_model, args=("ens",))
+            loading.start()
+            time.sleep(1)  # the member is being created
+            client.unload_model("slow")
+            loading.join()
+            assert not client.is_model_ready("slow") and not client.is_model_ready("ens")
