@@ -232,6 +232,13 @@ class OnnxRuntimeBackend(Backend):
                     raise BackendError(f"model '{self.config.name}': {kind} '{tensor.name}' has "
                                        f"dims {config_dims} in the config but {model_dims} in "
                                        f"the model" + (" (after the batch dimension)" if skip else ""))
+        # The server feeds every model input from a request or a batch_input: none may be left.
+        fed = {t.name for t in self.config.input} | {
+            name for spec in self.config.batch_input for name in spec.target_name}
+        unfed = sorted(set(model_io["input"]) - fed)
+        if unfed:
+            raise BackendError(f"model '{self.config.name}': the model's inputs {unfed} are not "
+                               f"in the config")
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = {name: (_to_ort_strings(name, array) if array.dtype.kind == "O" else array)

@@ -5,6 +5,7 @@ into the message, and the frontends and the Python backend only ever need its JS
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from google.protobuf import json_format
@@ -52,10 +53,30 @@ def _int64_to_numbers(descriptor: Any, data: dict[str, Any]) -> None:
 
 
 def config_from_json(text: str) -> ModelConfig:
-    """A ModelConfig from the JSON a repository load request carries as its `config`."""
+    """A ModelConfig from the JSON a repository load request carries as its `config`. A
+    repeated field given one object instead of a list of one (`"instance_group": {...}`) is
+    read as that list, as Triton reads it."""
     config = ModelConfig()
     try:
-        json_format.Parse(text, config)
-    except json_format.ParseError as exc:
+        data = json.loads(text)
+        if isinstance(data, dict):
+            _lists_for_repeated(config.DESCRIPTOR, data)
+        json_format.ParseDict(data, config)
+    except (ValueError, json_format.ParseError) as exc:
         raise ConfigJsonError(f"failed to parse the config override: {exc}") from None
     return config
+
+
+def _lists_for_repeated(descriptor: Any, data: dict[str, Any]) -> None:
+    for key, value in data.items():
+        field = descriptor.fields_by_name.get(key) or descriptor.fields_by_camelcase_name.get(key)
+        if field is None:
+            continue  # ParseDict names the unknown field
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            continue
+        if field.is_repeated and not isinstance(value, list):
+            value = data[key] = [value]
+        if field.message_type is not None:
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, dict):
+                    _lists_for_repeated(field.message_type, item)

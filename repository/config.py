@@ -159,10 +159,8 @@ def validate(config: ModelConfig) -> None:
     _check_file_names(config)
     if config.max_batch_size < 0:
         raise ConfigError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
-    if not len(config.input):
-        raise ConfigError(f"model '{name}': must specify at least one input")
-    if not len(config.output):
-        raise ConfigError(f"model '{name}': must specify at least one output")
+    # No input or no output at all is valid, as in Triton (a Python model may take or return
+    # nothing; a backend whose model file has tensors checks the config against them).
     for kind, tensors in (("input", config.input), ("output", config.output)):
         seen: set[str] = set()
         for tensor in tensors:

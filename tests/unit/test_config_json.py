@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.config_json import ConfigJsonError, config_from_json, config_to_json
-from protocol.model_config_pb2 import ModelConfig
+from protocol.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 
 def test_int64_fields_are_numbers_and_map_keys_stay_strings() -> None:
@@ -32,3 +32,17 @@ def test_bad_json_is_a_config_json_error() -> None:
     with pytest.raises(ConfigJsonError, match="^failed to parse the config override: ") as info:
         config_from_json('{"max_batch_size": "many"}')
     assert isinstance(info.value, ValueError)
+
+
+def test_a_repeated_field_given_one_object_reads_as_a_list_of_one() -> None:
+    """Triton reads `"instance_group": {...}` as a list of one (qa's L0_lifecycle sends it)."""
+    config = config_from_json('{"instance_group": {"kind": "KIND_CPU", "count": 5}, '
+                              '"input": {"name": "A", "data_type": "TYPE_FP32", "dims": 4}, '
+                              '"parameters": {"k": {"string_value": "v"}}}')
+    assert [(g.kind, g.count) for g in config.instance_group] == [(ModelInstanceGroup.KIND_CPU, 5)]
+    assert [(t.name, list(t.dims)) for t in config.input] == [("A", [4])]
+    assert config.parameters["k"].string_value == "v"
+    with pytest.raises(ConfigJsonError, match="failed to parse the config override"):
+        config_from_json('{"instance_group": 3}')
+    with pytest.raises(ConfigJsonError, match="failed to parse the config override"):
+        config_from_json('["not", "an", "object"]')

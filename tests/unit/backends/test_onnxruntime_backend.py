@@ -80,3 +80,17 @@ def test_config_parameters_override_the_defaults() -> None:
         'parameters { key: "session.intra_op.allow_spinning" value: { string_value: "1" } }'))
     assert options.intra_op_num_threads == 3
     assert options.get_session_config_entry(backend_module.SPINNING_KEY) == "1"
+
+
+def test_a_config_that_leaves_a_model_input_unfed_fails_to_load(tmp_path: Path) -> None:
+    """A config may declare no tensors at all (Triton's rule), but the model must get every
+    input it has: otherwise each request would fail inside ONNX Runtime."""
+    from google.protobuf import text_format
+
+    model_dir = build_simple(tmp_path)
+    config = read_config(model_dir)
+    del config.input[1]
+    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
+    with pytest.raises(BackendError) as info:
+        _backend(model_dir).load()
+    assert "the model's inputs ['INPUT1'] are not in the config" in info.value.message
