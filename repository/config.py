@@ -127,8 +127,9 @@ def _fill_instance_groups(config: ModelConfig, name: str, backend_name: str) -> 
                           else ModelInstanceGroup.KIND_CPU)
         if group.kind == ModelInstanceGroup.KIND_GPU and not len(group.gpus):
             group.gpus.append(0)
-        if group.count < 1:
-            group.count = 2 if group.kind == ModelInstanceGroup.KIND_CPU else 1
+        if group.count < 1:  # Triton: 2 CPU instances for ONNX Runtime, 1 for everything else
+            group.count = 2 if group.kind == ModelInstanceGroup.KIND_CPU and \
+                backend_name == "onnxruntime" else 1
 
 
 def _plain_relative(path: str) -> bool:

@@ -102,3 +102,16 @@ def test_validation_errors_name_model_and_field(tmp_path: Path, edit, message: s
     with pytest.raises(ConfigError) as info:
         normalize(config, "simple", model_dir, _versions(model_dir))
     assert "simple" in str(info.value) and message in str(info.value)
+
+
+@pytest.mark.parametrize("backend, count", [("onnxruntime", 2), ("python", 1), ("identity", 1)])
+def test_a_cpu_group_without_a_count_gets_tritons_default(tmp_path: Path, backend: str,
+                                                          count: int) -> None:
+    model_dir = tmp_path / "m"
+    (model_dir / "1").mkdir(parents=True)
+    config = parse_config_text(f'backend: "{backend}"\ninstance_group [ {{ kind: KIND_CPU }} ]\n'
+                               'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                               'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+                               model_dir / "config.pbtxt")
+    normalize(config, "m", model_dir, [], auto_complete=False)
+    assert config.instance_group[0].count == count
