@@ -232,9 +232,13 @@ class OnnxRuntimeBackend(Backend):
                     raise BackendError(f"model '{self.config.name}': {kind} '{tensor.name}' has "
                                        f"dims {config_dims} in the config but {model_dims} in "
                                        f"the model" + (" (after the batch dimension)" if skip else ""))
-        # The server feeds every model input from a request or a batch_input: none may be left.
+        # The server feeds every model input from a request, a batch_input, a sequence
+        # control or an implicit state: none may be left.
+        sequence = self.config.sequence_batching
         fed = {t.name for t in self.config.input} | {
-            name for spec in self.config.batch_input for name in spec.target_name}
+            name for spec in self.config.batch_input for name in spec.target_name} | {
+            control.name for control in sequence.control_input} | {
+            state.input_name for state in sequence.state}
         unfed = sorted(set(model_io["input"]) - fed)
         if unfed:
             raise BackendError(f"model '{self.config.name}': the model's inputs {unfed} are not "
