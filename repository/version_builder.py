@@ -2,6 +2,7 @@
 labels read, tried again up to --model-load-retry-count times (as Triton) when that fails."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Callable
 
@@ -18,8 +19,6 @@ async def build_version(spec: VersionSpec, stats: VersionStatistics,
                         closing: Callable[[], bool]) -> tuple[Scheduler, dict[str, list[str]]]:
     """A started, warmed-up scheduler for `spec` and its output labels; raises the last
     attempt's error after 1 + `retries` attempts (none once the server is closing)."""
-    import asyncio
-
     attempt = 0
     while True:
         scheduler = None
