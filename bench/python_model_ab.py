@@ -1,0 +1,158 @@
+"""A/B of two source trees on the Python model path: server CPU per inference, pinned.
+
+Why: the Python model path's cost per request is small and the machine is shared, so a change
+is judged only against another tree measured in the same minutes. Each round starts tree A's
+server, then tree B's (rounds alternate, A B A B, so drift and neighbours hit both), each
+pinned to CPU 0 with its worker processes, perf_analyzer pinned to CPU 1 at concurrency 8, over
+HTTP then gRPC. Reported per run: inferences/s (perf_analyzer), µs of server process-tree CPU
+per inference the server counted (and its split: the server process, its Python workers), and
+the average batch size. Every round is printed; no single run is to be trusted.
+
+    .venv/bin/python bench/python_model_ab.py --a /work/wt-base --b . [--rounds 4]
+        [--model py_add] [--protocols http,grpc] [--out-dir bench/out/ab]
+
+The model comes from this tree's bench/models (the same model.py for both servers); `--model
+simple` builds the ONNX `simple` model instead, as a reference that has no Python worker.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import served  # noqa: E402
+from examples.build_repository import build_simple  # noqa: E402
+from bench.cpu_side_by_side import (CLIENT_CPU, CONCURRENCY, PinnedServer,  # noqa: E402
+                                    _process_cpu)
+from tests.serverproc import free_port  # noqa: E402
+
+PERF_ANALYZER = "/root/.cache/perf-analyzer/perf_analyzer"
+
+
+@dataclass
+class Run:
+    label: str
+    protocol: str
+    round: int
+    infer_per_sec: float = 0.0
+    cpu_us: float = 0.0  # the whole process tree, per inference
+    server_us: float = 0.0  # the server process alone
+    batch: float = 0.0
+    error: str = ""
+
+
+def start(tree: Path, label: str, repo: Path, out_dir: Path, round_no: int) -> PinnedServer:
+    """The tree's server, run from the tree itself with this Python, pinned to CPU 0."""
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    command = [sys.executable, "-m", "server", "--model-repository", str(repo),
+               "--http-address", "127.0.0.1", "--http-port", str(http_port),
+               "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
+               "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port)]
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    return PinnedServer(label, command, env, out_dir / f"{label}-r{round_no}.log", http_port,
+                        grpc_port, cwd=tree)
+
+
+def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str, round_no: int,
+            out_dir: Path) -> Run:
+    run = Run(server.name, protocol, round_no)
+    url = server.http if protocol == "http" else server.grpc
+    csv_path = out_dir / f"{server.name}-{protocol}-r{round_no}.csv"
+    csv_path.unlink(missing_ok=True)
+    command = ["taskset", "-c", str(CLIENT_CPU), perf_analyzer, "-m", model, "-i", protocol,
+               "-u", url, "--concurrency-range", str(CONCURRENCY), *served.CONVERGE_FLAGS,
+               "-f", str(csv_path)]
+    before = served._model_stats(f"http://{server.http}", model)
+    tree_before, own_before = server.tree_cpu(), _process_cpu(server.process.pid)
+    code, output = served._call(command, 180)
+    tree, own = server.tree_cpu() - tree_before, _process_cpu(server.process.pid) - own_before
+    split = served._split(before, served._model_stats(f"http://{server.http}", model))
+    (out_dir / f"{csv_path.stem}.log").write_text(output)
+    if code != 0 or not csv_path.exists() or split.requests <= 0:
+        run.error = f"exit {code}: " + " / ".join(output.strip().splitlines()[-2:])
+        return run
+    run.infer_per_sec = float(served._read_csv(csv_path)["Inferences/Second"])
+    run.cpu_us = 1e6 * tree / split.requests
+    run.server_us = 1e6 * own / split.requests
+    run.batch = split.avg_batch
+    return run
+
+
+def table(runs: list[Run]) -> list[str]:
+    lines = ["| round | tree | protocol | inf/s | CPU µs/inf (tree) | server | workers | batch |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        if r.error:
+            lines.append(f"| {r.round} | {r.label} | {r.protocol} | failed: {r.error} |||||")
+        else:
+            lines.append(f"| {r.round} | {r.label} | {r.protocol} | {r.infer_per_sec:,.0f} | "
+                         f"{r.cpu_us:,.0f} | {r.server_us:,.0f} | {r.cpu_us - r.server_us:,.0f} "
+                         f"| {r.batch:.2f} |")
+    lines += ["", "| tree | protocol | median inf/s | median CPU µs/inf | rounds (µs) |",
+              "|---|---|---:|---:|---|"]
+    for label in dict.fromkeys(r.label for r in runs):
+        for protocol in dict.fromkeys(r.protocol for r in runs):
+            ok = [r for r in runs if (r.label, r.protocol) == (label, protocol) and not r.error]
+            if ok:
+                lines.append(f"| {label} | {protocol} | "
+                             f"{statistics.median(r.infer_per_sec for r in ok):,.0f} | "
+                             f"{statistics.median(r.cpu_us for r in ok):,.0f} | "
+                             f"{', '.join(f'{r.cpu_us:,.0f}' for r in ok)} |")
+    return lines
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", type=Path, required=True, help="baseline source tree")
+    parser.add_argument("--b", type=Path, default=ROOT, help="candidate source tree")
+    parser.add_argument("--label-a", default="A")
+    parser.add_argument("--label-b", default="B")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--model", default="py_add")
+    parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "ab")
+    args = parser.parse_args(argv)
+    perf_analyzer = os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer") or \
+        PERF_ANALYZER
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    repo = args.out_dir / "models"
+    shutil.rmtree(repo, ignore_errors=True)
+    if args.model == "simple":  # the ONNX reference, built as `make run` builds it
+        build_simple(repo)
+    else:
+        shutil.copytree(ROOT / "bench" / "models" / args.model, repo / args.model)
+    trees = [(args.label_a, args.a.resolve()), (args.label_b, args.b.resolve())]
+    runs: list[Run] = []
+    for round_no in range(1, args.rounds + 1):
+        for label, tree in trees:
+            server = start(tree, label, repo, args.out_dir, round_no)
+            try:
+                server.wait_ready()
+                for protocol in args.protocols.split(","):
+                    run = measure(perf_analyzer, server, args.model, protocol, round_no,
+                                  args.out_dir)
+                    runs.append(run)
+                    print(f"round {round_no} {label} {protocol}: " + (run.error or (
+                        f"{run.infer_per_sec:,.0f} inf/s, {run.cpu_us:,.0f} µs CPU/inf "
+                        f"(server {run.server_us:,.0f}), batch {run.batch:.2f}")), flush=True)
+            except RuntimeError as exc:
+                runs.append(Run(label, "-", round_no, error=str(exc)))
+            finally:
+                server.stop()
+            time.sleep(1.0)
+    print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
+    print("\n".join(table(runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
