@@ -33,7 +33,13 @@ class Channel:
         self._receiver = Receiver(sock)
         self._route = route
         self._send_lock = threading.Lock()
-        self._cond = threading.Condition()
+        # A plain Lock taken with `with` costs a fraction of a Condition's Python-level
+        # __enter__/__exit__; the Condition on it is used only when a thread must sleep, and
+        # woken only when one sleeps (`_sleeping`), so a lone waiter (every plain model) pays
+        # two lock round trips per message and nothing else.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._sleeping = 0
         self._reading = False
         self._inbox: dict[Hashable, deque[Message]] = {}
         self._broken: Optional[BaseException] = None
@@ -56,11 +62,15 @@ class Channel:
         """The next message routed to `key`. Raises ChannelClosed when the other side went,
         TimeoutError when `timeout` passed first (the channel is then unusable)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             while True:
-                queued = self._inbox.get(key)
-                if queued:
-                    return queued.popleft()
+                if self._inbox:
+                    queued = self._inbox.get(key)
+                    if queued:
+                        message = queued.popleft()
+                        if not queued:
+                            del self._inbox[key]
+                        return message
                 if self._broken is not None:
                     raise ChannelClosed(str(self._broken))
                 if not self._reading:
@@ -69,13 +79,18 @@ class Channel:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"no message for {key!r} within {timeout:g} s")
-                self._cond.wait(remaining)
+                self._sleeping += 1
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._sleeping -= 1
         try:
             return self._read_until(key, deadline)
         finally:
-            with self._cond:
+            with self._lock:
                 self._reading = False
-                self._cond.notify_all()
+                if self._sleeping:  # one of them reads next
+                    self._cond.notify_all()
 
     def _read_until(self, key: Hashable, deadline: Optional[float]) -> Message:
         while True:
@@ -88,7 +103,7 @@ class Channel:
             except TimeoutError:
                 raise
             except (ChannelClosed, OSError) as exc:
-                with self._cond:
+                with self._lock:
                     self._broken = exc
                 raise ChannelClosed(str(exc)) from exc
             target = self._route(message, fds)
@@ -96,18 +111,19 @@ class Channel:
                 continue
             if target == key:
                 return message, fds
-            with self._cond:
+            with self._lock:
                 self._inbox.setdefault(target, deque()).append((message, fds))
-                self._cond.notify_all()
+                if self._sleeping:
+                    self._cond.notify_all()
 
     def drop(self, key: Hashable) -> None:
         """Forget what is queued for a key nobody will wait for again."""
-        with self._cond:
+        with self._lock:
             self._inbox.pop(key, None)
 
     def close(self) -> None:
         """Wake every waiter with ChannelClosed (the socket is shut by the owner)."""
-        with self._cond:
+        with self._lock:
             if self._broken is None:
                 self._broken = ChannelClosed("the channel was closed")
             self._cond.notify_all()
