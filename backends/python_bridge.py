@@ -47,7 +47,9 @@ class _Request:
     cancelled: bool = False
     # Non-decoupled models: the one response sent through the sender, answered with execute.
     collected: Any = None
-    lock: threading.Condition = field(default_factory=threading.Condition)
+    # A Condition for a decoupled request (acks and cancellations wake its sender); a plain
+    # Lock for the others, which nothing from the server ever reaches.
+    lock: Any = field(default_factory=threading.Condition)
 
 
 class WorkerBridge:
@@ -69,6 +71,12 @@ class WorkerBridge:
     # ----- requests --------------------------------------------------------------------------
 
     def register(self, rid: int, decoupled: bool, outputs: Optional[list[str]]) -> _Request:
+        """A request's sender state. Only a decoupled request is registered (by the server's
+        id, for its acks and cancellation); any other request's id is known only here, so
+        nothing can reach it and it costs one small object (no lock round trip, no
+        Condition, nothing to forget)."""
+        if not decoupled:
+            return _Request(rid, False, None, self.window, lock=threading.Lock())
         state = _Request(rid, decoupled, frozenset(outputs) if outputs is not None else None,
                          self.window)
         with self._lock:

@@ -168,18 +168,7 @@ class WorkerLoop:
             self.inputs.adopt(fds[0])
             for extra in fds[1:]:
                 os.close(extra)
-        count = len(message["requests"])
-        rids = message.get("rids") or [-(index + 1) for index in range(count)]
-        wanted = message.get("requested") or [None] * count
-        meta = message.get("meta") or [("", None)] * count
-        sequence = message.get("sequence") or [(0, 0)] * count
-        requests = []
-        for refs, rid, names, (request_id, params), (corrid, flags) in zip(
-                message["requests"], rids, wanted, meta, sequence):
-            request = self._request(refs, names if names is not None else message["outputs"],
-                                    request_id, params, corrid, flags)
-            request._state = self.bridge.register(rid, self.decoupled, names)
-            requests.append(request)
+        requests = self._requests(message)
         try:
             responses = self._run(requests)
             if self.decoupled:
@@ -190,13 +179,10 @@ class WorkerLoop:
             results = self._check(responses, requests)
         except BaseException as exc:  # noqa: BLE001 - fails this batch, not the worker
             traceback.print_exc()
-            for rid in rids:
-                self.bridge.forget(rid)
+            if self.decoupled:
+                for request in requests:
+                    self.bridge.forget(request._state.rid)
             return {"ok": False, "error": self._failure_text(exc)}, None
-        finally:
-            if not self.decoupled:
-                for rid in rids:
-                    self.bridge.forget(rid)
         groups: list[dict[str, np.ndarray]] = []
         errors: list[Optional[tuple[int, str]]] = []
         params: list[Optional[dict]] = []
@@ -240,6 +226,27 @@ class WorkerLoop:
         return {"ok": True}, None
 
     # ----- helpers ---------------------------------------------------------------------------
+
+    def _requests(self, message: dict) -> list[pb_utils.InferenceRequest]:
+        """The requests of an execute message. Each detail list (rids, requested outputs,
+        ids and parameters, sequence fields) is in the message only when some request has
+        one, so a plain request costs no more than it did before they existed."""
+        rids = message.get("rids")  # decoupled requests only: the server's ids for them
+        wanted = message.get("requested")
+        meta = message.get("meta")
+        sequence = message.get("sequence")
+        everything = message["outputs"]
+        requests = []
+        for index, refs in enumerate(message["requests"]):
+            names = wanted[index] if wanted else None
+            request_id, params = meta[index] if meta else ("", None)
+            corrid, flags = sequence[index] if sequence else (0, 0)
+            request = self._request(refs, everything if names is None else names, request_id,
+                                    params, corrid, flags)
+            request._state = self.bridge.register(rids[index] if rids else -(index + 1),
+                                                  self.decoupled, names)
+            requests.append(request)
+        return requests
 
     def _request(self, refs: list[TensorRef], outputs: list[str], request_id: str = "",
                  parameters: Optional[dict] = None, correlation_id: int | str = 0,
