@@ -312,7 +312,7 @@ class PythonBackend(Backend):
                 return self._unavailable(len(requests), "the worker process is restarting")
             try:
                 results = worker.execute(requests, self._output_names,
-                                         **_request_details(details))
+                                         **_request_details(details, self._output_names))
             except WorkerReplyError as exc:
                 return [errors.InternalError(str(exc)) for _ in requests]
             except WorkerDied as exc:
@@ -335,7 +335,8 @@ class PythonBackend(Backend):
         rids = self._router.open(worker, requests)
         inputs = [{t.name: t.data for t in request.inputs} for request in requests]
         try:
-            worker.execute(inputs, self._output_names, rids=rids, **_request_details(requests))
+            worker.execute(inputs, self._output_names, rids=rids,
+                           **_request_details(requests, self._output_names))
         except WorkerReplyError as exc:
             self._router.close(rids)
             return [errors.InternalError(str(exc)) for _ in requests]
@@ -381,17 +382,20 @@ class PythonBackend(Backend):
         return result
 
 
-def _request_details(requests: Optional[Sequence[InferRequest]]) -> dict[str, Any]:
+def _request_details(requests: Optional[Sequence[InferRequest]],
+                     output_names: Sequence[str]) -> dict[str, Any]:
     """What a model's `request_id()`, `parameters()`, `requested_output_names()`,
-    `correlation_id()` and `flags()` return,
-    sent only when some request has any (most send none: nothing extra to pickle)."""
+    `correlation_id()` and `flags()` return, sent only when some request has any (most send
+    none: nothing extra to pickle). A request that asks for every output in the config's
+    order (tritonclient and perf_analyzer name them all) reads as one that named none: the
+    worker answers `requested_output_names()` with the config's list, the same list."""
     if not requests:
         return {}
     details: dict[str, Any] = {}
-    if any(request.outputs is not None for request in requests):
-        details["requested"] = [None if request.outputs is None else
-                                [output.name for output in request.outputs]
-                                for request in requests]
+    wanted = [None if request.outputs is None else [output.name for output in request.outputs]
+              for request in requests]
+    if any(names is not None and names != output_names for names in wanted):
+        details["requested"] = wanted
     if any(request.id or request.parameters for request in requests):
         details["meta"] = [(request.id, _plain(request.parameters)) for request in requests]
     if any(request.correlation_id or request.sequence_flags for request in requests):
