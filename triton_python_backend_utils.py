@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -26,6 +27,8 @@ import numpy as np
 from backends import python_model_api as _api
 from backends.python_model_api import (InferenceResponseSender, Logger, LogLevel, Metric,
                                        MetricFamily, TritonModelException)
+
+_STATE_LOCK = threading.Lock()  # guards the lazy creation of a request's sender state
 
 __all__ = [
     "Tensor", "InferenceRequest", "InferenceResponse", "TritonError", "TritonModelException",
@@ -219,6 +222,12 @@ class Tensor:
 class InferenceRequest:
     """One request as `execute` receives it (and the constructor a BLS call would use)."""
 
+    # The worker's sender state. The worker sets it on a decoupled model's requests; the other
+    # requests `execute` receives (`_received`) get theirs when the model first asks for a
+    # sender, which most never do; a request a model builds itself (BLS) has none.
+    _state: Any = None
+    _received = False
+
     def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
                  requested_output_names: Sequence[str] = (), request_id: str = "",
                  correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
@@ -232,7 +241,6 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._parameters = parameters  # rendered as JSON only when asked for
-        self._state: Any = None  # the worker's sender state, for requests `execute` receives
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -271,10 +279,19 @@ class InferenceRequest:
         return self._state is not None and self._state.cancelled
 
     def get_response_sender(self) -> InferenceResponseSender:
-        if self._state is None:
+        state = self._sender_state()
+        if state is None:
             raise TritonModelException("a response sender is only available for the requests "
                                        "execute() receives")
-        return InferenceResponseSender(self._state)
+        return InferenceResponseSender(state)
+
+    def _sender_state(self) -> Any:
+        """The sender state, made on first use for a received request that has none yet."""
+        if self._state is None and self._received:
+            with _STATE_LOCK:  # two threads asking at once get the same state
+                if self._state is None:
+                    self._state = _api.bridge().register(0, False, None)
+        return self._state
 
     def exec(self, decoupled: bool = False) -> Any:
         """BLS: run this request on another model through the server's infer path. Returns

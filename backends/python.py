@@ -199,7 +199,7 @@ class PythonBackend(Backend):
 
     def _start_worker(self) -> WorkerProcess:
         try:
-            worker = WorkerProcess.spawn(self._router.handle)
+            worker = WorkerProcess.spawn(self._router.handle, pumped=self.decoupled)
         except WorkerDied as exc:  # the server is past its exit deadline
             raise BackendError(f"the worker process {exc.detail}") from None
         try:
@@ -391,14 +391,23 @@ def _request_details(requests: Optional[Sequence[InferRequest]],
     worker answers `requested_output_names()` with the config's list, the same list."""
     if not requests:
         return {}
+    requested = meta = sequence = False
+    for request in requests:  # one pass over what every request carries
+        if request.outputs is not None and not requested:
+            requested = [output.name for output in request.outputs] != output_names
+        if request.id or request.parameters:
+            meta = True
+        if request.correlation_id or request.sequence_flags:
+            sequence = True
     details: dict[str, Any] = {}
-    wanted = [None if request.outputs is None else [output.name for output in request.outputs]
-              for request in requests]
-    if any(names is not None and names != output_names for names in wanted):
-        details["requested"] = wanted
-    if any(request.id or request.parameters for request in requests):
-        details["meta"] = [(request.id, _plain(request.parameters)) for request in requests]
-    if any(request.correlation_id or request.sequence_flags for request in requests):
+    if requested:
+        details["requested"] = [None if request.outputs is None else
+                                [output.name for output in request.outputs]
+                                for request in requests]
+    if meta:
+        details["meta"] = [(request.id, _plain(request.parameters) if request.parameters
+                            else {}) for request in requests]
+    if sequence:
         # A sequence model's `correlation_id()` and `flags()` (padding requests: 0, 0).
         details["sequence"] = [(request.correlation_id, request.sequence_flags)
                                for request in requests]

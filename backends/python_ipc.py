@@ -86,6 +86,8 @@ class Receiver:
         message = pickle.loads(buffer[HEADER.size:end])
         del buffer[:end]
         count = message.pop("nfds", 0)
+        if not count:
+            return message, []
         return message, [fds.popleft() for _ in range(min(count, len(fds)))]
 
     def _fill(self, fds: deque[int], size: int) -> None:

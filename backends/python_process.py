@@ -47,13 +47,14 @@ class WorkerReplyError(Exception):
 
 
 class Outputs(dict):
-    """One request's output arrays, with the response parameters the model set."""
+    """One request's output arrays, with the response parameters the model set (a plain
+    dict when it set none)."""
 
     parameters: Optional[dict] = None
 
 
 # One request's result: its output arrays, or (TritonError code, message) from the model.
-Result = Outputs | tuple[int, str]
+Result = dict[str, np.ndarray] | Outputs | tuple[int, str]
 # Called with each message that is not a reply, and its file descriptors.
 MessageHandler = Callable[["WorkerProcess", dict, list[int]], None]
 
@@ -148,11 +149,13 @@ class WorkerProcess:
     """One `python -m backends.python_worker` child and its socket and arenas."""
 
     def __init__(self, process: subprocess.Popen, sock: socket.socket,
-                 on_message: Optional[MessageHandler] = None) -> None:
+                 on_message: Optional[MessageHandler] = None, pumped: bool = False) -> None:
         self.process = process
         self._sock = sock
         self._on_message = on_message
-        self._channel = Channel(sock, self._route)
+        # Without a pump (a model that is not decoupled) only calls read the socket, one at a
+        # time under the call lock: the channel need not take turns.
+        self._channel = Channel(sock, self._route, shared=pumped)
         self.ring = RingReader()  # the worker's ring: decoupled responses, BLS inputs
         self.answers = RingWriter(grow_when_full=True)  # ours: BLS answers (never waits)
         self._inputs = ArenaWriter()
@@ -163,13 +166,15 @@ class WorkerProcess:
         self._closed = False
 
     @classmethod
-    def spawn(cls, on_message: Optional[MessageHandler] = None) -> "WorkerProcess":
+    def spawn(cls, on_message: Optional[MessageHandler] = None, pumped: bool = False
+              ) -> "WorkerProcess":
         """Start a worker (from the spawner thread). It dies with the server: by the parent-death
-        signal if the server is killed, by end_workers() at a hard-deadline exit."""
-        return _spawner.run(lambda: cls._spawn(on_message))
+        signal if the server is killed, by end_workers() at a hard-deadline exit. `pumped`:
+        a thread will run `pump` (a decoupled model), so calls share the socket with it."""
+        return _spawner.run(lambda: cls._spawn(on_message, pumped))
 
     @classmethod
-    def _spawn(cls, on_message: Optional[MessageHandler]) -> "WorkerProcess":
+    def _spawn(cls, on_message: Optional[MessageHandler], pumped: bool) -> "WorkerProcess":
         with _live_lock:
             if _ended:
                 raise WorkerDied("was not started: the server is shutting down", before_send=True)
@@ -184,7 +189,7 @@ class WorkerProcess:
                 raise
             finally:
                 child.close()
-            worker = cls(process, parent, on_message)
+            worker = cls(process, parent, on_message, pumped)
             _live.add(worker)
         return worker
 
@@ -206,7 +211,8 @@ class WorkerProcess:
 
     def pump(self) -> None:
         """Read and hand on the worker's messages until it goes (a decoupled model's reader
-        thread: its responses arrive while no call waits)."""
+        thread: its responses arrive while no call waits). Only for a worker spawned
+        `pumped`."""
         try:
             self._channel.wait("never")
         except (ChannelClosed, OSError, TimeoutError):
@@ -306,14 +312,17 @@ class WorkerProcess:
         if not reply.get("ok"):
             raise WorkerReplyError(reply.get("error", "execute failed"))
         results: list[Result] = []
-        params = reply.get("params") or [None] * len(reply["errors"])
-        for group, error, parameters in zip(reply["outputs"], reply["errors"], params):
+        params = reply.get("params")  # only when some response set parameters
+        copy = self._outputs.copy
+        for index, (group, error) in enumerate(zip(reply["outputs"], reply["errors"])):
             if error is not None:
                 results.append((int(error[0]), str(error[1])))
-            else:
-                outputs = Outputs((ref[0], self._outputs.copy(ref)) for ref in group)
-                outputs.parameters = parameters
-                results.append(outputs)
+                continue
+            outputs = {ref[0]: copy(ref) for ref in group}
+            if params and params[index]:
+                outputs = Outputs(outputs)
+                outputs.parameters = params[index]
+            results.append(outputs)
         return results
 
     def finalize(self, timeout: float) -> None:

@@ -194,7 +194,7 @@ class WorkerLoop:
             else:
                 groups.append({t.name(): t.as_numpy() for t in result.output_tensors()})
                 errors.append(None)
-                params.append(result._parameter_dict() or None)
+                params.append(result._parameter_dict() or None if result._parameters else None)
         try:
             refs, new_fd = self.outputs.pack(groups)
         except BaseException as exc:  # noqa: BLE001
@@ -203,13 +203,12 @@ class WorkerLoop:
         reply = {"ok": True, "outputs": refs, "errors": errors}
         if any(params):
             reply["params"] = params
-        return reply, ([new_fd] if new_fd is not None
-                                                                  else None)
+        return reply, ([new_fd] if new_fd is not None else None)
 
     def _run(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         """The model's execute; an `async def execute` runs to completion on the worker's loop."""
         result = self.model.execute(requests)
-        if inspect.iscoroutine(result):
+        if type(result) is not list and inspect.iscoroutine(result):  # (a list: at once)
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
             result = self._loop.run_until_complete(result)
@@ -243,8 +242,10 @@ class WorkerLoop:
             corrid, flags = sequence[index] if sequence else (0, 0)
             request = self._request(refs, everything if names is None else names, request_id,
                                     params, corrid, flags)
-            request._state = self.bridge.register(rids[index] if rids else -(index + 1),
-                                                  self.decoupled, names)
+            if rids:  # decoupled: registered by the server's id, for its acks and cancellation
+                request._state = self.bridge.register(rids[index], True, names)
+            else:  # its sender state, if its model ever asks, is made then (pb_utils)
+                request._received = True
             requests.append(request)
         return requests
 
@@ -269,7 +270,8 @@ class WorkerLoop:
         responses went through the requests' senders (Triton allows one each)."""
         expected = len(requests)
         if responses is None:
-            responses = [request._state.collected if request._state.collected is not None
+            responses = [request._state.collected
+                         if request._state is not None and request._state.collected is not None
                          else pb_utils.InferenceResponse(error=pb_utils.TritonError(
                              NO_RESPONSE_ERROR)) for request in requests]
         if not isinstance(responses, (list, tuple)):
