@@ -311,8 +311,8 @@ class PythonBackend(Backend):
             if worker is None:
                 return self._unavailable(len(requests), "the worker process is restarting")
             try:
-                results = worker.execute(requests, self._output_names,
-                                         **_request_details(details, self._output_names))
+                results = worker.execute(requests, self._output_names, None,
+                                         _request_details(details, self._output_names))
             except WorkerReplyError as exc:
                 return [errors.InternalError(str(exc)) for _ in requests]
             except WorkerDied as exc:
@@ -335,8 +335,8 @@ class PythonBackend(Backend):
         rids = self._router.open(worker, requests)
         inputs = [{t.name: t.data for t in request.inputs} for request in requests]
         try:
-            worker.execute(inputs, self._output_names, rids=rids,
-                           **_request_details(requests, self._output_names))
+            worker.execute(inputs, self._output_names, rids,
+                           _request_details(requests, self._output_names))
         except WorkerReplyError as exc:
             self._router.close(rids)
             return [errors.InternalError(str(exc)) for _ in requests]

@@ -278,12 +278,13 @@ class WorkerProcess:
 
     def execute(self, requests: Sequence[Mapping[str, np.ndarray]],
                 output_names: Sequence[str], rids: Optional[Sequence[int]] = None,
-                requested: Optional[Sequence[Optional[list[str]]]] = None,
-                meta: Optional[Sequence[tuple[str, dict]]] = None,
-                sequence: Optional[Sequence[tuple[int | str, int]]] = None) -> list[Result]:
+                details: Optional[Mapping[str, list]] = None) -> list[Result]:
         """Run one list of requests; each result is its outputs or the model's error for it.
-        Raises WorkerReplyError when the model's execute raised (the whole list failed).
-        Only ever called from one thread at a time (the instance's), like the arenas' use."""
+        `rids`: a decoupled model's requests, answered through messages. `details`: the
+        per-request lists a model's accessors read ("requested", "meta", "sequence"), only
+        those some request needs (python.py). Raises WorkerReplyError when the model's execute
+        raised (the whole list failed). Only ever called from one thread at a time (the
+        instance's), like the arenas' use."""
         with self._call_lock:
             if self._closed:
                 raise WorkerDied(describe_exit(self._exit_code()), before_send=True)
@@ -292,12 +293,8 @@ class WorkerProcess:
                                        "outputs": list(output_names)}
             if rids is not None:
                 message["rids"] = list(rids)
-            if requested is not None:
-                message["requested"] = list(requested)
-            if meta is not None:
-                message["meta"] = list(meta)
-            if sequence is not None:  # (correlation ID, flags) per request
-                message["sequence"] = list(sequence)
+            if details:
+                message.update(details)
             reply, fds = self.call(message, [new_fd] if new_fd is not None else ())
             if rids is not None and reply.get("ok"):
                 return []  # decoupled: the responses come as messages
