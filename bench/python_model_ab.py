@@ -6,10 +6,13 @@ server, then tree B's (rounds alternate, A B A B, so drift and neighbours hit bo
 pinned to CPU 0 with its worker processes, perf_analyzer pinned to CPU 1 at concurrency 8, over
 HTTP then gRPC. Reported per run: inferences/s (perf_analyzer), µs of server process-tree CPU
 per inference the server counted (and its split: the server process, its Python workers), and
-the average batch size. Every round is printed; no single run is to be trusted.
+the average batch size. Every round is printed; no single run is to be trusted. With
+`--together` both servers run at the same time, sharing CPU 0 (their clients share CPU 1), so
+a neighbour's burst hits both alike; each then gets about half the core, which is a
+different operating point from the interleaved runs (compare A with B, not across modes).
 
     .venv/bin/python bench/python_model_ab.py --a /work/wt-base --b . [--rounds 4]
-        [--model py_add] [--protocols http,grpc] [--out-dir bench/out/ab]
+        [--model py_add] [--protocols http,grpc] [--out-dir bench/out/ab] [--together]
 
 The model comes from this tree's bench/models (the same model.py for both servers); `--model
 simple` builds the ONNX `simple` model instead, as a reference that has no Python worker.
@@ -22,6 +25,7 @@ import shutil
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -87,6 +91,33 @@ def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str,
     return run
 
 
+def run_round(perf_analyzer: str, trees: list[tuple[str, Path]], repo: Path,
+              args: argparse.Namespace, round_no: int) -> list[Run]:
+    """Start the trees' servers, measure each protocol on all of them at once (one tree: the
+    interleaved A/B; two: `--together`), stop them."""
+    servers = [start(tree, label, repo, args.out_dir, round_no) for label, tree in trees]
+    runs: list[Run] = []
+    try:
+        for server in servers:
+            server.wait_ready()
+        for protocol in args.protocols.split(","):
+            with ThreadPoolExecutor(len(servers)) as pool:
+                done = list(pool.map(lambda server: measure(
+                    perf_analyzer, server, args.model, protocol, round_no, args.out_dir),
+                    servers))
+            for run in done:
+                print(f"round {round_no} {run.label} {protocol}: " + (run.error or (
+                    f"{run.infer_per_sec:,.0f} inf/s, {run.cpu_us:,.0f} µs CPU/inf "
+                    f"(server {run.server_us:,.0f}), batch {run.batch:.2f}")), flush=True)
+            runs += done
+    except RuntimeError as exc:
+        runs += [Run(label, "-", round_no, error=str(exc)) for label, _ in trees]
+    finally:
+        for server in servers:
+            server.stop()
+    return runs
+
+
 def table(runs: list[Run]) -> list[str]:
     lines = ["| round | tree | protocol | inf/s | CPU µs/inf (tree) | server | workers | batch |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
@@ -120,6 +151,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--model", default="py_add")
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "ab")
+    parser.add_argument("--together", action="store_true",
+                        help="run A and B at the same time (both on CPU 0, both clients on "
+                             "CPU 1): a busy neighbour then hits both alike")
     args = parser.parse_args(argv)
     perf_analyzer = os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer") or \
         PERF_ANALYZER
@@ -133,21 +167,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     trees = [(args.label_a, args.a.resolve()), (args.label_b, args.b.resolve())]
     runs: list[Run] = []
     for round_no in range(1, args.rounds + 1):
-        for label, tree in trees:
-            server = start(tree, label, repo, args.out_dir, round_no)
-            try:
-                server.wait_ready()
-                for protocol in args.protocols.split(","):
-                    run = measure(perf_analyzer, server, args.model, protocol, round_no,
-                                  args.out_dir)
-                    runs.append(run)
-                    print(f"round {round_no} {label} {protocol}: " + (run.error or (
-                        f"{run.infer_per_sec:,.0f} inf/s, {run.cpu_us:,.0f} µs CPU/inf "
-                        f"(server {run.server_us:,.0f}), batch {run.batch:.2f}")), flush=True)
-            except RuntimeError as exc:
-                runs.append(Run(label, "-", round_no, error=str(exc)))
-            finally:
-                server.stop()
+        groups = [trees] if args.together else [[tree] for tree in trees]
+        for group in groups:
+            runs += run_round(perf_analyzer, group, repo, args, round_no)
             time.sleep(1.0)
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
     print("\n".join(table(runs)))
