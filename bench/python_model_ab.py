@@ -6,16 +6,19 @@ server, then tree B's (rounds alternate, A B A B, so drift and neighbours hit bo
 pinned to CPU 0 with its worker processes, perf_analyzer pinned to CPU 1 at concurrency 8, over
 HTTP then gRPC. Reported per run: inferences/s (perf_analyzer), µs of server process-tree CPU
 per inference the server counted (and its split: the server process, its Python workers), and
-the average batch size. Every round is printed; no single run is to be trusted. With
-`--together` both servers run at the same time, sharing CPU 0 (their clients share CPU 1), so
-a neighbour's burst hits both alike; each then gets about half the core, which is a
-different operating point from the interleaved runs (compare A with B, not across modes).
+the average batch size. Every round is printed (and the table kept in `<out-dir>/ab.md`); no
+single run is to be trusted. With `--together` both servers run at the same time, sharing
+CPU 0 (their clients share CPU 1), so a neighbour's burst hits both alike; each then gets about
+half the core, which is a different operating point from the interleaved runs (compare A with
+B, not across modes).
 
     .venv/bin/python bench/python_model_ab.py --a /work/wt-base --b . [--rounds 4]
         [--model py_add] [--protocols http,grpc] [--out-dir bench/out/ab] [--together]
 
 The model comes from this tree's bench/models (the same model.py for both servers); `--model
-simple` builds the ONNX `simple` model instead, as a reference that has no Python worker.
+simple` builds the ONNX `simple` model instead, as a reference that has no Python worker
+(its config names no instance count, which means 1 instance before commit a5095ba and 2 from
+it on: compare trees on the same side of that change).
 """
 from __future__ import annotations
 
@@ -171,8 +174,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         for group in groups:
             runs += run_round(perf_analyzer, group, repo, args, round_no)
             time.sleep(1.0)
-    print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
-    print("\n".join(table(runs)))
+    report = [f"load average at the end: {os.getloadavg()[0]:.2f}", "", *table(runs)]
+    (args.out_dir / "ab.md").write_text("\n".join(report) + "\n")
+    print("\n" + "\n".join(report))
     return 0
 
 
