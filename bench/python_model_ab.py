@@ -17,8 +17,8 @@ B, not across modes).
 
 The model comes from this tree's bench/models (the same model.py for both servers); `--model
 simple` builds the ONNX `simple` model instead, as a reference that has no Python worker
-(its config names no instance count, which means 1 instance before commit a5095ba and 2 from
-it on: compare trees on the same side of that change).
+(its config names no instance count: 2 CPU instances, ONNX Runtime's default, in every tree;
+a5095ba changed the default of the other backends only).
 """
 from __future__ import annotations
 
