@@ -26,6 +26,7 @@ from typing import Callable, Collection, Optional, Protocol
 from repository import layout
 from repository.fingerprint import (MODEL_LEVEL, ContentHasher, Fingerprint, ModelFiles,
                                     scan_model)
+from repository.reload_plan import is_config_file
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,11 @@ class RepositoryPoller:
         wanted = Applied(files.path, stable[MODEL_LEVEL], ready)
         if wanted == applied:
             return None
+        # Unchanged versions may keep serving unless a model-level file they may use changed;
+        # a config change is the manager's to judge (the same but for the version policy).
         keep: set[int] = set()
-        if applied is not None and applied.path == wanted.path and applied.model == wanted.model:
+        if applied is not None and applied.path == wanted.path and \
+                _without_config(applied.model) == _without_config(wanted.model):
             keep = {v for v, fp in ready.items() if applied.versions.get(v) == fp}
         self._applied[name] = wanted
         return Action(name, "load", frozenset(ready), frozenset(keep))
@@ -240,3 +244,7 @@ class RepositoryPoller:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
+
+
+def _without_config(files: Fingerprint) -> Fingerprint:
+    return tuple(entry for entry in files if not is_config_file(entry[0]))

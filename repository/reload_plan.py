@@ -5,7 +5,8 @@ unchanged keeps serving (it is not rebuilt) unless a model-level file other than
 changed (a shared dependency such as a helper module), and a request that changes nothing
 leaves the model as it is, including a config an earlier request supplied. A config change
 that only moves the version policy adds and removes versions without rebuilding the others
-(qa's L0_lifecycle test_load_new_model_version and test_config_override check this).
+(qa's L0_lifecycle test_load_new_model_version and test_config_override check this). The
+poller (POLL mode) keeps versions by the same rule, with its own content fingerprints.
 
 "Changed" is judged by stat keys (size, mtime, ctime, inode), as Triton judges by
 modification times: touching a file counts, and no file is read. Blocking (stat): run it off
@@ -38,14 +39,15 @@ def _frozen(files: UnitStats) -> tuple:
 def snapshot(model_dir: Path) -> LoadedFiles:
     scanned = scan_model(model_dir)
     model_level = scanned.units.get(MODEL_LEVEL, {})
-    config = {k: v for k, v in model_level.items() if _is_config(k)}
-    others = {k: v for k, v in model_level.items() if not _is_config(k)}
+    config = {k: v for k, v in model_level.items() if is_config_file(k)}
+    others = {k: v for k, v in model_level.items() if not is_config_file(k)}
     return LoadedFiles(model_dir, _frozen(config), _frozen(others),
                        {v: _frozen(files) for v, files in scanned.units.items()
                         if v is not MODEL_LEVEL})
 
 
-def _is_config(relative: str) -> bool:
+def is_config_file(relative: str) -> bool:
+    """A model-level file that holds a config (the config decides itself what it changes)."""
     return relative == "config.pbtxt" or relative.startswith("configs/")
 
 

@@ -438,3 +438,21 @@ async def test_a_broken_config_names_no_version(repo: Path) -> None:
     with pytest.raises(LoadError):
         await manager.load_model("m")
     assert list(states(registry)) == [1]  # no policy to read: the reason shows on version 1
+
+
+async def test_a_kept_version_survives_a_version_policy_change_but_not_another_config_change(
+        repo: Path) -> None:
+    """What the poller asks to keep stays only while the config is the same but for the
+    version policy (Triton's reload rule)."""
+    manager, registry, hooks = manager_for(repo)
+    model(repo, versions={1: "a", 2: "b"}, extra="version_policy { specific { versions: [1] } }\n")
+    await manager.load_model("m", versions={1, 2}, keep=())
+    first = serving(registry, version="1")
+    model(repo, versions={1: "a", 2: "b"}, extra="version_policy { all { } }\n")
+    await manager.load_model("m", versions={1, 2}, keep={1, 2})
+    assert serving(registry, version="1") is first  # kept: only the policy changed
+    assert serving(registry, version="2").tag == "b"
+    model(repo, versions={1: "a", 2: "b"},
+          extra="version_policy { all { } }\ndynamic_batching { }\n")
+    await manager.load_model("m", versions={1, 2}, keep={1, 2})
+    assert serving(registry, version="1") is not first  # rebuilt: the config changed

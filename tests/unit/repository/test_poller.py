@@ -123,12 +123,14 @@ async def test_a_removed_version_reloads_keeping_the_rest(repo: Path) -> None:
 
 
 async def test_config_and_label_changes_reload_every_version(repo: Path) -> None:
+    """A config change leaves unchanged versions to the manager, which keeps them only when the
+    config is the same but for the version policy; any other model-level file reloads all."""
     model = make_model(repo, versions=(1, 2))
     poller, manager = await started(repo)
     write(model / "config.pbtxt", 'backend: "onnxruntime"\nmax_batch_size: 4\n')
     await poll(poller)
     await poll(poller)
-    assert manager.calls == [("load", "m", [1, 2], [])]
+    assert manager.calls == [("load", "m", [1, 2], [1, 2])]
     write(model / "labels.txt", "cat\ndog\n")
     await poll(poller)
     await poll(poller)
@@ -356,7 +358,7 @@ async def test_the_settle_time_also_holds_back_config_changes(repo: Path) -> Non
     assert manager.calls == []
     clock.now += 4
     await poll(poller)  # unchanged for 10 s
-    assert manager.calls == [("load", "m", [1], [])]
+    assert manager.calls == [("load", "m", [1], [1])]  # the manager judges the config
 
 
 async def test_a_ready_marker_written_last_loads_the_version_at_once(repo: Path) -> None:
