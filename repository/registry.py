@@ -8,12 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest
 from scheduler.interface import Scheduler, VersionSpec
+
+if TYPE_CHECKING:  # reload_plan imports nothing from here; only the annotation needs it
+    from repository.reload_plan import LoadedFiles
 
 
 class ModelState(str, Enum):
@@ -55,7 +58,7 @@ class ModelRecord:
     reason: str = ""
     # The files as the last complete load request saw them (repository/reload_plan.py); None
     # after anything else changed what serves.
-    loaded_files: Optional[Any] = None
+    loaded_files: Optional["LoadedFiles"] = None
 
     def ready_versions(self) -> list[int]:
         return sorted(v for v, record in self.versions.items() if record.serving)

@@ -4,8 +4,8 @@ and reloaded with the models they use, Triton's load texts and log line, and one
 given twice."""
 from __future__ import annotations
 
-import textwrap
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import httpx
@@ -22,24 +22,28 @@ pytestmark = pytest.mark.e2e
 EXPLICIT = ["--model-control-mode", "explicit"]
 
 
-def write_ensemble(repo: Path, name: str, member: str) -> None:
-    """An ensemble of one step that runs `member` (the `simple` add/sub)."""
-    tensors = "".join(f'{{ name: "{t}" data_type: TYPE_INT32 dims: [ 16 ] }},'
-                      for t in ("INPUT0", "INPUT1"))
+def write_ensemble(repo: Path, name: str, member: str, inputs: dict[str, str] | None = None,
+                   outputs: dict[str, str] | None = None, datatype: str = "TYPE_INT32",
+                   dims: int = 16, max_batch_size: int = 8) -> None:
+    """An ensemble of one step that runs `member`: `inputs` maps the ensemble's input names to
+    the member's, `outputs` the member's output names to the ensemble's (by default the
+    `simple` add/sub's INPUT0 and INPUT1, and its OUTPUT0 as SUM)."""
+    inputs = inputs or {"INPUT0": "INPUT0", "INPUT1": "INPUT1"}
+    outputs = outputs or {"OUTPUT0": "SUM"}
+
+    def tensors(names: Collection[str]) -> str:
+        return ", ".join(f'{{ name: "{n}" data_type: {datatype} dims: [ {dims} ] }}'
+                         for n in names)
+
+    maps = "".join(f' input_map {{ key: "{inner}" value: "{outer}" }}'
+                   for outer, inner in inputs.items())
+    maps += "".join(f' output_map {{ key: "{inner}" value: "{outer}" }}'
+                    for inner, outer in outputs.items())
     (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(f"""
-        name: "{name}"
-        platform: "ensemble"
-        max_batch_size: 8
-        input [ {tensors.rstrip(",")} ]
-        output [ {{ name: "SUM" data_type: TYPE_INT32 dims: [ 16 ] }} ]
-        ensemble_scheduling {{ step [ {{
-          model_name: "{member}" model_version: -1
-          input_map {{ key: "INPUT0" value: "INPUT0" }}
-          input_map {{ key: "INPUT1" value: "INPUT1" }}
-          output_map {{ key: "OUTPUT0" value: "SUM" }}
-        }} ] }}
-        """))
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n'
+        f'input [ {tensors(inputs)} ]\noutput [ {tensors(outputs.values())} ]\n'
+        f'ensemble_scheduling {{ step [ {{ model_name: "{member}" model_version: -1{maps} }} ] }}\n')
 
 
 @pytest.fixture
@@ -146,13 +150,8 @@ def test_an_ensemble_counts_a_member_refusal_as_triton_does(tmp_path: Path) -> N
     from testmodels import write_queued_model
 
     root = write_queued_model(tmp_path / "repo", queue_delay_us=1_500_000)
-    (root / "ens_q" / "1").mkdir(parents=True)
-    (root / "ens_q" / "config.pbtxt").write_text(
-        'name: "ens_q"\nplatform: "ensemble"\nmax_batch_size: 64\n'
-        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 256 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 256 ] } ]\n'
-        'ensemble_scheduling { step [ { model_name: "queued" model_version: -1 '
-        'input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "OUT" } } ] }\n')
+    write_ensemble(root, "ens_q", "queued", {"IN": "INPUT"}, {"OUTPUT": "OUT"}, "TYPE_FP32", 256,
+                   max_batch_size=64)
     body = json.dumps({"inputs": [{"name": "IN", "shape": [1, 256], "datatype": "FP32",
                                    "data": [0.0] * 256}]})
     with running_server([root], log_dir=tmp_path) as server:
@@ -353,14 +352,7 @@ def test_unloading_a_member_while_its_ensemble_loads_takes_the_ensemble_along(
         'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
         'parameters [ { key: "creation_delay_sec" value: { string_value: "2" } } ]\n')
-    (repo / "ens" / "1").mkdir(parents=True)
-    (repo / "ens" / "config.pbtxt").write_text(
-        'platform: "ensemble"\nmax_batch_size: 8\n'
-        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
-        'ensemble_scheduling { step [ { model_name: "slow" model_version: -1\n'
-        '  input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" }\n'
-        '} ] }\n')
+    write_ensemble(repo, "ens", "slow", {"IN": "INPUT0"}, {"OUTPUT0": "OUT"})
     with running_server([repo], [*EXPLICIT, "--strict-readiness", "false"],
                         log_dir=tmp_path) as server:
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
