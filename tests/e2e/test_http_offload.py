@@ -48,6 +48,10 @@ def _poll_live(base: str, started: Any, done: Any, results: Any) -> None:
     include waits for the GIL while the client reads a 40 MiB reply, which is not the server's
     doing."""
     waits: list[float] = []
+    try:  # ahead of the test's own client in the CPU queue, where allowed (2 cores, 4 busy)
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    except OSError:
+        pass
     try:
         with httpx.Client(base_url=base, timeout=30) as client:
             client.get("/v2/health/live")  # connect first: only the waits during `action` count
