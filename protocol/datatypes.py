@@ -121,12 +121,16 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 
 
 def deserialize_bytes(buffer: bytes | memoryview, count: int, name: str) -> np.ndarray:
-    """Parse `count` length-prefixed elements; the buffer must hold exactly those."""
+    """Parse `count` length-prefixed elements; the buffer must hold exactly those.
+
+    The array is made only once the buffer has proved to hold `count` elements: `count` comes
+    from the client's shape, and an object array for a shape of [2147483647] over a 12-byte
+    buffer would be 16 GiB of pointers before the first length indicator is read."""
     view = memoryview(buffer)
     size = len(view)
-    items = np.empty(count, dtype=object)
+    parsed: list[bytes] = []
     offset = 0
-    for index in range(count):
+    for _ in range(count):
         if offset + 4 > size:
             raise InvalidArgument(
                 f"incomplete string length indicator for inference input '{name}', "
@@ -139,13 +143,15 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int, name: str) -> np.n
                 f"incomplete string data for inference input '{name}', expecting string of "
                 f"length {length} but only {size - offset} bytes available"
             )
-        items[index] = bytes(view[offset:offset + length])
+        parsed.append(bytes(view[offset:offset + length]))
         offset += length
     if offset != size:
         raise InvalidArgument(
             f"unexpected additional data for inference input '{name}': "
             f"{count} strings used {offset} of {size} bytes"
         )
+    items = np.empty(count, dtype=object)
+    items[:] = parsed
     return items
 
 

@@ -90,6 +90,30 @@ def test_shapes_numpy_cannot_hold_are_invalid_arguments_over_grpc(example_server
         assert details == "invalid shape for input 'INPUT0': 65 dimensions exceed the maximum of 64"
 
 
+SHORT_STRINGS = (struct.pack("<I", 2) + b"ab") * 3  # three strings, 18 bytes
+SHORT_STRINGS_ERROR = ("incomplete string length indicator for inference input 'INPUT', "
+                       "expecting 4 bytes but only 0 bytes available")
+
+
+def test_a_bytes_shape_far_beyond_its_data_is_refused_at_once(example_server) -> None:
+    """Shape [2**31 - 1] over 18 bytes of strings (found by the nightly gRPC fuzzer): the
+    server built a 16 GiB object array before reading the data, which took a minute or failed
+    with INTERNAL. Now the data is read first. (HTTP refuses the shape before that, with 413:
+    what it claims is over --http-max-input-size.)"""
+    channel, stub = _grpc_stub(example_server)
+    with channel:
+        request = _request("identity_bytes", "BYTES", [2**31 - 1], ("INPUT",))
+        request.raw_input_contents.append(SHORT_STRINGS)
+        code, details = _infer_status(stub, request)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert details == SHORT_STRINGS_ERROR
+    header = json.dumps({"inputs": [{"name": "INPUT", "shape": [2**31 - 1], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(SHORT_STRINGS)}}]})
+    reply = _post(example_server, "identity_bytes", header.encode() + SHORT_STRINGS, len(header))
+    assert reply.status_code == 413
+    assert "exceeds the maximum allowed input size" in reply.json()["error"]
+
+
 def test_an_empty_unknown_trace_setting_is_an_invalid_argument(example_server) -> None:
     with grpcclient.InferenceServerClient(example_server.grpc_url) as client:
         with pytest.raises(InferenceServerException) as error:

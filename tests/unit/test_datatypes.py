@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -44,6 +45,22 @@ def test_bytes_round_trip_with_little_endian_length_prefixes() -> None:
 def test_malformed_bytes_are_rejected(raw: bytes, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         datatypes.deserialize_bytes(raw, 1, "x")
+
+
+def test_a_huge_bytes_shape_over_a_small_buffer_is_refused_before_any_allocation() -> None:
+    """A 12-byte body claiming 2**31 - 1 strings: the old code made a 16 GiB object array
+    first (found by the nightly gRPC fuzzer: a MemoryError, or seconds of page faults)."""
+    raw = (struct.pack("<I", 2) + b"ab") * 3
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidArgument, match="incomplete string length indicator for "
+                                                  "inference input 'x', expecting 4 bytes but "
+                                                  "only 0 bytes available"):
+            datatypes.tensor_from_raw(datatypes.lookup("BYTES"), (2**31 - 1,), raw, "x")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024
 
 
 def test_fixed_size_tensors_are_views_over_the_wire_buffer() -> None:
