@@ -29,6 +29,7 @@ _TYPED_PARAMETERS: dict[str, tuple[str, ...]] = {
     "triton_enable_empty_final_response": ("bool_param",),
 }
 _RESERVED_PREFIX = "triton_"
+CONTENTS_STEP = 1 << 16  # typed values converted per step once a tensor has more
 _INT64_MAX = 2**63 - 1
 
 
@@ -108,15 +109,50 @@ def _array_from_contents(tensor: pb.ModelInferRequest.InferInputTensor,
     if len(values) != count:
         raise InvalidArgument(f"unexpected number of elements for input '{tensor.name}': shape "
                               f"{list(shape)} needs {count} values in {field}, got {len(values)}")
-    if datatype.numpy is None or datatype.name == "BYTES":
-        array = np.empty(count, dtype=object)
+    as_objects = datatype.numpy is None or datatype.name == "BYTES"
+    if count <= CONTENTS_STEP:
+        return _converted(tensor.name, datatype, values, as_objects).reshape(shape)
+    # Large typed contents: a step at a time, so no single C call holds the GIL for long (this
+    # runs in a thread beside the event loop: server/grpc.py).
+    array = np.empty(count, dtype=object if as_objects else datatype.numpy)
+    for first in range(0, count, CONTENTS_STEP):
+        array[first:first + CONTENTS_STEP] = _converted(
+            tensor.name, datatype, values[first:first + CONTENTS_STEP], as_objects)
+    return array.reshape(shape)
+
+
+def _converted(name: str, datatype: datatypes.DataType, values: Any, as_objects: bool
+               ) -> np.ndarray:
+    if as_objects:
+        array = np.empty(len(values), dtype=object)
         array[:] = list(values)
-        return array.reshape(shape)
+        return array
     try:
-        return np.array(values, dtype=datatype.numpy).reshape(shape)
+        return np.array(values, dtype=datatype.numpy)
     except (OverflowError, ValueError) as exc:
-        raise InvalidArgument(f"invalid {datatype.name} value for input '{tensor.name}': "
+        raise InvalidArgument(f"invalid {datatype.name} value for input '{name}': "
                               f"{exc}") from None
+
+
+def per_element_input_bytes(message: pb.ModelInferRequest) -> int:
+    """How many bytes of the request are converted element by element when decoded (BYTES raw
+    contents, and typed contents at 8 bytes a value); numeric raw contents become views and
+    do not count. O(number of inputs): it decides whether the decode leaves the event loop."""
+    total = 0
+    raw = message.raw_input_contents
+    for index, tensor in enumerate(message.inputs):
+        if index < len(raw) and tensor.datatype == "BYTES":
+            total += len(raw[index])
+        if tensor.HasField("contents"):
+            for _, values in tensor.contents.ListFields():
+                total += 8 * len(values)
+    return total
+
+
+def per_element_output_bytes(response: InferResponse) -> int:
+    """The same for a response: BYTES outputs, 8 bytes an element (numeric ones are one copy)."""
+    return sum(8 * tensor.data.size for tensor in response.outputs
+               if isinstance(tensor.data, np.ndarray) and tensor.data.dtype == object)
 
 
 def _has_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> bool:

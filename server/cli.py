@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-parser-processes", type=_non_negative_int, default=2,
         help="parser processes for large HTTP bodies, started on first use; 0 parses every "
              "body on the event loop (default 2)")
+    add("--grpc-offload-threshold", type=_non_negative_int, default=64 * 1024, metavar="BYTES",
+        help="gRPC inputs and outputs converted element by element (BYTES, typed contents at 8 "
+             "bytes a value) larger than this are converted in a thread, off the event loop "
+             "(default 65536)")
     add("--grpc-max-message-size", type=int, default=GRPC_MAX_MESSAGE,
         help="largest gRPC message in either direction (default 2 GiB - 1)")
     add("--grpc-infer-response-compression-level", default="none",
@@ -248,6 +252,7 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         http_max_input_size=args.http_max_input_size,
         json_max_depth=args.http_max_json_depth,
         http_offload_threshold=args.http_offload_threshold,
+        grpc_offload_threshold=args.grpc_offload_threshold,
         http_parser_processes=args.http_parser_processes,
         grpc_max_message_size=args.grpc_max_message_size,
         grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,

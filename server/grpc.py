@@ -148,25 +148,39 @@ class _Failure:
 _END = object()
 
 
-async def _infer(core: InferenceCore, message: pb.ModelInferRequest, traceparent: str = ""
-                 ) -> pb.ModelInferResponse:
+async def _infer(core: InferenceCore, message: pb.ModelInferRequest, traceparent: str = "",
+                 offload_threshold: Optional[int] = None) -> pb.ModelInferResponse:
     """One inference, wire to wire (ModelInfer): a decoupled model is refused."""
-    request = _decode(core, message, traceparent)
+    request = await _decode(core, message, traceparent, offload_threshold)
     response = await core.infer(request, endpoint=GRPC_INFER_RPC)
-    return codec.encode_infer_response(response, message.id)
+    return await _encode(response, message.id, offload_threshold)
 
 
-def _decode(core: InferenceCore, message: pb.ModelInferRequest, traceparent: str
-            ) -> InferRequest:
+async def _decode(core: InferenceCore, message: pb.ModelInferRequest, traceparent: str,
+                  offload_threshold: Optional[int]) -> InferRequest:
     """The request, with what tracing reads where it is possible: the client's traceparent
     (OpenTelemetry mode) and when the message arrived (grpc.aio hands it over already read,
-    so the wait/read itself is not seen)."""
+    so the wait/read itself is not seen). Converting over `offload_threshold` bytes element by
+    element (BYTES, typed contents) happens in a thread, in steps that let the loop run."""
     now = time.monotonic_ns() if core.may_trace else 0
-    request = codec.decode_infer_request(message)
+    if offload_threshold is not None and \
+            codec.per_element_input_bytes(message) > offload_threshold:
+        request = await asyncio.to_thread(codec.decode_infer_request, message)
+    else:
+        request = codec.decode_infer_request(message)
     request.traceparent = traceparent
     if now:
         request.received = (("GRPC_WAITREAD_START", now), ("GRPC_WAITREAD_END", now))
     return request
+
+
+async def _encode(response: Any, request_id: str, offload_threshold: Optional[int]
+                  ) -> pb.ModelInferResponse:
+    """The answer on the wire; large BYTES outputs are serialized in a thread, as above."""
+    if offload_threshold is not None and \
+            codec.per_element_output_bytes(response) > offload_threshold:
+        return await asyncio.to_thread(codec.encode_infer_response, response, request_id)
+    return codec.encode_infer_response(response, request_id)
 
 
 def _traceparent(core: InferenceCore, context: grpc.aio.ServicerContext) -> str:
@@ -180,13 +194,14 @@ def _traceparent(core: InferenceCore, context: grpc.aio.ServicerContext) -> str:
 
 
 async def _stream_answers(core: InferenceCore, message: pb.ModelInferRequest,
-                          traceparent: str = "") -> AsyncIterator[Any]:
+                          traceparent: str = "", offload_threshold: Optional[int] = None
+                          ) -> AsyncIterator[Any]:
     """Every answer to one ModelStreamInfer request, wire to wire: each model answer with
     `triton_final_response`, a failed one as a _Failure; a decoupled model's flag-only final
     answer only when the request asked for empty final responses."""
     if type(message) is Undecodable:  # a malformed message (ModelInfer: `guarded`)
         raise message.error
-    request = _decode(core, message, traceparent)
+    request = await _decode(core, message, traceparent, offload_threshold)
     empty_final = bool(request.parameters.get("triton_enable_empty_final_response", False))
     async for item in core.infer_stream(request):
         if item.error is not None:
@@ -195,7 +210,7 @@ async def _stream_answers(core: InferenceCore, message: pb.ModelInferRequest,
                 yield codec.stream_empty_final(request.model_name, message.id)
         elif item.response is not None:
             yield codec.stream_response(
-                codec.encode_infer_response(item.response, message.id), item.final)
+                await _encode(item.response, message.id, offload_threshold), item.final)
         elif empty_final:
             yield codec.stream_empty_final(request.model_name, message.id)
 
@@ -212,9 +227,11 @@ class InferStream:
     at once; answers go out in completion order, each carrying its request's id. The stream
     ends once reading has stopped and every request has been answered."""
 
-    def __init__(self, core: InferenceCore, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, core: InferenceCore, context: grpc.aio.ServicerContext,
+                 offload_threshold: Optional[int] = None) -> None:
         self.core = core
         self.context = context
+        self.offload_threshold = offload_threshold
         self.raise_errors = _wants_status_errors(context)
         self.traceparent = _traceparent(core, context)
         # Bounded: a decoupled model's answers wait here for a slow client, and past this many
@@ -279,7 +296,8 @@ class InferStream:
 
     async def _answer(self, message: pb.ModelInferRequest) -> None:
         try:
-            async for item in _stream_answers(self.core, message, self.traceparent):
+            async for item in _stream_answers(self.core, message, self.traceparent,
+                                              self.offload_threshold):
                 await self.outbox.put(item)
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
             await self.outbox.put(_Failure(rpc_error(exc, "a streamed inference"), message.id))
@@ -294,8 +312,10 @@ class InferStream:
 
 # ----- the inference service ----------------------------------------------------------------
 class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, core: InferenceCore) -> None:
+    def __init__(self, core: InferenceCore, offload_threshold: Optional[int] = None) -> None:
+        """`offload_threshold`: --grpc-offload-threshold (None: every conversion on the loop)."""
         self.core = core
+        self.offload_threshold = offload_threshold
         self.streams: set[InferStream] = set()
         self.closing = False
 
@@ -353,12 +373,13 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ModelInferResponse:
-        return await _infer(self.core, request, _traceparent(self.core, context))
+        return await _infer(self.core, request, _traceparent(self.core, context),
+                            self.offload_threshold)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext
                                ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        stream = InferStream(self.core, context)
+        stream = InferStream(self.core, context, self.offload_threshold)
         if self.closing:
             stream.close()
         self.streams.add(stream)

@@ -126,7 +126,7 @@ class GrpcFrontend:
         self.settings = settings
         self.server = grpc.aio.server(options=server_options(settings),
                                       interceptors=_interceptors(settings))
-        self.inference = InferenceServicer(core)
+        self.inference = InferenceServicer(core, settings.grpc_offload_threshold)
         self.health = HealthServicer(core)
         add_service(self.server, add_GRPCInferenceServiceServicer_to_server, self.inference)
         add_service(self.server, health_pb2_grpc.add_HealthServicer_to_server, self.health)

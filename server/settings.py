@@ -39,6 +39,10 @@ class ServerSettings:
     # keeps everything on the loop.
     http_offload_threshold: int = 64 * 1024
     http_parser_processes: int = 2
+    # gRPC requests whose BYTES or typed contents (8 bytes a value) exceed this many bytes are
+    # converted in a thread, in steps, and so are responses with that much BYTES output
+    # (server/grpc.py); numeric raw contents are views and never count.
+    grpc_offload_threshold: int = 64 * 1024
     # HTTP connections (server/connections.py): how long a connection may wait without a
     # request, how many may be open (None: 4096, capped to fit the descriptor limit), and how
     # many more are kept for health checks once that limit is hit.

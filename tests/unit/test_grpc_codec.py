@@ -98,6 +98,38 @@ def test_typed_bytes_contents() -> None:
     assert tensor.data.dtype == object and tensor.data.tolist() == [b"x", b"", b"yz"]
 
 
+@pytest.mark.parametrize("datatype, field, dtype", [
+    ("FP32", "fp32_contents", np.float32), ("INT8", "int_contents", np.int8),
+    ("BYTES", "bytes_contents", object)])
+def test_large_typed_contents_convert_in_steps_to_the_same_array(datatype, field, dtype) -> None:
+    """Over CONTENTS_STEP values the conversion goes a step at a time (it runs in a thread
+    beside the event loop); the array is the one a single conversion makes, ragged last step
+    included, and an out-of-range value in a late step is still the same 400."""
+    count = 2 * codec.CONTENTS_STEP + 5
+    values = [str(i).encode() for i in range(count)] if dtype is object else \
+        [(i % 200) - 100 for i in range(count)]
+    message = pb.ModelInferRequest(model_name="m")
+    typed_input(message, "X", datatype, [count], field, values)
+    assert codec.per_element_input_bytes(message) == 8 * count
+    data = codec.decode_infer_request(message).inputs[0].data
+    assert data.dtype == np.dtype(dtype) and data.shape == (count,)
+    assert data.tolist() == np.array(values, dtype=dtype).tolist()
+    if datatype == "INT8":
+        message.inputs[0].contents.int_contents[count - 1] = 300
+        with pytest.raises(InvalidArgument, match="invalid INT8 value for input 'X'"):
+            codec.decode_infer_request(message)
+
+
+def test_numeric_raw_contents_do_not_count_as_per_element_work() -> None:
+    array = np.zeros((1, 1 << 20), dtype=np.float32)
+    strings = np.array([b"ab"] * 1000, dtype=object)
+    message = triton_request([infer_input("A", array, "FP32"), infer_input("S", strings, "BYTES")])
+    assert codec.per_element_input_bytes(message) == 6 * 1000  # 4-byte length + 2 bytes each
+    response = InferResponse("m", "1", outputs=[Tensor("A", "FP32", array.shape, array),
+                                                Tensor("S", "BYTES", strings.shape, strings)])
+    assert codec.per_element_output_bytes(response) == 8 * 1000
+
+
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])
 def test_half_types_refuse_typed_contents(datatype: str) -> None:
     message = pb.ModelInferRequest(model_name="m")
