@@ -29,8 +29,8 @@ from server.http_admin import AdminRoutes
 from server.http_body import BodyBuffer, BodyLimit
 from server.http_generate import GenerateEndpoints
 from server.restricted import HttpGuard, RestrictionMiddleware
-from server.offload import (BodyOffload, inflate_small, json_output_size,
-                            parse_json_document)
+from server.offload import (BodyOffload, binary_bytes_output_size, inflate_small,
+                            json_output_size, parse_json_document)
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +215,13 @@ class HttpFrontend:
                                                               binary_default)):
             payload, json_length = await offload.encode_response(
                 response, infer_request.outputs, binary_default)
+        elif offload.wants(binary_bytes_output_size(response, infer_request.outputs,
+                                                    binary_default)):
+            # large binary BYTES outputs: serialized in steps (protocol/datatypes.py), so a
+            # thread lets the loop run between them
+            payload, json_length = await asyncio.to_thread(
+                rest_encode.encode_infer_response, response, infer_request.outputs,
+                binary_default)
         else:
             payload, json_length = rest_encode.encode_infer_response(
                 response, infer_request.outputs, binary_default)

@@ -353,13 +353,26 @@ def json_output_size(response: InferResponse, requested: Optional[list[Requested
                      binary_default: bool) -> int:
     """About how many bytes of the response go out as JSON (BYTES elements count 8 each);
     O(number of outputs)."""
+    return _output_size(response, requested, binary_default, as_binary=False)
+
+
+def binary_bytes_output_size(response: InferResponse,
+                             requested: Optional[list[RequestedOutput]],
+                             binary_default: bool) -> int:
+    """The same for BYTES outputs that go out binary: serialized element by element (numeric
+    binary outputs are one copy and do not count); O(number of outputs)."""
+    return _output_size(response, requested, binary_default, as_binary=True, only_objects=True)
+
+
+def _output_size(response: InferResponse, requested: Optional[list[RequestedOutput]],
+                 binary_default: bool, as_binary: bool, only_objects: bool = False) -> int:
     choices = {output.name: output.binary for output in requested} if requested else {}
     total = 0
     for tensor in response.outputs:
         choice = choices.get(tensor.name)
-        if binary_default if choice is None else choice:
+        if (binary_default if choice is None else choice) != as_binary:
             continue
         data = tensor.data
-        if isinstance(data, np.ndarray):
+        if isinstance(data, np.ndarray) and (not only_objects or data.dtype == object):
             total += data.nbytes
     return total
