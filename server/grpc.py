@@ -24,7 +24,7 @@ from protocol import shared_memory
 from protocol.errors import (GRPC_INFER_RPC, InvalidArgument, Overloaded, ServerError,
                              Unsupported, client_error, server_exiting)
 from protocol.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
-from protocol.types import InferRequest
+from protocol.types import InferRequest, InferResponse
 from server.core import InferenceCore
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ async def _decode(core: InferenceCore, message: pb.ModelInferRequest, traceparen
     return request
 
 
-async def _encode(response: Any, request_id: str, offload_threshold: Optional[int]
+async def _encode(response: InferResponse, request_id: str, offload_threshold: Optional[int]
                   ) -> pb.ModelInferResponse:
     """The answer on the wire; large BYTES outputs are serialized in a thread, as above."""
     if offload_threshold is not None and \
