@@ -4,7 +4,8 @@ While a large request is decompressed, depth-checked, parsed, converted and answ
 connection polls /v2/health/live; no poll may wait more than POLL_BOUND_S. The large request
 still gets its answer: the same 400 message for a hostile body, the right tensor for a valid one.
 Bodies are 24-40 MiB: on the code before parser processes each stalled the loop for over a second
-on a 2-core machine.
+on a 2-core machine. The same rule over gRPC, and for binary BYTES answers, is checked here too
+(2 million strings each way: --grpc-offload-threshold, bench/FINDINGS.md 9.15).
 
 The BYTES case runs on the identity backend, not ONNX Runtime: ORT's Python binding converts a
 string tensor to and from Python objects holding the GIL (2 million strings: two stalls of
