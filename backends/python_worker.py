@@ -194,7 +194,7 @@ class WorkerLoop:
             else:
                 groups.append({t.name(): t.as_numpy() for t in result.output_tensors()})
                 errors.append(None)
-                params.append(result._parameter_dict() or None if result._parameters else None)
+                params.append((result._parameter_dict() or None) if result._parameters else None)
         try:
             refs, new_fd = self.outputs.pack(groups)
         except BaseException as exc:  # noqa: BLE001
