@@ -76,7 +76,7 @@ clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache .hypothesis
 
 PROTO_TOOLS := $(VENV)/.installed-dev
-include protocol/proto.mk
+include protocol/proto/proto.mk
 
 # NVIDIA's own qa suites (qa/L0_* of triton-inference-server/server) against this server,
 # unchanged: QA_DIR is that repository's qa folder (nothing is fetched). See tests/qa/run_qa.py.

@@ -10,7 +10,7 @@ only (a worker must start in well under a second).
 
 Response senders (decoupled models), BLS (`InferenceRequest.exec` / `async_exec`),
 cancellation and custom metrics (`MetricFamily`) talk to the server through the worker
-(backends/python_model_api.py, backends/python_bridge.py). Not supported (they raise
+(backends/python/worker/model_api.py, backends/python/worker/bridge.py). Not supported (they raise
 TritonModelException with a clear message): `load_model`, `unload_model`, `is_model_ready`,
 DLPack and GPU tensors.
 """
@@ -24,8 +24,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from backends import python_model_api as _api
-from backends.python_model_api import (InferenceResponseSender, Logger, LogLevel, Metric,
+from backends.python.worker import model_api as _api
+from backends.python.worker.model_api import (InferenceResponseSender, Logger, LogLevel, Metric,
                                        MetricFamily, TritonModelException)
 
 _STATE_LOCK = threading.Lock()  # guards the lazy creation of a request's sender state

@@ -16,14 +16,14 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     import asyncio
 
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
     from protocol.stream import StreamItem
     from protocol.types import InferRequest
 
 
 class BackendHost(Protocol):
     """What the server lends a backend whose models call back into it (BLS): the loop its
-    infer path runs on, and that path (server/inference.py)."""
+    infer path runs on, and that path (server/core/inference_path.py)."""
 
     loop: Optional["asyncio.AbstractEventLoop"]
 

@@ -23,7 +23,7 @@ from backends.base import Backend, BackendError
 from protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class OnnxRuntimeBackend(Backend):
     @classmethod
     def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
         """Fill inputs, outputs and max_batch_size from the ONNX file, as Triton does."""
-        from protocol.model_config_pb2 import DataType
+        from protocol.proto.model_config_pb2 import DataType
 
         filename = config.default_model_filename or cls.default_model_filename
         path = version_dir / filename
@@ -201,7 +201,7 @@ class OnnxRuntimeBackend(Backend):
     def _check_config_matches_model(self) -> None:
         """Refuse a config whose inputs or outputs the model does not have (names, data types,
         fixed dims), as Triton does at load, instead of failing every request later."""
-        from protocol.model_config_pb2 import DataType
+        from protocol.proto.model_config_pb2 import DataType
 
         skip = 1 if self.config.max_batch_size > 0 else 0
         # Ragged inputs and scattered batch outputs are 1-D in the model whatever the config's

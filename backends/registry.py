@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 from backends.base import Backend
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
 
 # backend name -> "module:Class"
 _BACKENDS: dict[str, str] = {
     "onnxruntime": "backends.onnxruntime:OnnxRuntimeBackend",
     "ascend": "npu.backend:AscendBackend",
-    "python": "backends.python:PythonBackend",
+    "python": "backends.python.backend:PythonBackend",
     "identity": "backends.identity:IdentityBackend",
 }
 # platform -> backend name

@@ -193,17 +193,17 @@ def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str,
             round_no: int, out_dir: Path,
             flags: Sequence[str] = served.CONVERGE_FLAGS) -> tuple[Sample, list[str]]:
     sample = Sample(server.name, model, protocol, round_no)
-    url = server.http if protocol == "http" else server.grpc
+    url = server.http.routes if protocol == "http" else server.grpc.services
     csv_path = out_dir / f"{server.name}-{model}-{protocol}-r{round_no}.csv"
     csv_path.unlink(missing_ok=True)
     command = ["taskset", "-c", str(CLIENT_CPU), perf_analyzer, "-m", model, "-i", protocol,
                "-u", url, "--concurrency-range", str(CONCURRENCY), *flags,
                "-f", str(csv_path)]
-    before_stats = served._model_stats(f"http://{server.http}", model)
+    before_stats = served._model_stats(f"http://{server.http.routes}", model)
     before_cpu = server.tree_cpu()
     returncode, output = served._call(command, 180)
     cpu = server.tree_cpu() - before_cpu
-    after_stats = served._model_stats(f"http://{server.http}", model)
+    after_stats = served._model_stats(f"http://{server.http.routes}", model)
     (out_dir / f"{csv_path.stem}.log").write_text(output)
     requests = served._split(before_stats, after_stats).requests
     if returncode != 0 or not csv_path.exists() or requests <= 0:

@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from protocol import grpc_service_pb2 as pb  # noqa: E402
-from protocol import grpc_service_pb2_grpc as service  # noqa: E402
+from protocol.proto import grpc_service_pb2 as pb
+from protocol.proto import grpc_service_pb2_grpc as service
 
 # gRPC methods perf_analyzer calls, with their response types.
 _GRPC_ANSWERS = {"ServerMetadata": pb.ServerMetadataResponse, "ServerLive": pb.ServerLiveResponse,

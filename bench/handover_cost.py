@@ -131,8 +131,8 @@ async def _grpc_channel(port: int, wanted: Callable[[int], bool]) -> tuple[Any, 
     """One gRPC channel whose connection landed where `wanted` says."""
     import grpc
 
-    from protocol import grpc_service_pb2 as pb
-    from protocol import grpc_service_pb2_grpc as pb_grpc
+    from protocol.proto import grpc_service_pb2 as pb
+    from protocol.proto import grpc_service_pb2_grpc as pb_grpc
 
     message = pb.ModelInferRequest(model_name=MODEL)
     for name in ("INPUT0", "INPUT1"):

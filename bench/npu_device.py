@@ -42,7 +42,7 @@ from npu import acl as npu_acl  # noqa: E402
 from npu.description import ModelDescription  # noqa: E402
 from npu.device import DeviceSession  # noqa: E402
 from npu.om_model import OmModel  # noqa: E402
-from protocol.model_config_pb2 import ModelConfig  # noqa: E402
+from protocol.proto.model_config_pb2 import ModelConfig  # noqa: E402
 
 DEFAULT_LOOPS = 200
 DEFAULT_CONCURRENCY = (1, 4, 16)

@@ -122,7 +122,7 @@ def python_latency(model_dir: Path, calls: int = 3000, repetitions: int = 3,
     process: the Python model's own time, with no server, IPC or worker process around it."""
     import triton_python_backend_utils as pb_utils
     from google.protobuf import json_format
-    from protocol.model_config_pb2 import DataType
+    from protocol.proto.model_config_pb2 import DataType
 
     config = read_config(model_dir)
     name = config.name or model_dir.name

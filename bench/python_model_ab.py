@@ -72,17 +72,17 @@ def start(tree: Path, label: str, repo: Path, out_dir: Path, round_no: int) -> P
 def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str, round_no: int,
             out_dir: Path) -> Run:
     run = Run(server.name, protocol, round_no)
-    url = server.http if protocol == "http" else server.grpc
+    url = server.http.routes if protocol == "http" else server.grpc.services
     csv_path = out_dir / f"{server.name}-{protocol}-r{round_no}.csv"
     csv_path.unlink(missing_ok=True)
     command = ["taskset", "-c", str(CLIENT_CPU), perf_analyzer, "-m", model, "-i", protocol,
                "-u", url, "--concurrency-range", str(CONCURRENCY), *served.CONVERGE_FLAGS,
                "-f", str(csv_path)]
-    before = served._model_stats(f"http://{server.http}", model)
+    before = served._model_stats(f"http://{server.http.routes}", model)
     tree_before, own_before = server.tree_cpu(), _process_cpu(server.process.pid)
     code, output = served._call(command, 180)
     tree, own = server.tree_cpu() - tree_before, _process_cpu(server.process.pid) - own_before
-    split = served._split(before, served._model_stats(f"http://{server.http}", model))
+    split = served._split(before, served._model_stats(f"http://{server.http.routes}", model))
     (out_dir / f"{csv_path.stem}.log").write_text(output)
     if code != 0 or not csv_path.exists() or split.requests <= 0:
         run.error = f"exit {code}: " + " / ".join(output.strip().splitlines()[-2:])

@@ -61,7 +61,7 @@ def server_side(plain: bool, count: int) -> OpcodeCounter:
     import numpy as np
 
     from backends.base import InstanceSpec
-    from backends.python import PythonBackend
+    from backends.python.backend import PythonBackend
     from protocol.types import InferRequest, RequestedOutput, Tensor
     from repository.config import normalize, parse_config_text
 
@@ -103,8 +103,8 @@ def server_side(plain: bool, count: int) -> OpcodeCounter:
 def worker_side(plain: bool, count: int) -> OpcodeCounter:
     import numpy as np
 
-    from backends import python_ipc
-    from backends.python_worker import WorkerLoop
+    from backends.python.wire import framing as python_ipc
+    from backends.python.worker.main import WorkerLoop
 
     server, worker = socket.socketpair()
     loop = WorkerLoop(worker)

@@ -14,7 +14,7 @@ from typing import Optional
 
 from tests.serverproc import ServerProcess
 
-WORKER_MARK = b"backends.python_worker"
+WORKER_MARK = b"backends.python.worker.main"
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 

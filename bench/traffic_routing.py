@@ -1,6 +1,6 @@
 """What gray release costs the infer path per request (issue 15): no policy, a weighted split,
 a sticky key. Without a policy the path makes one dict lookup (and a version check, to count
-named requests) more than before policies existed: measured against that server/inference.py
+named requests) more than before policies existed: measured against that server/core/inference_path.py
 on the same registry, about 0.1 µs per request (2.45 -> 2.51 µs in a quiet run), within noise
 next to the ~130 µs of server CPU an HTTP inference costs.
 
@@ -18,13 +18,13 @@ from typing import Optional
 import numpy as np
 from google.protobuf import text_format
 
-from protocol.model_config_pb2 import ModelConfig
-from protocol.traffic_json import decode_traffic
+from protocol.proto.model_config_pb2 import ModelConfig
+from protocol.traffic import decode_traffic
 from protocol.types import InferRequest, InferResponse, Tensor
 from repository.registry import ModelRegistry, ModelState, VersionRecord
 from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
-from server.inference import InferencePath
+from server.core.inference_path import InferencePath
 from tests.fakescheduler import InstantScheduler
 
 CONFIG = """name: "m" max_batch_size: 0

@@ -21,7 +21,7 @@ from npu.description import ModelDescription, TensorInfo
 from npu.errors import check
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
 
 PREFIX = "aipp_"
 # parameter -> (setter, how many numbers, takes a trailing batch index)

@@ -28,7 +28,7 @@ from npu.om_model import OmModel, describe_file
 from protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)
 

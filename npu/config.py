@@ -9,18 +9,18 @@ from backends.base import BackendError
 from npu.description import ModelDescription, TensorInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
 
 GEARS_PARAMETER = "batch_gears"
 
 
 def _type_number(config_name: str) -> int:
-    from protocol import model_config_pb2
+    from protocol.proto import model_config_pb2
     return model_config_pb2.DataType.Value(config_name)
 
 
 def _type_name(number: int) -> str:
-    from protocol import model_config_pb2
+    from protocol.proto import model_config_pb2
     return model_config_pb2.DataType.Name(number)
 
 

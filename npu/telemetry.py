@@ -79,5 +79,5 @@ class NpuCollector(Collector):
 
 
 def npu_collector() -> Collector:
-    """The collector for server/metrics.py to register once."""
+    """The collector for server/observability/metrics.py to register once."""
     return NpuCollector()

@@ -11,7 +11,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 
 _INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64,
                 FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_FIXED64,

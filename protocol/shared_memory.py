@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from protocol.errors import InvalidArgument
-from protocol.rest_common import is_uint
+from protocol.rest.common import is_uint
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -24,7 +24,7 @@ def in_shared_memory(parameters: dict[str, Any]) -> bool:
 
 def placeholder(numpy_type: Any) -> np.ndarray:
     """The data of an input until the process that owns the regions reads it
-    (server/shm_registry.py); it travels through the frontend link as nothing."""
+    (server/core/client_shm.py); it travels through the frontend link as nothing."""
     return np.empty(0, dtype=numpy_type if numpy_type is not None else object)
 
 

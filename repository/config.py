@@ -13,8 +13,8 @@ from google.protobuf import text_format
 
 from backends import registry
 from backends.base import BackendError
-from protocol.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
-from scheduler.sequence_config import DEFAULT_IDLE_US, SequenceConfigError, read_settings
+from protocol.proto.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
+from scheduler.sequence.config import DEFAULT_IDLE_US, SequenceConfigError, read_settings
 
 
 class ConfigError(Exception):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from repository.registry import ModelRegistry
 
 

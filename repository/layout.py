@@ -5,7 +5,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Optional, Protocol
 
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from repository import layout
 from repository.dependents import ensembles_using, ready_to_reload
 from repository.config import ConfigError, normalize, read_config, registry_backend_class
@@ -75,7 +75,7 @@ SchedulerFactory = Callable[..., Scheduler]
 
 
 class ModelManager:
-    """`infer` is the server's in-process infer (server/inference.py), which the ensembles this
+    """`infer` is the server's in-process infer (server/core/inference_path.py), which the ensembles this
     manager builds send their steps through; `scheduler_factory(spec, stats, infer=...)` builds
     each version's scheduler (tests hand in fakes). `host` is what backends whose models call
     other models (BLS) get (backends/base.py BackendHost)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest
 from scheduler.interface import Scheduler, VersionSpec
 

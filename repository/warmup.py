@@ -17,7 +17,7 @@ import numpy as np
 
 from protocol import datatypes
 from protocol.errors import ServerError
-from protocol.model_config_pb2 import DataType, ModelConfig, ModelWarmup
+from protocol.proto.model_config_pb2 import DataType, ModelConfig, ModelWarmup
 from protocol.types import InferRequest, Tensor
 from scheduler.interface import Scheduler, VersionSpec
 

@@ -25,7 +25,7 @@ from scheduler.policy import LevelPolicy, QueuePolicy
 from scheduler.stats import VersionStatistics
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
 
 @dataclass(slots=True)
 class _Level:

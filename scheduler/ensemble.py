@@ -24,7 +24,7 @@ from scheduler.interface import Scheduler, VersionSpec
 from scheduler.stats import FailureReason, VersionStatistics
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
 
 
 Infer = Callable[[InferRequest], Awaitable[InferResponse]]
@@ -230,7 +230,7 @@ class EnsembleScheduler(Scheduler):
             inputs.append(Tensor(input_name, source.datatype, source.shape, source.data))
         sub_request = InferRequest(step.model_name, step.model_version, id=request.id,
                                    inputs=inputs, parameters=dict(request.parameters))
-        # A traced ensemble request traces its steps as its children (server/tracing.py).
+        # A traced ensemble request traces its steps as its children (server/observability/tracing.py).
         step_trace = request.trace.child(sub_request) if request.trace is not None else None
         where = f"in ensemble '{self._name}', {step.label}"
         response: Optional[InferResponse] = None

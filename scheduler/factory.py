@@ -8,7 +8,7 @@ from scheduler.clock import Clock
 from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.ensemble import EnsembleScheduler, Infer
 from scheduler.interface import Scheduler, VersionSpec
-from scheduler.sequence import SequenceBatcher
+from scheduler.sequence.batcher import SequenceBatcher
 from scheduler.stats import VersionStatistics
 
 

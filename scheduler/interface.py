@@ -15,7 +15,7 @@ from scheduler.stats import FailureReason, VersionStatistics
 from scheduler.validation import RequestRules, validate_request
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from protocol.errors import InvalidArgument
 from protocol.types import InferRequest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig, ModelQueuePolicy
+    from protocol.proto.model_config_pb2 import ModelConfig, ModelQueuePolicy
 
 _DELAY = 1  # ModelQueuePolicy.TimeoutAction.DELAY
 

@@ -38,7 +38,7 @@ from scheduler.ragged import RaggedBatching
 from scheduler.stats import FailureReason
 
 if TYPE_CHECKING:  # pragma: no cover
-    from protocol.model_config_pb2 import ModelConfig
+    from protocol.proto.model_config_pb2 import ModelConfig
     from scheduler.interface import VersionSpec
 
 logger = logging.getLogger(__name__)

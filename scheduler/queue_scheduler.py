@@ -410,7 +410,7 @@ class QueueScheduler(Scheduler):
                 stats.record_failure(outcome.reason, total)
             else:
                 future.set_result(outcome)
-                if entry.request.trace is not None:  # a sampled request (server/tracing.py)
+                if entry.request.trace is not None:  # a sampled request (server/observability/tracing.py)
                     entry.request.trace.computed(entry.started_ns, result.input_ns,
                                                  result.infer_ns, result.output_ns, batch.rows)
                 queue_ns = max(0, entry.started_ns - arrival_ns)

@@ -25,7 +25,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from protocol import datatypes
-from protocol.model_config_pb2 import BatchInput, DataType, ModelConfig
+from protocol.proto.model_config_pb2 import BatchInput, DataType, ModelConfig
 
 
 class RaggedBatching:

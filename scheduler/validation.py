@@ -10,7 +10,7 @@ from typing import Any, Optional, Union
 
 from protocol import datatypes
 from protocol.errors import InvalidArgument
-from protocol.model_config_pb2 import DataType, ModelConfig
+from protocol.proto.model_config_pb2 import DataType, ModelConfig
 from protocol.types import InferRequest
 from scheduler.policy import QueuePolicy
 

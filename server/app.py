@@ -21,18 +21,18 @@ from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from scheduler import affinity
-from server.core import InferenceCore
-from server.custom_metrics import CustomMetrics
-from server.frontend_pool import FrontendPool
-from server.inference import InferencePath
-from server.offload import BodyOffload
-from server.http_protocol import bounded_protocol_class
-from server.listeners import (Listener, ServiceStartError, http_frontend_listener, http_limits,
+from server.core.inference_core import InferenceCore
+from server.observability.custom_metrics import CustomMetrics
+from server.multiprocess.pool import FrontendPool
+from server.core.inference_path import InferencePath
+from server.http.parsers import BodyOffload
+from server.http.fast_path import bounded_protocol_class
+from server.net.listeners import (Listener, ServiceStartError, http_frontend_listener, http_limits,
                               metrics_limits, uvicorn_listener, wait_started)
-from server.metrics import ServerMetrics, worker_restarts
-from server.metrics_http import build_metrics_app
+from server.observability.metrics import ServerMetrics, worker_restarts
+from server.observability.metrics_app import build_metrics_app
 from server.settings import ServerSettings
-from server.traffic import TrafficControl, TrafficHooks, TrafficSettings
+from server.traffic.policy import TrafficControl, TrafficHooks, TrafficSettings
 
 log = logging.getLogger("ascend_serve")
 
@@ -139,7 +139,7 @@ class ServerApp:
         for listener in self._listeners:
             self._tasks.append(asyncio.create_task(listener.serve()))
         if s.allow_grpc:
-            from server.grpc_server import start_grpc_server
+            from server.grpc.listener import start_grpc_server
 
             self.grpc_server = await start_grpc_server(self.core, s)
         # Wait until every listener is bound before declaring the server live.

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest gRPC message in either direction (default 2 GiB - 1)")
     add("--grpc-infer-response-compression-level", default="none",
         choices=["none", "low", "medium", "high"])
-    # Connection bounds (server/connections.py; README "Limits and security").
+    # Connection bounds (server/net/connections.py; README "Limits and security").
     add("--http-header-timeout-secs", type=_positive_float, default=30.0,
         help="close a connection whose request headers are not complete this many seconds "
              "after they began (slowloris; default 30)")
@@ -226,7 +226,7 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
     parser = build_parser()
     args = parser.parse_args(argv)
     from server.restricted import GRPC_HEADER_PREFIX, parse_restrictions
-    from server.tracing import parse_trace_config
+    from server.observability.tracing import parse_trace_config
 
     try:
         http_restricted = parse_restrictions(args.http_restricted_api, "--http-restricted-api")

@@ -35,15 +35,15 @@ class ServerSettings:
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     json_max_depth: int = 100
     # Request bodies (and JSON responses) larger than this many bytes are decompressed, parsed
-    # and encoded in parser processes, never on the event loop (server/offload.py); 0 processes
+    # and encoded in parser processes, never on the event loop (server/http/parsers.py); 0 processes
     # keeps everything on the loop.
     http_offload_threshold: int = 64 * 1024
     http_parser_processes: int = 2
     # gRPC requests whose BYTES or typed contents (8 bytes a value) exceed this many bytes are
     # converted in a thread, in steps, and so are responses with that much BYTES output
-    # (server/grpc.py); numeric raw contents are views and never count.
+    # (server/grpc/services.py); numeric raw contents are views and never count.
     grpc_offload_threshold: int = 64 * 1024
-    # HTTP connections (server/connections.py): how long a connection may wait without a
+    # HTTP connections (server/net/connections.py): how long a connection may wait without a
     # request, how many may be open (None: 4096, capped to fit the descriptor limit), and how
     # many more are kept for health checks once that limit is hit.
     http_header_timeout_secs: float = 30.0
@@ -78,23 +78,23 @@ class ServerSettings:
     # code it runs): refused (403 / PERMISSION_DENIED) unless this is set.
     allow_model_load_file_override: bool = False
     overload_status: int = 503  # HTTP status of a full queue: 503 or 429 (gRPC: UNAVAILABLE)
-    # Gray release (server/traffic.py): how often a running canary is judged, and how many
+    # Gray release (server/traffic/policy.py): how often a running canary is judged, and how many
     # shadow requests may be in flight before new ones are dropped (and counted).
     traffic_gate_interval_secs: float = 0.25
     traffic_shadow_max_inflight: int = 32
     metrics_interval_ms: int = 2000
-    # Processes that accept HTTP and gRPC connections (server/frontend_pool.py): this one, which
+    # Processes that accept HTTP and gRPC connections (server/multiprocess/pool.py): this one, which
     # owns the models and batchers, and frontend_processes - 1 more that decode requests and
     # hand them over through shared memory (frontend_shm_bytes each way per process).
     frontend_processes: int = 1
     frontend_shm_bytes: int = 64 * 1024 * 1024
-    # System shared memory regions clients may register at once (server/shm_registry.py).
+    # System shared memory regions clients may register at once (server/core/client_shm.py).
     max_shared_memory_regions: int = 1024
     # Restricted APIs (server/restricted.py): category -> Restriction (the header and value a
     # request in that category must carry); empty: nothing restricted.
     http_restricted_api: dict[str, Any] = field(default_factory=dict)
     grpc_restricted_protocol: dict[str, Any] = field(default_factory=dict)
-    # Initial trace settings from --trace-config (server/tracing.py), e.g. {"trace_rate": ["1"]}.
+    # Initial trace settings from --trace-config (server/observability/tracing.py), e.g. {"trace_rate": ["1"]}.
     trace_config: dict[str, list[str]] = field(default_factory=dict)
-    # --trace-config opentelemetry,...: `url`, `resource` (a dict), `bsp_*` (server/otel_tracing.py)
+    # --trace-config opentelemetry,...: `url`, `resource` (a dict), `bsp_*` (server/observability/otel.py)
     otel_config: dict[str, Any] = field(default_factory=dict)

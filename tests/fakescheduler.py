@@ -1,5 +1,5 @@
 """A scheduler with nothing to start or stop, for tests (and bench/traffic_routing.py) that
-drive server/inference.py over a registry of fake versions: subclasses write `_admit` only.
+drive server/core/inference_path.py over a registry of fake versions: subclasses write `_admit` only.
 
 Imported like serverproc (tests/conftest.py puts this folder on sys.path)."""
 from __future__ import annotations

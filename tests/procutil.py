@@ -61,7 +61,7 @@ def frontend_children(server_pid: int) -> list[int]:
             continue
         for pid in pids:
             try:
-                if b"server.frontend_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"server.multiprocess.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     children.append(int(pid))
             except FileNotFoundError:
                 pass

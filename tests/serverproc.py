@@ -72,7 +72,7 @@ class ServerProcess:
         return self.process.returncode
 
 
-# What a server that lost a port to another process logs (server/listeners.py's
+# What a server that lost a port to another process logs (server/net/listeners.py's
 # ServiceStartError, in Triton's words).
 PORT_RACE = ("already in use",)
 PORT_ATTEMPTS = 3

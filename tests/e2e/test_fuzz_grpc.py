@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from fuzzing import (ALLOWED_501, ALLOWED_503, DATATYPES, MODELS, ODD_NAMES, ODD_VERSIONS,
                      OUTPUTS, Watch, describe, fuzz_settings)
-from protocol import grpc_service_pb2 as pb
+from protocol.proto import grpc_service_pb2 as pb
 from serverproc import running_server
 
 pytestmark = pytest.mark.e2e

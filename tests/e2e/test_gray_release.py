@@ -414,8 +414,8 @@ def test_the_traffic_service_over_grpc(server: ServerProcess,
                                        grpc: grpcclient.InferenceServerClient) -> None:
     import grpc as grpclib
 
-    from protocol import traffic_service_pb2 as tpb
-    from protocol.traffic_service_pb2_grpc import TrafficServiceStub
+    from protocol.proto import traffic_service_pb2 as tpb
+    from protocol.proto.traffic_service_pb2_grpc import TrafficServiceStub
 
     with grpclib.insecure_channel(server.grpc_url) as channel:
         stub = TrafficServiceStub(channel)

@@ -28,8 +28,8 @@ import httpx
 import numpy as np
 import pytest
 
-from protocol import grpc_service_pb2 as pb
-from protocol.grpc_service_pb2_grpc import GRPCInferenceServiceStub
+from protocol.proto import grpc_service_pb2 as pb
+from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 from serverproc import ServerProcess, running_server
 from testmodels import build_identity_fp32
 

@@ -1,4 +1,4 @@
-"""Wire-level tests of the direct (non-ASGI) infer path in server/http_protocol.py.
+"""Wire-level tests of the direct (non-ASGI) infer path in server/http/fast_path.py.
 
 `POST /v2/models/{m}[/versions/{v}]/infer` is answered by a subclass of uvicorn's httptools
 protocol that reads uvicorn's buffered body itself and writes the whole response in one

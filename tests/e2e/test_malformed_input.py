@@ -13,8 +13,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from protocol import grpc_service_pb2 as pb
-from protocol.grpc_service_pb2_grpc import GRPCInferenceServiceStub
+from protocol.proto import grpc_service_pb2 as pb
+from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from google.protobuf import text_format
 import om_fixtures as omf
 from backends.base import InstanceSpec
 from npu.backend import AscendBackend
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 
 
 class InstanceThread:

@@ -12,7 +12,7 @@ from backends.base import BackendError
 from npu.backend import AscendBackend
 from protocol.errors import InvalidArgument
 from npu_harness import InstanceThread, backend, prepare, rows
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 
 
 # -- the happy path ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import om_fixtures as omf
 from backends.base import BackendError
 from npu_harness import backend, prepare
 from protocol.errors import InvalidArgument
-from protocol.model_config_pb2 import DataType
+from protocol.proto.model_config_pb2 import DataType
 
 IM_INFO = np.array([[2.0, 0.5, 9.0]], dtype=np.float32)
 

@@ -70,7 +70,7 @@ NOT_RUN = {"L0_lifecycle": {
 # instance_queue_test): "# name_test: what it checks" up to the `set -e` that closes it.
 CORE_UNIT_TEST = re.compile(r"^# (\w+_test): .*?^set -e\n", re.MULTILINE | re.DOTALL)
 sys.path.insert(0, str(ROOT))
-from server.core import SERVER_VERSION  # noqa: E402  what the qa tests compare metadata with
+from server.core.inference_core import SERVER_VERSION  # noqa: E402  what the qa tests compare metadata with
 
 
 def prepare(qa_dir: Path, suite: str, scratch: Path, only: str | None = None) -> Path:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import numpy as np
 import orjson
 
-from protocol.rest_decode import decode_infer_request
+from protocol.rest.decode import decode_infer_request
 from protocol.types import InferResponse, Tensor
 
 MODEL = "m"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.config_json import ConfigJsonError, config_from_json, config_to_json
-from protocol.model_config_pb2 import ModelConfig, ModelInstanceGroup
+from protocol.proto.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 
 def test_int64_fields_are_numbers_and_map_keys_stay_strings() -> None:

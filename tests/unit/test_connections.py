@@ -1,4 +1,4 @@
-"""server/connections.py and the connection settings: defaults, flags, gRPC server options.
+"""server/net/connections.py and the connection settings: defaults, flags, gRPC server options.
 (The behaviour on the wire is in tests/e2e/test_connection_limits.py.)"""
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from server import connections
+from server.net import connections
 from server.cli import settings_from_args
-from server.connections import (DEFAULT_MAX_CONNECTIONS, ConnectionLimits, RateLimitedLog,
+from server.net.connections import (DEFAULT_MAX_CONNECTIONS, ConnectionLimits, RateLimitedLog,
                                 resolve_max_connections)
-from server.grpc_server import server_options
-from server.http_protocol import BoundedHttpProtocol, protocol_class
+from server.grpc.listener import server_options
+from server.http.fast_path import BoundedHttpProtocol, protocol_class
 from server.settings import DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, ServerSettings
 
 

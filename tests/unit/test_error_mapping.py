@@ -1,5 +1,5 @@
-"""One mapping of errors per protocol: server/http.py `http_error` (routed endpoints and the
-direct infer path) and server/grpc.py `abort`/`rpc_error` (unary RPCs and streams)."""
+"""One mapping of errors per protocol: server/http/routes.py `http_error` (routed endpoints and the
+direct infer path) and server/grpc/services.py `abort`/`rpc_error` (unary RPCs and streams)."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +9,8 @@ import pytest
 
 from protocol import compression
 from protocol.errors import (InternalError, NotFound, Unavailable, Unsupported, server_exiting)
-from server.grpc import rpc_error
-from server.http import error_response, http_error
+from server.grpc.services import rpc_error
+from server.http.routes import error_response, http_error
 
 
 def test_server_errors_map_through_the_table_without_logging(caplog: pytest.LogCaptureFixture
@@ -55,7 +55,7 @@ def test_a_full_queue_says_when_to_retry_on_both_protocols() -> None:
     import grpc
 
     from protocol.errors import Overloaded, set_overload_http_status
-    from server.grpc import abort
+    from server.grpc.services import abort
 
     class Context:
         async def abort(self, code, details, trailing_metadata=()) -> None:

@@ -1,5 +1,5 @@
-"""The generate extension's codec (protocol/rest_generate.py), the ResponseStream
-(protocol/stream.py) and the custom metrics collector (server/custom_metrics.py)."""
+"""The generate extension's codec (protocol/rest/generate.py), the ResponseStream
+(protocol/stream.py) and the custom metrics collector (server/observability/custom_metrics.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from protocol.errors import InternalError, InvalidArgument
-from protocol.rest_generate import InputSchema, decode_generate, encode_generate, sse_event
+from protocol.rest.generate import InputSchema, decode_generate, encode_generate, sse_event
 from protocol.stream import ResponseStream, StreamItem
 from protocol.types import InferResponse, Tensor
-from server.custom_metrics import CustomMetrics
+from server.observability.custom_metrics import CustomMetrics
 
 SCHEMA = {"text_input": InputSchema("BYTES", (1,)), "ids": InputSchema("INT64", (1, -1)),
           "flag": InputSchema("BOOL", (1,))}

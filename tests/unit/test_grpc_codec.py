@@ -1,4 +1,4 @@
-"""protocol/grpc_codec.py: wire form <-> internal types, with tritonclient building the requests
+"""protocol/grpc/codec.py: wire form <-> internal types, with tritonclient building the requests
 and reading the responses (its generated messages share our descriptors in one process)."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc._infer_result import InferResult
 from tritonclient.grpc._utils import _get_inference_request
 
-from protocol import grpc_codec as codec
-from protocol import grpc_service_pb2 as pb
+from protocol.grpc import codec
+from protocol.proto import grpc_service_pb2 as pb
 from protocol.errors import InvalidArgument
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import IndexEntry, InferResponse, ModelMetadata, Tensor, TensorMetadata
 from scheduler.stats import VersionStatistics
 
@@ -345,7 +345,7 @@ def test_statistics_fields() -> None:
 def test_statistics_match_the_http_json() -> None:
     from google.protobuf import json_format
 
-    from protocol import rest_encode
+    from protocol.rest import encode as rest_encode
 
     stats = VersionStatistics("m", "1")
     stats.record_success(100, 10, 20, 30, 40)

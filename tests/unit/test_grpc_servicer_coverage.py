@@ -2,9 +2,9 @@
 overridden by our servicer, and every RPC of the service descriptor has a handler."""
 from __future__ import annotations
 
-from protocol import grpc_service_pb2
-from protocol.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
-from server.grpc import InferenceServicer
+from protocol.proto import grpc_service_pb2
+from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
+from server.grpc.services import InferenceServicer
 
 
 def test_every_rpc_is_implemented_by_our_servicer() -> None:

@@ -1,4 +1,4 @@
-"""The frontend link (server/handover.py, server/shm_arena.py): messages with numpy tensors
+"""The frontend link (server/multiprocess/link.py, server/multiprocess/arena.py): messages with numpy tensors
 between two ends in one process, through shared memory or inline, and the ring's bookkeeping."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from protocol.errors import Overloaded
 from protocol.types import InferRequest, Tensor
-from server.handover import SHM_MIN_BYTES, HandoverLink
-from server.shm_arena import ALIGN, Arena, RingAllocator
+from server.multiprocess.link import SHM_MIN_BYTES, HandoverLink
+from server.multiprocess.arena import ALIGN, Arena, RingAllocator
 
 
 def test_ring_hands_out_aligned_regions_in_order_and_wraps() -> None:
@@ -163,7 +163,7 @@ def test_frames_split_anywhere_by_the_socket_are_put_back_together(chunk: int) -
 
 
 def test_requests_and_responses_survive_the_tuple_codec() -> None:
-    from protocol.handover_codec import (pack_request, pack_response, unpack_request,
+    from protocol.link_codec import (pack_request, pack_response, unpack_request,
                                          unpack_response)
     from protocol.types import InferResponse, RequestedOutput
 
@@ -190,7 +190,7 @@ def test_requests_and_responses_survive_the_tuple_codec() -> None:
 
 
 def test_tensor_data_of_any_layout_and_size_comes_back_equal() -> None:
-    from protocol.handover_codec import pack_response, unpack_response
+    from protocol.link_codec import pack_response, unpack_response
     from protocol.types import InferResponse
 
     arrays = [np.arange(12, dtype=np.float64).reshape(3, 4).T,  # not contiguous
@@ -204,7 +204,7 @@ def test_tensor_data_of_any_layout_and_size_comes_back_equal() -> None:
 
 def test_frontend_process_flags() -> None:
     from server.cli import settings_from_args
-    from server.grpc_server import server_options
+    from server.grpc.listener import server_options
     from server.settings import ServerSettings
 
     defaults = settings_from_args(["--model-repository", "/tmp"])

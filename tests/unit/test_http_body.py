@@ -1,4 +1,4 @@
-"""server/http_body.py: the one owner of --http-max-input-size for both HTTP body readers."""
+"""server/http/body.py: the one owner of --http-max-input-size for both HTTP body readers."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,7 @@ from typing import AsyncIterator
 import pytest
 
 from protocol.errors import InvalidArgument, TooLarge
-from server.http_body import BodyBuffer, BodyLimit
+from server.http.body import BodyBuffer, BodyLimit
 
 TOO_LARGE = ("request body size exceeds the maximum allowed input size of 10 bytes. "
              "Use --http-max-input-size to increase the limit.")

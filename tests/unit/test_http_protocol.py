@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from server.http_protocol import INFER_PATH, InferHttpProtocol, fast_path_supported, protocol_class
+from server.http.fast_path import INFER_PATH, InferHttpProtocol, fast_path_supported, protocol_class
 
 
 def test_the_installed_uvicorn_has_the_hooks_of_the_direct_path() -> None:

@@ -1,4 +1,4 @@
-"""server/inference.py: the one in-process infer (resolve, validate on submit, select outputs)."""
+"""server/core/inference_path.py: the one in-process infer (resolve, validate on submit, select outputs)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,12 +9,12 @@ import pytest
 from google.protobuf import text_format
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, ModelState, VersionRecord
 from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
-from server.inference import InferencePath
+from server.core.inference_path import InferencePath
 
 from fakescheduler import InstantScheduler
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from server.metrics import ServerMetrics
+from server.observability.metrics import ServerMetrics
 
 
 def test_series_appear_at_zero_on_load_and_vanish_on_unload() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from repository.registry import ModelRegistry, ModelState, VersionRecord
-from server.metrics import WORKER_RESTARTS, ServerMetrics, worker_restarts
+from server.observability.metrics import WORKER_RESTARTS, ServerMetrics, worker_restarts
 
 
 def _scheduler(*backends: object) -> object:

@@ -1,4 +1,4 @@
-"""server/offload.py's pieces that need no process: the inline-or-offload decision for
+"""server/http/parsers.py's pieces that need no process: the inline-or-offload decision for
 compressed bodies, BYTES tensors in transit, and the vectorised nesting check (issue 13, item 1).
 The processes themselves are exercised end to end in tests/e2e/test_http_offload.py."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from protocol.errors import InvalidArgument, TooLarge
-from protocol.rest_decode import check_json_depth
-from server.offload import _PackedBytes, inflate_small, parse_json_document
+from protocol.rest.decode import check_json_depth
+from server.http.parsers import _PackedBytes, inflate_small, parse_json_document
 
 
 def test_small_compressed_bodies_inflate_inline_and_large_ones_are_left_to_a_worker() -> None:

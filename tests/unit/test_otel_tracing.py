@@ -1,4 +1,4 @@
-"""server/otel_tracing.py with an in-memory span exporter: the spans of a sampled request, their
+"""server/observability/otel.py with an in-memory span exporter: the spans of a sampled request, their
 times, the batch size, and the client's traceparent as their parent."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter)
 
 from protocol.types import InferRequest, InferResponse, Tensor  # noqa: E402
-from server.otel_tracing import OtelTracer, build_provider  # noqa: E402
-from server.runtime_settings import TraceSettings  # noqa: E402
+from server.observability.otel import OtelTracer, build_provider  # noqa: E402
+from server.observability.runtime_settings import TraceSettings  # noqa: E402
 
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"

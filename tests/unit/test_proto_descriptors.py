@@ -20,7 +20,7 @@ from google.protobuf import text_format
 
 ROOT = Path(__file__).resolve().parents[2]
 
-OURS = ("protocol.model_config_pb2", "protocol.grpc_service_pb2")
+OURS = ("protocol.proto.model_config_pb2", "protocol.proto.grpc_service_pb2")
 TRITON = ("tritonclient.grpc.model_config_pb2", "tritonclient.grpc.service_pb2")
 
 
@@ -194,7 +194,7 @@ def test_serialized_descriptors_identical_to_tritonclient():
 
 
 def test_generated_modules_are_fresh(tmp_path):
-    from protocol.generate import GENERATED_FILES, PROTO_DIR, generate
+    from protocol.proto.generate import GENERATED_FILES, PROTO_DIR, generate
 
     generate(tmp_path)
     stale = []
@@ -219,7 +219,7 @@ def test_generated_modules_are_fresh(tmp_path):
 
 
 def test_generate_is_idempotent(tmp_path):
-    from protocol.generate import generate
+    from protocol.proto.generate import generate
 
     first = {path.name: path.read_bytes() for path in generate(tmp_path)}
     mtimes = {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()}
@@ -229,7 +229,7 @@ def test_generate_is_idempotent(tmp_path):
 
 
 def test_generated_modules_use_package_imports():
-    from protocol.generate import GENERATED_FILES, PROTO_DIR
+    from protocol.proto.generate import GENERATED_FILES, PROTO_DIR
 
     for name in GENERATED_FILES:
         source = (PROTO_DIR / name).read_text(encoding="utf-8")
@@ -238,14 +238,14 @@ def test_generated_modules_use_package_imports():
                 f"{name}: sibling import left in place: {line}"
             )
     grpc_module = (PROTO_DIR / "grpc_service_pb2_grpc.py").read_text(encoding="utf-8")
-    assert "from protocol import grpc_service_pb2 as grpc__service__pb2" in grpc_module
+    assert "from protocol.proto import grpc_service_pb2 as grpc__service__pb2" in grpc_module
 
 
 def test_grpc_module_imports_and_version_guard_within_pin():
     import grpc
 
-    from protocol import grpc_service_pb2_grpc
-    from protocol.generate import GRPCIO_MIN
+    from protocol.proto import grpc_service_pb2_grpc
+    from protocol.proto.generate import GRPCIO_MIN
 
     generated_for = tuple(int(p) for p in grpc_service_pb2_grpc.GRPC_GENERATED_VERSION.split("."))
     assert generated_for <= GRPCIO_MIN, (
@@ -351,7 +351,7 @@ model_warmup [
 
 
 def test_config_pbtxt_text_format_parse():
-    from protocol import model_config_pb2 as mc
+    from protocol.proto import model_config_pb2 as mc
 
     config = text_format.Parse(CONFIG_PBTXT, mc.ModelConfig())
 
@@ -436,7 +436,7 @@ def test_config_pbtxt_parses_to_the_same_bytes_as_tritonclient():
 def test_generation_refuses_guards_above_the_pins():
     import pytest
 
-    from protocol.generate import GenerationError, check_runtime_guards
+    from protocol.proto.generate import GenerationError, check_runtime_guards
 
     check_runtime_guards("ok_pb2_grpc.py", "GRPC_GENERATED_VERSION = '1.81.1'\n")
     check_runtime_guards("old_pb2_grpc.py", "GRPC_GENERATED_VERSION = '1.64.0'\n")

@@ -1,4 +1,4 @@
-"""REST request decoding at the edges (protocol/rest_decode.py, rest_inputs.py): size and JSON
+"""REST request decoding at the edges (protocol/rest/decode.py, rest_inputs.py): size and JSON
 depth limits, zero-copy binary inputs, Inference-Header-Content-Length parsing and raw requests."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from protocol.errors import InvalidArgument, TooLarge
-from protocol.rest_decode import (
+from protocol.rest.decode import (
     check_header_length,
     check_json_depth,
     check_raw_input_count,

@@ -1,4 +1,4 @@
-"""The REST codec's documents besides infer (protocol/rest_encode.py, rest_decode.py): model
+"""The REST codec's documents besides infer (protocol/rest/encode.py, rest_decode.py): model
 metadata, statistics and the repository index as exact JSON bytes, and the repository
 index / load / unload request bodies with their error texts."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from protocol.errors import InvalidArgument
-from protocol.rest_decode import (decode_index_ready, decode_load_parameters,
+from protocol.rest.decode import (decode_index_ready, decode_load_parameters,
                                   decode_unload_dependents)
-from protocol.rest_encode import (encode_model_metadata, encode_repository_index,
+from protocol.rest.encode import (encode_model_metadata, encode_repository_index,
                                   encode_statistics, encode_statistics_response)
 from protocol.types import (BatchStatisticsSnapshot, DurationSnapshot, IndexEntry, ModelMetadata,
                             StatisticsSnapshot, TensorMetadata)

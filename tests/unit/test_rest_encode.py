@@ -1,4 +1,4 @@
-"""REST response encoding (protocol/rest_encode.py): what the core answers -> the HTTP body, and
+"""REST response encoding (protocol/rest/encode.py): what the core answers -> the HTTP body, and
 round trips through the decoder and through tritonclient."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from protocol.errors import InternalError
-from protocol.rest_encode import encode_error, encode_infer_response
+from protocol.rest.encode import encode_error, encode_infer_response
 from protocol.types import InferResponse, RequestedOutput, Tensor
 from rest_cases import MODEL, _blobs, _bytes_blob, _decode, _fp32, _input, _json, _response, _split
 

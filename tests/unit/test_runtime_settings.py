@@ -1,11 +1,11 @@
-"""server/runtime_settings.py: trace and log settings, checked whole and applied to logging."""
+"""server/observability/runtime_settings.py: trace and log settings, checked whole and applied to logging."""
 from __future__ import annotations
 
 import logging
 import pytest
 
 from protocol.errors import InvalidArgument, Unsupported
-from server.runtime_settings import TRACE_DEFAULTS, LogSettings, TraceSettings
+from server.observability.runtime_settings import TRACE_DEFAULTS, LogSettings, TraceSettings
 
 
 def test_trace_defaults_and_per_model_overrides() -> None:

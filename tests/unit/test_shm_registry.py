@@ -1,4 +1,4 @@
-"""server/shm_registry.py: regions mapped once, tensors as views, bounds checked before any
+"""server/core/client_shm.py: regions mapped once, tensors as views, bounds checked before any
 access, and an unregister that never unmaps under a request."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.shared_memory import placeholder
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
-from server.shm_registry import SHM_DIR, SharedMemoryRegistry
+from server.core.client_shm import SHM_DIR, SharedMemoryRegistry
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""server/traffic.py: routing by policy, the API's checks, the gate on a fake clock, version
+"""server/traffic/policy.py: routing by policy, the API's checks, the gate on a fake clock, version
 events (unload, traffic.json) and shadows, over fake schedulers in one registry."""
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import pytest
 from google.protobuf import text_format
 
 from protocol.errors import InternalError, InvalidArgument, NotFound
-from protocol.model_config_pb2 import ModelConfig
-from protocol.traffic_json import decode_traffic
+from protocol.proto.model_config_pb2 import ModelConfig
+from protocol.traffic import decode_traffic
 from protocol.types import InferRequest, InferResponse, Tensor
 from repository.registry import ModelRegistry, ModelState, VersionRecord
 from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
-from server.inference import InferencePath
-from server.traffic import TrafficControl, TrafficSettings
+from server.core.inference_path import InferencePath
+from server.traffic.policy import TrafficControl, TrafficSettings
 
 from fakescheduler import InstantScheduler
 

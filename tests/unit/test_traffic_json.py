@@ -1,10 +1,10 @@
-"""protocol/traffic_json.py: the traffic policy's wire form, and its error texts."""
+"""protocol/traffic.py: the traffic policy's wire form, and its error texts."""
 from __future__ import annotations
 
 import pytest
 
 from protocol.errors import InvalidArgument
-from protocol.traffic_json import (CanarySpec, ShadowSpec, TrafficSpec, decode_traffic,
+from protocol.traffic import (CanarySpec, ShadowSpec, TrafficSpec, decode_traffic,
                                    encode_traffic)
 
 

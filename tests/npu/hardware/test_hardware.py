@@ -13,7 +13,7 @@ from google.protobuf import text_format
 from backends.base import InstanceSpec
 from npu.backend import AscendBackend
 from protocol.datatypes import BY_CONFIG_NAME, numpy_to_wire
-from protocol.model_config_pb2 import DataType, ModelConfig
+from protocol.proto.model_config_pb2 import DataType, ModelConfig
 
 from hw_models import om_path
 

@@ -10,7 +10,7 @@ from google.protobuf import text_format
 
 from backends.base import BackendError, InstanceSpec
 from backends.identity import IdentityBackend
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 
 CONFIG = '''
 name: "custom_zero_1_float32" backend: "identity" max_batch_size: 8

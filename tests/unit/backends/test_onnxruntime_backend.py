@@ -9,7 +9,7 @@ import pytest
 from backends.base import BackendError, InstanceSpec
 from backends.onnxruntime import OnnxRuntimeBackend
 from examples.build_repository import build_identity_bytes, build_simple
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from repository.config import normalize, read_config
 
 

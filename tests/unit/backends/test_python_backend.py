@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from backends.base import BackendError, InstanceSpec
-from backends.python import PythonBackend
+from backends.python.backend import PythonBackend
 from protocol.errors import InternalError, InvalidArgument, Unavailable
 from repository.config import normalize, parse_config_text
 

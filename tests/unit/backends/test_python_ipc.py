@@ -7,7 +7,7 @@ import socket
 import numpy as np
 import pytest
 
-from backends.python_ipc import (ArenaReader, ArenaWriter, ChannelClosed, Receiver,
+from backends.python.wire.framing import (ArenaReader, ArenaWriter, ChannelClosed, Receiver,
                                  recv_message, send_message)
 
 

@@ -16,10 +16,11 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from backends import python_process, registry
+from backends import registry
+from backends.python import process as python_process
 from backends.base import InstanceSpec
-from backends.python import PythonBackend
-from backends.python_process import WorkerDied, WorkerProcess
+from backends.python.backend import PythonBackend
+from backends.python.process import WorkerDied, WorkerProcess
 from procutil import gone, kill_quietly, wait_gone
 from protocol.errors import Unavailable
 from repository.config import normalize, parse_config_text
@@ -34,7 +35,7 @@ FAKE_SERVER = '''
 import sys, threading, time
 from pathlib import Path
 import numpy as np
-from backends.python_process import WorkerProcess
+from backends.python.process import WorkerProcess
 
 version_dir = Path(sys.argv[1])
 box = []

@@ -11,7 +11,7 @@ from typing import Iterator, Optional
 import numpy as np
 import pytest
 
-from backends.python import PythonBackend
+from backends.python.backend import PythonBackend
 from protocol.errors import InternalError
 from protocol.types import InferRequest, RequestedOutput, Tensor
 from tests.unit.backends.test_python_backend import make_backend, write_model

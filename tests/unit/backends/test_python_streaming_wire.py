@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from backends.python_bridge import SendError, WorkerBridge
-from backends.python_channel import Channel
-from backends.python_ipc import ChannelClosed, Receiver, send_message
-from backends.python_ring import RingFull, RingReader, RingWriter
+from backends.python.worker.bridge import SendError, WorkerBridge
+from backends.python.wire.channel import Channel
+from backends.python.wire.framing import ChannelClosed, Receiver, send_message
+from backends.python.wire.ring import RingFull, RingReader, RingWriter
 
 
 def test_ring_wraps_around_and_reuses_what_was_read() -> None:

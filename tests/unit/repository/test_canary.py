@@ -1,8 +1,8 @@
-"""repository/canary.py: the canary state machine on a fake clock."""
+"""server/traffic/canary.py: the canary state machine on a fake clock."""
 from __future__ import annotations
 
-from protocol.traffic_json import CanarySpec
-from repository.canary import PROMOTED, ROLLED_BACK, RUNNING, STEP, Canary, OutcomeWindow
+from protocol.traffic import CanarySpec
+from server.traffic.canary import PROMOTED, ROLLED_BACK, RUNNING, STEP, Canary, OutcomeWindow
 
 SPEC = CanarySpec("1", "2", steps=(10, 50, 100), step_seconds=30.0, min_requests=50,
                   max_error_rate=0.05, max_p99_ms=200.0)

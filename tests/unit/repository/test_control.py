@@ -8,13 +8,13 @@ import pytest
 from google.protobuf import text_format
 
 from examples.build_repository import simple_config
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from repository.config import ConfigError, validate
 from repository.manager import ManagerSettings, ModelManager, plausible_name
 from repository.registry import ModelRegistry, ModelState, VersionRecord
 from server.cli import settings_from_args
-from server.core import InferenceCore
-from server.inference import InferencePath
+from server.core.inference_core import InferenceCore
+from server.core.inference_path import InferencePath
 from server.settings import ServerSettings
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from repository.layout import DUPLICATE_REASON, scan_repositories, select_versions, version_directories
 
 

@@ -356,8 +356,8 @@ async def test_labels_are_read_when_a_copy_loads_and_again_on_reload(repo: Path)
 
 
 def _strict_core(manager: ModelManager, registry: ModelRegistry):  # type: ignore[no-untyped-def]
-    from server.core import InferenceCore
-    from server.inference import InferencePath
+    from server.core.inference_core import InferenceCore
+    from server.core.inference_path import InferencePath
     from server.settings import ServerSettings
 
     core = InferenceCore(ServerSettings(), registry, manager, InferencePath(registry))

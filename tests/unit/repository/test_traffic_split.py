@@ -1,10 +1,10 @@
-"""repository/traffic_split.py: the weighted split and the sticky hash."""
+"""server/traffic/split.py: the weighted split and the sticky hash."""
 from __future__ import annotations
 
 import random
 from collections import Counter
 
-from repository.traffic_split import WeightTable, key_point
+from server.traffic.split import WeightTable, key_point
 
 
 def test_the_split_follows_the_weights_within_binomial_bounds() -> None:

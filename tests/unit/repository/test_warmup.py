@@ -10,7 +10,7 @@ from google.protobuf import text_format
 
 from backends.onnxruntime import OnnxRuntimeBackend
 from protocol import datatypes
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from repository.warmup import WarmupError, build_requests
 from scheduler.interface import VersionSpec
 from scheduler.validation import validate_request

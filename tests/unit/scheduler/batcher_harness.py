@@ -15,7 +15,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from backends.base import Backend, BackendError
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import DynamicBatcher
 from scheduler.clock import ManualClock

@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, InferResponse, Tensor
 from scheduler.ensemble import EnsembleConfigError, EnsembleScheduler, plan_steps
 from scheduler.interface import VersionSpec

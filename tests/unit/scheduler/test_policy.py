@@ -5,7 +5,7 @@ import pytest
 from google.protobuf import text_format
 
 from protocol.errors import InvalidArgument
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest
 from scheduler.policy import LevelPolicy, QueuePolicy
 

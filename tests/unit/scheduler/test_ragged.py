@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from scheduler.ragged import RaggedBatching, _batch_input
 
 

@@ -15,7 +15,7 @@ from google.protobuf import text_format
 
 from backends.base import Backend, BackendError
 from protocol.errors import InternalError, Unavailable
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import DynamicBatcher
 from scheduler.clock import ManualClock

@@ -16,12 +16,12 @@ from google.protobuf import text_format
 
 from backends.base import Backend
 from protocol.errors import InvalidArgument
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, Tensor
 from scheduler.clock import ManualClock
 from scheduler.factory import create_scheduler
 from scheduler.interface import VersionSpec
-from scheduler.sequence import SequenceBatcher
+from scheduler.sequence.batcher import SequenceBatcher
 from scheduler.stats import VersionStatistics
 
 from batcher_harness import Observer

@@ -6,7 +6,7 @@ import pytest
 from google.protobuf import text_format
 
 from protocol.errors import InvalidArgument
-from protocol.model_config_pb2 import ModelConfig
+from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, RequestedOutput, Tensor
 from scheduler.validation import validate_request
 

@@ -1,0 +1,1 @@
+"""Triton-style Python models: the server's side of a model's worker processes."""

@@ -1,0 +1,376 @@
+"""The server's handle on one worker process: spawn it, talk to it, notice when it dies.
+
+Every call is a strict request/reply on the socket, made from the instance's own thread, so
+the arenas are never written while the other side reads them. Messages that are not replies
+(decoupled responses, BLS requests, custom metrics) go to the backend's `on_message`, on
+whichever thread reads the channel; their tensors travel in the rings (python_ring.py). When the process dies the
+socket reports end-of-file (or is severed by the supervisor), and the pending call raises
+WorkerDied at once. Workers die with the server: the kernel kills them when it goes (see
+_Spawner), and end_workers() kills those still running at its exit deadline.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from backends.python.wire.channel import Channel
+from backends.python.wire.framing import ArenaReader, ArenaWriter, ChannelClosed
+from backends.python.wire.ring import RingReader, RingWriter
+
+# The folder holding the `backends` package and the pb_utils module, for the worker's sys.path.
+_ROOT = Path(__file__).resolve().parents[3]
+
+
+class WorkerDied(Exception):
+    """The worker process exited (or was killed) before answering."""
+
+    def __init__(self, detail: str, before_send: bool = False) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        # It was gone before the message left: the work never started and may be retried.
+        self.before_send = before_send
+
+
+class WorkerReplyError(Exception):
+    """The worker answered with an error (the model raised); the message says what."""
+
+
+class Outputs(dict):
+    """One request's output arrays, with the response parameters the model set (a plain
+    dict when it set none)."""
+
+    parameters: Optional[dict] = None
+
+
+# One request's result: its output arrays, or (TritonError code, message) from the model.
+Result = dict[str, np.ndarray] | Outputs | tuple[int, str]
+# Called with each message that is not a reply, and its file descriptors.
+MessageHandler = Callable[["WorkerProcess", dict, list[int]], None]
+
+
+def describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONUNBUFFERED"] = "1"  # model prints reach the server log as they happen
+    return env
+
+
+class _Spawner:
+    """Starts every worker process from one thread that lives as long as the server.
+
+    A worker asks the kernel to SIGKILL it when its parent goes (PR_SET_PDEATHSIG, in
+    python_worker.py), and Linux sends that signal when the *thread* that forked it ends, not
+    the process. Forking from one long-lived daemon thread ties each worker to the server
+    process itself, whichever thread (instance, supervisor, executor) asked for it. The
+    thread is first started by a load (an instance or executor thread, which hold the
+    process's whole CPU set), so workers never inherit the event loop's CPU pin."""
+
+    def __init__(self) -> None:
+        self._jobs: "queue.SimpleQueue[tuple[Callable[[], Any], Future]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+
+    def run(self, job: Callable[[], Any]) -> Any:
+        future: Future = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="python-worker-spawner",
+                                                daemon=True)
+                self._thread.start()
+        self._jobs.put((job, future))
+        return future.result()
+
+    def _serve(self) -> None:
+        while True:
+            job, future = self._jobs.get()
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+            del job, future
+
+
+_spawner = _Spawner()
+# Every worker not closed yet, so the server can end them at its exit deadline.
+_live: "set[WorkerProcess]" = set()
+_live_lock = threading.Lock()
+_ended = False
+
+
+def end_workers() -> int:
+    """Kill every worker still running and refuse to start new ones: the server's exit
+    deadline has passed (or the interpreter exits), and a model's `execute` still running
+    must not outlive the server. Returns how many were killed."""
+    global _ended
+    with _live_lock:
+        _ended = True
+        workers = list(_live)
+    killed = 0
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.kill()
+            killed += 1
+    return killed
+
+
+def workers_ended() -> bool:
+    """True once end_workers() ran: a worker that dies now is not restarted."""
+    return _ended
+
+
+atexit.register(end_workers)
+
+
+class WorkerProcess:
+    """One `python -m backends.python.worker.main` child and its socket and arenas."""
+
+    def __init__(self, process: subprocess.Popen, sock: socket.socket,
+                 on_message: Optional[MessageHandler] = None, pumped: bool = False) -> None:
+        self.process = process
+        self._sock = sock
+        self._on_message = on_message
+        # Without a pump (a model that is not decoupled) only calls read the socket, one at a
+        # time under the call lock: the channel need not take turns.
+        self._channel = Channel(sock, self._route, shared=pumped)
+        self.ring = RingReader()  # the worker's ring: decoupled responses, BLS inputs
+        self.answers = RingWriter(grow_when_full=True)  # ours: BLS answers (never waits)
+        self._inputs = ArenaWriter()
+        self._outputs = ArenaReader()
+        # Held for a whole call, so close() (from the supervisor) never pulls the socket out
+        # from under a call in progress; sever() first wakes such a call.
+        self._call_lock = threading.RLock()
+        self._closed = False
+
+    @classmethod
+    def spawn(cls, on_message: Optional[MessageHandler] = None, pumped: bool = False
+              ) -> "WorkerProcess":
+        """Start a worker (from the spawner thread). It dies with the server: by the parent-death
+        signal if the server is killed, by end_workers() at a hard-deadline exit. `pumped`:
+        a thread will run `pump` (a decoupled model), so calls share the socket with it."""
+        return _spawner.run(lambda: cls._spawn(on_message, pumped))
+
+    @classmethod
+    def _spawn(cls, on_message: Optional[MessageHandler], pumped: bool) -> "WorkerProcess":
+        with _live_lock:
+            if _ended:
+                raise WorkerDied("was not started: the server is shutting down", before_send=True)
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "backends.python.worker.main", "--fd", str(child.fileno()),
+                     "--parent-pid", str(os.getpid())],
+                    pass_fds=(child.fileno(),), env=_worker_env(), stdin=subprocess.DEVNULL)
+            except BaseException:
+                parent.close()
+                raise
+            finally:
+                child.close()
+            worker = cls(process, parent, on_message, pumped)
+            _live.add(worker)
+        return worker
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    # ----- calls -------------------------------------------------------------------------
+
+    def _route(self, message: dict[str, Any], fds: list[int]) -> Optional[str]:
+        if "op" not in message:
+            return "reply"
+        if self._on_message is not None:
+            self._on_message(self, message, fds)
+        else:
+            for fd in fds:
+                os.close(fd)
+        return None
+
+    def pump(self) -> None:
+        """Read and hand on the worker's messages until it goes (a decoupled model's reader
+        thread: its responses arrive while no call waits). Only for a worker spawned
+        `pumped`."""
+        try:
+            self._channel.wait("never")
+        except (ChannelClosed, OSError, TimeoutError):
+            pass
+
+    def post(self, message: dict[str, Any], tensors: Optional[Mapping[str, np.ndarray]] = None
+             ) -> None:
+        """Send a message that has no reply (an ack, a cancellation, a BLS answer), with its
+        tensors in our ring. Any thread; never waits for the worker. OSError once closed."""
+        if self._closed:
+            raise ConnectionError("the worker's channel is closed")
+        with self._channel.send_lock:
+            fds: Sequence[int] = ()
+            if tensors is not None:
+                refs, end, new_fd = self.answers.pack(tensors)
+                message = {**message, "refs": refs, "end": end}
+                fds = [new_fd] if new_fd is not None else ()
+            self._channel.send_locked(message, fds)
+
+    def take(self, refs: list, end: int, fds: list[int]) -> dict[str, np.ndarray]:
+        """On the reading thread: copies of a message's tensors out of the worker's ring."""
+        if fds:
+            self.ring.adopt(fds[0])
+            for extra in fds[1:]:
+                os.close(extra)
+        return self.ring.take(refs, end)
+
+    def call(self, message: Mapping[str, Any], fds: Sequence[int] = (),
+             timeout: Optional[float] = None) -> tuple[dict[str, Any], list[int]]:
+        """Send one message and wait for its reply; WorkerDied if the process goes first."""
+        sent = False
+        try:
+            with self._call_lock:
+                if self._closed or self.process.poll() is not None:
+                    raise ChannelClosed("closed")
+                self._channel.send(message, fds)
+                sent = True
+                return self._channel.wait("reply", timeout)
+        except TimeoutError:
+            self.kill()
+            raise WorkerDied(f"did not answer '{message.get('op')}' within {timeout:g} s") \
+                from None
+        except (ChannelClosed, OSError):
+            raise WorkerDied(describe_exit(self._exit_code()), before_send=not sent) from None
+
+    def initialize(self, model_file: Path, version_dir: Path, args: Mapping[str, str],
+                   timeout: Optional[float], stream: Optional[Mapping[str, Any]] = None) -> None:
+        reply, _ = self.call({"op": "init", "model_file": str(model_file),
+                              "version_dir": str(version_dir), "args": dict(args),
+                              "stream": dict(stream or {})},
+                             timeout=timeout)
+        if not reply.get("ok"):
+            raise WorkerReplyError(reply.get("error", "initialize failed"))
+
+    def auto_complete(self, model_file: Path, version_dir: Path, config: dict,
+                      timeout: Optional[float]) -> dict:
+        reply, _ = self.call({"op": "auto_complete", "model_file": str(model_file),
+                              "version_dir": str(version_dir), "config": config},
+                             timeout=timeout)
+        if not reply.get("ok"):
+            raise WorkerReplyError(reply.get("error", "auto_complete_config failed"))
+        return reply["config"]
+
+    def execute(self, requests: Sequence[Mapping[str, np.ndarray]],
+                output_names: Sequence[str], rids: Optional[Sequence[int]] = None,
+                details: Optional[Mapping[str, list]] = None) -> list[Result]:
+        """Run one list of requests; each result is its outputs or the model's error for it.
+        `rids`: a decoupled model's requests, answered through messages. `details`: the
+        per-request lists a model's accessors read ("requested", "meta", "sequence"), only
+        those some request needs (python.py). Raises WorkerReplyError when the model's execute
+        raised (the whole list failed). Only ever called from one thread at a time (the
+        instance's), like the arenas' use."""
+        with self._call_lock:
+            if self._closed:
+                raise WorkerDied(describe_exit(self._exit_code()), before_send=True)
+            refs, new_fd = self._inputs.pack(requests)
+            message: dict[str, Any] = {"op": "execute", "requests": refs,
+                                       "outputs": list(output_names)}
+            if rids is not None:
+                message["rids"] = list(rids)
+            if details:
+                message.update(details)
+            reply, fds = self.call(message, [new_fd] if new_fd is not None else ())
+            if rids is not None and reply.get("ok"):
+                return []  # decoupled: the responses come as messages
+            for extra in fds[1:]:
+                os.close(extra)
+            if fds:
+                self._outputs.adopt(fds[0])
+            results = self._results(reply)
+        return results
+
+    def _results(self, reply: dict[str, Any]) -> list[Result]:
+        if not reply.get("ok"):
+            raise WorkerReplyError(reply.get("error", "execute failed"))
+        results: list[Result] = []
+        params = reply.get("params")  # only when some response set parameters
+        copy = self._outputs.copy
+        for index, (group, error) in enumerate(zip(reply["outputs"], reply["errors"])):
+            if error is not None:
+                results.append((int(error[0]), str(error[1])))
+                continue
+            outputs = {ref[0]: copy(ref) for ref in group}
+            if params and params[index]:
+                outputs = Outputs(outputs)
+                outputs.parameters = params[index]
+            results.append(outputs)
+        return results
+
+    def finalize(self, timeout: float) -> None:
+        """Ask the model to finalize and the process to exit; kill it if it does not."""
+        try:
+            self.call({"op": "finalize"}, timeout=timeout)
+        except WorkerDied:
+            pass
+        finally:
+            self.close(timeout)
+
+    # ----- process control ---------------------------------------------------------------
+
+    def wait(self) -> int:
+        """Block until the process exits; returns its exit code (negative: signal)."""
+        return self.process.wait()
+
+    def sever(self) -> None:
+        """Wake any call blocked on the socket (a grandchild may still hold the other end)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._channel.close()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.kill()
+            except ProcessLookupError:
+                pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the channel (the worker exits on end-of-file), then make sure it is gone."""
+        self.sever()
+        with self._call_lock:
+            self._closed = True
+            self._sock.close()
+            self._inputs.close()
+            self.answers.close()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.process.wait()
+        with _live_lock:
+            _live.discard(self)
+        self._outputs.close()
+
+    def _exit_code(self) -> Optional[int]:
+        try:
+            return self.process.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return None

@@ -1,0 +1,175 @@
+"""The parts of pb_utils that reach the server: response senders, cancellation and custom
+metrics. triton_python_backend_utils re-exports them under Triton's names.
+
+The worker installs its WorkerBridge here at start (`install`); outside a worker (a model's
+own unit tests) there is none, and using these raises TritonModelException.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Optional, Sequence
+
+_bridge: Any = None
+
+
+class TritonModelException(Exception):
+    """Raised by pb_utils when a model uses it wrongly; also raisable by models."""
+
+
+def install(bridge: Any) -> None:
+    """Called once by the worker process."""
+    global _bridge
+    _bridge = bridge
+
+
+def bridge() -> Any:
+    if _bridge is None:
+        raise TritonModelException("this needs the ascend-serve Python model worker (it is not "
+                            "available outside a served model)")
+    return _bridge
+
+
+class InferenceResponseSender:
+    """`request.get_response_sender()`: sends any number of responses for one request."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        from backends.python.worker.bridge import SendError
+
+        try:
+            bridge().send(self._state, response, flags)
+        except SendError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def is_cancelled(self) -> bool:
+        return self._state.cancelled
+
+    def is_closed(self) -> bool:
+        return self._state.closed
+
+
+class ResponseIterator:
+    """What `exec(decoupled=True)` returns: the called model's answers, in order, the last one
+    empty; `cancel()` (or dropping it unfinished) cancels the call in the server."""
+
+    def __init__(self, answers: Any) -> None:
+        self._answers = answers
+
+    def __iter__(self) -> "ResponseIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._answers)
+
+    def cancel(self) -> None:
+        self._answers.close()
+
+
+class MetricFamily:
+    """A custom metric family, exported on the server's /metrics beside Triton's own."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+    _KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
+    _names: set[str] = set()
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        if kind not in self._KINDS:
+            raise TritonModelException(f"metric family '{name}': unknown kind {kind}")
+        if not name or not name.replace("_", "a").replace(":", "a").isalnum() or \
+                name[0].isdigit():
+            raise TritonModelException(f"invalid metric family name '{name}'")
+        self.name = name
+        self.description = description
+        self.kind = kind
+        bridge().metric({"action": "family", "family": name, "description": description,
+                         "kind": self._KINDS[kind]})
+
+    def Metric(self, labels: Optional[dict] = None,  # noqa: N802 - Triton's name
+               buckets: Optional[Sequence[float]] = None) -> "Metric":
+        if self.kind == self.HISTOGRAM and not buckets:
+            raise TritonModelException("a histogram metric needs 'buckets'")
+        return Metric(self, dict(labels or {}), list(buckets or ()))
+
+
+class Metric:
+    """One labelled series of a MetricFamily; its value is kept here and mirrored to the
+    server on each change."""
+
+    def __init__(self, family: MetricFamily, labels: dict, buckets: list[float]) -> None:
+        self._family = family
+        self._labels = {str(k): str(v) for k, v in labels.items()}
+        self._buckets = sorted(float(b) for b in buckets)
+        self._value = 0.0
+        self._lock = threading.Lock()
+
+    def _update(self, action: str, value: float) -> None:
+        bridge().metric({"action": action, "family": self._family.name, "labels": self._labels,
+                         "value": float(value), "buckets": self._buckets})
+
+    def increment(self, value: float) -> None:
+        if self._family.kind != MetricFamily.COUNTER and self._family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("increment is for counters and gauges")
+        if self._family.kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("a counter cannot be decremented")
+        with self._lock:
+            self._value += value
+        self._update("increment", value)
+
+    def set(self, value: float) -> None:
+        if self._family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("set is only available for gauges")
+        with self._lock:
+            self._value = float(value)
+        self._update("set", value)
+
+    def observe(self, value: float) -> None:
+        if self._family.kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("observe is only available for histograms")
+        self._update("observe", value)
+
+    def value(self) -> float:
+        if self._family.kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("value is not available for histograms")
+        with self._lock:
+            return self._value
+
+
+class LogLevel:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+class Logger:
+    """Model-side logging; lines go to the worker's stderr, which is the server's log."""
+
+    INFO, WARNING, ERROR, VERBOSE = (LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR,
+                                     LogLevel.VERBOSE)
+    _NAMES = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E", LogLevel.VERBOSE: "V"}
+
+    @classmethod
+    def log(cls, message: str, level: int = LogLevel.INFO) -> None:
+        sys.stderr.write(f"{cls._NAMES.get(level, 'I')} [python model] {message}\n")
+        sys.stderr.flush()
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls.log(message, LogLevel.INFO)
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls.log(message, LogLevel.WARNING)
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls.log(message, LogLevel.ERROR)
+
+    @classmethod
+    def log_verbose(cls, message: str) -> None:
+        cls.log(message, LogLevel.VERBOSE)

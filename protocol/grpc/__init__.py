@@ -1,0 +1,1 @@
+"""The gRPC wire form: ModelInfer messages and the traffic service, to and from the internal types."""

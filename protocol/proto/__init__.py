@@ -1,0 +1,1 @@
+"""The .proto files and the modules protoc generates from them (python -m protocol.proto.generate)."""

@@ -1,0 +1,1 @@
+"""The HTTP/REST wire form of requests, responses and the extensions' bodies."""

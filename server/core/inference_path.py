@@ -1,0 +1,277 @@
+"""The one in-process infer: pick the version, submit, answer with the outputs asked for.
+
+Every caller takes this door: both frontends, ensemble steps, and later BLS calls from Python
+models. It is built once in server/app.py and handed to whoever needs it (the model manager
+passes `infer_admitted` to the ensembles it builds), so nothing reaches back into the server
+through a patched attribute. Shadow copies (server/traffic/shadow.py) are the one exception: they are
+not client requests (no routing, no in-flight count, no answer), so they go straight to the
+shadow version's scheduler, which validates and queues them like any request.
+
+The path resolves the version (a model's traffic policy, server/traffic/policy.py, picks one when set:
+one dict lookup otherwise), keeps count of what is in flight so shutdown can wait for it, and
+submits to that version's scheduler, which validates and queues (scheduler/interface.py).
+Classification and output selection happen here, once the answer is back, with the labels the
+version read when it loaded.
+
+Decoupled models answer any number of times: `stream` (server/core/streaming.py) gives every answer
+to the gRPC stream, generate_stream and BLS; `infer` refuses them as Triton does, and
+`infer_admitted` (ensemble steps) takes their one answer. The path is also the BackendHost
+(backends/base.py) Python models make their BLS calls through.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Callable, Optional
+
+from protocol.classification import classify
+from protocol.errors import HTTP_ENDPOINT, InternalError, decoupled_unsupported, server_exiting
+from protocol.stream import StreamItem
+from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from repository.registry import ModelRegistry, VersionRecord
+from server.core import streaming
+from server.traffic.policy import NAMED, TrafficControl
+
+ONE_ANSWER_ERROR = ("model '{model}' is decoupled and gave {count}; a caller that expects one "
+                    "answer needs exactly 1 response")
+
+
+# How often shutdown looks again whether the live sequences have ended (only while exiting).
+SEQUENCE_POLL_S = 0.05
+
+
+class InferencePath:
+    def __init__(self, registry: ModelRegistry,
+                 traffic: Optional[TrafficControl] = None,
+                 custom_metric: Optional[Callable[[dict], None]] = None) -> None:
+        self.registry = registry
+        self.traffic = traffic if traffic is not None else TrafficControl(registry)
+        self._policies = self.traffic.policies  # model -> policy in force (gray release)
+        self.exiting = False
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.loop: Optional[asyncio.AbstractEventLoop] = None  # set by attach_loop
+        self._custom_metric = custom_metric
+
+    # ----- what Python models' backends use (BackendHost) --------------------------------
+    def attach_loop(self) -> None:
+        """Called on the server's loop at start: BLS calls arrive from worker threads."""
+        self.loop = asyncio.get_running_loop()
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        record = self.resolve(name, version)
+        return record.scheduler is not None and record.scheduler.rules.decoupled
+
+    def custom_metric(self, update: dict) -> None:
+        if self._custom_metric is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._custom_metric, update)
+
+    def resolve(self, name: str, version: str = "") -> VersionRecord:
+        """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE
+        (a raw binary body, which carries no traffic_key, is resolved before it is decoded,
+        and then inferred on that version: it is counted there)."""
+        policy = self._policies.get(name)
+        if policy is not None:
+            return self.traffic.resolve(policy, name, version, count=False)
+        return self.registry.resolve(name, version)
+
+    async def infer(self, request: InferRequest, record: Optional[VersionRecord] = None,
+                    endpoint: str = HTTP_ENDPOINT) -> InferResponse:
+        """A request from a client; refused once the server is exiting, and for a decoupled
+        model (`endpoint` names the caller in Triton's text). `record` is the version when the
+        caller already resolved it (to decode a raw binary body)."""
+        if self.exiting and not self._continues_sequence(request):
+            raise server_exiting()
+        return await self.infer_admitted(request, record, refuse_decoupled=endpoint)
+
+    def stream(self, request: InferRequest, record: Optional[VersionRecord] = None,
+               admitted: bool = True) -> AsyncIterator[StreamItem]:
+        """Every answer to `request`, in order, the last one `final` (one answer for a model
+        that is not decoupled, routed by infer_admitted). With `admitted=False` (a client's
+        request) it is refused once the server is exiting. A decoupled model's version is
+        picked uncounted by a traffic policy (its streams take no part in canaries)."""
+        if not admitted and self.exiting and not self._continues_sequence(request):
+            raise server_exiting()
+        picked = record if record is not None else \
+            self.resolve(request.model_name, request.model_version)
+        return streaming.answers(self, request, picked, record)
+
+    async def infer_admitted(self, request: InferRequest,
+                             record: Optional[VersionRecord] = None,
+                             refuse_decoupled: str = "") -> InferResponse:
+        """`infer` without the exiting check: work on behalf of a request already admitted
+        (an ensemble's steps), which must finish during the drain. Under a traffic policy the
+        answer (or failure) is reported to it: the canary's outcomes, the shadow copy. A
+        decoupled model gives its one answer, or is refused naming `refuse_decoupled`."""
+        policy = self._policies.get(request.model_name)  # a traffic policy (gray release)
+        if policy is None:  # as before policies existed, plus counting a named version
+            version = request.model_version
+            if record is None:
+                record = self.registry.route(request)  # a retiring copy's live sequence
+            if version and version != "-1":
+                self.traffic.count(request.model_name, record.version, NAMED)
+            started = 0
+        else:
+            # A live sequence stays on its version whatever the split says.
+            record = self.registry.sequence_home(request) or \
+                self.traffic.route(policy, request, record)
+            started = time.perf_counter_ns()
+        scheduler = record.scheduler
+        assert scheduler is not None
+        if scheduler.rules.decoupled:
+            if refuse_decoupled:
+                raise decoupled_unsupported(refuse_decoupled)
+            return await self.one_answer(request, record, ONE_ANSWER_ERROR)
+        try:
+            future = scheduler.submit(request)  # validates; raises at once when refused
+        except Exception:
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, False)
+            raise
+        self.inflight += 1
+        self._idle.clear()
+        try:
+            response = await future
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, False)
+            raise
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+        if policy is not None:
+            self.traffic.answered(policy, request, record, started, True)
+        return _select_outputs(response, request.outputs, record)
+
+    def infer_nowait(self, request: InferRequest, on_done: Callable[
+            [Optional[InferResponse], Optional[BaseException]], None],
+            endpoint: str = HTTP_ENDPOINT) -> Optional[asyncio.Future]:
+        """`infer` without a coroutine, for a caller that keeps no task per request (the model
+        owner answering a frontend process): `on_done(response, error)` runs on the loop once
+        the answer is in. Returns the scheduler's future (cancelling it drops the request if
+        it has not run), or None when the request was refused at once (on_done has run)."""
+        policy = self._policies.get(request.model_name)
+        record: Optional[VersionRecord] = None
+        started = 0
+        try:
+            if self.exiting and not self._continues_sequence(request):
+                raise server_exiting()
+            if policy is None:  # as infer_admitted: inline, this is the hot path
+                version = request.model_version
+                record = self.registry.route(request)  # a retiring copy's live sequence
+                if version and version != "-1":
+                    self.traffic.count(request.model_name, record.version, NAMED)
+            else:
+                record = self.registry.sequence_home(request) or \
+                    self.traffic.route(policy, request, None)
+                started = time.perf_counter_ns()
+            if record.scheduler.rules.decoupled:  # type: ignore[union-attr]
+                raise decoupled_unsupported(endpoint)
+            future = record.scheduler.submit(request)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - the caller answers with it
+            if policy is not None and record is not None:  # refused by the version picked
+                self.traffic.answered(policy, request, record, started, False)
+            on_done(None, exc)
+            return None
+        self.inflight += 1
+        self._idle.clear()
+
+        def finished(done: asyncio.Future) -> None:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+            if done.cancelled():
+                return
+            error = done.exception()
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, error is None)
+            if error is None:
+                try:
+                    on_done(_select_outputs(done.result(), request.outputs, record), None)
+                    return
+                except Exception as exc:  # noqa: BLE001
+                    error = exc
+            on_done(None, error)
+
+        future.add_done_callback(finished)
+        return future
+
+    async def one_answer(self, request: InferRequest, record: VersionRecord,
+                         error_text: str) -> InferResponse:
+        """The single answer of a decoupled model; `error_text` (with {model} and {count})
+        when it gives none or more than one. A second answer ends the call at once (the
+        request is cancelled), so a model that streams on is never buffered here."""
+        answers: list[InferResponse] = []
+        async for item in streaming.answers(self, request, record):
+            if item.error is not None:
+                raise item.error
+            if item.response is not None:
+                answers.append(item.response)
+                if len(answers) > 1:
+                    break
+        if len(answers) != 1:
+            count = "no response" if not answers else "more than one response"
+            raise InternalError(error_text.format(model=request.model_name, count=count))
+        return answers[0]
+
+    def enter(self) -> None:
+        """One more inference in flight (shutdown waits for it)."""
+        self.inflight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no inference is in flight and no sequence is live (a live sequence's
+        next request is still taken while exiting); False if the timeout passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                await asyncio.wait_for(self._idle.wait(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return False
+            if not self._live_sequences():
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(SEQUENCE_POLL_S)
+
+    def _live_sequences(self) -> int:
+        return sum(record.scheduler.live_sequences()  # type: ignore[union-attr]
+                   for _, record in self.registry.serving_versions())
+
+    def _continues_sequence(self, request: InferRequest) -> bool:
+        """While exiting: a request that continues a live sequence is still served."""
+        return self.registry.sequence_home(request) is not None
+
+
+def _select_outputs(response: InferResponse, requested: Optional[list[RequestedOutput]],
+                    record: VersionRecord, lenient: bool = False) -> InferResponse:
+    """Keep the outputs asked for, in the order asked, classified where asked (`lenient`: a
+    decoupled model's answer may leave some out)."""
+    if requested is None:
+        return response
+    by_name = {t.name: t for t in response.outputs}
+    batching = record.scheduler.rules.max_batch_size > 0  # type: ignore[union-attr]
+    outputs: list[Tensor] = []
+    for wanted in requested:
+        tensor = by_name.get(wanted.name)
+        if tensor is None:
+            if lenient:
+                continue
+            raise InternalError(f"model '{response.model_name}' did not produce the requested "
+                                f"output '{wanted.name}'")
+        if wanted.classification > 0:
+            tensor = classify(tensor, wanted.classification, batching,
+                              record.labels.get(wanted.name, []))
+        outputs.append(tensor)
+    response.outputs = outputs
+    return response

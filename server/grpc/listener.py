@@ -1,0 +1,165 @@
+"""The gRPC listener: grpc.aio server options (limits, keepalive, connections), the
+grpc.health.v1 service for Kubernetes probes, and start/stop around server/grpc/services.py's services."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Optional
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
+from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
+from server.net.connections import descriptor_limit, resolve_max_connections
+from server.core.inference_core import InferenceCore
+from server.grpc.services import HEALTH_POLL_SECONDS, InferenceServicer, Undecodable, abort, add_service
+from server.grpc.traffic import TrafficServicer
+from server.net.listeners import bind_failure
+from server.settings import ServerSettings
+
+
+# ----- grpc.health.v1 -----------------------------------------------------------------------
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """Kubernetes `grpc:` probes: SERVING exactly when the server is ready (core.ready()).
+
+    Like Triton, every service name answers with the server's readiness."""
+
+    def __init__(self, core: InferenceCore, poll_seconds: float = HEALTH_POLL_SECONDS) -> None:
+        self.core = core
+        self.poll_seconds = poll_seconds
+        self.closing = asyncio.Event()
+
+    def status(self) -> int:
+        return health_pb2.HealthCheckResponse.SERVING if self.core.ready() else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: Any
+                    ) -> health_pb2.HealthCheckResponse:
+        if type(request) is Undecodable:
+            await abort(context, request.error)
+        return health_pb2.HealthCheckResponse(status=self.status())
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any
+                    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        """The current status at once, then each change; ends (NOT_SERVING) at shutdown."""
+        if type(request) is Undecodable:
+            await abort(context, request.error)
+        last: Optional[int] = None
+        while not self.closing.is_set():
+            status = self.status()
+            if status != last:
+                last = status
+                yield health_pb2.HealthCheckResponse(status=status)
+            try:
+                await asyncio.wait_for(self.closing.wait(), self.poll_seconds)
+            except asyncio.TimeoutError:
+                pass
+        if last != health_pb2.HealthCheckResponse.NOT_SERVING:
+            yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def close(self) -> None:
+        self.closing.set()
+
+
+# ----- the server ---------------------------------------------------------------------------
+# --grpc-infer-response-compression-level -> grpc core's compression level, as Triton maps it.
+# (grpc.aio ignores ServicerContext.set_compression, so the level is set for the whole server;
+# the other responses are tiny.) Requests may be compressed whatever the level.
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
+
+def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
+    """Triton's message limits (2 GiB - 1 by default, grpcio's own default is 4 MiB) for
+    responses; requests are bounded by --grpc-max-input-size (default --http-max-input-size).
+    No SO_REUSEPORT, so a port already in use fails the start instead of sharing traffic.
+
+    Why requests have their own, smaller bound: grpcio decompresses a request in its core
+    before the servicer sees it (and `grpc-encoding` is not in the invocation metadata), and
+    the only bound it applies while inflating is `grpc.max_receive_message_length`; with 2 GiB
+    there, a 2.2 MB gzip request inflated to 2 GiB. With this bound a request that would inflate
+    past it is refused with RESOURCE_EXHAUSTED ("Decompressed message larger than max") and
+    inflating stops there (tests/e2e/test_connection_limits.py measures the RSS). The same
+    number bounds uncompressed requests: grpcio cannot tell the two apart.
+
+    Connections: keepalive with Triton's flags; an idle connection (no call) is sent GOAWAY,
+    a silent one that never completes its HTTP/2 handshake is closed, calls per connection are
+    bounded (clients queue past it), and so are connections (past it new ones are closed; the
+    default fits the descriptor limit beside HTTP's, see server/net/connections.py).
+    """
+    size = settings.grpc_max_message_size
+    received = min(size, settings.grpc_max_input_size or settings.http_max_input_size)
+    return [
+        ("grpc.max_receive_message_length", received),
+        ("grpc.max_send_message_length", size),
+        # Off, so that a port in use is an error, unless frontend processes share the port.
+        ("grpc.so_reuseport", int(settings.frontend_processes > 1)),
+        ("grpc.default_compression_level",
+         COMPRESSION_LEVELS[settings.grpc_infer_response_compression_level]),
+        ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls",
+         int(settings.grpc_keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", settings.grpc_http2_max_pings_without_data),
+        ("grpc.http2.min_ping_interval_without_data_ms",
+         settings.grpc_http2_min_recv_ping_interval_without_data_ms),
+        ("grpc.http2.max_ping_strikes", settings.grpc_http2_max_ping_strikes),
+        ("grpc.max_connection_idle_ms", settings.grpc_max_connection_idle_ms),
+        ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
+        ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections
+         or resolve_max_connections(None, 0, descriptor_limit(),
+                                    share=2 if settings.allow_http else 1,
+                                    flag="--grpc-max-connections")),
+        ("grpc.server_handshake_timeout_ms", settings.grpc_handshake_timeout_ms),
+    ]
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class GrpcFrontend:
+    """The running gRPC server. `stop()` first ends the long-lived calls (health watches, open
+    streams once their in-flight requests are answered), so shutdown need not wait the whole
+    grace period for clients that never hang up."""
+
+    def __init__(self, core: InferenceCore, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.server = grpc.aio.server(options=server_options(settings),
+                                      interceptors=_interceptors(settings))
+        self.inference = InferenceServicer(core, settings.grpc_offload_threshold)
+        self.health = HealthServicer(core)
+        add_service(self.server, add_GRPCInferenceServiceServicer_to_server, self.inference)
+        add_service(self.server, health_pb2_grpc.add_HealthServicer_to_server, self.health)
+        add_service(self.server, add_TrafficServiceServicer_to_server, TrafficServicer(core))
+        self.port = 0
+
+    async def start(self) -> None:
+        address = _address(self.settings.grpc_address, self.settings.grpc_port)
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError:
+            self.port = 0
+        if not self.port:
+            raise bind_failure("GRPC", self.settings.grpc_address, self.settings.grpc_port)
+        await self.server.start()
+
+    async def stop(self, grace: Optional[float]) -> None:
+        self.health.close()
+        self.inference.close()
+        await self.server.stop(grace)
+
+
+def _interceptors(settings: ServerSettings) -> list[grpc.aio.ServerInterceptor]:
+    """Only what is configured: with no restricted protocol, calls pay for no interceptor."""
+    if not settings.grpc_restricted_protocol:
+        return []
+    from server.grpc.restricted import RestrictedProtocolInterceptor
+
+    return [RestrictedProtocolInterceptor(settings.grpc_restricted_protocol)]
+
+
+async def start_grpc_server(core: InferenceCore, settings: ServerSettings) -> GrpcFrontend:
+    """Bind and start the gRPC listener (raising OSError when the address cannot be bound)."""
+    frontend = GrpcFrontend(core, settings)
+    await frontend.start()
+    return frontend

@@ -1,0 +1,297 @@
+"""The HTTP connection protocol: uvicorn's httptools protocol, with infer POSTs answered directly.
+
+Why not plain ASGI for inference: at concurrency 1 the event loop's CPU per request *is* the
+latency the server adds, and on a small machine the ASGI plumbing around one infer call cost more
+than decoding, validating and encoding it (bench/FINDINGS.md section 7): a receive/send message
+dict each way, an `asyncio.Event` wait, a second task watching for a disconnect, and two socket
+writes per response (status and headers, then body), each a syscall that also wakes the client.
+
+Here uvicorn still parses, keeps connections alive, pipelines, pauses reading and handles
+shutdown; only the request's task differs. For `POST /v2/models/{m}[/versions/{v}]/infer` the task
+reads the body uvicorn buffered, calls `HttpFrontend.infer_body` and writes status, headers and
+body in one `transport.write`. A client that disconnects cancels the task from
+`connection_lost` (so its queued request never runs). As everywhere in uvicorn, a client that
+half-closes (shuts down its sending side) counts as gone: at the TCP level that FIN looks the
+same as a client that closed, and dropping the abandoned request is the case worth having.
+Every other request goes to the ASGI (FastAPI) app unchanged.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import Any, Mapping, Optional
+
+from uvicorn.protocols.http.httptools_impl import (STATUS_LINE, HttpToolsProtocol,
+                                                    RequestResponseCycle)
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+from protocol.errors import Cancelled
+from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
+from server.http.routes import JSON, http_error
+from server.http.body import BodyBuffer
+
+log = logging.getLogger(__name__)
+
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+# The request headers the infer path reads (uvicorn gives names in lower case).
+_WANTED_HEADERS = {name.encode("latin-1"): name for name in (
+    "content-length", "content-encoding", "inference-header-content-length", "accept-encoding",
+    "traceparent")}
+# Above this size the payload is written on its own rather than joined to the headers (a copy).
+_JOIN_LIMIT = 64 * 1024
+
+
+def fast_path_supported() -> bool:
+    """The uvicorn internals the fast path hooks into (stable since uvicorn 0.29)."""
+    cycle_fields = ("body", "more_body", "message_event", "disconnected", "keep_alive",
+                    "waiting_for_100_continue", "flow", "on_response", "response_complete")
+    init = RequestResponseCycle.__init__.__code__.co_names
+    return (hasattr(HttpToolsProtocol, "_start_asgi_task")
+            and all(name in init for name in cycle_fields))
+
+
+def protocol_class(frontend: Any,
+                   limits: Optional[ConnectionLimits] = None) -> type[HttpToolsProtocol]:
+    """A protocol class bound to one HttpFrontend (uvicorn builds one protocol per connection)
+    and to the connection limits (server/net/connections.py)."""
+    bound = {"frontend": frontend, "limits": limits or ConnectionLimits(),
+             "_refusals": RateLimitedLog(log)}
+    if not fast_path_supported():
+        log.warning("this uvicorn version lacks the hooks of the direct inference path; "
+                    "inference requests go through ASGI")
+        return type("BoundedHttpProtocol", (BoundedHttpProtocol,), bound)
+    return type("InferHttpProtocol", (InferHttpProtocol,), bound)
+
+
+def bounded_protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's protocol with the connection limits alone (the metrics listener)."""
+    return type("BoundedHttpProtocol", (BoundedHttpProtocol,),
+                {"limits": limits, "_refusals": RateLimitedLog(log)})
+
+
+async def _health_only(scope: Any, receive: Any, send: Any) -> None:
+    """The answer on a connection past --http-max-connections to anything but a health check."""
+    body = (b'{"error":"too many open connections (--http-max-connections); this connection '
+            b'only answers /v2/health/live and /v2/health/ready"}')
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", JSON.encode("latin-1")),
+                            (b"content-length", str(len(body)).encode("latin-1")),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+# A connection in the health-check reserve waits at most this long for its request.
+_HEALTH_ONLY_IDLE = 5.0
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's protocol with connections bounded in number and in waiting time.
+
+    One timer per connection, in uvicorn's keep-alive slot (`timeout_keep_alive_task`, which
+    uvicorn already cancels on every read and re-arms after every response): armed for the idle
+    timeout when the connection opens, and, after a read that leaves the connection still
+    waiting for a request's headers (a partial request, or blank lines), re-armed for what is
+    left of the header (or idle / keep-alive) deadline. A request that arrives whole in one read
+    costs nothing more than in uvicorn: its timer was cancelled by the read, and uvicorn arms
+    the keep-alive one after the response. The body is not timed here: a handler reading it
+    waits for it as before (bounded by --http-max-input-size).
+    """
+
+    limits: ConnectionLimits = ConnectionLimits()
+    _refusals: RateLimitedLog = RateLimitedLog(log)
+    # (waiting for a request's headers?, loop time by which the wait must end); None while a
+    # request is being served (class defaults: no per-connection cost to set them up).
+    _wait: Optional[tuple[bool, float]] = None
+    _health_only: bool = False  # admitted from the health-check reserve
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = self.limits
+        over = len(self.connections) - limits.max_connections
+        idle = limits.idle_timeout
+        if over > 0:
+            if over > limits.health_reserve:
+                self._refusals.warning(
+                    "HTTP connection from %s closed at once: %d connections are open, the limit "
+                    "is %d (--http-max-connections) plus %d reserved for health checks",
+                    self.client[0] if self.client else "?", len(self.connections) - 1,
+                    limits.max_connections, limits.health_reserve)
+                transport.close()
+                return
+            self._health_only = True
+            idle = min(idle, _HEALTH_ONLY_IDLE)
+        self._wait = (False, self.loop.time() + idle)
+        self.timeout_keep_alive_task = self.loop.call_later(idle, self.timeout_keep_alive_handler)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # cancels the timer; parses; may start a request
+        if self.timeout_keep_alive_task is None:
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:  # nothing to serve yet: still waiting
+                self._arm_wait()
+
+    def _arm_wait(self) -> None:
+        transport = self.transport
+        if transport.is_closing() or transport.get_protocol() is not self:  # closed, upgraded
+            return
+        now = self.loop.time()
+        scope = self.scope
+        in_headers = scope is not None and "method" not in scope  # on_headers_complete sets it
+        wait = self._wait
+        if wait is None or (in_headers and not wait[0]):
+            timeout = self.limits.header_timeout if in_headers else self.timeout_keep_alive
+            if self._health_only:
+                timeout = min(timeout, _HEALTH_ONLY_IDLE)
+            wait = self._wait = (in_headers, now + timeout)
+        self.timeout_keep_alive_task = self.loop.call_later(max(wait[1] - now, 0.0),
+                                                            self.timeout_keep_alive_handler)
+
+    def timeout_keep_alive_handler(self) -> None:
+        if self._wait is not None and not self.transport.is_closing():
+            log.debug("closing HTTP connection from %s: no complete request headers in time",
+                      self.client[0] if self.client else "?")
+        super().timeout_keep_alive_handler()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._wait = None
+        if self._health_only:
+            cycle.keep_alive = False  # one answer, then the reserve is free again
+            if cycle.scope["path"] not in HEALTH_PATHS:
+                app = _health_only
+        super()._start_asgi_task(cycle, app)
+
+
+class InferHttpProtocol(BoundedHttpProtocol):
+    """uvicorn's protocol; infer POSTs run `_serve_infer` instead of the ASGI app."""
+
+    frontend: Any  # server.http.routes.HttpFrontend, set by protocol_class()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._infer_task: Optional[asyncio.Task] = None
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._wait = None
+        scope = cycle.scope
+        # Not the 503 of limit_concurrency, nor a connection from the health-check reserve.
+        if scope["method"] == "POST" and app is self.app and not self._health_only:
+            match = INFER_PATH.fullmatch(scope["path"])
+            guard = self.frontend.guard  # a refused request goes on to ASGI, which refuses it
+            if match is not None and (guard is None
+                                      or guard.refusal(scope["path"], scope["headers"]) is None):
+                task = self.loop.create_task(
+                    self._serve_infer(cycle, match.group(1), match.group(2) or ""))
+                self._infer_task = task
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        super().connection_lost(exc)
+        task = self._infer_task
+        if task is not None and not task.done():
+            task.cancel()  # the queued request is dropped; nobody is left to answer
+
+    async def _serve_infer(self, cycle: RequestResponseCycle, name: str, version: str) -> None:
+        start = time.monotonic_ns() if self.frontend.core.may_trace else 0
+        headers = {_WANTED_HEADERS[key]: value.decode("latin-1")
+                   for key, value in cycle.scope["headers"] if key in _WANTED_HEADERS}
+        try:
+            body = await self._read_body(cycle, headers)
+            received = (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns())) \
+                if start else ()
+            payload, extra, media_type = await self.frontend.infer_body(name, version, headers,
+                                                                         body, received)
+            status = 200
+        except asyncio.CancelledError:
+            if not cycle.disconnected:
+                raise  # shutdown or a real cancellation: let it propagate
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):  # handled: the client is gone
+                task.uncancel()
+            return
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
+            if cycle.disconnected:
+                return
+            status, extra, payload = http_error(exc, cycle.scope["path"])
+            media_type = JSON
+            if cycle.more_body:  # refused before the whole body came: do not read the rest
+                cycle.keep_alive = False
+        finally:
+            self._infer_task = None
+        await self._respond(cycle, status, media_type, payload, extra)
+
+    async def _read_body(self, cycle: RequestResponseCycle, headers: Mapping[str, str]) -> Any:
+        """The body uvicorn buffered; waits for the rest only when it has not all arrived.
+
+        A small request arrives with its headers, so the usual case awaits nothing. Large ones
+        are taken chunk by chunk (no copy: each chunk is uvicorn's own buffer), refused once
+        they pass --http-max-input-size (the frontend's BodyLimit, as on the routed path).
+        """
+        limit = self.frontend.body_limit
+        limit.check_declared(headers)
+        if cycle.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
+        if not cycle.more_body:
+            body = cycle.body
+            cycle.body = bytearray()
+            if len(body) > limit.max_bytes:  # limit.check, inlined: this is every small request
+                raise limit.too_large()
+            return body
+        buffer = BodyBuffer(limit)
+        while True:
+            chunk = cycle.body
+            if chunk:
+                cycle.body = bytearray()
+                buffer.add(chunk)
+            if cycle.disconnected:
+                raise Cancelled("the client disconnected before sending the whole request")
+            if not cycle.more_body:
+                break
+            cycle.flow.resume_reading()
+            await cycle.message_event.wait()
+            cycle.message_event.clear()
+        # A large body stays in its chunks: it goes to a parser process (server/http/parsers.py).
+        return buffer.parts if self.frontend.offload.wants(buffer.total) else buffer.join()
+
+    async def _respond(self, cycle: RequestResponseCycle, status: int, media_type: str,
+                       payload: bytes, extra: Mapping[str, str]) -> None:
+        """Status line, headers and a small body in a single write; then uvicorn's bookkeeping."""
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return
+        head = [STATUS_LINE[status]]
+        for key, value in cycle.default_headers:  # server, date
+            head += [key, b": ", value, b"\r\n"]
+        head += [b"content-type: ", media_type.encode("latin-1"),
+                 b"\r\ncontent-length: ", str(len(payload)).encode("latin-1"), b"\r\n"]
+        for key, value in extra.items():  # our own names and values: no CR/LF in them
+            head += [key.lower().encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        if len(payload) <= _JOIN_LIMIT:
+            head.append(payload)
+            self.transport.write(b"".join(head))
+        else:
+            self.transport.write(b"".join(head))
+            self.transport.write(payload)
+        if cycle.access_log:
+            cycle.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(cycle.scope),
+                                     "POST", get_path_with_query_string(cycle.scope),
+                                     cycle.scope["http_version"], status)
+        cycle.response_started = cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        on_response, cycle.on_response = cycle.on_response, _nothing
+        on_response()
+
+
+def _nothing() -> None:
+    """A finished cycle's on_response (uvicorn's run_asgi does the same)."""

@@ -1,0 +1,404 @@
+"""The HTTP/REST frontend: KServe v2 plus Triton's extensions, on FastAPI/Starlette.
+
+Handlers are plain Starlette endpoints that read the raw body (no pydantic model on the hot
+path), convert once through protocol/rest/decode.py and protocol/rest/encode.py, call
+server/core/inference_core.py, and map every error through protocol/errors.py to `{"error": "..."}` with
+Triton's status codes.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
+
+import orjson
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from protocol import compression
+from protocol.rest import decode as rest_decode
+from protocol.rest import encode as rest_encode
+from protocol import traffic as traffic_json
+from protocol.config_json import config_to_json
+from protocol.errors import (InvalidArgument, Overloaded, ServerError, Unsupported,
+                             client_error, server_exiting)
+from protocol.types import InferRequest
+from repository.registry import VersionRecord
+from server.core.inference_core import InferenceCore
+from server.http.admin import AdminRoutes
+from server.http.body import BodyBuffer, BodyLimit
+from server.http.generate import GenerateEndpoints
+from server.restricted import HttpGuard, RestrictionMiddleware
+from server.http.parsers import (BodyOffload, binary_bytes_output_size, inflate_small,
+                            json_output_size, parse_json_document)
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+HEADER_LENGTH = "inference-header-content-length"
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type=JSON)
+
+
+def error_headers(error: ServerError) -> dict[str, str]:
+    """An unknown Content-Encoding answer tells the client which encodings work; a full queue
+    (503, or 429 with --overload-status) says in whole seconds when to come back."""
+    if isinstance(error, Overloaded):
+        return {"Retry-After": str(error.retry_after)}
+    if isinstance(error, Unsupported) and "compression" in error.message:
+        return {"Accept-Encoding": compression.ACCEPT_ENCODING}
+    return {}
+
+
+def http_error(exc: BaseException, where: str) -> tuple[int, dict[str, str], bytes]:
+    """Any failure as (status, extra headers, JSON body): the one HTTP mapping of errors, for
+    the routed endpoints and the direct infer path (server/http/fast_path.py) alike.
+    Unexpected (non-ServerError) exceptions are logged and answered as INTERNAL."""
+    error = client_error(exc, log, where)
+    return error.http_status(), error_headers(error), rest_encode.encode_error(error.message)
+
+
+def error_response(exc: BaseException, where: str = "") -> Response:
+    status, headers, body = http_error(exc, where)
+    return Response(body, status_code=status, headers=headers, media_type=JSON)
+
+
+def empty(status: int = 200) -> Response:
+    return Response(b"", status_code=status)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def guarded(handler: Handler) -> Handler:
+    """Every failure becomes a JSON error with its mapped status; nothing escapes as a 500 page."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:  # noqa: BLE001 - never let a request take the server down
+            return error_response(exc, request.url.path)
+
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+class HttpFrontend:
+    def __init__(self, core: InferenceCore) -> None:
+        self.core = core
+        self.settings = core.settings
+        self.body_limit = BodyLimit(self.settings.http_max_input_size)
+        # --http-restricted-api (server/restricted.py); None when nothing is restricted.
+        restricted = self.settings.http_restricted_api
+        self.guard: Optional[HttpGuard] = HttpGuard(restricted) if restricted else None
+        # Large bodies and responses are worked on in parser processes (server/http/parsers.py).
+        self.offload = BodyOffload(self.settings.http_offload_threshold,
+                                   self.settings.http_parser_processes)
+
+    # ----- body handling ------------------------------------------------------------------
+    async def json_document(self, request: Request, decoder: Callable[..., Any],
+                            *args: Any) -> Any:
+        """`decoder(*args, document)` of a repository route's JSON body (None when blank).
+
+        Small bodies are decompressed and parsed here; larger ones (over
+        --http-offload-threshold, as sent or once inflated) in a parser process
+        (server/http/parsers.py), with the same checks and error texts.
+        """
+        headers = request.headers
+        self.body_limit.check_declared(headers)
+        buffer = BodyBuffer(self.body_limit)
+        async for chunk in request.stream():
+            buffer.add(chunk)
+        encoding = headers.get("content-encoding")
+        max_size = self.settings.http_max_input_size
+        offload = self.offload
+        if not offload.wants(buffer.total):
+            body = buffer.join()
+            if not encoding or not offload.enabled:
+                return decoder(*args, parse_json_document(body, encoding, max_size,
+                                                          self.settings.json_max_depth))
+            inflated = inflate_small(body, encoding, max_size, offload.threshold)
+            if inflated is not None:
+                return decoder(*args, parse_json_document(inflated, None, max_size,
+                                                          self.settings.json_max_depth))
+        return await offload.json_document(buffer.parts, encoding, max_size,
+                                           self.settings.json_max_depth, decoder, *args)
+
+    # ----- health and metadata ------------------------------------------------------------
+    async def live(self, request: Request) -> Response:
+        if self.core.exiting:
+            return error_response(server_exiting())
+        return empty(200 if self.core.live() else 400)
+
+    async def ready(self, request: Request) -> Response:
+        if self.core.exiting:
+            return error_response(server_exiting())
+        return empty(200 if self.core.ready() else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response(self.core.server_metadata())
+
+    async def model_metadata(self, request: Request) -> Response:
+        name, version = _model_path(request)
+        metadata = self.core.model_metadata(name, version)
+        return json_response(rest_encode.encode_model_metadata(metadata))
+
+    async def model_ready(self, request: Request) -> Response:
+        name, version = _model_path(request)
+        if self.core.model_ready(name, version):
+            return empty()
+        return json_response({"error": "Model version not ready"}, 400)
+
+    async def model_config(self, request: Request) -> Response:
+        name, version = _model_path(request)
+        return json_response(config_to_json(self.core.model_config(name, version)))
+
+    async def model_stats(self, request: Request) -> Response:
+        name, version = _model_path(request)
+        return json_response(rest_encode.encode_statistics_response(
+            self.core.statistics(name, version)))
+
+    async def all_stats(self, request: Request) -> Response:
+        return json_response(rest_encode.encode_statistics_response(
+            self.core.statistics()))
+
+    # ----- inference ----------------------------------------------------------------------
+    async def infer(self, request: Request) -> Response:
+        """The routed (ASGI) form of infer; the server answers infer POSTs in
+        server/http/fast_path.py without ASGI."""
+        name, version = _model_path(request)
+        payload, headers, media_type = await self.infer_reply(
+            name, version, request.headers, request.stream())
+        return Response(payload, status_code=200, headers=headers, media_type=media_type)
+
+    async def infer_reply(self, name: str, version: str, headers: Mapping[str, str],
+                          chunks: AsyncIterator[bytes]) -> tuple[bytes, dict[str, str], str]:
+        """Body in, (payload, extra headers, content type) out: decode once, infer, encode once."""
+        start = time.monotonic_ns() if self.core.may_trace else 0
+        self.body_limit.check_declared(headers)
+        buffer = BodyBuffer(self.body_limit)
+        async for chunk in chunks:
+            buffer.add(chunk)
+        body = buffer.parts if self.offload.wants(buffer.total) else buffer.join()
+        received = (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns())) \
+            if start else ()
+        return await self.infer_body(name, version, headers, body, received)
+
+    async def infer_body(self, name: str, version: str, headers: Mapping[str, str],
+                         body: Any, received: tuple = ()) -> tuple[bytes, dict[str, str], str]:
+        """infer_reply for a body already read (and within the size limit): one buffer, or the
+        list of its chunks when it is over --http-offload-threshold."""
+        if type(body) is list or (len(body) > self.offload.threshold and self.offload.enabled):
+            infer_request, record = await self._decode_large(name, version, headers, body)
+        else:
+            encoding = headers.get("content-encoding")
+            if encoding and self.offload.enabled:
+                inflated = inflate_small(body, encoding, self.settings.http_max_input_size,
+                                         self.offload.threshold)
+            else:
+                inflated = compression.decompress(body, encoding,
+                                                  self.settings.http_max_input_size)
+            if inflated is None:  # a small body that inflates past the threshold
+                infer_request, record = await self._decode_large(name, version, headers, [body])
+            else:
+                infer_request, record = self._decode(name, version, headers, inflated)
+        if self.core.propagates_trace:  # OpenTelemetry mode: the client's W3C trace context
+            infer_request.traceparent = headers.get("traceparent") or ""
+        infer_request.received = received  # receive timestamps where tracing is possible
+        # Raw requests set binary_data_output themselves (all outputs come back binary).
+        binary_default = bool(infer_request.parameters.get("binary_data_output", False))
+        response = await self.core.infer(infer_request, record)
+        offload = self.offload
+        if offload.enabled and offload.wants(json_output_size(response, infer_request.outputs,
+                                                              binary_default)):
+            payload, json_length = await offload.encode_response(
+                response, infer_request.outputs, binary_default)
+        elif offload.wants(binary_bytes_output_size(response, infer_request.outputs,
+                                                    binary_default)):
+            # large binary BYTES outputs: serialized in steps (protocol/datatypes.py), so a
+            # thread lets the loop run between them
+            payload, json_length = await asyncio.to_thread(
+                rest_encode.encode_infer_response, response, infer_request.outputs,
+                binary_default)
+        else:
+            payload, json_length = rest_encode.encode_infer_response(
+                response, infer_request.outputs, binary_default)
+        extra: dict[str, str] = {}
+        media_type = JSON
+        if json_length is not None:
+            extra["Inference-Header-Content-Length"] = str(json_length)
+            media_type = "application/octet-stream"
+        encoding = compression.choose_response_encoding(headers.get("accept-encoding"))
+        if encoding:
+            if offload.wants(len(payload)):  # zlib releases the GIL: a thread is enough
+                payload = await asyncio.to_thread(compression.compress, payload, encoding)
+            else:
+                payload = compression.compress(payload, encoding)
+            extra["Content-Encoding"] = encoding
+        return payload, extra, media_type
+
+    def _decode(self, name: str, version: str, headers: Mapping[str, str], body: Any
+                ) -> tuple[InferRequest, Optional[VersionRecord]]:
+        """A small (decompressed) body, decoded here on the loop."""
+        header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
+        if header_length == 0:
+            return self._decode_raw(body, name, version)
+        return rest_decode.decode_infer_request(
+            body, header_length, name, version, max_json_depth=self.settings.json_max_depth,
+            max_bytes=self.settings.http_max_input_size), None
+
+    async def _decode_large(self, name: str, version: str, headers: Mapping[str, str],
+                            body: Any) -> tuple[InferRequest, Optional[VersionRecord]]:
+        """A body over --http-offload-threshold (or one that inflates past it).
+
+        Uncompressed JSON+binary bodies whose JSON part is small and holds no BYTES tensor, and
+        uncompressed raw bodies of fixed-size types, decode here: their tensors are views over
+        the body, so that is O(number of tensors). Everything else goes to a parser process.
+        """
+        parts = body if type(body) is list else [body]
+        encoding = headers.get("content-encoding")
+        compressed = bool(encoding) and any(
+            token.strip().lower() not in ("", "identity") for token in encoding.split(","))
+        header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
+        max_size = self.settings.http_max_input_size
+        if header_length == 0:
+            resolved = record, input_name, rule = self._raw_input(name, version)
+            if not compressed and "BYTES" not in str(rule.wire):
+                return self._decode_raw(_joined(parts), name, version, resolved)
+            request = await self.offload.raw_request(
+                parts, encoding, max_size, name, version, input_name, rule.wire, list(rule.dims),
+                record.scheduler.rules.max_batch_size)  # type: ignore[union-attr]
+            return request, record
+        if (not compressed and header_length is not None
+                and header_length <= self.offload.threshold):
+            head = _prefix(parts, header_length)
+            if b'"BYTES"' not in head:
+                return self._decode(name, version, headers, _joined(parts))
+        request = await self.offload.infer_request(
+            parts, encoding, max_size, header_length, name, version,
+            self.settings.json_max_depth)
+        return request, None
+
+    def _raw_input(self, name: str, version: str) -> tuple[VersionRecord, str, Any]:
+        """A raw binary body is the model's one input: the version is resolved first (its
+        rules say which input that is), and the request then goes to that same version.
+        Returns the version, the input's name and its rule."""
+        record = self.core.resolve(name, version)
+        rules = record.scheduler.rules  # type: ignore[union-attr]
+        if len(rules.inputs) != 1:
+            raise InvalidArgument(rest_decode.raw_input_count_message(name, len(rules.inputs)))
+        ((input_name, rule),) = rules.inputs.items()
+        return record, input_name, rule
+
+    def _decode_raw(self, body: Any, name: str, version: str,
+                    resolved: Optional[tuple[VersionRecord, str, Any]] = None
+                    ) -> tuple[InferRequest, VersionRecord]:
+        record, input_name, rule = resolved or self._raw_input(name, version)
+        max_batch_size = record.scheduler.rules.max_batch_size  # type: ignore[union-attr]
+        request = rest_decode.decode_raw_request(body, name, version, input_name, rule.wire,
+                                                 list(rule.dims), max_batch_size)
+        return request, record
+
+    # ----- repository ---------------------------------------------------------------------
+    async def repository_index(self, request: Request) -> Response:
+        ready = await self.json_document(request, rest_decode.decode_index_ready)
+        return json_response(rest_encode.encode_repository_index(self.core.repository_index(ready)))
+
+    async def repository_load(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        config, files = await self.json_document(request, rest_decode.decode_load_parameters,
+                                                 name)
+        await self.core.load_model(name, config, files or None)
+        return empty()
+
+    async def repository_unload(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        dependents = await self.json_document(request, rest_decode.decode_unload_dependents)
+        await self.core.unload_model(name, dependents)
+        return empty()
+
+    async def repository_named(self, request: Request) -> Response:
+        raise Unsupported("'repository_name' specification is not supported")
+
+    # ----- gray release: /v2/models/{model}/traffic (server/traffic/policy.py) --------------------
+    async def traffic_get(self, request: Request) -> Response:
+        return json_response(self.core.traffic_policy(request.path_params["model"]))
+
+    async def traffic_put(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        self.core.traffic_policy(name)  # an unknown model is a 404 whatever the body says
+        spec = await self.json_document(request, traffic_json.decode_traffic)
+        return json_response(self.core.set_traffic_policy(name, spec))
+
+    async def traffic_delete(self, request: Request) -> Response:
+        return json_response(self.core.delete_traffic_policy(request.path_params["model"]))
+
+    # ----- app ----------------------------------------------------------------------------
+    def build_app(self) -> FastAPI:
+        app = FastAPI(title="ascend-serve", docs_url=None, redoc_url=None, openapi_url=None)
+        routes: list[tuple[str, Handler, str]] = [
+            ("/v2/health/live", self.live, "GET"),
+            ("/v2/health/ready", self.ready, "GET"),
+            ("/v2", self.server_metadata, "GET"),
+            ("/v2/models/stats", self.all_stats, "GET"),
+            ("/v2/repository/index", self.repository_index, "POST"),
+            ("/v2/repository/models/{model}/load", self.repository_load, "POST"),
+            ("/v2/repository/models/{model}/unload", self.repository_unload, "POST"),
+            ("/v2/repository/{repo}/index", self.repository_named, "POST"),
+            ("/v2/repository/{repo}/models/{model}/load", self.repository_named, "POST"),
+            ("/v2/repository/{repo}/models/{model}/unload", self.repository_named, "POST"),
+            ("/v2/models/{model}/traffic", self.traffic_get, "GET"),
+            ("/v2/models/{model}/traffic", self.traffic_put, "PUT"),
+            ("/v2/models/{model}/traffic", self.traffic_delete, "DELETE"),
+        ]
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:int}"):
+            routes += [
+                (prefix, self.model_metadata, "GET"),
+                (prefix + "/ready", self.model_ready, "GET"),
+                (prefix + "/config", self.model_config, "GET"),
+                (prefix + "/stats", self.model_stats, "GET"),
+                (prefix + "/infer", self.infer, "POST"),
+            ]
+            routes += GenerateEndpoints(self).routes(prefix)
+        routes += AdminRoutes(self).routes()  # shared memory, trace, logging
+        for path, handler, method in routes:
+            app.add_route(path, guarded(handler), methods=[method], include_in_schema=False)
+
+        if self.guard is not None:  # before routing: a restricted path is 403 on any method
+            app.add_middleware(RestrictionMiddleware, guard=self.guard)
+
+        @app.exception_handler(StarletteHTTPException)
+        async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+            text = {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, str(exc.detail))
+            return json_response({"error": text}, exc.status_code)
+
+        return app
+
+
+
+def _joined(parts: list) -> Any:
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _prefix(parts: list, size: int) -> bytes:
+    """The first `size` bytes of a body held as chunks."""
+    out = []
+    for part in parts:
+        if size <= 0:
+            break
+        piece = bytes(memoryview(part)[:size])
+        out.append(piece)
+        size -= len(piece)
+    return b"".join(out)
+
+
+def _model_path(request: Request) -> tuple[str, str]:
+    params = request.path_params
+    version = params.get("version")
+    return params["model"], "" if version is None else str(version)
+

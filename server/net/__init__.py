@@ -1,0 +1,1 @@
+"""Sockets shared by the frontends: the listeners and the bounds on HTTP connections."""

@@ -1,0 +1,1 @@
+"""Metrics, tracing and log settings: what the server tells about itself."""
