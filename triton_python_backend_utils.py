@@ -14,29 +14,52 @@ cancellation and custom metrics (`MetricFamily`) talk to the server through the 
 TritonModelException with a clear message): `load_model`, `unload_model`, `is_model_ready`,
 DLPack and GPU tensors.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import struct
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from backends.python.worker import model_api as _api
-from backends.python.worker.model_api import (InferenceResponseSender, Logger, LogLevel, Metric,
-                                       MetricFamily, TritonModelException)
+from backends.python.worker.model_api import (
+    InferenceResponseSender,
+    Logger,
+    LogLevel,
+    Metric,
+    MetricFamily,
+    TritonModelException,
+)
 
 _STATE_LOCK = threading.Lock()  # guards the lazy creation of a request's sender state
 
 __all__ = [
-    "Tensor", "InferenceRequest", "InferenceResponse", "TritonError", "TritonModelException",
-    "ModelConfig", "Logger", "LogLevel", "InferenceResponseSender", "MetricFamily", "Metric",
+    "Tensor",
+    "InferenceRequest",
+    "InferenceResponse",
+    "TritonError",
+    "TritonModelException",
+    "ModelConfig",
+    "Logger",
+    "LogLevel",
+    "InferenceResponseSender",
+    "MetricFamily",
+    "Metric",
     "using_decoupled_model_transaction_policy",
-    "get_input_tensor_by_name", "get_output_tensor_by_name", "get_input_config_by_name",
-    "get_output_config_by_name", "triton_to_numpy_type", "numpy_to_triton_type",
-    "triton_string_to_numpy", "serialize_byte_tensor", "deserialize_bytes_tensor",
+    "get_input_tensor_by_name",
+    "get_output_tensor_by_name",
+    "get_input_config_by_name",
+    "get_output_config_by_name",
+    "triton_to_numpy_type",
+    "numpy_to_triton_type",
+    "triton_string_to_numpy",
+    "serialize_byte_tensor",
+    "deserialize_bytes_tensor",
 ]
 
 # Request flags and response/release flags, with Triton's values.
@@ -52,17 +75,35 @@ TYPE_INT8, TYPE_INT16, TYPE_INT32, TYPE_INT64 = 6, 7, 8, 9
 TYPE_FP16, TYPE_FP32, TYPE_FP64, TYPE_STRING, TYPE_BF16 = 10, 11, 12, 13, 14
 
 _TRITON_TO_NUMPY: dict[int, Any] = {
-    TYPE_BOOL: np.bool_, TYPE_UINT8: np.uint8, TYPE_UINT16: np.uint16, TYPE_UINT32: np.uint32,
-    TYPE_UINT64: np.uint64, TYPE_INT8: np.int8, TYPE_INT16: np.int16, TYPE_INT32: np.int32,
-    TYPE_INT64: np.int64, TYPE_FP16: np.float16, TYPE_FP32: np.float32, TYPE_FP64: np.float64,
+    TYPE_BOOL: np.bool_,
+    TYPE_UINT8: np.uint8,
+    TYPE_UINT16: np.uint16,
+    TYPE_UINT32: np.uint32,
+    TYPE_UINT64: np.uint64,
+    TYPE_INT8: np.int8,
+    TYPE_INT16: np.int16,
+    TYPE_INT32: np.int32,
+    TYPE_INT64: np.int64,
+    TYPE_FP16: np.float16,
+    TYPE_FP32: np.float32,
+    TYPE_FP64: np.float64,
     TYPE_STRING: np.object_,
 }
 _STRING_TO_TRITON: dict[str, int] = {
-    "TYPE_BOOL": TYPE_BOOL, "TYPE_UINT8": TYPE_UINT8, "TYPE_UINT16": TYPE_UINT16,
-    "TYPE_UINT32": TYPE_UINT32, "TYPE_UINT64": TYPE_UINT64, "TYPE_INT8": TYPE_INT8,
-    "TYPE_INT16": TYPE_INT16, "TYPE_INT32": TYPE_INT32, "TYPE_INT64": TYPE_INT64,
-    "TYPE_FP16": TYPE_FP16, "TYPE_FP32": TYPE_FP32, "TYPE_FP64": TYPE_FP64,
-    "TYPE_STRING": TYPE_STRING, "TYPE_BF16": TYPE_BF16,
+    "TYPE_BOOL": TYPE_BOOL,
+    "TYPE_UINT8": TYPE_UINT8,
+    "TYPE_UINT16": TYPE_UINT16,
+    "TYPE_UINT32": TYPE_UINT32,
+    "TYPE_UINT64": TYPE_UINT64,
+    "TYPE_INT8": TYPE_INT8,
+    "TYPE_INT16": TYPE_INT16,
+    "TYPE_INT32": TYPE_INT32,
+    "TYPE_INT64": TYPE_INT64,
+    "TYPE_FP16": TYPE_FP16,
+    "TYPE_FP32": TYPE_FP32,
+    "TYPE_FP64": TYPE_FP64,
+    "TYPE_STRING": TYPE_STRING,
+    "TYPE_BF16": TYPE_BF16,
 }
 
 
@@ -74,7 +115,7 @@ def triton_to_numpy_type(data_type: int) -> Any:
         raise TritonModelException(f"unsupported data type {data_type}") from None
 
 
-def numpy_to_triton_type(data_type: Any) -> Optional[int]:
+def numpy_to_triton_type(data_type: Any) -> int | None:
     """numpy type or dtype -> TRITONSERVER_DataType number; None when there is none."""
     dtype = np.dtype(data_type)
     if dtype.kind in ("O", "S", "U"):
@@ -105,14 +146,17 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
 
 def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     """The inverse of serialize_byte_tensor: a 1-D object array of bytes."""
-    buffer = memoryview(np.ascontiguousarray(encoded_tensor).view(np.uint8)
-                        if isinstance(encoded_tensor, np.ndarray) else encoded_tensor).cast("B")
+    buffer = memoryview(
+        np.ascontiguousarray(encoded_tensor).view(np.uint8)
+        if isinstance(encoded_tensor, np.ndarray)
+        else encoded_tensor
+    ).cast("B")
     items: list[bytes] = []
     offset = 0
     while offset < len(buffer):
         (length,) = struct.unpack_from("<I", buffer, offset)
         offset += 4
-        items.append(bytes(buffer[offset:offset + length]))
+        items.append(bytes(buffer[offset : offset + length]))
         offset += length
     result = np.empty(len(items), dtype=object)
     result[:] = items
@@ -133,8 +177,9 @@ def _json_dict(parameters: Any) -> dict:
         try:
             parameters = json.loads(parameters)
         except ValueError:
-            raise TritonModelException("parameters must be a JSON object string or a "
-                                       "dict") from None
+            raise TritonModelException(
+                "parameters must be a JSON object string or a dict"
+            ) from None
     if not isinstance(parameters, dict):
         raise TritonModelException("parameters must be a JSON object string or a dict")
     for key, value in parameters.items():
@@ -172,8 +217,7 @@ class TritonError:
 def _as_array(array: Any) -> np.ndarray:
     """Models may pass fixed-width numpy strings; BYTES tensors travel as object arrays."""
     if not isinstance(array, np.ndarray):
-        raise TritonModelException(
-            f"Tensor expects a numpy array, got {type(array).__name__}")
+        raise TritonModelException(f"Tensor expects a numpy array, got {type(array).__name__}")
     if array.dtype.kind in ("S", "U"):
         converted = np.empty(array.shape, dtype=object)
         flat = converted.reshape(-1)
@@ -212,7 +256,7 @@ class Tensor:
         raise TritonModelException("DLPack tensors are not supported by ascend-serve")
 
     @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> "Tensor":
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
         raise TritonModelException("DLPack tensors are not supported by ascend-serve")
 
     def __repr__(self) -> str:
@@ -228,10 +272,19 @@ class InferenceRequest:
     _state: Any = None
     _received = False
 
-    def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
-                 requested_output_names: Sequence[str] = (), request_id: str = "",
-                 correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
-                 timeout: int = 0, parameters: Any = None, **_ignored: Any) -> None:
+    def __init__(
+        self,
+        model_name: str = "",
+        inputs: Sequence[Tensor] = (),
+        requested_output_names: Sequence[str] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        parameters: Any = None,
+        **_ignored: Any,
+    ) -> None:
         self._model_name = model_name
         self._inputs = list(inputs)
         self._requested_output_names = list(requested_output_names)
@@ -281,8 +334,9 @@ class InferenceRequest:
     def get_response_sender(self) -> InferenceResponseSender:
         state = self._sender_state()
         if state is None:
-            raise TritonModelException("a response sender is only available for the requests "
-                                       "execute() receives")
+            raise TritonModelException(
+                "a response sender is only available for the requests execute() receives"
+            )
         return InferenceResponseSender(state)
 
     def _sender_state(self) -> Any:
@@ -310,25 +364,31 @@ class InferenceRequest:
         return await asyncio.to_thread(self.exec)
 
 
-def _bls_response(message: dict) -> "InferenceResponse":
+def _bls_response(message: dict) -> InferenceResponse:
     """A BLS answer from the server as the InferenceResponse the model sees."""
     error = message.get("error")
     tensors = [Tensor(name, array) for name, array in message.get("tensors", {}).items()]
-    return InferenceResponse(tensors, TritonError(error[1], error[0]) if error else None,
-                             message.get("params") or None)
+    return InferenceResponse(
+        tensors, TritonError(error[1], error[0]) if error else None, message.get("params") or None
+    )
 
 
 class InferenceResponse:
     """What `execute` returns for each request: output tensors, or an error."""
 
-    def __init__(self, output_tensors: Optional[Sequence[Tensor]] = None,
-                 error: Optional[TritonError] = None, parameters: Any = None) -> None:
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Any = None,
+    ) -> None:
         tensors = list(output_tensors or ())
         for tensor in tensors:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(
                     f"InferenceResponse output_tensors must be pb_utils.Tensor objects, got "
-                    f"{type(tensor).__name__}")
+                    f"{type(tensor).__name__}"
+                )
         if error is not None and not isinstance(error, TritonError):
             raise TritonModelException("InferenceResponse error must be a pb_utils.TritonError")
         self._outputs = tensors
@@ -341,7 +401,7 @@ class InferenceResponse:
     def has_error(self) -> bool:
         return self._error is not None
 
-    def error(self) -> Optional[TritonError]:
+    def error(self) -> TritonError | None:
         return self._error
 
     def parameters(self) -> str:
@@ -360,22 +420,21 @@ def using_decoupled_model_transaction_policy(model_config: Any) -> bool:
     return bool((model_config.get("model_transaction_policy") or {}).get("decoupled", False))
 
 
-def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Optional[Tensor]:
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
     for tensor in inference_request.inputs():
         if tensor.name() == name:
             return tensor
     return None
 
 
-def get_output_tensor_by_name(inference_response: InferenceResponse,
-                              name: str) -> Optional[Tensor]:
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
     for tensor in inference_response.output_tensors():
         if tensor.name() == name:
             return tensor
     return None
 
 
-def _config_entry(model_config: Any, key: str, name: str) -> Optional[dict]:
+def _config_entry(model_config: Any, key: str, name: str) -> dict | None:
     if isinstance(model_config, ModelConfig):
         model_config = model_config.as_dict()
     if isinstance(model_config, str):
@@ -386,12 +445,12 @@ def _config_entry(model_config: Any, key: str, name: str) -> Optional[dict]:
     return None
 
 
-def get_input_config_by_name(model_config: Any, name: str) -> Optional[dict]:
+def get_input_config_by_name(model_config: Any, name: str) -> dict | None:
     """The `input` entry of the parsed model config called `name`, or None."""
     return _config_entry(model_config, "input", name)
 
 
-def get_output_config_by_name(model_config: Any, name: str) -> Optional[dict]:
+def get_output_config_by_name(model_config: Any, name: str) -> dict | None:
     """The `output` entry of the parsed model config called `name`, or None."""
     return _config_entry(model_config, "output", name)
 
@@ -421,7 +480,8 @@ class ModelConfig:
         if current and current != max_batch_size:
             raise TritonModelException(
                 f"configuration specified max_batch_size {current}, but the model's "
-                f"auto_complete_config tried to set it to {max_batch_size}")
+                f"auto_complete_config tried to set it to {max_batch_size}"
+            )
         self._config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self) -> None:
@@ -429,17 +489,19 @@ class ModelConfig:
             raise TritonModelException(
                 "Configuration specified scheduling_choice as 'sequence_batching', but "
                 f"auto-complete-config function for model '{self._config.get('name', '')}' "
-                "tries to set scheduling_choice as 'dynamic_batching'")
+                "tries to set scheduling_choice as 'dynamic_batching'"
+            )
         self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
         unknown = set(transaction_policy_dict) - {"decoupled"}
         if unknown:
-            raise TritonModelException(f"model_transaction_policy has unknown keys "
-                                       f"{sorted(unknown)}")
+            raise TritonModelException(
+                f"model_transaction_policy has unknown keys {sorted(unknown)}"
+            )
         self._config["model_transaction_policy"] = dict(transaction_policy_dict)
 
-    def add_input(self, input: dict) -> None:  # noqa: A002 - Triton's parameter name
+    def add_input(self, input: dict) -> None:
         self._add("input", input)
 
     def add_output(self, output: dict) -> None:
@@ -448,11 +510,22 @@ class ModelConfig:
     def _add(self, key: str, tensor: dict) -> None:
         if not isinstance(tensor, dict) or "name" not in tensor:
             raise TritonModelException(f"{key} must be a dict with a 'name'")
-        allowed = {"name", "data_type", "dims", "optional", "reshape", "is_shape_tensor",
-                   "label_filename", "allow_ragged_batch", "format"}
+        allowed = {
+            "name",
+            "data_type",
+            "dims",
+            "optional",
+            "reshape",
+            "is_shape_tensor",
+            "label_filename",
+            "allow_ragged_batch",
+            "format",
+        }
         unknown = set(tensor) - allowed
         if unknown:
-            raise TritonModelException(f"{key} '{tensor['name']}' has unknown keys {sorted(unknown)}")
+            raise TritonModelException(
+                f"{key} '{tensor['name']}' has unknown keys {sorted(unknown)}"
+            )
         entries = self._config.setdefault(key, [])
         for entry in entries:
             if entry.get("name") != tensor["name"]:
@@ -472,7 +545,8 @@ class ModelConfig:
                 if given != existing:
                     raise TritonModelException(
                         f"model '{self._config.get('name', '')}': {key} '{tensor['name']}' has "
-                        f"{field} {existing} in the config, but auto_complete_config gave {given}")
+                        f"{field} {existing} in the config, but auto_complete_config gave {given}"
+                    )
             return
         entries.append({k: (list(v) if k == "dims" else v) for k, v in tensor.items()})
 
@@ -480,6 +554,7 @@ class ModelConfig:
 def _unsupported(what: str) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         raise TritonModelException(f"{what} is not supported by ascend-serve")
+
     call.__name__ = what
     return call
 

@@ -4,12 +4,14 @@ One Backend object is one loaded copy of one model version on one instance. The 
 instance pool calls `load`, `execute` and `unload` on that instance's own thread (never on the
 event loop), one call at a time, so a backend needs no locking of its own.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, ClassVar, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
@@ -25,12 +27,12 @@ class BackendHost(Protocol):
     """What the server lends a backend whose models call back into it (BLS): the loop its
     infer path runs on, and that path (server/core/inference_path.py)."""
 
-    loop: Optional["asyncio.AbstractEventLoop"]
+    loop: asyncio.AbstractEventLoop | None
 
     def is_decoupled(self, name: str, version: str) -> bool:
         """Whether the version a request for (name, version) goes to is decoupled."""
 
-    def stream(self, request: "InferRequest") -> AsyncIterator["StreamItem"]:
+    def stream(self, request: InferRequest) -> AsyncIterator[StreamItem]:
         """Every answer to `request` (one, final, for a model that is not decoupled)."""
 
     def custom_metric(self, update: dict) -> None:
@@ -74,15 +76,16 @@ class Backend(ABC):
     # True when the backend's constructor takes `host` (a BackendHost, for BLS).
     uses_host: ClassVar[bool] = False
 
-    def __init__(self, config: "ModelConfig", model_dir: Path, version_dir: Path,
-                 instance: InstanceSpec) -> None:
+    def __init__(
+        self, config: ModelConfig, model_dir: Path, version_dir: Path, instance: InstanceSpec
+    ) -> None:
         self.config = config
         self.model_dir = model_dir
         self.version_dir = version_dir
         self.instance = instance
 
     @classmethod
-    def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
+    def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         """Fill in what the config leaves out (inputs, outputs, max_batch_size) from the model
         file itself. Called before validation unless auto-complete is disabled."""
 
@@ -98,14 +101,14 @@ class Backend(ABC):
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch. Inputs and outputs carry the batch dimension when the model batches."""
 
-    def execute_requests(self, requests: Sequence[Mapping[str, np.ndarray]]
-                         ) -> list[dict[str, np.ndarray] | BaseException]:
+    def execute_requests(
+        self, requests: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[dict[str, np.ndarray] | BaseException]:
         """Run several requests at once; only called when `takes_request_lists` is True.
         An entry may be an exception, which fails that request alone."""
         raise BackendError(f"backend '{self.backend_name}' does not take request lists")
 
-    def execute_decoupled(self, requests: Sequence["InferRequest"]
-                          ) -> list[None | BaseException]:
+    def execute_decoupled(self, requests: Sequence[InferRequest]) -> list[None | BaseException]:
         """Start several requests of a decoupled model; their answers go to each request's
         `stream`. An entry is None (taken) or the exception that fails that request."""
         raise BackendError(f"backend '{self.backend_name}' does not serve decoupled models")

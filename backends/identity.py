@@ -8,10 +8,11 @@ C++ backend reads them: `execute_delay_ms` (sleep in every execute), multiplied 
 by `instance_wise_delay_multiplier` x i when that is set (at least x1, so instance 0 keeps the
 base delay), and `creation_delay_sec` (sleep while the model loads).
 """
+
 from __future__ import annotations
 
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -25,8 +26,9 @@ def _parameter(config, key: str, default: float = 0.0) -> float:  # type: ignore
     try:
         return float(text)
     except ValueError:
-        raise BackendError(f"model '{config.name}': parameter '{key}' must be a number, "
-                           f"got '{text}'") from None
+        raise BackendError(
+            f"model '{config.name}': parameter '{key}' must be a number, got '{text}'"
+        ) from None
 
 
 class IdentityBackend(Backend):
@@ -47,11 +49,13 @@ class IdentityBackend(Backend):
         inputs = [spec.name for spec in config.input]
         self._sources: dict[str, str] = {}
         for position, name in enumerate(outputs):
-            source = "INPUT" + name[len("OUTPUT"):] if name.startswith("OUTPUT") else ""
+            source = "INPUT" + name[len("OUTPUT") :] if name.startswith("OUTPUT") else ""
             if source not in inputs:
                 if position >= len(inputs):
-                    raise BackendError(f"model '{config.name}': output '{name}' has no input to "
-                                       f"copy (identity pairs OUTPUT<n> with INPUT<n>)")
+                    raise BackendError(
+                        f"model '{config.name}': output '{name}' has no input to "
+                        f"copy (identity pairs OUTPUT<n> with INPUT<n>)"
+                    )
                 source = inputs[position]
             self._sources[name] = source
         creation = _parameter(config, "creation_delay_sec")
@@ -61,9 +65,12 @@ class IdentityBackend(Backend):
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.execute_requests([inputs])[0]  # type: ignore[return-value]
 
-    def execute_requests(self, requests: Sequence[Mapping[str, np.ndarray]]
-                         ) -> list[dict[str, np.ndarray] | BaseException]:
+    def execute_requests(
+        self, requests: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[dict[str, np.ndarray] | BaseException]:
         if self._delay_s > 0:
             time.sleep(self._delay_s)  # once per execute, as the C++ backend
-        return [{output: inputs[source] for output, source in self._sources.items()
-                 if source in inputs} for inputs in requests]
+        return [
+            {output: inputs[source] for output, source in self._sources.items() if source in inputs}
+            for inputs in requests
+        ]

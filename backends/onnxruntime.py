@@ -10,12 +10,14 @@ section 9): the intra-op pool gets the CPUs the event loop does not need, shared
 model's instances, and its threads do not spin while waiting for work (ONNX Runtime's own
 default, a pool as wide as the machine that spins, took CPU from the frontends and the client).
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -56,7 +58,7 @@ def _import_ort() -> Any:
 SPINNING_KEY = "session.intra_op.allow_spinning"
 
 
-def default_intra_op_threads(config: "ModelConfig") -> int:
+def default_intra_op_threads(config: ModelConfig) -> int:
     """The CPUs this process may use, less one for the event loop, shared between the
     model's instances; at least one."""
     try:
@@ -67,7 +69,7 @@ def default_intra_op_threads(config: "ModelConfig") -> int:
     return max(1, (cpus - 1) // instances)
 
 
-def _session_options(config: "ModelConfig") -> Any:
+def _session_options(config: ModelConfig) -> Any:
     ort = _import_ort()
     options = ort.SessionOptions()
     params = config.parameters
@@ -77,13 +79,14 @@ def _session_options(config: "ModelConfig") -> Any:
         options.intra_op_num_threads = default_intra_op_threads(config)
     if "inter_op_thread_count" in params:
         options.inter_op_num_threads = int(params["inter_op_thread_count"].string_value)
-    entries = {key: value.string_value for key, value in params.items()
-               if key.startswith("session.")}
+    entries = {
+        key: value.string_value for key, value in params.items() if key.startswith("session.")
+    }
     entries.setdefault(SPINNING_KEY, "0")
     for key, value in entries.items():
         try:
             options.add_session_config_entry(key, value)
-        except Exception as exc:  # noqa: BLE001 - ORT refuses unknown keys or bad values
+        except Exception as exc:
             raise BackendError(f"invalid ONNX Runtime session option '{key}': {exc}") from exc
     return options
 
@@ -95,16 +98,22 @@ def _dim_value(dim: Any) -> int:
 def _to_ort_strings(name: str, array: np.ndarray) -> np.ndarray:
     """ONNX string tensors hold UTF-8 text; our BYTES elements are Python bytes."""
     try:
-        flat = [item.decode("utf-8") if isinstance(item, (bytes, bytearray)) else str(item)
-                for item in array.reshape(-1)]
+        flat = [
+            item.decode("utf-8") if isinstance(item, (bytes, bytearray)) else str(item)
+            for item in array.reshape(-1)
+        ]
     except UnicodeDecodeError as exc:
-        raise InvalidArgument(f"input '{name}': a BYTES element is not valid UTF-8 ({exc.reason} "
-                              f"at byte {exc.start}); this ONNX model takes text strings") from None
+        raise InvalidArgument(
+            f"input '{name}': a BYTES element is not valid UTF-8 ({exc.reason} "
+            f"at byte {exc.start}); this ONNX model takes text strings"
+        ) from None
     return np.array(flat, dtype=object).reshape(array.shape)
 
 
 def _from_ort_strings(array: np.ndarray) -> np.ndarray:
-    flat = [item.encode("utf-8") if isinstance(item, str) else bytes(item) for item in array.reshape(-1)]
+    flat = [
+        item.encode("utf-8") if isinstance(item, str) else bytes(item) for item in array.reshape(-1)
+    ]
     result = np.empty(len(flat), dtype=object)
     result[:] = flat
     return result.reshape(array.shape)
@@ -128,7 +137,7 @@ class OnnxRuntimeBackend(Backend):
         return path
 
     @classmethod
-    def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
+    def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         """Fill inputs, outputs and max_batch_size from the ONNX file, as Triton does."""
         from protocol.proto.model_config_pb2 import DataType
 
@@ -139,14 +148,15 @@ class OnnxRuntimeBackend(Backend):
         ort = _import_ort()
         try:
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        except Exception as exc:  # noqa: BLE001 - any ORT failure is a load failure
+        except Exception as exc:
             raise BackendError(f"unable to load ONNX model '{path}': {exc}") from exc
         model_inputs = session.get_inputs()
         model_outputs = session.get_outputs()
         everything = list(model_inputs) + list(model_outputs)
         had_io = bool(len(config.input) or len(config.output))
         can_batch = bool(everything) and all(
-            len(t.shape) > 0 and _dim_value(t.shape[0]) == -1 for t in everything)
+            len(t.shape) > 0 and _dim_value(t.shape[0]) == -1 for t in everything
+        )
         if not had_io and config.max_batch_size == 0 and can_batch:
             config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
             if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
@@ -154,9 +164,11 @@ class OnnxRuntimeBackend(Backend):
         skip = 1 if config.max_batch_size > 0 else 0
 
         # A sequence model's control and state inputs are fed by the batcher, not declared.
-        batcher_fed = {c.name for c in config.sequence_batching.control_input} | \
-            {s.input_name for s in config.sequence_batching.state} | \
-            {s.output_name for s in config.sequence_batching.state}
+        batcher_fed = (
+            {c.name for c in config.sequence_batching.control_input}
+            | {s.input_name for s in config.sequence_batching.state}
+            | {s.output_name for s in config.sequence_batching.state}
+        )
 
         def fill(target: Any, tensors: list[Any]) -> None:
             existing = {t.name: t for t in target}
@@ -170,7 +182,9 @@ class OnnxRuntimeBackend(Backend):
                     entry = target.add()
                     entry.name = tensor.name
                 if entry.data_type == DataType.TYPE_INVALID:
-                    entry.data_type = DataType.Value(_ORT_TO_CONFIG.get(tensor.type, "TYPE_INVALID"))
+                    entry.data_type = DataType.Value(
+                        _ORT_TO_CONFIG.get(tensor.type, "TYPE_INVALID")
+                    )
                 if len(entry.dims) == 0:
                     entry.dims.extend(_dim_value(d) for d in tensor.shape[skip:])
 
@@ -185,15 +199,21 @@ class OnnxRuntimeBackend(Backend):
         providers = ["CPUExecutionProvider"]
         if self.instance.kind == "KIND_GPU":
             if "CUDAExecutionProvider" in ort.get_available_providers():
-                providers = [("CUDAExecutionProvider", {"device_id": self.instance.device_id}),
-                             "CPUExecutionProvider"]
+                providers = [
+                    ("CUDAExecutionProvider", {"device_id": self.instance.device_id}),
+                    "CPUExecutionProvider",
+                ]
             else:
-                log.warning("instance %s asks for KIND_GPU but ONNX Runtime has no CUDA provider "
-                            "here; running on the CPU", self.instance.name)
+                log.warning(
+                    "instance %s asks for KIND_GPU but ONNX Runtime has no CUDA provider "
+                    "here; running on the CPU",
+                    self.instance.name,
+                )
         try:
-            self._session = ort.InferenceSession(str(path), sess_options=_session_options(self.config),
-                                                 providers=providers)
-        except Exception as exc:  # noqa: BLE001
+            self._session = ort.InferenceSession(
+                str(path), sess_options=_session_options(self.config), providers=providers
+            )
+        except Exception as exc:
             raise BackendError(f"unable to load ONNX model '{path}': {exc}") from exc
         self._check_config_matches_model()
         self._output_names = [o.name for o in self._session.get_outputs()]
@@ -207,52 +227,70 @@ class OnnxRuntimeBackend(Backend):
         # Ragged inputs and scattered batch outputs are 1-D in the model whatever the config's
         # dims say (Triton's ragged batching): their shapes are not compared.
         flat = {t.name for t in self.config.input if t.allow_ragged_batch} | {
-            name for spec in self.config.batch_output for name in spec.target_name}
-        model_io = {"input": {t.name: t for t in self._session.get_inputs()},
-                    "output": {t.name: t for t in self._session.get_outputs()}}
+            name for spec in self.config.batch_output for name in spec.target_name
+        }
+        model_io = {
+            "input": {t.name: t for t in self._session.get_inputs()},
+            "output": {t.name: t for t in self._session.get_outputs()},
+        }
         for kind, declared in (("input", self.config.input), ("output", self.config.output)):
             available = model_io[kind]
             for tensor in declared:
                 actual = available.get(tensor.name)
                 if actual is None:
-                    raise BackendError(f"model '{self.config.name}': unexpected {kind} "
-                                       f"'{tensor.name}', the model's {kind}s are "
-                                       f"{sorted(available)}")
+                    raise BackendError(
+                        f"model '{self.config.name}': unexpected {kind} "
+                        f"'{tensor.name}', the model's {kind}s are "
+                        f"{sorted(available)}"
+                    )
                 wanted = DataType.Name(tensor.data_type)
                 if _ORT_TO_CONFIG.get(actual.type) != wanted:
-                    raise BackendError(f"model '{self.config.name}': {kind} '{tensor.name}' is "
-                                       f"{wanted} in the config but {actual.type} in the model")
+                    raise BackendError(
+                        f"model '{self.config.name}': {kind} '{tensor.name}' is "
+                        f"{wanted} in the config but {actual.type} in the model"
+                    )
                 if tensor.HasField("reshape") or tensor.name in flat:
                     continue
                 model_dims = [_dim_value(d) for d in actual.shape[skip:]]
                 config_dims = [int(d) for d in tensor.dims]
                 compatible = len(model_dims) == len(config_dims) and all(
-                    m == -1 or c == -1 or m == c for m, c in zip(model_dims, config_dims))
+                    m == -1 or c == -1 or m == c
+                    for m, c in zip(model_dims, config_dims, strict=False)
+                )
                 if not compatible:
-                    raise BackendError(f"model '{self.config.name}': {kind} '{tensor.name}' has "
-                                       f"dims {config_dims} in the config but {model_dims} in "
-                                       f"the model" + (" (after the batch dimension)" if skip else ""))
+                    raise BackendError(
+                        f"model '{self.config.name}': {kind} '{tensor.name}' has "
+                        f"dims {config_dims} in the config but {model_dims} in "
+                        f"the model" + (" (after the batch dimension)" if skip else "")
+                    )
         # The server feeds every model input from a request, a batch_input, a sequence
         # control or an implicit state: none may be left.
         sequence = self.config.sequence_batching
-        fed = {t.name for t in self.config.input} | {
-            name for spec in self.config.batch_input for name in spec.target_name} | {
-            control.name for control in sequence.control_input} | {
-            state.input_name for state in sequence.state}
+        fed = (
+            {t.name for t in self.config.input}
+            | {name for spec in self.config.batch_input for name in spec.target_name}
+            | {control.name for control in sequence.control_input}
+            | {state.input_name for state in sequence.state}
+        )
         unfed = sorted(set(model_io["input"]) - fed)
         if unfed:
-            raise BackendError(f"model '{self.config.name}': the model's inputs {unfed} are not "
-                               f"in the config")
+            raise BackendError(
+                f"model '{self.config.name}': the model's inputs {unfed} are not in the config"
+            )
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = {name: (_to_ort_strings(name, array) if array.dtype.kind == "O" else array)
-                 for name, array in inputs.items()}
+        feeds = {
+            name: (_to_ort_strings(name, array) if array.dtype.kind == "O" else array)
+            for name, array in inputs.items()
+        }
         try:
             results = self._session.run(self._output_names, feeds)
-        except Exception as exc:  # noqa: BLE001 - a bad batch fails only itself
+        except Exception as exc:
             raise BackendError(f"onnxruntime execution failed: {exc}") from exc
-        return {name: (_from_ort_strings(value) if value.dtype.kind in "OU" else value)
-                for name, value in zip(self._output_names, results)}
+        return {
+            name: (_from_ort_strings(value) if value.dtype.kind in "OU" else value)
+            for name, value in zip(self._output_names, results, strict=False)
+        }
 
     def unload(self) -> None:
         self._session = None

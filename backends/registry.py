@@ -1,5 +1,6 @@
 """Backend name -> Backend class, resolved lazily so an optional runtime that is missing
 (pyACL on a machine without CANN) only fails the models that use it."""
+
 from __future__ import annotations
 
 import importlib
@@ -35,7 +36,7 @@ class UnknownBackend(Exception):
     pass
 
 
-def backend_name_for(config: "ModelConfig") -> str:
+def backend_name_for(config: ModelConfig) -> str:
     """The backend a config selects, from `backend` first and then `platform`."""
     if config.backend:
         if config.backend not in _BACKENDS:

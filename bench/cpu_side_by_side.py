@@ -14,6 +14,7 @@ Triton is `tritonserver` from the `nvidia-pytriton==0.7.0` wheel, found in `.ven
 
     .venv/bin/python bench/cpu_side_by_side.py [--rounds 3] [--no-triton]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,16 +27,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import report as bench_report, served  # noqa: E402
+from bench import report as bench_report  # noqa: E402
+from bench import served
 from examples.build_repository import build_simple  # noqa: E402
 from tests.serverproc import free_port  # noqa: E402
 
@@ -63,18 +65,26 @@ class SideBySide:
     triton: str = ""  # where tritonserver came from, or why it did not run
     commands: list[str] = field(default_factory=list)
 
-    def median(self, server: str, model: str, protocol: str) -> Optional[Sample]:
-        rows = [s for s in self.samples if (s.server, s.model, s.protocol) == (server, model, protocol)
-                and not s.error]
+    def median(self, server: str, model: str, protocol: str) -> Sample | None:
+        rows = [
+            s
+            for s in self.samples
+            if (s.server, s.model, s.protocol) == (server, model, protocol) and not s.error
+        ]
         if not rows:
             return None
-        return Sample(server, model, protocol, 0,
-                      statistics.median(s.infer_per_sec for s in rows),
-                      statistics.median(s.cpu_us for s in rows))
+        return Sample(
+            server,
+            model,
+            protocol,
+            0,
+            statistics.median(s.infer_per_sec for s in rows),
+            statistics.median(s.cpu_us for s in rows),
+        )
 
 
 # ----- the servers ---------------------------------------------------------------------------
-def find_triton() -> Optional[Path]:
+def find_triton() -> Path | None:
     """The `pytriton/tritonserver` folder of the wheel ($TRITONSERVER_DIST wins)."""
     explicit = os.environ.get("TRITONSERVER_DIST")
     if explicit:
@@ -89,8 +99,9 @@ def triton_backends(dist: Path, out_dir: Path) -> Path:
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     target = out_dir / "triton-backends" / "python"
     shutil.rmtree(target.parent, ignore_errors=True)
-    shutil.copytree(dist / "backends" / "python", target,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        dist / "backends" / "python", target, ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copy(dist / "python_backend_stubs" / version / "triton_python_backend_stub", target)
     return target.parent
 
@@ -98,15 +109,29 @@ def triton_backends(dist: Path, out_dir: Path) -> Path:
 class PinnedServer:
     """A server process on CPU 0, stopped by pid."""
 
-    def __init__(self, name: str, command: list[str], env: dict[str, str], log: Path,
-                 http_port: int, grpc_port: int, cwd: Optional[Path] = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        env: dict[str, str],
+        log: Path,
+        http_port: int,
+        grpc_port: int,
+        cwd: Path | None = None,
+    ) -> None:
         self.name = name
         self.command = ["taskset", "-c", str(SERVER_CPU), *command]
         self.http = f"127.0.0.1:{http_port}"
         self.grpc = f"127.0.0.1:{grpc_port}"
         self._log = open(log, "w")
-        self.process = subprocess.Popen(self.command, env=env, stdout=self._log, cwd=cwd,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command,
+            env=env,
+            stdout=self._log,
+            cwd=cwd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -162,43 +187,101 @@ def _process_cpu(pid: int) -> float:
 
 def start_ours(repo: Path, out_dir: Path, round_no: int) -> PinnedServer:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", "server", "--model-repository", str(repo),
-               "--http-address", "127.0.0.1", "--http-port", str(http_port),
-               "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-               "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port)]
-    return PinnedServer("ascend-serve", command, dict(os.environ, PYTHONPATH=str(ROOT)),
-                        out_dir / f"ascend-serve-round{round_no}.log", http_port, grpc_port)
+    command = [
+        sys.executable,
+        "-m",
+        "server",
+        "--model-repository",
+        str(repo),
+        "--http-address",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-address",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
+    ]
+    return PinnedServer(
+        "ascend-serve",
+        command,
+        dict(os.environ, PYTHONPATH=str(ROOT)),
+        out_dir / f"ascend-serve-round{round_no}.log",
+        http_port,
+        grpc_port,
+    )
 
 
-def start_triton(dist: Path, backends: Path, repo: Path, out_dir: Path,
-                 round_no: int) -> PinnedServer:
+def start_triton(
+    dist: Path, backends: Path, repo: Path, out_dir: Path, round_no: int
+) -> PinnedServer:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [str(dist / "bin" / "tritonserver"), f"--model-repository={repo}",
-               f"--backend-directory={backends}", "--http-address=127.0.0.1",
-               f"--http-port={http_port}", "--grpc-address=127.0.0.1",
-               f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}"]
+    command = [
+        str(dist / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={backends}",
+        "--http-address=127.0.0.1",
+        f"--http-port={http_port}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+    ]
     # The python-backend stub embeds libpython and takes its packages (numpy) from the Python
     # it finds first on PATH, as pytriton arranges it.
     # The stub copied out of the wheel finds the wheel's own libraries through this path.
     libs = [str(dist.parent.parent / "nvidia_pytriton.libs"), os.environ.get("LD_LIBRARY_PATH", "")]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               LD_LIBRARY_PATH=":".join(p for p in libs if p))
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        LD_LIBRARY_PATH=":".join(p for p in libs if p),
+    )
     # Not from the checkout: its triton_python_backend_utils.py would shadow Triton's own.
-    return PinnedServer("triton", command, env, out_dir / f"triton-round{round_no}.log",
-                        http_port, grpc_port, cwd=out_dir)
+    return PinnedServer(
+        "triton",
+        command,
+        env,
+        out_dir / f"triton-round{round_no}.log",
+        http_port,
+        grpc_port,
+        cwd=out_dir,
+    )
 
 
 # ----- one measurement -----------------------------------------------------------------------
-def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str,
-            round_no: int, out_dir: Path,
-            flags: Sequence[str] = served.CONVERGE_FLAGS) -> tuple[Sample, list[str]]:
+def measure(
+    perf_analyzer: str,
+    server: PinnedServer,
+    model: str,
+    protocol: str,
+    round_no: int,
+    out_dir: Path,
+    flags: Sequence[str] = served.CONVERGE_FLAGS,
+) -> tuple[Sample, list[str]]:
     sample = Sample(server.name, model, protocol, round_no)
     url = server.http.routes if protocol == "http" else server.grpc.services
     csv_path = out_dir / f"{server.name}-{model}-{protocol}-r{round_no}.csv"
     csv_path.unlink(missing_ok=True)
-    command = ["taskset", "-c", str(CLIENT_CPU), perf_analyzer, "-m", model, "-i", protocol,
-               "-u", url, "--concurrency-range", str(CONCURRENCY), *flags,
-               "-f", str(csv_path)]
+    command = [
+        "taskset",
+        "-c",
+        str(CLIENT_CPU),
+        perf_analyzer,
+        "-m",
+        model,
+        "-i",
+        protocol,
+        "-u",
+        url,
+        "--concurrency-range",
+        str(CONCURRENCY),
+        *flags,
+        "-f",
+        str(csv_path),
+    ]
     before_stats = served._model_stats(f"http://{server.http.routes}", model)
     before_cpu = server.tree_cpu()
     returncode, output = served._call(command, 180)
@@ -215,9 +298,14 @@ def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str,
     return sample, command
 
 
-def run(perf_analyzer: str, out_dir: Path, rounds: int = 3, with_triton: bool = True,
-        progress=print,  # type: ignore[no-untyped-def]
-        flags: Sequence[str] = served.CONVERGE_FLAGS) -> SideBySide:
+def run(
+    perf_analyzer: str,
+    out_dir: Path,
+    rounds: int = 3,
+    with_triton: bool = True,
+    progress=print,  # type: ignore[no-untyped-def]
+    flags: Sequence[str] = served.CONVERGE_FLAGS,
+) -> SideBySide:
     """Every round: ascend-serve (py_add and simple, HTTP and gRPC), then Triton (py_add).
     `commands` holds the first round's command lines without this machine's paths."""
 
@@ -235,36 +323,51 @@ def run(perf_analyzer: str, out_dir: Path, rounds: int = 3, with_triton: bool = 
         shutil.copytree(ROOT / "bench" / "models" / PY_MODEL, repo / PY_MODEL)
     build_simple(ours_repo)
     dist = find_triton() if with_triton else None
-    backends: Optional[Path] = None
+    backends: Path | None = None
     if dist is None:
-        result.triton = ("not measured: --no-triton" if not with_triton else
-                         f"not measured: no tritonserver (install `{TRITON_WHEEL}` into "
-                         f".venv-triton, or set TRITONSERVER_DIST)")
+        result.triton = (
+            "not measured: --no-triton"
+            if not with_triton
+            else f"not measured: no tritonserver (install `{TRITON_WHEEL}` into "
+            f".venv-triton, or set TRITONSERVER_DIST)"
+        )
     else:
         backends = triton_backends(dist, out_dir)
         result.triton = f"{TRITON_WHEEL} ({bench_report.portable(str(dist))})"
     plan: list[tuple[str, list[tuple[str, str]]]] = [
-        ("ascend-serve", [(PY_MODEL, "http"), (PY_MODEL, "grpc"), ("simple", "http"),
-                          ("simple", "grpc")])]
+        (
+            "ascend-serve",
+            [(PY_MODEL, "http"), (PY_MODEL, "grpc"), ("simple", "http"), ("simple", "grpc")],
+        )
+    ]
     if backends is not None:
         plan.append(("triton", [(PY_MODEL, "http"), (PY_MODEL, "grpc")]))
     for round_no in range(1, rounds + 1):
         for name, points in plan:
-            server = start_ours(ours_repo, out_dir, round_no) if name == "ascend-serve" else \
-                start_triton(dist, backends, triton_repo, out_dir, round_no)  # type: ignore[arg-type]
+            server = (
+                start_ours(ours_repo, out_dir, round_no)
+                if name == "ascend-serve"
+                else start_triton(dist, backends, triton_repo, out_dir, round_no)
+            )  # type: ignore[arg-type]
             try:
                 server.wait_ready()
                 if round_no == 1:
                     result.commands.append(portable(server.command))
                 for model, protocol in points:
-                    sample, command = measure(perf_analyzer, server, model, protocol, round_no,
-                                              out_dir, flags)
+                    sample, command = measure(
+                        perf_analyzer, server, model, protocol, round_no, out_dir, flags
+                    )
                     if round_no == 1:
                         result.commands.append(portable(command))
                     result.samples.append(sample)
-                    progress(f"  round {round_no} {name} {model} {protocol} c{CONCURRENCY}: "
-                             + (sample.error or f"{sample.infer_per_sec:,.0f} inf/s, "
-                                                f"{sample.cpu_us:,.0f} µs CPU per inference"))
+                    progress(
+                        f"  round {round_no} {name} {model} {protocol} c{CONCURRENCY}: "
+                        + (
+                            sample.error
+                            or f"{sample.infer_per_sec:,.0f} inf/s, "
+                            f"{sample.cpu_us:,.0f} µs CPU per inference"
+                        )
+                    )
             except RuntimeError as exc:
                 result.samples.append(Sample(name, "-", "-", round_no, error=str(exc)))
                 progress(f"  round {round_no} {name}: {exc}")
@@ -275,24 +378,38 @@ def run(perf_analyzer: str, out_dir: Path, rounds: int = 3, with_triton: bool = 
 
 # ----- the report ----------------------------------------------------------------------------
 def report(result: SideBySide) -> list[str]:
-    lines = ["## Server CPU per inference, side by side with Triton (issue #12)", "",
-             f"Each server and its children pinned to CPU {SERVER_CPU}, perf_analyzer to CPU "
-             f"{CLIENT_CPU}, concurrency {CONCURRENCY}; CPU per inference = the server's process "
-             f"tree CPU time / inferences it counted; median of the rounds (each round starts "
-             f"the servers afresh; rounds interleave them). Triton: {result.triton}.", "",
-             "| server | model | protocol | inferences/s | server CPU µs per inference | rounds (µs) |",
-             "|---|---|---|---:|---:|---|"]
+    lines = [
+        "## Server CPU per inference, side by side with Triton (issue #12)",
+        "",
+        f"Each server and its children pinned to CPU {SERVER_CPU}, perf_analyzer to CPU "
+        f"{CLIENT_CPU}, concurrency {CONCURRENCY}; CPU per inference = the server's process "
+        f"tree CPU time / inferences it counted; median of the rounds (each round starts "
+        f"the servers afresh; rounds interleave them). Triton: {result.triton}.",
+        "",
+        "| server | model | protocol | inferences/s | server CPU µs per inference | rounds (µs) |",
+        "|---|---|---|---:|---:|---|",
+    ]
     keys = sorted({(s.server, s.model, s.protocol) for s in result.samples if not s.error})
     for key in keys:
         median = result.median(*key)
-        rounds = ", ".join(f"{s.cpu_us:,.0f}" for s in result.samples
-                           if (s.server, s.model, s.protocol) == key and not s.error)
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {median.infer_per_sec:,.0f} | "  # type: ignore[union-attr]
-                     f"{median.cpu_us:,.0f} | {rounds} |")  # type: ignore[union-attr]
+        rounds = ", ".join(
+            f"{s.cpu_us:,.0f}"
+            for s in result.samples
+            if (s.server, s.model, s.protocol) == key and not s.error
+        )
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {median.infer_per_sec:,.0f} | "  # type: ignore[union-attr]
+            f"{median.cpu_us:,.0f} | {rounds} |"
+        )  # type: ignore[union-attr]
     errors = [s for s in result.samples if s.error]
     if errors:
-        lines += ["", *[f"- failed: round {s.round} {s.server} {s.model} {s.protocol}: {s.error}"
-                        for s in errors]]
+        lines += [
+            "",
+            *[
+                f"- failed: round {s.round} {s.server} {s.model} {s.protocol}: {s.error}"
+                for s in errors
+            ],
+        ]
     lines += ["", *verdicts(result), ""]
     if result.commands:
         lines += ["```", *result.commands, "```", ""]
@@ -305,22 +422,28 @@ def verdicts(result: SideBySide) -> list[str]:
         ours, triton = (result.median(s, PY_MODEL, protocol) for s in ("ascend-serve", "triton"))
         if ours and triton:
             met = "met" if ours.cpu_us <= triton.cpu_us else "not met"
-            out.append(f"- CPU per inference, Python model `{PY_MODEL}`, {protocol}: ascend-serve "
-                       f"<= Triton: **{met}** — {ours.cpu_us:,.0f} vs {triton.cpu_us:,.0f} µs "
-                       f"({ours.cpu_us / triton.cpu_us:.2f}x)")
+            out.append(
+                f"- CPU per inference, Python model `{PY_MODEL}`, {protocol}: ascend-serve "
+                f"<= Triton: **{met}** — {ours.cpu_us:,.0f} vs {triton.cpu_us:,.0f} µs "
+                f"({ours.cpu_us / triton.cpu_us:.2f}x)"
+            )
         elif ours:
-            out.append(f"- CPU per inference, Python model `{PY_MODEL}`, {protocol}: ascend-serve "
-                       f"{ours.cpu_us:,.0f} µs; Triton {result.triton}")
+            out.append(
+                f"- CPU per inference, Python model `{PY_MODEL}`, {protocol}: ascend-serve "
+                f"{ours.cpu_us:,.0f} µs; Triton {result.triton}"
+            )
         simple = result.median("ascend-serve", "simple", protocol)
         if simple:
             limit = TARGETS_US[protocol]
             met = "met" if simple.cpu_us <= limit else "not met"
-            out.append(f"- CPU per inference, ONNX `simple`, {protocol}: <= {limit:.0f} µs: "
-                       f"**{met}** — {simple.cpu_us:,.0f} µs")
+            out.append(
+                f"- CPU per inference, ONNX `simple`, {protocol}: <= {limit:.0f} µs: "
+                f"**{met}** — {simple.cpu_us:,.0f} µs"
+            )
     return out
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-triton", action="store_true")

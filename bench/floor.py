@@ -11,6 +11,7 @@ with its own captured answers and its own statistics counter.
 
 Run as `python -m bench.floor --canned FILE --http-port P --grpc-port Q` (bench/run.py does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,16 @@ from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto import grpc_service_pb2_grpc as service
 
 # gRPC methods perf_analyzer calls, with their response types.
-_GRPC_ANSWERS = {"ServerMetadata": pb.ServerMetadataResponse, "ServerLive": pb.ServerLiveResponse,
-                 "ServerReady": pb.ServerReadyResponse, "ModelReady": pb.ModelReadyResponse,
-                 "ModelMetadata": pb.ModelMetadataResponse, "ModelConfig": pb.ModelConfigResponse,
-                 "ModelStatistics": pb.ModelStatisticsResponse,
-                 "ModelInfer": pb.ModelInferResponse}
+_GRPC_ANSWERS = {
+    "ServerMetadata": pb.ServerMetadataResponse,
+    "ServerLive": pb.ServerLiveResponse,
+    "ServerReady": pb.ServerReadyResponse,
+    "ModelReady": pb.ModelReadyResponse,
+    "ModelMetadata": pb.ModelMetadataResponse,
+    "ModelConfig": pb.ModelConfigResponse,
+    "ModelStatistics": pb.ModelStatisticsResponse,
+    "ModelInfer": pb.ModelInferResponse,
+}
 
 
 def capture(http_base: str, grpc_target: str, model: str) -> dict[str, Any]:
@@ -46,21 +52,40 @@ def capture(http_base: str, grpc_target: str, model: str) -> dict[str, Any]:
     config, statistics, and one batch-1 inference with binary inputs and outputs."""
     canned: dict[str, Any] = {"model": model, "http": {}, "grpc": {}}
     with httpx.Client(base_url=http_base, timeout=10.0) as client:
-        for key, path in (("server", "/v2"), ("metadata", f"/v2/models/{model}"),
-                          ("config", f"/v2/models/{model}/config"),
-                          ("stats", f"/v2/models/{model}/stats")):
+        for key, path in (
+            ("server", "/v2"),
+            ("metadata", f"/v2/models/{model}"),
+            ("config", f"/v2/models/{model}/config"),
+            ("stats", f"/v2/models/{model}/stats"),
+        ):
             canned["http"][key] = client.get(path).content
         metadata = json.loads(canned["http"]["metadata"])
-        header = json.dumps({
-            "inputs": [{"name": t["name"], "datatype": t["datatype"], "shape": [1, *t["shape"][1:]],
-                        "parameters": {"binary_data_size": _zeros(t).nbytes}}
-                       for t in metadata["inputs"]],
-            "outputs": [{"name": t["name"], "parameters": {"binary_data": True}}
-                        for t in metadata["outputs"]]}).encode()
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": t["name"],
+                        "datatype": t["datatype"],
+                        "shape": [1, *t["shape"][1:]],
+                        "parameters": {"binary_data_size": _zeros(t).nbytes},
+                    }
+                    for t in metadata["inputs"]
+                ],
+                "outputs": [
+                    {"name": t["name"], "parameters": {"binary_data": True}}
+                    for t in metadata["outputs"]
+                ],
+            }
+        ).encode()
         body = header + b"".join(_zeros(t).tobytes() for t in metadata["inputs"])
-        reply = client.post(f"/v2/models/{model}/infer", content=body,
-                            headers={"Inference-Header-Content-Length": str(len(header)),
-                                     "Accept-Encoding": "identity"})
+        reply = client.post(
+            f"/v2/models/{model}/infer",
+            content=body,
+            headers={
+                "Inference-Header-Content-Length": str(len(header)),
+                "Accept-Encoding": "identity",
+            },
+        )
         reply.raise_for_status()
         canned["http"]["infer"] = reply.content
         canned["http"]["infer_header_length"] = reply.headers["inference-header-content-length"]
@@ -68,16 +93,20 @@ def capture(http_base: str, grpc_target: str, model: str) -> dict[str, Any]:
         stub = service.GRPCInferenceServiceStub(channel)
         request = pb.ModelInferRequest(model_name=model)
         for tensor in metadata["inputs"]:
-            request.inputs.add(name=tensor["name"], datatype=tensor["datatype"],
-                               shape=[1, *tensor["shape"][1:]])
+            request.inputs.add(
+                name=tensor["name"], datatype=tensor["datatype"], shape=[1, *tensor["shape"][1:]]
+            )
             request.raw_input_contents.append(_zeros(tensor).tobytes())
-        calls = {"ServerMetadata": pb.ServerMetadataRequest(),
-                 "ServerLive": pb.ServerLiveRequest(), "ServerReady": pb.ServerReadyRequest(),
-                 "ModelReady": pb.ModelReadyRequest(name=model),
-                 "ModelMetadata": pb.ModelMetadataRequest(name=model),
-                 "ModelConfig": pb.ModelConfigRequest(name=model),
-                 "ModelStatistics": pb.ModelStatisticsRequest(name=model),
-                 "ModelInfer": request}
+        calls = {
+            "ServerMetadata": pb.ServerMetadataRequest(),
+            "ServerLive": pb.ServerLiveRequest(),
+            "ServerReady": pb.ServerReadyRequest(),
+            "ModelReady": pb.ModelReadyRequest(name=model),
+            "ModelMetadata": pb.ModelMetadataRequest(name=model),
+            "ModelConfig": pb.ModelConfigRequest(name=model),
+            "ModelStatistics": pb.ModelStatisticsRequest(name=model),
+            "ModelInfer": request,
+        }
         for method, message in calls.items():
             canned["grpc"][method] = getattr(stub, method)(message).SerializeToString()
     return canned
@@ -106,11 +135,16 @@ def http_app(canned: Any) -> Any:
         counters[f"/v2/models/{model}/infer"] = served
         stats[f"/v2/models/{model}/stats"] = (json.loads(http["stats"]), served)
         answers[f"/v2/models/{model}/infer"] = (
-            http["infer"], [(b"content-type", b"application/octet-stream"),
-                            (b"inference-header-content-length",
-                             http["infer_header_length"].encode())])
-        for key, path in (("metadata", f"/v2/models/{model}"),
-                          ("config", f"/v2/models/{model}/config")):
+            http["infer"],
+            [
+                (b"content-type", b"application/octet-stream"),
+                (b"inference-header-content-length", http["infer_header_length"].encode()),
+            ],
+        )
+        for key, path in (
+            ("metadata", f"/v2/models/{model}"),
+            ("config", f"/v2/models/{model}/config"),
+        ):
             answers[path] = (http[key], json_type)
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
@@ -129,8 +163,13 @@ def http_app(canned: Any) -> Any:
                 counter[0] += 1
             body, headers = answers.get(path, (b"", []))
         status = 200 if path in answers or path in stats else 404
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     return app
@@ -139,6 +178,7 @@ def http_app(canned: Any) -> Any:
 def _counted(stats: dict[str, Any], served: int) -> dict[str, Any]:
     """The captured statistics with every count set to the requests this server answered
     (perf_analyzer refuses statistics that do not move), durations scaled alike."""
+
     def scale(duration: dict[str, int], count: int) -> dict[str, int]:
         per_call = duration["ns"] // duration["count"] if duration["count"] else 0
         return {"count": count, "ns": per_call * count}
@@ -146,11 +186,17 @@ def _counted(stats: dict[str, Any], served: int) -> dict[str, Any]:
     models = []
     for entry in stats["model_stats"]:
         entry = dict(entry, inference_count=served, execution_count=served)
-        entry["inference_stats"] = {key: scale(value, served if value["count"] else 0)
-                                    for key, value in entry["inference_stats"].items()}
+        entry["inference_stats"] = {
+            key: scale(value, served if value["count"] else 0)
+            for key, value in entry["inference_stats"].items()
+        }
         entry["batch_stats"] = [
-            {key: (scale(value, served) if isinstance(value, dict) else value)
-             for key, value in batch.items()} for batch in entry["batch_stats"][:1]]
+            {
+                key: (scale(value, served) if isinstance(value, dict) else value)
+                for key, value in batch.items()
+            }
+            for batch in entry["batch_stats"][:1]
+        ]
         models.append(entry)
     return {"model_stats": models}
 
@@ -170,8 +216,10 @@ def grpc_servicer(canned: Any) -> service.GRPCInferenceServiceServicer:
         methods[name] = method
     templates = {model: json.loads(c["http"]["stats"]) for model, c in models.items()}
     served = dict.fromkeys(models, 0)
-    infer_answers = {model: pb.ModelInferResponse.FromString(c["grpc"]["ModelInfer"])
-                     for model, c in models.items()}
+    infer_answers = {
+        model: pb.ModelInferResponse.FromString(c["grpc"]["ModelInfer"])
+        for model, c in models.items()
+    }
 
     async def model_infer(self: Any, request: Any, context: Any) -> Any:
         model = request.model_name if request.model_name in models else first
@@ -180,8 +228,11 @@ def grpc_servicer(canned: Any) -> service.GRPCInferenceServiceServicer:
 
     async def model_statistics(self: Any, request: Any, context: Any) -> Any:
         model = request.name if request.name in models else first
-        return json_format.ParseDict(_counted(templates[model], served[model]),
-                                     pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+        return json_format.ParseDict(
+            _counted(templates[model], served[model]),
+            pb.ModelStatisticsResponse(),
+            ignore_unknown_fields=True,
+        )
 
     methods.update(ModelInfer=model_infer, ModelStatistics=model_statistics)
     return type("CannedServicer", (service.GRPCInferenceServiceServicer,), methods)()
@@ -194,9 +245,16 @@ async def serve(canned: Any, host: str, http_port: int, grpc_port: int) -> None:
     service.add_GRPCInferenceServiceServicer_to_server(grpc_servicer(canned), server)
     server.add_insecure_port(f"{host}:{grpc_port}")
     await server.start()
-    config = uvicorn.Config(http_app(canned), host=host, port=http_port, loop="none",
-                            http="httptools", lifespan="off", access_log=False,
-                            log_level="warning")
+    config = uvicorn.Config(
+        http_app(canned),
+        host=host,
+        port=http_port,
+        loop="none",
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+    )
     try:
         await uvicorn.Server(config).serve()
     finally:

@@ -12,6 +12,7 @@ throughput against cores.
 
     .venv/bin/python bench/frontend_scaling.py [--rounds 2] [--protocol http|grpc]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -54,14 +54,16 @@ class Run:
 def _connection_split(port: int, owner: int, stop: threading.Event, shares: list[float]) -> None:
     while not stop.wait(0.5):
         owners = connection_owners(port)
-        total = sum(count for pid, count in owners.items() if pid == owner
-                    or pid in frontend_children(owner))
+        total = sum(
+            count
+            for pid, count in owners.items()
+            if pid == owner or pid in frontend_children(owner)
+        )
         if total:
             shares.append(owners.get(owner, 0) / total)
 
 
-def measure(perf_analyzer: str, repo: Path, processes: int, protocol: str,
-            log_dir: Path) -> Run:
+def measure(perf_analyzer: str, repo: Path, processes: int, protocol: str, log_dir: Path) -> Run:
     run = Run(processes, protocol)
     server = start_server([repo], ["--frontend-processes", str(processes)], log_dir=log_dir)
     try:
@@ -74,15 +76,27 @@ def measure(perf_analyzer: str, repo: Path, processes: int, protocol: str,
         url = server.http_url if protocol == "http" else server.grpc_url
         port = server.http_port if protocol == "http" else server.grpc_port
         csv_path = log_dir / f"scaling-{processes}-{protocol}.csv"
-        command = [perf_analyzer, "-m", MODEL, "-i", protocol, "-u", url,
-                   "--concurrency-range", str(CONCURRENCY), *served.CONVERGE_FLAGS,
-                   "-f", str(csv_path)]
+        command = [
+            perf_analyzer,
+            "-m",
+            MODEL,
+            "-i",
+            protocol,
+            "-u",
+            url,
+            "--concurrency-range",
+            str(CONCURRENCY),
+            *served.CONVERGE_FLAGS,
+            "-f",
+            str(csv_path),
+        ]
         before = served._model_stats(server.base, MODEL)
         cpu_before = {pid: _process_cpu(pid) for pid in [server.pid, *children]}
         shares: list[float] = []
         stop = threading.Event()
-        watcher = threading.Thread(target=_connection_split,
-                                   args=(port, server.pid, stop, shares), daemon=True)
+        watcher = threading.Thread(
+            target=_connection_split, args=(port, server.pid, stop, shares), daemon=True
+        )
         watcher.start()
         code, output = served._call(command, 180)
         stop.set()
@@ -103,7 +117,7 @@ def measure(perf_analyzer: str, repo: Path, processes: int, protocol: str,
         server.stop()
 
 
-def handover_us(single: Run, double: Run) -> Optional[float]:
+def handover_us(single: Run, double: Run) -> float | None:
     """h: the owner's CPU per request a frontend process handed over."""
     handed = 1.0 - double.owner_share
     if handed <= 0.05:
@@ -111,12 +125,11 @@ def handover_us(single: Run, double: Run) -> Optional[float]:
     return (double.owner_cpu_us - double.owner_share * single.owner_cpu_us) / handed
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--protocol", choices=["http", "grpc"], action="append")
-    parser.add_argument("--perf-analyzer", default=os.environ.get("PERF_ANALYZER",
-                                                                  "perf_analyzer"))
+    parser.add_argument("--perf-analyzer", default=os.environ.get("PERF_ANALYZER", "perf_analyzer"))
     parser.add_argument("--json", type=Path, help="also write the runs here")
     args = parser.parse_args(argv)
     protocols = args.protocol or ["http", "grpc"]
@@ -130,18 +143,25 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for processes in (1, 2):
                     run = measure(args.perf_analyzer, repo, processes, protocol, Path(tmp))
                     runs.append(run)
-                    print(f"round {round_no + 1} {protocol} N={processes}: "
-                          f"{run.infer_per_sec:,.0f} infer/s, owner {run.owner_cpu_us:.0f} µs/req"
-                          f" (share {run.owner_share:.2f}), frontend "
-                          f"{run.frontend_cpu_us:.0f} µs/req {run.error}", flush=True)
+                    print(
+                        f"round {round_no + 1} {protocol} N={processes}: "
+                        f"{run.infer_per_sec:,.0f} infer/s, owner {run.owner_cpu_us:.0f} µs/req"
+                        f" (share {run.owner_share:.2f}), frontend "
+                        f"{run.frontend_cpu_us:.0f} µs/req {run.error}",
+                        flush=True,
+                    )
     for protocol in protocols:
-        pairs = [(a, b) for a, b in zip(runs[0::2], runs[1::2]) if a.protocol == protocol]
+        pairs = [
+            (a, b) for a, b in zip(runs[0::2], runs[1::2], strict=False) if a.protocol == protocol
+        ]
         costs = [h for a, b in pairs if (h := handover_us(a, b)) is not None]
         gains = [b.infer_per_sec / a.infer_per_sec for a, b in pairs if a.infer_per_sec]
-        print(f"{protocol}: f = {statistics.median(a.owner_cpu_us for a, _ in pairs):.0f} µs, "
-              f"g = {statistics.median(b.frontend_cpu_us for _, b in pairs):.0f} µs, "
-              f"h = {statistics.median(costs) if costs else float('nan'):.0f} µs, "
-              f"N=2/N=1 throughput {statistics.median(gains) if gains else float('nan'):.2f}x")
+        print(
+            f"{protocol}: f = {statistics.median(a.owner_cpu_us for a, _ in pairs):.0f} µs, "
+            f"g = {statistics.median(b.frontend_cpu_us for _, b in pairs):.0f} µs, "
+            f"h = {statistics.median(costs) if costs else float('nan'):.0f} µs, "
+            f"N=2/N=1 throughput {statistics.median(gains) if gains else float('nan'):.2f}x"
+        )
     if args.json:
         args.json.write_text(json.dumps([asdict(run) for run in runs], indent=1))
     return 0

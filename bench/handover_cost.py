@@ -13,6 +13,7 @@ them.
 
     .venv/bin/python bench/handover_cost.py [--seconds 8] [--rounds 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -42,19 +44,34 @@ MODEL = "simple_batching"  # add/sub of [16] INT32 with dynamic batching; or "si
 
 def _http_request(port: int) -> bytes:
     data = np.arange(16, dtype=np.int32).tobytes()
-    header = json.dumps({"inputs": [
-        {"name": name, "shape": [1, 16], "datatype": "INT32",
-         "parameters": {"binary_data_size": 64}} for name in ("INPUT0", "INPUT1")],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}},
-                    {"name": "OUTPUT1", "parameters": {"binary_data": True}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": [1, 16],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": 64},
+                }
+                for name in ("INPUT0", "INPUT1")
+            ],
+            "outputs": [
+                {"name": "OUTPUT0", "parameters": {"binary_data": True}},
+                {"name": "OUTPUT1", "parameters": {"binary_data": True}},
+            ],
+        }
+    ).encode()
     body = header + data + data
-    return (f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: "
-            f"{len(header)}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: "
+        f"{len(header)}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
-async def _http_connections(port: int, count: int, wanted: Callable[[int], bool]
-                            ) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+async def _http_connections(
+    port: int, count: int, wanted: Callable[[int], bool]
+) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
     """`count` keep-alive connections whose server side `wanted(pid)` accepts."""
     kept: list = []
     for _ in range(200):
@@ -72,8 +89,13 @@ async def _http_connections(port: int, count: int, wanted: Callable[[int], bool]
     raise RuntimeError("could not get the connections wanted")
 
 
-def measure(server: ServerProcess, protocol: str, connections: int, seconds: float,
-            wanted: Callable[[int], bool]) -> dict[str, float]:
+def measure(
+    server: ServerProcess,
+    protocol: str,
+    connections: int,
+    seconds: float,
+    wanted: Callable[[int], bool],
+) -> dict[str, float]:
     """Requests per second and CPU µs per request of the owner and each frontend process."""
     pids = [server.pid, *frontend_children(server.pid)]
     result: dict[str, float] = {}
@@ -140,8 +162,9 @@ async def _grpc_channel(port: int, wanted: Callable[[int], bool]) -> tuple[Any, 
         message.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
     for _ in range(100):
         before = set(connection_peers(port))
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}",
-                                            options=[("grpc.use_local_subchannel_pool", 1)])
+        channel = grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         stub = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer
         await stub(message)
         peers = connection_peers(port)
@@ -167,8 +190,11 @@ class HandoverCosts:
         return statistics.median(values) if values else float("nan")
 
     def costs(self, protocol: str) -> tuple[float, float, float]:
-        return (self.median(protocol, 1, "owner_us"), self.median(protocol, 2, "owner_us"),
-                self.median(protocol, 2, "frontend_us"))
+        return (
+            self.median(protocol, 1, "owner_us"),
+            self.median(protocol, 2, "owner_us"),
+            self.median(protocol, 2, "frontend_us"),
+        )
 
 
 def ceiling(f: float, h: float, g: float, processes: int) -> float:
@@ -179,9 +205,14 @@ def ceiling(f: float, h: float, g: float, processes: int) -> float:
     return owner if processes == 1 else min(owner, 1e6 * processes / g)
 
 
-def run(rounds: int = 2, seconds: float = 8.0, model: str = "simple_batching",
-        connections: int = 16, protocols: tuple[str, ...] = ("http", "grpc"),
-        progress: Callable[[str], None] = print) -> HandoverCosts:
+def run(
+    rounds: int = 2,
+    seconds: float = 8.0,
+    model: str = "simple_batching",
+    connections: int = 16,
+    protocols: tuple[str, ...] = ("http", "grpc"),
+    progress: Callable[[str], None] = print,
+) -> HandoverCosts:
     global MODEL
     MODEL = model
     result = HandoverCosts(model, connections, rounds)
@@ -191,20 +222,26 @@ def run(rounds: int = 2, seconds: float = 8.0, model: str = "simple_batching",
         build_simple_batching(repo)
         for round_no in range(rounds):
             for processes in (1, 2):
-                server = start_server([repo], ["--frontend-processes", str(processes)],
-                                      log_dir=Path(tmp))
+                server = start_server(
+                    [repo], ["--frontend-processes", str(processes)], log_dir=Path(tmp)
+                )
                 try:
                     while len(frontend_children(server.pid)) < processes - 1:
                         time.sleep(0.1)
                     owner = server.pid
-                    wanted = (lambda pid: pid == owner) if processes == 1 else \
-                        (lambda pid: pid != owner and pid > 0)
+                    wanted = (
+                        (lambda pid: pid == owner)
+                        if processes == 1
+                        else (lambda pid: pid != owner and pid > 0)
+                    )
                     for protocol in protocols:
                         r = measure(server, protocol, connections, seconds, wanted)
                         key = f"{protocol} N={processes}"
-                        progress(f"  round {round_no + 1} {key}: {r['infer_per_sec']:,.0f} "
-                                 f"req/s, owner {r['owner_us']:.0f} µs/req, frontend process "
-                                 f"{r['frontend_us']:.0f} µs/req")
+                        progress(
+                            f"  round {round_no + 1} {key}: {r['infer_per_sec']:,.0f} "
+                            f"req/s, owner {r['owner_us']:.0f} µs/req, frontend process "
+                            f"{r['frontend_us']:.0f} µs/req"
+                        )
                         for name, value in r.items():
                             result.figures.setdefault(f"{key} {name}", []).append(value)
                 finally:
@@ -214,43 +251,59 @@ def run(rounds: int = 2, seconds: float = 8.0, model: str = "simple_batching",
 
 def report(costs: HandoverCosts) -> list[str]:
     """The RESULTS.md section: measured costs and the throughput they allow against cores."""
-    lines = ["## Frontend processes: CPU per request and the ceiling it sets", "",
-             f"`{costs.model}` (dynamic batching), {costs.connections} closed-loop connections "
-             f"from bench/handover_cost.py, {costs.rounds} round(s), medians. f: the server's "
-             "CPU per request with one process; with `--frontend-processes 2` and every "
-             "connection on the frontend process, h: the model owner's CPU per handed-over "
-             "request, g: the frontend process's.", "",
-             "| protocol | f µs | h µs | g µs | req/s N=1 | req/s N=2 (2 cores, shared with the "
-             "client) |", "|---|---|---|---|---|---|"]
+    lines = [
+        "## Frontend processes: CPU per request and the ceiling it sets",
+        "",
+        f"`{costs.model}` (dynamic batching), {costs.connections} closed-loop connections "
+        f"from bench/handover_cost.py, {costs.rounds} round(s), medians. f: the server's "
+        "CPU per request with one process; with `--frontend-processes 2` and every "
+        "connection on the frontend process, h: the model owner's CPU per handed-over "
+        "request, g: the frontend process's.",
+        "",
+        "| protocol | f µs | h µs | g µs | req/s N=1 | req/s N=2 (2 cores, shared with the "
+        "client) |",
+        "|---|---|---|---|---|---|",
+    ]
     protocols = sorted({key.split()[0] for key in costs.figures})
     for protocol in protocols:
         f, h, g = costs.costs(protocol)
-        lines.append(f"| {protocol} | {f:.0f} | {h:.0f} | {g:.0f} | "
-                     f"{costs.median(protocol, 1, 'infer_per_sec'):,.0f} | "
-                     f"{costs.median(protocol, 2, 'infer_per_sec'):,.0f} |")
+        lines.append(
+            f"| {protocol} | {f:.0f} | {h:.0f} | {g:.0f} | "
+            f"{costs.median(protocol, 1, 'infer_per_sec'):,.0f} | "
+            f"{costs.median(protocol, 2, 'infer_per_sec'):,.0f} |"
+        )
     counts = (1, 2, 4, 8, 16, 32, 64)
-    lines += ["", "Requests/s the server's CPU allows with N accepting processes on N free cores "
-              "(a calculation from f, h and g, not a measurement; bench/FINDINGS.md 9.9):", "",
-              "| protocol | " + " | ".join(f"N={n}" for n in counts) + " |",
-              "|---|" + "---|" * len(counts)]
+    lines += [
+        "",
+        "Requests/s the server's CPU allows with N accepting processes on N free cores "
+        "(a calculation from f, h and g, not a measurement; bench/FINDINGS.md 9.9):",
+        "",
+        "| protocol | " + " | ".join(f"N={n}" for n in counts) + " |",
+        "|---|" + "---|" * len(counts),
+    ]
     for protocol in protocols:
         f, h, g = costs.costs(protocol)
-        lines.append(f"| {protocol} | " + " | ".join(f"{ceiling(f, h, g, n):,.0f}"
-                                                     for n in counts) + " |")
+        lines.append(
+            f"| {protocol} | " + " | ".join(f"{ceiling(f, h, g, n):,.0f}" for n in counts) + " |"
+        )
     return lines + [""]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--protocol", choices=["http", "grpc"], action="append")
-    parser.add_argument("--model", choices=["simple", "simple_batching"],
-                        default="simple_batching")
+    parser.add_argument("--model", choices=["simple", "simple_batching"], default="simple_batching")
     args = parser.parse_args(argv)
-    costs = run(args.rounds, args.seconds, args.model, args.connections,
-                tuple(args.protocol or ["http", "grpc"]))
+    costs = run(
+        args.rounds,
+        args.seconds,
+        args.model,
+        args.connections,
+        tuple(args.protocol or ["http", "grpc"]),
+    )
     print("\n".join(report(costs)))
     return 0
 

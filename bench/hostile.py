@@ -17,6 +17,7 @@ server (`-- --http-parser-processes 0` measures the event-loop-only parse).
 
     .venv/bin/python bench/hostile.py [--hostile-secs 20] [-- server flags]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
@@ -35,22 +36,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from examples.build_repository import build_simple  # noqa: E402
 from serverproc import start_server  # noqa: E402
 from testmodels import build_identity_fp32  # noqa: E402
+
+from examples.build_repository import build_simple  # noqa: E402
 
 HOSTILE = b'{"a":' * ((64 * 1024 * 1024) // 5)  # 67,108,860 bytes: under the 64 MiB limit
 DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"
 VALID_ELEMENTS = 5_000_000
-SMALL = json.dumps({"inputs": [
-    {"name": name, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
-    for name in ("INPUT0", "INPUT1")]}).encode()
+SMALL = json.dumps(
+    {
+        "inputs": [
+            {"name": name, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+            for name in ("INPUT0", "INPUT1")
+        ]
+    }
+).encode()
 
 
 class Poller(threading.Thread):
     """One request over and over on its own keep-alive connection; records each wait."""
 
-    def __init__(self, port: int, method: str, path: str, body: Optional[bytes] = None) -> None:
+    def __init__(self, port: int, method: str, path: str, body: bytes | None = None) -> None:
         super().__init__(daemon=True)
         self.port, self.method, self.path, self.body = port, method, path, body
         self.waits: list[float] = []
@@ -88,8 +95,9 @@ def ms(value: float) -> str:
     return f"{value * 1000:.1f} ms"
 
 
-def phase(live: Poller, small: Poller, seconds: float,
-          work: Optional[Callable[[], None]] = None) -> tuple[list[float], list[float]]:
+def phase(
+    live: Poller, small: Poller, seconds: float, work: Callable[[], None] | None = None
+) -> tuple[list[float], list[float]]:
     live.take(), small.take()
     if work is None:
         time.sleep(seconds)
@@ -108,7 +116,7 @@ def post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
         conn.close()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quiet-secs", type=float, default=8.0)
     parser.add_argument("--hostile-secs", type=float, default=20.0)
@@ -118,8 +126,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     repo = Path(tempfile.mkdtemp(prefix="hostile-models-"))
     build_simple(repo)
     build_identity_fp32(repo)
-    server = start_server([repo], ["--exit-timeout-secs", "5", *args.server_args],
-                          log_dir=Path(tempfile.mkdtemp(prefix="hostile-logs-")))
+    server = start_server(
+        [repo],
+        ["--exit-timeout-secs", "5", *args.server_args],
+        log_dir=Path(tempfile.mkdtemp(prefix="hostile-logs-")),
+    )
     port = server.http_port
     verdicts: list[tuple[str, bool]] = []
     try:
@@ -132,9 +143,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         live.start(), small.start()
 
         quiet_live, quiet_small = phase(live, small, args.quiet_secs)
-        print(f"quiet ({args.quiet_secs:.0f} s): live p50 {ms(p(quiet_live, 50))} p99 "
-              f"{ms(p(quiet_live, 99))} max {ms(max(quiet_live))} ({len(quiet_live)} polls); "
-              f"small infer p50 {ms(p(quiet_small, 50))} p99 {ms(p(quiet_small, 99))}")
+        print(
+            f"quiet ({args.quiet_secs:.0f} s): live p50 {ms(p(quiet_live, 50))} p99 "
+            f"{ms(p(quiet_live, 99))} max {ms(max(quiet_live))} ({len(quiet_live)} polls); "
+            f"small infer p50 {ms(p(quiet_small, 50))} p99 {ms(p(quiet_small, 99))}"
+        )
 
         answers: list[tuple[int, str]] = []
 
@@ -149,21 +162,38 @@ def main(argv: Optional[list[str]] = None) -> int:
         hostile_live, hostile_small = phase(live, small, args.hostile_secs, hostile)
         took = time.monotonic() - began
         right = sum(1 for status, error in answers if status == 400 and error == DEPTH_ERROR)
-        print(f"hostile ({took:.1f} s, {len(answers)} bodies of 64 MiB, {right} answered 400 "
-              f"with the depth message): live p50 {ms(p(hostile_live, 50))} p99 "
-              f"{ms(p(hostile_live, 99))} max {ms(max(hostile_live))} ({len(hostile_live)} "
-              f"polls); small infer p50 {ms(p(hostile_small, 50))} p99 "
-              f"{ms(p(hostile_small, 99))} max {ms(max(hostile_small))} "
-              f"({len(hostile_small)} requests)")
-        verdicts.append(("every hostile body answered 400 with the depth message",
-                         right == len(answers) > 0))
+        print(
+            f"hostile ({took:.1f} s, {len(answers)} bodies of 64 MiB, {right} answered 400 "
+            f"with the depth message): live p50 {ms(p(hostile_live, 50))} p99 "
+            f"{ms(p(hostile_live, 99))} max {ms(max(hostile_live))} ({len(hostile_live)} "
+            f"polls); small infer p50 {ms(p(hostile_small, 50))} p99 "
+            f"{ms(p(hostile_small, 99))} max {ms(max(hostile_small))} "
+            f"({len(hostile_small)} requests)"
+        )
+        verdicts.append(
+            ("every hostile body answered 400 with the depth message", right == len(answers) > 0)
+        )
         verdicts.append(("live p99 < 50 ms under hostile bodies", p(hostile_live, 99) < 0.050))
-        verdicts.append(("small inference p99 < 3x quiet under hostile bodies",
-                         p(hostile_small, 99) < 3 * p(quiet_small, 99)))
+        verdicts.append(
+            (
+                "small inference p99 < 3x quiet under hostile bodies",
+                p(hostile_small, 99) < 3 * p(quiet_small, 99),
+            )
+        )
 
         values = ((np.arange(VALID_ELEMENTS, dtype=np.float32) % 4096) - 2048) / 16
-        body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1, VALID_ELEMENTS],
-                                       "datatype": "FP32", "data": [values.tolist()]}]}).encode()
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT",
+                        "shape": [1, VALID_ELEMENTS],
+                        "datatype": "FP32",
+                        "data": [values.tolist()],
+                    }
+                ]
+            }
+        ).encode()
         reply: dict = {}
 
         def valid() -> None:
@@ -177,9 +207,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if reply["status"] == 200:
             (output,) = json.loads(reply["body"])["outputs"]
             correct = np.array_equal(np.asarray(output["data"], dtype=np.float32), values)
-        print(f"valid ({VALID_ELEMENTS:,} elements, {len(body) / 2**20:.0f} MiB of JSON, "
-              f"answered {reply['status']} in {reply['secs']:.2f} s, correct: {correct}): "
-              f"live max {ms(max(valid_live, default=0.0))} ({len(valid_live)} polls)")
+        print(
+            f"valid ({VALID_ELEMENTS:,} elements, {len(body) / 2**20:.0f} MiB of JSON, "
+            f"answered {reply['status']} in {reply['secs']:.2f} s, correct: {correct}): "
+            f"live max {ms(max(valid_live, default=0.0))} ({len(valid_live)} polls)"
+        )
         verdicts.append(("the 5-million-element request answered correctly", correct))
         verdicts.append(("no live poll > 0.5 s during it", max(valid_live, default=0.0) < 0.5))
         errors = live.errors + small.errors

@@ -1,4 +1,5 @@
 """The machine description at the top of bench/RESULTS.md: CPUs, memory, versions, load."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,18 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("onnxruntime", "numpy", "uvicorn", "uvloop", "httptools", "fastapi", "orjson",
-            "grpcio", "protobuf", "tritonclient")
+PACKAGES = (
+    "onnxruntime",
+    "numpy",
+    "uvicorn",
+    "uvloop",
+    "httptools",
+    "fastapi",
+    "orjson",
+    "grpcio",
+    "protobuf",
+    "tritonclient",
+)
 
 
 def _first(path: str, key: str) -> str:
@@ -27,8 +38,9 @@ def _first(path: str, key: str) -> str:
 
 def _command_output(command: list[str]) -> str:
     try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=ROOT,
-                             check=False)
+        run = subprocess.run(
+            command, capture_output=True, text=True, timeout=30, cwd=ROOT, check=False
+        )
         return (run.stdout + run.stderr).strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown"
@@ -56,7 +68,7 @@ def machine_info(perf_analyzer: str) -> dict[str, str]:
     return {
         "nproc": f"{os.cpu_count()} (usable by this process: {len(os.sched_getaffinity(0))})",
         "CPU": f"{cpu('model name')} (family {cpu('cpu family')} model {cpu('model')}, "
-               f"{cpu('cpu MHz')} MHz, cache {cpu('cache size')})",
+        f"{cpu('cpu MHz')} MHz, cache {cpu('cache size')})",
         "memory": memory,
         "OS": f"{platform.system()} {platform.release()}",
         "Python": f"{platform.python_version()} ({sys.executable})",

@@ -15,6 +15,7 @@ to the generated config.pbtxt (e.g. the aipp_* parameters of a dynamic-AIPP mode
 `--perf-args` adds perf_analyzer flags (e.g. `--shape image:3,640,640` for dynamic HW).
 Without perf_analyzer (PERF_ANALYZER or on PATH) step 2 is skipped and says so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from google.protobuf import text_format
@@ -37,8 +38,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.served import CONVERGE_FLAGS, _call, _read_csv  # noqa: E402
-from npu import aipp as npu_aipp  # noqa: E402
 from npu import acl as npu_acl  # noqa: E402
+from npu import aipp as npu_aipp  # noqa: E402
 from npu.description import ModelDescription  # noqa: E402
 from npu.device import DeviceSession  # noqa: E402
 from npu.om_model import OmModel  # noqa: E402
@@ -49,7 +50,7 @@ DEFAULT_CONCURRENCY = (1, 4, 16)
 MODEL_NAME = "npu_bench"
 
 
-def gear_inputs(info: ModelDescription) -> list[tuple[str, list[np.ndarray], Optional[int]]]:
+def gear_inputs(info: ModelDescription) -> list[tuple[str, list[np.ndarray], int | None]]:
     """(label, model-order input arrays, rows) for every gear, random but deterministic."""
     rng = np.random.default_rng(0)
 
@@ -61,20 +62,25 @@ def gear_inputs(info: ModelDescription) -> list[tuple[str, list[np.ndarray], Opt
     runs = []
     if info.shape_gears:
         for gear in info.shape_gears:
-            arrays = [fill(shape, t.acl_type.numpy) for t, shape in zip(info.inputs, gear)]
+            arrays = [
+                fill(shape, t.acl_type.numpy) for t, shape in zip(info.inputs, gear, strict=False)
+            ]
             rows = info.static_batch_size
-            label = " ".join(f"{t.name}{list(s)}" for t, s in zip(info.inputs, gear))
+            label = " ".join(f"{t.name}{list(s)}" for t, s in zip(info.inputs, gear, strict=False))
             runs.append((label, arrays, rows))
         return runs
     for rows in info.batch_sizes or (None,):
-        arrays = [fill(((rows,) + t.row_dims) if rows and t.batched else t.dims, t.acl_type.numpy)
-                  for t in info.inputs]
+        arrays = [
+            fill(((rows,) + t.row_dims) if rows and t.batched else t.dims, t.acl_type.numpy)
+            for t in info.inputs
+        ]
         runs.append((f"batch {rows}" if rows else "static", arrays, rows))
     return runs
 
 
-def device_only(path: Path, device_id: int, loops: int,
-                aipp: Optional[npu_aipp.AippSettings]) -> list[dict[str, Any]]:
+def device_only(
+    path: Path, device_id: int, loops: int, aipp: npu_aipp.AippSettings | None
+) -> list[dict[str, Any]]:
     """Per gear: executions/s and rows/s with the inputs resident on the device."""
     results: list[dict[str, Any]] = []
     failure: list[BaseException] = []
@@ -93,9 +99,15 @@ def device_only(path: Path, device_id: int, loops: int,
                         model._execute()  # the inputs and the gear stay as they are
                     seconds = time.perf_counter() - start
                 per_run = rows or 1
-                results.append({"gear": label, "rows": per_run, "loops": loops,
-                                "ms_per_execution": 1000 * seconds / loops,
-                                "rows_per_sec": per_run * loops / seconds})
+                results.append(
+                    {
+                        "gear": label,
+                        "rows": per_run,
+                        "loops": loops,
+                        "ms_per_execution": 1000 * seconds / loops,
+                        "rows_per_sec": per_run * loops / seconds,
+                    }
+                )
         except BaseException as exc:
             failure.append(exc)
         finally:
@@ -115,19 +127,29 @@ def write_repository(root: Path, om: Path, device_id: int, extra: str) -> Path:
     model_dir = root / MODEL_NAME
     (model_dir / "1").mkdir(parents=True)
     shutil.copyfile(om, model_dir / "1" / "model.om")
-    text = (f'name: "{MODEL_NAME}"\nbackend: "ascend"\n'
-            f"instance_group [ {{ kind: KIND_GPU, count: 1, gpus: [ {device_id} ] }} ]\n"
-            "dynamic_batching { max_queue_delay_microseconds: 2000 }\n" + extra)
+    text = (
+        f'name: "{MODEL_NAME}"\nbackend: "ascend"\n'
+        f"instance_group [ {{ kind: KIND_GPU, count: 1, gpus: [ {device_id} ] }} ]\n"
+        "dynamic_batching { max_queue_delay_microseconds: 2000 }\n" + extra
+    )
     text_format.Parse(text, ModelConfig())  # a bad --config fails here, not in the server
     (model_dir / "config.pbtxt").write_text(text)
     return root
 
 
-def served(om: Path, device_id: int, extra: str, perf_analyzer: str,
-           concurrency: tuple[int, ...], out: Path, perf_args: list[str]) -> list[dict[str, Any]]:
+def served(
+    om: Path,
+    device_id: int,
+    extra: str,
+    perf_analyzer: str,
+    concurrency: tuple[int, ...],
+    out: Path,
+    perf_args: list[str],
+) -> list[dict[str, Any]]:
     """perf_analyzer against a server of this checkout serving the model."""
     sys.path.insert(0, str(ROOT / "tests"))
     from serverproc import running_server
+
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         repo = write_repository(Path(tmp), om, device_id, extra)
@@ -135,17 +157,34 @@ def served(om: Path, device_id: int, extra: str, perf_analyzer: str,
             for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
                 for level in concurrency:
                     csv_path = out / f"served-{protocol}-c{level}.csv"
-                    command = [perf_analyzer, "-m", MODEL_NAME, "-i", protocol, "-u", url,
-                               "--concurrency-range", str(level), *CONVERGE_FLAGS, *perf_args,
-                               "-f", str(csv_path)]
+                    command = [
+                        perf_analyzer,
+                        "-m",
+                        MODEL_NAME,
+                        "-i",
+                        protocol,
+                        "-u",
+                        url,
+                        "--concurrency-range",
+                        str(level),
+                        *CONVERGE_FLAGS,
+                        *perf_args,
+                        "-f",
+                        str(csv_path),
+                    ]
                     code, output = _call(command, timeout=300)
                     (out / f"served-{protocol}-c{level}.log").write_text(output)
-                    point: dict[str, Any] = {"protocol": protocol, "concurrency": level,
-                                             "command": " ".join(command)}
+                    point: dict[str, Any] = {
+                        "protocol": protocol,
+                        "concurrency": level,
+                        "command": " ".join(command),
+                    }
                     if code == 0 and csv_path.exists():
                         row = _read_csv(csv_path)
-                        point.update(infer_per_sec=float(row["Inferences/Second"]),
-                                     p99_us=float(row["p99 latency"]))
+                        point.update(
+                            infer_per_sec=float(row["Inferences/Second"]),
+                            p99_us=float(row["p99 latency"]),
+                        )
                     else:
                         point["error"] = f"exit {code}: {output.strip().splitlines()[-1:]}"
                     points.append(point)
@@ -153,37 +192,51 @@ def served(om: Path, device_id: int, extra: str, perf_analyzer: str,
 
 
 def report(om: Path, device: list[dict], points: list[dict], note: str) -> str:
-    lines = [f"# NPU device check: {om.name}", "", "| gear | ms/execution | rows/s |",
-             "|---|---:|---:|"]
-    lines += [f"| {d['gear']} | {d['ms_per_execution']:.3f} | {d['rows_per_sec']:.1f} |"
-              for d in device]
+    lines = [
+        f"# NPU device check: {om.name}",
+        "",
+        "| gear | ms/execution | rows/s |",
+        "|---|---:|---:|",
+    ]
+    lines += [
+        f"| {d['gear']} | {d['ms_per_execution']:.3f} | {d['rows_per_sec']:.1f} |" for d in device
+    ]
     best = device[-1]["rows_per_sec"] if device else 0.0
-    lines += ["", "| protocol | concurrency | infer/s | p99 µs | served / device |",
-              "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| protocol | concurrency | infer/s | p99 µs | served / device |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for p in points:
         if "error" in p:
             lines.append(f"| {p['protocol']} | {p['concurrency']} | {p['error']} | | |")
         else:
             ratio = p["infer_per_sec"] / best if best else 0.0
-            lines.append(f"| {p['protocol']} | {p['concurrency']} | {p['infer_per_sec']:.1f} | "
-                         f"{p['p99_us']:.0f} | {ratio:.2f} |")
+            lines.append(
+                f"| {p['protocol']} | {p['concurrency']} | {p['infer_per_sec']:.1f} | "
+                f"{p['p99_us']:.0f} | {ratio:.2f} |"
+            )
     if note:
         lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("om", type=Path)
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--loops", type=int, default=DEFAULT_LOOPS)
     parser.add_argument("--config", type=Path, help="text added to the generated config.pbtxt")
     parser.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)))
-    parser.add_argument("--perf-analyzer",
-                        default=os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer"))
-    parser.add_argument("--perf-args", default="",
-                        help="more perf_analyzer flags, e.g. '--shape image:3,640,640' for a "
-                             "model with dynamic image size")
+    parser.add_argument(
+        "--perf-analyzer", default=os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
+    )
+    parser.add_argument(
+        "--perf-args",
+        default="",
+        help="more perf_analyzer flags, e.g. '--shape image:3,640,640' for a "
+        "model with dynamic image size",
+    )
     parser.add_argument("--out", type=Path, default=Path("npu_device_report"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -192,15 +245,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = device_only(args.om, args.device, args.loops, npu_aipp.settings_from_config(config))
     note, points = "", []
     if args.perf_analyzer:
-        points = served(args.om, args.device, extra, args.perf_analyzer,
-                        tuple(int(c) for c in args.concurrency.split(",")), args.out,
-                        shlex.split(args.perf_args))
+        points = served(
+            args.om,
+            args.device,
+            extra,
+            args.perf_analyzer,
+            tuple(int(c) for c in args.concurrency.split(",")),
+            args.out,
+            shlex.split(args.perf_args),
+        )
     else:
         note = "served: not measured (no perf_analyzer: set PERF_ANALYZER or put it on PATH)"
     text = report(args.om, device, points, note)
     (args.out / "npu_device.md").write_text(text)
-    (args.out / "npu_device.json").write_text(json.dumps(
-        {"om": str(args.om), "device_only": device, "served": points, "note": note}, indent=1))
+    (args.out / "npu_device.json").write_text(
+        json.dumps(
+            {"om": str(args.om), "device_only": device, "served": points, "note": note}, indent=1
+        )
+    )
     print(text)
     return 0
 

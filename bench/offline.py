@@ -7,15 +7,17 @@ Measurements are repeated and the best kept: on a shared, noisy machine the best
 closest to what the hardware can do. A Python model's reference is its `TritonPythonModel.execute`
 called in this process on one request built with the project's `triton_python_backend_utils`.
 """
+
 from __future__ import annotations
 
 import importlib.util
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +58,9 @@ def open_session(model_dir: Path, version: str = "1") -> Any:
 
     config = read_config(model_dir)
     path = model_dir / version / "model.onnx"
-    return ort.InferenceSession(str(path), sess_options=_session_options(config),
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path), sess_options=_session_options(config), providers=["CPUExecutionProvider"]
+    )
 
 
 def random_feeds(session: Any, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -79,8 +82,9 @@ def _rate(session: Any, feeds: dict[str, np.ndarray], batch_size: int, seconds: 
             return calls * batch_size / elapsed
 
 
-def throughput(model_dir: Path, batch_sizes: Sequence[int], repetitions: int = 3,
-               seconds: float = 0.5) -> list[Throughput]:
+def throughput(
+    model_dir: Path, batch_sizes: Sequence[int], repetitions: int = 3, seconds: float = 0.5
+) -> list[Throughput]:
     """Inferences/sec per batch size; repetitions are interleaved across batch sizes so that a
     noisy moment on the machine does not spoil every repetition of one size."""
     session = open_session(model_dir)
@@ -102,12 +106,15 @@ def throughput(model_dir: Path, batch_sizes: Sequence[int], repetitions: int = 3
 
 def merge(first: list[Throughput], second: list[Throughput]) -> list[Throughput]:
     """Two measurements of the same batch sizes (before and after the served runs) as one."""
-    return [Throughput(a.batch_size, max(a.best_infer_per_sec, b.best_infer_per_sec),
-                       a.runs + b.runs) for a, b in zip(first, second)]
+    return [
+        Throughput(a.batch_size, max(a.best_infer_per_sec, b.best_infer_per_sec), a.runs + b.runs)
+        for a, b in zip(first, second, strict=False)
+    ]
 
 
-def latency(model_dir: Path, batch_size: int = 1, calls: int = 3000,
-            repetitions: int = 3) -> Latency:
+def latency(
+    model_dir: Path, batch_size: int = 1, calls: int = 3000, repetitions: int = 3
+) -> Latency:
     """p50/p99 of single `session.run` calls, timed one by one; the repetition with the best p50
     is kept (the lowest reference, so the latency the server adds is never understated)."""
     session = open_session(model_dir)
@@ -115,13 +122,15 @@ def latency(model_dir: Path, batch_size: int = 1, calls: int = 3000,
     return _timed(lambda: session.run(None, feeds), batch_size, calls, repetitions)
 
 
-def python_latency(model_dir: Path, calls: int = 3000, repetitions: int = 3,
-                   version: str = "1") -> Latency:
+def python_latency(
+    model_dir: Path, calls: int = 3000, repetitions: int = 3, version: str = "1"
+) -> Latency:
     """p50/p99 of `TritonPythonModel.execute` on one batch-1 request (random inputs shaped by
     config.pbtxt, built with the project's `triton_python_backend_utils`), called in this
     process: the Python model's own time, with no server, IPC or worker process around it."""
-    import triton_python_backend_utils as pb_utils
     from google.protobuf import json_format
+
+    import triton_python_backend_utils as pb_utils
     from protocol.proto.model_config_pb2 import DataType
 
     config = read_config(model_dir)
@@ -133,18 +142,27 @@ def python_latency(model_dir: Path, calls: int = 3000, repetitions: int = 3,
     spec.loader.exec_module(module)
     model = module.TritonPythonModel()
     if hasattr(model, "initialize"):
-        model.initialize({"model_config": json.dumps(json_format.MessageToDict(
-                              config, preserving_proto_field_name=True)),
-                          "model_name": name, "model_version": version,
-                          "model_repository": str(model_dir), "model_instance_kind": "CPU",
-                          "model_instance_name": f"{name}_0", "model_instance_device_id": "0"})
+        model.initialize(
+            {
+                "model_config": json.dumps(
+                    json_format.MessageToDict(config, preserving_proto_field_name=True)
+                ),
+                "model_name": name,
+                "model_version": version,
+                "model_repository": str(model_dir),
+                "model_instance_kind": "CPU",
+                "model_instance_name": f"{name}_0",
+                "model_instance_device_id": "0",
+            }
+        )
     rng = np.random.default_rng(0)
     tensors = []
     for tensor in config.input:
         dtype = pb_utils.triton_string_to_numpy(DataType.Name(tensor.data_type))
         shape = [1, *tensor.dims] if config.max_batch_size > 0 else list(tensor.dims)
-        tensors.append(pb_utils.Tensor(tensor.name, (rng.standard_normal(shape) * 100)
-                                       .astype(dtype)))
+        tensors.append(
+            pb_utils.Tensor(tensor.name, (rng.standard_normal(shape) * 100).astype(dtype))
+        )
     request = pb_utils.InferenceRequest(name, tensors, [t.name for t in config.output])
     result = _timed(lambda: model.execute([request]), 1, calls, repetitions)
     result.call = "execute"

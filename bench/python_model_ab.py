@@ -20,6 +20,7 @@ simple` builds the ONNX `simple` model instead, as a reference that has no Pytho
 (its config names no instance count: 2 CPU instances, ONNX Runtime's default, in every tree;
 a5095ba changed the default of the other backends only).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,15 +32,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import served  # noqa: E402
+from bench.cpu_side_by_side import CLIENT_CPU, CONCURRENCY, PinnedServer, _process_cpu  # noqa: E402
 from examples.build_repository import build_simple  # noqa: E402
-from bench.cpu_side_by_side import (CLIENT_CPU, CONCURRENCY, PinnedServer,  # noqa: E402
-                                    _process_cpu)
 from tests.serverproc import free_port  # noqa: E402
 
 PERF_ANALYZER = "/root/.cache/perf-analyzer/perf_analyzer"
@@ -60,24 +59,60 @@ class Run:
 def start(tree: Path, label: str, repo: Path, out_dir: Path, round_no: int) -> PinnedServer:
     """The tree's server, run from the tree itself with this Python, pinned to CPU 0."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", "server", "--model-repository", str(repo),
-               "--http-address", "127.0.0.1", "--http-port", str(http_port),
-               "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-               "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port)]
+    command = [
+        sys.executable,
+        "-m",
+        "server",
+        "--model-repository",
+        str(repo),
+        "--http-address",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-address",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
+    ]
     env = dict(os.environ, PYTHONPATH=str(tree))
-    return PinnedServer(label, command, env, out_dir / f"{label}-r{round_no}.log", http_port,
-                        grpc_port, cwd=tree)
+    return PinnedServer(
+        label, command, env, out_dir / f"{label}-r{round_no}.log", http_port, grpc_port, cwd=tree
+    )
 
 
-def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str, round_no: int,
-            out_dir: Path) -> Run:
+def measure(
+    perf_analyzer: str,
+    server: PinnedServer,
+    model: str,
+    protocol: str,
+    round_no: int,
+    out_dir: Path,
+) -> Run:
     run = Run(server.name, protocol, round_no)
     url = server.http.routes if protocol == "http" else server.grpc.services
     csv_path = out_dir / f"{server.name}-{protocol}-r{round_no}.csv"
     csv_path.unlink(missing_ok=True)
-    command = ["taskset", "-c", str(CLIENT_CPU), perf_analyzer, "-m", model, "-i", protocol,
-               "-u", url, "--concurrency-range", str(CONCURRENCY), *served.CONVERGE_FLAGS,
-               "-f", str(csv_path)]
+    command = [
+        "taskset",
+        "-c",
+        str(CLIENT_CPU),
+        perf_analyzer,
+        "-m",
+        model,
+        "-i",
+        protocol,
+        "-u",
+        url,
+        "--concurrency-range",
+        str(CONCURRENCY),
+        *served.CONVERGE_FLAGS,
+        "-f",
+        str(csv_path),
+    ]
     before = served._model_stats(f"http://{server.http.routes}", model)
     tree_before, own_before = server.tree_cpu(), _process_cpu(server.process.pid)
     code, output = served._call(command, 180)
@@ -94,8 +129,13 @@ def measure(perf_analyzer: str, server: PinnedServer, model: str, protocol: str,
     return run
 
 
-def run_round(perf_analyzer: str, trees: list[tuple[str, Path]], repo: Path,
-              args: argparse.Namespace, round_no: int) -> list[Run]:
+def run_round(
+    perf_analyzer: str,
+    trees: list[tuple[str, Path]],
+    repo: Path,
+    args: argparse.Namespace,
+    round_no: int,
+) -> list[Run]:
     """Start the trees' servers, measure each protocol on all of them at once (one tree: the
     interleaved A/B; two: `--together`), stop them."""
     servers = [start(tree, label, repo, args.out_dir, round_no) for label, tree in trees]
@@ -105,13 +145,26 @@ def run_round(perf_analyzer: str, trees: list[tuple[str, Path]], repo: Path,
             server.wait_ready()
         for protocol in args.protocols.split(","):
             with ThreadPoolExecutor(len(servers)) as pool:
-                done = list(pool.map(lambda server: measure(
-                    perf_analyzer, server, args.model, protocol, round_no, args.out_dir),
-                    servers))
+                done = list(
+                    pool.map(
+                        lambda server: measure(
+                            perf_analyzer, server, args.model, protocol, round_no, args.out_dir
+                        ),
+                        servers,
+                    )
+                )
             for run in done:
-                print(f"round {round_no} {run.label} {protocol}: " + (run.error or (
-                    f"{run.infer_per_sec:,.0f} inf/s, {run.cpu_us:,.0f} µs CPU/inf "
-                    f"(server {run.server_us:,.0f}), batch {run.batch:.2f}")), flush=True)
+                print(
+                    f"round {round_no} {run.label} {protocol}: "
+                    + (
+                        run.error
+                        or (
+                            f"{run.infer_per_sec:,.0f} inf/s, {run.cpu_us:,.0f} µs CPU/inf "
+                            f"(server {run.server_us:,.0f}), batch {run.batch:.2f}"
+                        )
+                    ),
+                    flush=True,
+                )
             runs += done
     except RuntimeError as exc:
         runs += [Run(label, "-", round_no, error=str(exc)) for label, _ in trees]
@@ -122,29 +175,38 @@ def run_round(perf_analyzer: str, trees: list[tuple[str, Path]], repo: Path,
 
 
 def table(runs: list[Run]) -> list[str]:
-    lines = ["| round | tree | protocol | inf/s | CPU µs/inf (tree) | server | workers | batch |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| round | tree | protocol | inf/s | CPU µs/inf (tree) | server | workers | batch |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in runs:
         if r.error:
             lines.append(f"| {r.round} | {r.label} | {r.protocol} | failed: {r.error} |||||")
         else:
-            lines.append(f"| {r.round} | {r.label} | {r.protocol} | {r.infer_per_sec:,.0f} | "
-                         f"{r.cpu_us:,.0f} | {r.server_us:,.0f} | {r.cpu_us - r.server_us:,.0f} "
-                         f"| {r.batch:.2f} |")
-    lines += ["", "| tree | protocol | median inf/s | median CPU µs/inf | rounds (µs) |",
-              "|---|---|---:|---:|---|"]
+            lines.append(
+                f"| {r.round} | {r.label} | {r.protocol} | {r.infer_per_sec:,.0f} | "
+                f"{r.cpu_us:,.0f} | {r.server_us:,.0f} | {r.cpu_us - r.server_us:,.0f} "
+                f"| {r.batch:.2f} |"
+            )
+    lines += [
+        "",
+        "| tree | protocol | median inf/s | median CPU µs/inf | rounds (µs) |",
+        "|---|---|---:|---:|---|",
+    ]
     for label in dict.fromkeys(r.label for r in runs):
         for protocol in dict.fromkeys(r.protocol for r in runs):
             ok = [r for r in runs if (r.label, r.protocol) == (label, protocol) and not r.error]
             if ok:
-                lines.append(f"| {label} | {protocol} | "
-                             f"{statistics.median(r.infer_per_sec for r in ok):,.0f} | "
-                             f"{statistics.median(r.cpu_us for r in ok):,.0f} | "
-                             f"{', '.join(f'{r.cpu_us:,.0f}' for r in ok)} |")
+                lines.append(
+                    f"| {label} | {protocol} | "
+                    f"{statistics.median(r.infer_per_sec for r in ok):,.0f} | "
+                    f"{statistics.median(r.cpu_us for r in ok):,.0f} | "
+                    f"{', '.join(f'{r.cpu_us:,.0f}' for r in ok)} |"
+                )
     return lines
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", type=Path, required=True, help="baseline source tree")
     parser.add_argument("--b", type=Path, default=ROOT, help="candidate source tree")
@@ -154,12 +216,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--model", default="py_add")
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "ab")
-    parser.add_argument("--together", action="store_true",
-                        help="run A and B at the same time (both on CPU 0, both clients on "
-                             "CPU 1): a busy neighbour then hits both alike")
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="run A and B at the same time (both on CPU 0, both clients on "
+        "CPU 1): a busy neighbour then hits both alike",
+    )
     args = parser.parse_args(argv)
-    perf_analyzer = os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer") or \
-        PERF_ANALYZER
+    perf_analyzer = (
+        os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer") or PERF_ANALYZER
+    )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     repo = args.out_dir / "models"
     shutil.rmtree(repo, ignore_errors=True)

@@ -16,6 +16,7 @@ The request is a gRPC client's as perf_analyzer sends it (both outputs named, th
 
     .venv/bin/python bench/python_path_opcodes.py [--tree /work/wt-base] [--plain] [--by-function]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "bench" / "models" / "py_add"
@@ -68,19 +70,25 @@ def server_side(plain: bool, count: int) -> OpcodeCounter:
     folder = Path(tempfile.mkdtemp())
     model_dir = folder / "py_add"
     shutil.copytree(MODEL, model_dir)
-    config = parse_config_text((model_dir / "config.pbtxt").read_text(),
-                               model_dir / "config.pbtxt")
+    config = parse_config_text((model_dir / "config.pbtxt").read_text(), model_dir / "config.pbtxt")
     normalize(config, "py_add", model_dir, [model_dir / "1"])
-    backend = PythonBackend(config, model_dir, model_dir / "1",
-                            InstanceSpec("py_add_0", "KIND_CPU", 0, 0))
+    backend = PythonBackend(
+        config, model_dir, model_dir / "1", InstanceSpec("py_add_0", "KIND_CPU", 0, 0)
+    )
     backend.load()
     try:
-        tensors = [Tensor(name, "FP32", (1, 16), np.ones((1, 16), np.float32))
-                   for name in ("INPUT0", "INPUT1")]
-        request = InferRequest("py_add", "", "", tensors,
-                               None if plain else [RequestedOutput("OUTPUT0"),
-                                                   RequestedOutput("OUTPUT1")],
-                               {} if plain else {"triton_enable_empty_final_response": True})
+        tensors = [
+            Tensor(name, "FP32", (1, 16), np.ones((1, 16), np.float32))
+            for name in ("INPUT0", "INPUT1")
+        ]
+        request = InferRequest(
+            "py_add",
+            "",
+            "",
+            tensors,
+            None if plain else [RequestedOutput("OUTPUT0"), RequestedOutput("OUTPUT1")],
+            {} if plain else {"triton_enable_empty_final_response": True},
+        )
         inputs = [{t.name: t.data for t in tensors}]
         details = getattr(PythonBackend, "wants_request_details", False)  # older trees: none
 
@@ -108,15 +116,24 @@ def worker_side(plain: bool, count: int) -> OpcodeCounter:
 
     server, worker = socket.socketpair()
     loop = WorkerLoop(worker)
-    args = {"model_config": json.dumps({"name": "py_add"}), "model_name": "py_add",
-            "model_instance_name": "py_add_0"}
-    loop.on_init({"model_file": str(MODEL / "1" / "model.py"),
-                  "version_dir": str(MODEL / "1"), "args": args}, [])
+    args = {
+        "model_config": json.dumps({"name": "py_add"}),
+        "model_name": "py_add",
+        "model_instance_name": "py_add_0",
+    }
+    loop.on_init(
+        {
+            "model_file": str(MODEL / "1" / "model.py"),
+            "version_dir": str(MODEL / "1"),
+            "args": args,
+        },
+        [],
+    )
     arena = python_ipc.ArenaWriter()
-    refs, fd = arena.pack([{"INPUT0": np.ones((1, 16), np.float32),
-                            "INPUT1": np.ones((1, 16), np.float32)}])
-    message: dict[str, Any] = {"op": "execute", "requests": refs,
-                               "outputs": ["OUTPUT0", "OUTPUT1"]}
+    refs, fd = arena.pack(
+        [{"INPUT0": np.ones((1, 16), np.float32), "INPUT1": np.ones((1, 16), np.float32)}]
+    )
+    message: dict[str, Any] = {"op": "execute", "requests": refs, "outputs": ["OUTPUT0", "OUTPUT1"]}
     if not plain:  # what the server sends for it (older trees send no details at all)
         message["meta"] = [("", {"triton_enable_empty_final_response": True})]
     replies = python_ipc.Receiver(server)
@@ -150,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     tree = args.tree.resolve()
     sys.path.insert(0, str(tree))
     os.chdir(tree)  # the worker process (`python -m`) imports from its working directory
-    for side, counter in (("server", server_side(args.plain, args.count)),
-                          ("worker", worker_side(args.plain, args.count))):
+    for side, counter in (
+        ("server", server_side(args.plain, args.count)),
+        ("worker", worker_side(args.plain, args.count)),
+    ):
         print(f"{side}: {counter.total / args.count:.0f} opcodes per execute")
         if args.by_function:
             for name, ops in sorted(counter.by_function.items()):

@@ -14,6 +14,7 @@ measure offline once more; then the server CPU per inference beside Triton
 (bench/cpu_side_by_side.py, 3 rounds) and what a request costs each process with
 --frontend-processes (bench/handover_cost.py); write the report. About 16 minutes on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.sections import carry_sections  # noqa: E402
 from bench import cpu_side_by_side, floor, handover_cost, offline, report, served  # noqa: E402
-from examples.build_repository import (build_conv_compute,  # noqa: E402
-                                       build_conv_compute_nobatch, build_dense_compute,
-                                       build_dense_compute_nobatch, build_simple)
+from bench.sections import carry_sections  # noqa: E402
+from examples.build_repository import (  # noqa: E402
+    build_conv_compute,
+    build_conv_compute_nobatch,
+    build_dense_compute,
+    build_dense_compute_nobatch,
+    build_simple,
+)
 from examples.mlp_compute import build_mlp_compute  # noqa: E402
 from tests.serverproc import free_port, running_server  # noqa: E402
 
@@ -54,13 +59,24 @@ FAST_MODELS = {"on": "mlp_compute"}
 MLP_CONCURRENCIES = (8, 32, 64)
 LATENCY_MODEL = "simple"
 PYTHON_MODEL = cpu_side_by_side.PY_MODEL  # bench/models/py_add, served beside the ONNX models
-BUILDERS = (build_conv_compute, build_conv_compute_nobatch, build_dense_compute,
-            build_dense_compute_nobatch, build_mlp_compute, build_simple)
+BUILDERS = (
+    build_conv_compute,
+    build_conv_compute_nobatch,
+    build_dense_compute,
+    build_dense_compute_nobatch,
+    build_mlp_compute,
+    build_simple,
+)
 # Offline window per repetition and batch size: `conv_compute` at batch 64 is ~0.2 s a call.
-OFFLINE_SECONDS = {TARGET_MODELS["on"]: 1.0, REFERENCE_MODELS["on"]: 0.5,
-                   FAST_MODELS["on"]: 0.3}
-QUICK_FLAGS = ("--measurement-interval", "1000", "--stability-percentage", "100",
-               "--max-trials", "3")
+OFFLINE_SECONDS = {TARGET_MODELS["on"]: 1.0, REFERENCE_MODELS["on"]: 0.5, FAST_MODELS["on"]: 0.3}
+QUICK_FLAGS = (
+    "--measurement-interval",
+    "1000",
+    "--stability-percentage",
+    "100",
+    "--max-trials",
+    "3",
+)
 
 _START = time.monotonic()
 
@@ -71,52 +87,83 @@ def progress(message: str) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="ascend-serve served/offline benchmark")
-    parser.add_argument("--results", type=Path, default=None,
-                        help="report file (default bench/RESULTS.md; OUT_DIR/RESULTS.md with "
-                             "--quick)")
-    parser.add_argument("--out-dir", type=Path, default=None,
-                        help="models, perf_analyzer CSVs and logs, server log, results.json "
-                             "(default bench/out; bench/out/quick with --quick)")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="report file (default bench/RESULTS.md; OUT_DIR/RESULTS.md with --quick)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="models, perf_analyzer CSVs and logs, server log, results.json "
+        "(default bench/out; bench/out/quick with --quick)",
+    )
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)))
-    parser.add_argument("--no-reference", action="store_true",
-                        help=f"skip the per-request overhead reference ({REFERENCE_MODELS['on']})")
-    parser.add_argument("--mlp-concurrency", default=",".join(map(str, MLP_CONCURRENCIES)),
-                        help=f"concurrencies for {FAST_MODELS['on']} (empty: skip it)")
-    parser.add_argument("--cpu-rounds", type=int, default=None,
-                        help="rounds of bench/cpu_side_by_side.py (default 3, 1 with --quick; "
-                             "0 skips it)")
-    parser.add_argument("--quick", action="store_true",
-                        help="short windows and one offline repetition: a smoke run, not numbers "
-                             "(the report says so in its header)")
+    parser.add_argument(
+        "--no-reference",
+        action="store_true",
+        help=f"skip the per-request overhead reference ({REFERENCE_MODELS['on']})",
+    )
+    parser.add_argument(
+        "--mlp-concurrency",
+        default=",".join(map(str, MLP_CONCURRENCIES)),
+        help=f"concurrencies for {FAST_MODELS['on']} (empty: skip it)",
+    )
+    parser.add_argument(
+        "--cpu-rounds",
+        type=int,
+        default=None,
+        help="rounds of bench/cpu_side_by_side.py (default 3, 1 with --quick; 0 skips it)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="short windows and one offline repetition: a smoke run, not numbers "
+        "(the report says so in its header)",
+    )
     return parser.parse_args(argv)
 
 
 def find_perf_analyzer() -> str:
     path = os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
     if not path:
-        sys.exit("perf_analyzer not found: set PERF_ANALYZER (make bench does, through "
-                 "../shared/tools/install-perf-analyzer) or put it on PATH")
+        sys.exit(
+            "perf_analyzer not found: set PERF_ANALYZER (make bench does, through "
+            "../shared/tools/install-perf-analyzer) or put it on PATH"
+        )
     return path
 
 
-def measure_offline(model_dirs: list[Path], into: dict[str, list[offline.Throughput]],
-                    repetitions: int, quick: bool, when: str) -> None:
+def measure_offline(
+    model_dirs: list[Path],
+    into: dict[str, list[offline.Throughput]],
+    repetitions: int,
+    quick: bool,
+    when: str,
+) -> None:
     """Offline runs before and after the served ones; the best of both is the reference."""
     for model_dir in model_dirs:
         seconds = 0.2 if quick else OFFLINE_SECONDS[model_dir.name]
-        progress(f"offline {model_dir.name} ({when}): batch {list(BATCH_SIZES)}, "
-                 f"best of {repetitions} x {seconds}s")
+        progress(
+            f"offline {model_dir.name} ({when}): batch {list(BATCH_SIZES)}, "
+            f"best of {repetitions} x {seconds}s"
+        )
         runs = offline.throughput(model_dir, BATCH_SIZES, repetitions, seconds)
         for t in runs:
-            progress(f"  batch {t.batch_size:3d}: {t.best_infer_per_sec:10,.0f} inf/s "
-                     f"({t.batch_us / t.batch_size:,.1f} µs per inference)")
+            progress(
+                f"  batch {t.batch_size:3d}: {t.best_infer_per_sec:10,.0f} inf/s "
+                f"({t.batch_us / t.batch_size:,.1f} µs per inference)"
+            )
         earlier = into.get(model_dir.name)
         into[model_dir.name] = offline.merge(earlier, runs) if earlier else runs
 
 
-def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
-                   flags: tuple[str, ...]) -> tuple[list[str], dict[str, list[served.Point]]]:
+def measure_served(
+    perf_analyzer: str, repo: Path, args: argparse.Namespace, flags: tuple[str, ...]
+) -> tuple[list[str], dict[str, list[served.Point]]]:
     """Serve `repo`, drive each point with perf_analyzer; returns the commands and the points."""
     protocols = [p for p in args.protocols.split(",") if p]
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
@@ -130,20 +177,33 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
     if not args.no_reference:
         groups.append((REFERENCE_MODELS, concurrencies))
     with running_server([repo], log_dir=args.out_dir) as server:
-        commands = [f"# server (log: {server.log_path}):",
-                    shlex.join(str(a) for a in server.process.args)]
+        commands = [
+            f"# server (log: {server.log_path}):",
+            shlex.join(str(a) for a in server.process.args),
+        ]
         progress(f"server pid {server.pid} on http {server.http_url}, grpc {server.grpc_url}")
         urls = {"http": server.http_url, "grpc": server.grpc_url}
 
         def measure(kind: str, model: str, protocol: str, concurrency: int) -> None:
-            point = served.run_point(perf_analyzer, model, protocol, urls[protocol], server.base,
-                                     server.pid, concurrency, pa_dir, flags)
+            point = served.run_point(
+                perf_analyzer,
+                model,
+                protocol,
+                urls[protocol],
+                server.base,
+                server.pid,
+                concurrency,
+                pa_dir,
+                flags,
+            )
             points[kind].append(point)
             if point.ok:
-                progress(f"  {model} {protocol} c{concurrency}: {point.infer_per_sec:,.0f} inf/s, "
-                         f"p50 {point.p50_us / 1e3:.2f} ms, p99 {point.p99_us / 1e3:.2f} ms, "
-                         f"batch {point.server.avg_batch:.1f} ({point.seconds:.0f}s"
-                         f"{', retried' if point.retried else ''})")
+                progress(
+                    f"  {model} {protocol} c{concurrency}: {point.infer_per_sec:,.0f} inf/s, "
+                    f"p50 {point.p50_us / 1e3:.2f} ms, p99 {point.p99_us / 1e3:.2f} ms, "
+                    f"batch {point.server.avg_batch:.1f} ({point.seconds:.0f}s"
+                    f"{', retried' if point.retried else ''})"
+                )
             else:
                 progress(f"  {model} {protocol} c{concurrency}: FAILED {point.error}")
 
@@ -152,8 +212,10 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
                 measure("latency", model, protocol, 1)
         # Right after the served latency, so both see the machine in the same state; the real
         # server sits idle meanwhile.
-        canned = [floor.capture(server.base, server.grpc_url, model)
-                  for model in (LATENCY_MODEL, PYTHON_MODEL)]
+        canned = [
+            floor.capture(server.base, server.grpc_url, model)
+            for model in (LATENCY_MODEL, PYTHON_MODEL)
+        ]
         points["floor"] = measure_floor(perf_analyzer, canned, protocols, args.out_dir, flags)
         for group, group_concurrencies in groups:
             for model in group.values():
@@ -165,15 +227,29 @@ def measure_served(perf_analyzer: str, repo: Path, args: argparse.Namespace,
     return commands, points
 
 
-def measure_floor(perf_analyzer: str, canned: list[dict], protocols: list[str], out_dir: Path,
-                  flags: tuple[str, ...]) -> list[served.Point]:
+def measure_floor(
+    perf_analyzer: str,
+    canned: list[dict],
+    protocols: list[str],
+    out_dir: Path,
+    flags: tuple[str, ...],
+) -> list[served.Point]:
     """The latency models (`simple`, `py_add`) at concurrency 1 against bench/floor.py: the same
     stacks answering from memory."""
     canned_path = out_dir / "floor-canned.pickle"
     canned_path.write_bytes(pickle.dumps(canned))
     http_port, grpc_port = free_port(), free_port()
-    command = [sys.executable, "-m", "bench.floor", "--canned", str(canned_path),
-               "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.floor",
+        "--canned",
+        str(canned_path),
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+    ]
     log = open(out_dir / "floor.log", "w")
     process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     urls = {"http": f"127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}"}
@@ -191,12 +267,24 @@ def measure_floor(perf_analyzer: str, canned: list[dict], protocols: list[str], 
         floor_dir.mkdir(parents=True, exist_ok=True)
         for model in (c["model"] for c in canned):
             for protocol in protocols:
-                point = served.run_point(perf_analyzer, model, protocol, urls[protocol], base,
-                                         process.pid, 1, floor_dir, flags)
+                point = served.run_point(
+                    perf_analyzer,
+                    model,
+                    protocol,
+                    urls[protocol],
+                    base,
+                    process.pid,
+                    1,
+                    floor_dir,
+                    flags,
+                )
                 points.append(point)
-                progress(f"  floor (answers from memory) {model} {protocol} c1: p50 "
-                         f"{point.p50_us / 1e3:.2f} ms" if point.ok else f"  floor {model} "
-                         f"{protocol}: FAILED {point.error}")
+                progress(
+                    f"  floor (answers from memory) {model} {protocol} c1: p50 "
+                    f"{point.p50_us / 1e3:.2f} ms"
+                    if point.ok
+                    else f"  floor {model} {protocol}: FAILED {point.error}"
+                )
     finally:
         process.terminate()
         try:
@@ -212,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     perf_analyzer = find_perf_analyzer()
     args.out_dir = args.out_dir or ROOT / "bench" / "out" / ("quick" if args.quick else "")
-    results_path = args.results or (args.out_dir / "RESULTS.md" if args.quick
-                                    else ROOT / "bench" / "RESULTS.md")
+    results_path = args.results or (
+        args.out_dir / "RESULTS.md" if args.quick else ROOT / "bench" / "RESULTS.md"
+    )
     flags = QUICK_FLAGS if args.quick else served.CONVERGE_FLAGS
     repetitions = 1 if args.quick else 3
     load_before = report.load_average()
@@ -222,13 +311,17 @@ def main(argv: list[str] | None = None) -> int:
 
     repo = args.out_dir / "models"
     shutil.rmtree(repo, ignore_errors=True)  # the server loads every model folder it finds
-    skipped = ((build_dense_compute, build_dense_compute_nobatch) if args.no_reference else ()) \
-        + (() if args.mlp_concurrency.strip(",") else (build_mlp_compute,))
+    skipped = ((build_dense_compute, build_dense_compute_nobatch) if args.no_reference else ()) + (
+        () if args.mlp_concurrency.strip(",") else (build_mlp_compute,)
+    )
     for build in BUILDERS:
         if build not in skipped:
             build(repo)
-    shutil.copytree(ROOT / "bench" / "models" / PYTHON_MODEL, repo / PYTHON_MODEL,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "bench" / "models" / PYTHON_MODEL,
+        repo / PYTHON_MODEL,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     offline_dirs = [repo / TARGET_MODELS["on"]]
     if build_mlp_compute not in skipped:
         offline_dirs.append(repo / FAST_MODELS["on"])
@@ -238,25 +331,32 @@ def main(argv: list[str] | None = None) -> int:
 
     offline_runs: dict[str, list[offline.Throughput]] = {}
     measure_offline(offline_dirs, offline_runs, repetitions, args.quick, "before serving")
-    direct = offline.latency(repo / LATENCY_MODEL, calls=500 if args.quick else 3000,
-                             repetitions=repetitions)
-    progress(f"offline {LATENCY_MODEL} batch 1: p50 {direct.p50_us:.1f} µs, "
-             f"p99 {direct.p99_us:.1f} µs")
-    direct_python = offline.python_latency(repo / PYTHON_MODEL,
-                                           calls=500 if args.quick else 3000,
-                                           repetitions=repetitions)
-    progress(f"direct {PYTHON_MODEL} execute, one request: p50 {direct_python.p50_us:.1f} µs, "
-             f"p99 {direct_python.p99_us:.1f} µs")
+    direct = offline.latency(
+        repo / LATENCY_MODEL, calls=500 if args.quick else 3000, repetitions=repetitions
+    )
+    progress(
+        f"offline {LATENCY_MODEL} batch 1: p50 {direct.p50_us:.1f} µs, p99 {direct.p99_us:.1f} µs"
+    )
+    direct_python = offline.python_latency(
+        repo / PYTHON_MODEL, calls=500 if args.quick else 3000, repetitions=repetitions
+    )
+    progress(
+        f"direct {PYTHON_MODEL} execute, one request: p50 {direct_python.p50_us:.1f} µs, "
+        f"p99 {direct_python.p99_us:.1f} µs"
+    )
     server_commands, points = measure_served(perf_analyzer, repo, args, flags)
     measure_offline(offline_dirs, offline_runs, repetitions, args.quick, "after serving")
     # Last, with the bench's own server gone: each server pinned to CPU 0, perf_analyzer to 1.
     cpu_rounds = args.cpu_rounds if args.cpu_rounds is not None else repetitions
     side_by_side = None
     if cpu_rounds > 0:
-        progress(f"server CPU per inference beside Triton (bench/cpu_side_by_side.py), "
-                 f"{cpu_rounds} round(s)")
-        side_by_side = cpu_side_by_side.run(perf_analyzer, args.out_dir / "cpu", cpu_rounds,
-                                            progress=progress, flags=flags)
+        progress(
+            f"server CPU per inference beside Triton (bench/cpu_side_by_side.py), "
+            f"{cpu_rounds} round(s)"
+        )
+        side_by_side = cpu_side_by_side.run(
+            perf_analyzer, args.out_dir / "cpu", cpu_rounds, progress=progress, flags=flags
+        )
         progress(f"  Triton: {side_by_side.triton}")
     handover = None
     if not args.quick or args.cpu_rounds:
@@ -265,27 +365,41 @@ def main(argv: list[str] | None = None) -> int:
 
     results = report.Results(
         machine=machine,
-        commands=[f"# started as: {shlex.join([sys.executable, *sys.argv])}", *server_commands,
-                  "# perf_analyzer, one call per point:"],
+        commands=[
+            f"# started as: {shlex.join([sys.executable, *sys.argv])}",
+            *server_commands,
+            "# perf_analyzer, one call per point:",
+        ],
         offline=offline_runs,
-        offline_of={TARGET_MODELS["off"]: TARGET_MODELS["on"],
-                    REFERENCE_MODELS["off"]: REFERENCE_MODELS["on"]},
-        direct=direct, served=points["served"], latency=points["latency"],
+        offline_of={
+            TARGET_MODELS["off"]: TARGET_MODELS["on"],
+            REFERENCE_MODELS["off"]: REFERENCE_MODELS["on"],
+        },
+        direct=direct,
+        served=points["served"],
+        latency=points["latency"],
         floor=points["floor"],
-        target_models=TARGET_MODELS, reference_models=REFERENCE_MODELS, quick=args.quick,
+        target_models=TARGET_MODELS,
+        reference_models=REFERENCE_MODELS,
+        quick=args.quick,
         perf_analyzer=perf_analyzer,
         fast_models=FAST_MODELS if repo / FAST_MODELS["on"] in offline_dirs else {},
-        directs={PYTHON_MODEL: direct_python}, side_by_side=side_by_side,
+        directs={PYTHON_MODEL: direct_python},
+        side_by_side=side_by_side,
         handover=handover,
-        notes=[f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
-               f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
-               + (" (--quick: smoke run, not numbers)" if args.quick else "")])
+        notes=[
+            f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
+            f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
+            + (" (--quick: smoke run, not numbers)" if args.quick else ""),
+        ],
+    )
     results_path.parent.mkdir(parents=True, exist_ok=True)
     # sections the standalone benchmarks wrote (bench/sections.py) are kept
     results_path.write_text(carry_sections(report.render(results), results_path))
     raw_path = args.out_dir / "results.json"
-    raw_path.write_text(report.portable(json.dumps(dataclasses.asdict(results), indent=1),
-                                        perf_analyzer))
+    raw_path.write_text(
+        report.portable(json.dumps(dataclasses.asdict(results), indent=1), perf_analyzer)
+    )
     progress(f"wrote {results_path} and {raw_path}")
     for line in report.verdicts(results):
         print(line)

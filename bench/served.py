@@ -6,6 +6,7 @@ request's server time splits into queue, compute and the rest, and `session.run`
 size) and the CPU time of the server's threads and of perf_analyzer (/proc and getrusage): on a
 2-core machine the CPU microseconds each request costs decide the ceiling.
 """
+
 from __future__ import annotations
 
 import csv
@@ -14,18 +15,30 @@ import resource
 import shlex
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 import httpx
 
 # Flags that converge on a shared 2-core machine (see bench/README.md); when the noise still
 # defeats them, the point is measured once more with a looser stability band and more trials.
-CONVERGE_FLAGS = ("--measurement-interval", "3000", "--stability-percentage", "50",
-                  "--max-trials", "5")
-RETRY_FLAGS = ("--measurement-interval", "3000", "--stability-percentage", "100",
-               "--max-trials", "8")
+CONVERGE_FLAGS = (
+    "--measurement-interval",
+    "3000",
+    "--stability-percentage",
+    "50",
+    "--max-trials",
+    "5",
+)
+RETRY_FLAGS = (
+    "--measurement-interval",
+    "3000",
+    "--stability-percentage",
+    "100",
+    "--max-trials",
+    "8",
+)
 
 
 @dataclass
@@ -90,7 +103,7 @@ class Point:
         return shlex.join(self.command)
 
 
-def _model_stats(base_url: str, model: str) -> Optional[dict]:
+def _model_stats(base_url: str, model: str) -> dict | None:
     try:
         response = httpx.get(f"{base_url}/v2/models/{model}/stats", timeout=10.0)
         response.raise_for_status()
@@ -99,7 +112,7 @@ def _model_stats(base_url: str, model: str) -> Optional[dict]:
         return None
 
 
-def _split(before: Optional[dict], after: Optional[dict]) -> ServerSplit:
+def _split(before: dict | None, after: dict | None) -> ServerSplit:
     if not before or not after:
         return ServerSplit()
 
@@ -124,10 +137,15 @@ def _split(before: Optional[dict], after: Optional[dict]) -> ServerSplit:
         if runs > 0:
             by_batch[b["batch_size"]] = (runs, int(b["compute_infer"]["ns"]) - int(was["ns"]))
     compute = sum(per_request_us(s) for s in ("compute_input", "compute_infer", "compute_output"))
-    return ServerSplit(requests=requests, executions=delta("execution_count"),
-                       total_us=per_request_us("success"), queue_us=per_request_us("queue"),
-                       compute_us=compute, infer_us=per_request_us("compute_infer"),
-                       infer_by_batch=by_batch)
+    return ServerSplit(
+        requests=requests,
+        executions=delta("execution_count"),
+        total_us=per_request_us("success"),
+        queue_us=per_request_us("queue"),
+        compute_us=compute,
+        infer_us=per_request_us("compute_infer"),
+        infer_by_batch=by_batch,
+    )
 
 
 def _thread_cpu(pid: int) -> dict[int, float]:
@@ -170,18 +188,27 @@ def _read_csv(path: Path) -> dict[str, str]:
 
 def _call(command: list[str], timeout: float) -> tuple[int, str]:
     try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                             check=False)
+        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         return run.returncode, run.stdout + run.stderr
     except subprocess.TimeoutExpired as exc:
-        output = b"".join(x if isinstance(x, bytes) else (x or "").encode()
-                          for x in (exc.stdout, exc.stderr))
+        output = b"".join(
+            x if isinstance(x, bytes) else (x or "").encode() for x in (exc.stdout, exc.stderr)
+        )
         return -1, output.decode(errors="replace") + f"\ntimed out after {timeout}s"
 
 
-def run_point(perf_analyzer: str, model: str, protocol: str, url: str, http_base: str,
-              server_pid: int, concurrency: int, out_dir: Path,
-              flags: Sequence[str] = CONVERGE_FLAGS, timeout: float = 120.0) -> Point:
+def run_point(
+    perf_analyzer: str,
+    model: str,
+    protocol: str,
+    url: str,
+    http_base: str,
+    server_pid: int,
+    concurrency: int,
+    out_dir: Path,
+    flags: Sequence[str] = CONVERGE_FLAGS,
+    timeout: float = 120.0,
+) -> Point:
     """One perf_analyzer call at one concurrency (a second, more tolerant one if the first
     does not stabilise); never raises for a failed measurement."""
     stem = f"{model}-{protocol}-c{concurrency}"
@@ -191,8 +218,20 @@ def run_point(perf_analyzer: str, model: str, protocol: str, url: str, http_base
     start = time.monotonic()
     for attempt in (flags, RETRY_FLAGS):
         csv_path.unlink(missing_ok=True)
-        command = [perf_analyzer, "-m", model, "-i", protocol, "-u", url,
-                   "--concurrency-range", str(concurrency), *attempt, "-f", str(csv_path)]
+        command = [
+            perf_analyzer,
+            "-m",
+            model,
+            "-i",
+            protocol,
+            "-u",
+            url,
+            "--concurrency-range",
+            str(concurrency),
+            *attempt,
+            "-f",
+            str(csv_path),
+        ]
         returncode, output = _call(command, timeout)
         if returncode == 0 or "stable measurement" not in output:
             break

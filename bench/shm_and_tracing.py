@@ -10,6 +10,7 @@ configuration, with tracing configured but OFF, and with TIMESTAMPS on at a rate
 
     PERF_ANALYZER=... .venv/bin/python bench/shm_and_tracing.py [--seconds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,11 @@ _P50 = re.compile(r"p50 latency: (\d+) usec")
 
 def build_identity_fp32(repo: Path) -> None:
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"])], "identity_fp32",
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"])],
+        "identity_fp32",
         [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["n"])],
-        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["n"])])
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["n"])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     folder = repo / "identity_fp32"
@@ -49,15 +52,32 @@ def build_identity_fp32(repo: Path) -> None:
     (folder / "config.pbtxt").write_text(
         'name: "identity_fp32"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
         'input [{ name: "INPUT" data_type: TYPE_FP32 dims: [-1] }]\n'
-        'output [{ name: "OUTPUT" data_type: TYPE_FP32 dims: [-1] }]\n')
+        'output [{ name: "OUTPUT" data_type: TYPE_FP32 dims: [-1] }]\n'
+    )
 
 
-def perf(binary: str, url: str, protocol: str, model: str, seconds: float,
-         extra: list[str]) -> tuple[float, int]:
+def perf(
+    binary: str, url: str, protocol: str, model: str, seconds: float, extra: list[str]
+) -> tuple[float, int]:
     """(throughput, p50 latency in µs) at concurrency 1."""
-    command = [binary, "-m", model, "-i", protocol, "-u", url, "--concurrency-range", "1",
-               "--measurement-interval", str(int(seconds * 1000)), "--stability-percentage",
-               "100", "--max-trials", "8", *extra]
+    command = [
+        binary,
+        "-m",
+        model,
+        "-i",
+        protocol,
+        "-u",
+        url,
+        "--concurrency-range",
+        "1",
+        "--measurement-interval",
+        str(int(seconds * 1000)),
+        "--stability-percentage",
+        "100",
+        "--max-trials",
+        "8",
+        *extra,
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     output = run.stdout + run.stderr
     summary, p50 = _SUMMARY.search(output), _P50.search(output)
@@ -75,11 +95,17 @@ def main() -> int:
     if not binary:
         print("set PERF_ANALYZER (../shared/tools/install-perf-analyzer prints its path)")
         return 2
-    lines = ["## Shared memory and tracing (`bench/shm_and_tracing.py`)", "",
-             f"perf_analyzer at concurrency 1, {args.seconds:g} s windows, on this shared "
-             "machine (compare within a table, not across runs).", "",
-             f"### System shared memory: `identity_fp32`, FP32 [{ELEMENTS}] (4 MiB) in and out",
-             "", "| protocol | tensors through | infer/s | p50 µs |", "|---|---|---:|---:|"]
+    lines = [
+        "## Shared memory and tracing (`bench/shm_and_tracing.py`)",
+        "",
+        f"perf_analyzer at concurrency 1, {args.seconds:g} s windows, on this shared "
+        "machine (compare within a table, not across runs).",
+        "",
+        f"### System shared memory: `identity_fp32`, FP32 [{ELEMENTS}] (4 MiB) in and out",
+        "",
+        "| protocol | tensors through | infer/s | p50 µs |",
+        "|---|---|---:|---:|",
+    ]
     with tempfile.TemporaryDirectory() as folder:
         repo = Path(folder) / "models"
         build_identity_fp32(repo)
@@ -87,23 +113,51 @@ def main() -> int:
         with running_server([repo], log_dir=Path(folder)) as server:
             for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
                 gains = []
-                for label, extra in (("socket", []), ("system shared memory",
-                                     ["--shared-memory=system", "--output-shared-memory-size",
-                                      str(ELEMENTS * 4)])):
-                    rate, p50 = perf(binary, url, protocol, "identity_fp32", args.seconds,
-                                     ["--shape", f"INPUT:{ELEMENTS}", *extra])
+                for label, extra in (
+                    ("socket", []),
+                    (
+                        "system shared memory",
+                        [
+                            "--shared-memory=system",
+                            "--output-shared-memory-size",
+                            str(ELEMENTS * 4),
+                        ],
+                    ),
+                ):
+                    rate, p50 = perf(
+                        binary,
+                        url,
+                        protocol,
+                        "identity_fp32",
+                        args.seconds,
+                        ["--shape", f"INPUT:{ELEMENTS}", *extra],
+                    )
                     gains.append(rate)
                     lines.append(f"| {protocol} | {label} | {rate:,.1f} | {p50:,} |")
                 lines.append(f"| {protocol} | **gain** | **{gains[1] / gains[0]:.2f}x** | |")
-        lines += ["", "### Tracing: `simple` over HTTP, requests not traced", "",
-                  "| trace configuration | infer/s | p50 µs |", "|---|---:|---:|"]
+        lines += [
+            "",
+            "### Tracing: `simple` over HTTP, requests not traced",
+            "",
+            "| trace configuration | infer/s | p50 µs |",
+            "|---|---:|---:|",
+        ]
         trace_file = Path(folder) / "trace.json"
         for label, config in (
-                ("none", []),
-                ("configured, level OFF", ["--trace-config", f"triton,file={trace_file}"]),
-                ("TIMESTAMPS, rate 1000000 (one sampling decision per request)",
-                 ["--trace-config", f"triton,file={trace_file}", "--trace-config",
-                  "level=TIMESTAMPS", "--trace-config", "rate=1000000"])):
+            ("none", []),
+            ("configured, level OFF", ["--trace-config", f"triton,file={trace_file}"]),
+            (
+                "TIMESTAMPS, rate 1000000 (one sampling decision per request)",
+                [
+                    "--trace-config",
+                    f"triton,file={trace_file}",
+                    "--trace-config",
+                    "level=TIMESTAMPS",
+                    "--trace-config",
+                    "rate=1000000",
+                ],
+            ),
+        ):
             with running_server([repo], config, log_dir=Path(folder)) as server:
                 rate, p50 = perf(binary, server.http_url, "http", "simple", args.seconds, [])
             lines.append(f"| {label} | {rate:,.1f} | {p50:,} |")

@@ -49,6 +49,7 @@ passed and the leak was caught. A JSON report goes to `--report` (default bench/
 This file is the command line and the run; the clients and the chaos are in bench/soak_load.py,
 the sampling of the process tree and the verdicts' measures in bench/soak_measure.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,17 +61,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.soak_load import (CYCLED, STABLE, Chaos, Tally, restarts_metric,  # noqa: E402
-                             touch, wait_ready)
-from bench.soak_measure import (Limits, left_behind, median_sample,  # noqa: E402
-                                new_shm_entries, sample_tree, settle_and_sample, shm_entries,
-                                tree_identities, trend_per_minute, verdict)
+from bench.soak_load import CYCLED, STABLE, Chaos, Tally, restarts_metric, touch, wait_ready  # noqa: E402
+from bench.soak_measure import (  # noqa: E402
+    Limits,
+    left_behind,
+    median_sample,
+    new_shm_entries,
+    sample_tree,
+    settle_and_sample,
+    shm_entries,
+    tree_identities,
+    trend_per_minute,
+    verdict,
+)
 from examples.build_repository import build_simple, simple_config  # noqa: E402
 from tests.serverproc import start_server  # noqa: E402
 
@@ -79,6 +87,7 @@ PY_LEAK = ROOT / "bench" / "soak_models" / "py_leak"
 
 
 # ----- the repository ----------------------------------------------------------------------
+
 
 def _python_copy(repo: Path, source: Path, name: str) -> None:
     """A copy of a Python model under `name`, with a short queue delay (so requests wait in the
@@ -102,8 +111,7 @@ def build_soak_repository(repo: Path, leak: bool) -> list[str]:
     """The models the soak serves; returns their names."""
     for name in ("simple", "simple_cycle"):
         build_simple(repo, name)
-        (repo / name / "config.pbtxt").write_text(
-            simple_config(name, 8, max_queue_delay_us=2000))
+        (repo / name / "config.pbtxt").write_text(simple_config(name, 8, max_queue_delay_us=2000))
     _python_copy(repo, PY_ADD, "py_add")
     _python_copy(repo, PY_ADD, "py_add_cycle")
     names = [*STABLE, *CYCLED]
@@ -121,9 +129,20 @@ GRPC_CANCEL_RACE = "grpc._cython.cygrpc.ExecuteBatchError"
 
 # ----- one run -----------------------------------------------------------------------------
 
-def run_soak(seconds: float, seed: int, leak: bool, limits: Limits, out_dir: Path,
-             http_clients: int = 2, grpc_clients: int = 2, warmup: float = 4.0,
-             settle: float = 3.0, samples_during: int = 0, label: str = "") -> dict:
+
+def run_soak(
+    seconds: float,
+    seed: int,
+    leak: bool,
+    limits: Limits,
+    out_dir: Path,
+    http_clients: int = 2,
+    grpc_clients: int = 2,
+    warmup: float = 4.0,
+    settle: float = 3.0,
+    samples_during: int = 0,
+    label: str = "",
+) -> dict:
     label = label or ("negative control (leaking model)" if leak else "clean")
     print(f"== soak {label}: {seconds:g} s of chaos, seed {seed}", flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -138,8 +157,15 @@ def run_soak(seconds: float, seed: int, leak: bool, limits: Limits, out_dir: Pat
     started = time.monotonic()
     server = start_server([repo], args, log_dir=work, timeout=120)
     seen: set[tuple[int, int]] = tree_identities(server.pid)
-    report: dict = {"label": label, "seconds": seconds, "seed": seed, "leak": leak,
-                    "models": models, "log": str(server.log_path), "server_pid": server.pid}
+    report: dict = {
+        "label": label,
+        "seconds": seconds,
+        "seed": seed,
+        "leak": leak,
+        "models": models,
+        "log": str(server.log_path),
+        "server_pid": server.pid,
+    }
     try:
         chaos = Chaos(server, models, seed, leak, http_clients, grpc_clients)
         chaos.leak_pid_file = repo / "py_leak" / "worker.pid" if leak else None
@@ -177,8 +203,10 @@ def run_soak(seconds: float, seed: int, leak: bool, limits: Limits, out_dir: Pat
             if time.monotonic() >= next_sample and time.monotonic() < end - 1:
                 during.append(sample_tree(server.pid))
                 next_sample += interval
-                print(f"   t+{during[-1]['time'] - during[0]['time']:5.0f}s: {_fmt(during[-1])}",
-                      flush=True)
+                print(
+                    f"   t+{during[-1]['time'] - during[0]['time']:5.0f}s: {_fmt(during[-1])}",
+                    flush=True,
+                )
         hung += chaos.join()
         alive = server.alive()
         chaos.restore()
@@ -196,19 +224,29 @@ def run_soak(seconds: float, seed: int, leak: bool, limits: Limits, out_dir: Pat
         code = server.stop()
     leftovers = left_behind({(pid, start) for pid, start in seen if pid != server.pid})
     log = server.log()
-    tracebacks = [block[-1500:] for block in re.findall(
-        r"Traceback \(most recent call last\):\n(?:[ \t].*\n)*.*", log)]
-    unexpected_tracebacks = [block for block in tracebacks
-                             if not block.splitlines()[-1].startswith(GRPC_CANCEL_RACE)]
-    report["log_lines"] = {"error": len(re.findall(r" ERROR ", log)),
-                           "warning": len(re.findall(r" WARNING ", log)),
-                           "traceback": len(unexpected_tracebacks),
-                           "grpc_cancel_race": len(tracebacks) - len(unexpected_tracebacks)}
+    tracebacks = [
+        block[-1500:]
+        for block in re.findall(r"Traceback \(most recent call last\):\n(?:[ \t].*\n)*.*", log)
+    ]
+    unexpected_tracebacks = [
+        block for block in tracebacks if not block.splitlines()[-1].startswith(GRPC_CANCEL_RACE)
+    ]
+    report["log_lines"] = {
+        "error": len(re.findall(r" ERROR ", log)),
+        "warning": len(re.findall(r" WARNING ", log)),
+        "traceback": len(unexpected_tracebacks),
+        "grpc_cancel_race": len(tracebacks) - len(unexpected_tracebacks),
+    }
     report["first_tracebacks"] = unexpected_tracebacks[:3]
     # Which model each killed worker served, from the server's own log line for it.
-    killed_model = dict((int(pid), model) for model, pid in re.findall(
-        r"python model '([^']+)' instance '[^']*': the worker process \(pid (\d+)\) was killed "
-        r"by SIGKILL", log))
+    killed_model = dict(
+        (int(pid), model)
+        for model, pid in re.findall(
+            r"python model '([^']+)' instance '[^']*': the worker process \(pid (\d+)\) was killed "
+            r"by SIGKILL",
+            log,
+        )
+    )
     kills_by_model: dict[str, int] = {}
     for kill in chaos.kills[kills_at_start:]:
         name = killed_model.get(kill["pid"], "(not restarted: its model was unloading)")
@@ -222,41 +260,75 @@ def run_soak(seconds: float, seed: int, leak: bool, limits: Limits, out_dir: Pat
         "fds": verdict(after["fds"] - before["fds"], limits.fds),
         "threads": verdict(after["threads"] - before["threads"], limits.threads),
         "memfds": verdict(after["memfds"] - before["memfds"], limits.memfds),
-        "shm": verdict(max(after["shm_held"] - before["shm_held"], len(shm_new)), limits.shm,
-                        extra={"new_entries": shm_new[:20],
-                               "new_entries_held_by_other_processes": shm_others[:20]}),
+        "shm": verdict(
+            max(after["shm_held"] - before["shm_held"], len(shm_new)),
+            limits.shm,
+            extra={
+                "new_entries": shm_new[:20],
+                "new_entries_held_by_other_processes": shm_others[:20],
+            },
+        ),
     }
     counts = dict(sorted(chaos.tally.counts.items()))
     lost = sum(n for k, n in counts.items() if "LOST" in k)
-    stable_fail = sum(n for k, n in counts.items()
-                      if re.match(r"(http|grpc) simple: ", k) and not k.endswith(": ok"))
-    ok_calls = sum(n for k, n in counts.items() if k.endswith(": ok") and
-                   re.match(r"(http|grpc) ", k))
+    stable_fail = sum(
+        n
+        for k, n in counts.items()
+        if re.match(r"(http|grpc) simple: ", k) and not k.endswith(": ok")
+    )
+    ok_calls = sum(
+        n for k, n in counts.items() if k.endswith(": ok") and re.match(r"(http|grpc) ", k)
+    )
     verdicts["requests"] = {
         "pass": lost == 0 and not hung and ok_calls > 0 and stable_fail == 0,
-        "ok": ok_calls, "lost": lost, "stable_simple_failures": stable_fail,
-        "hung_threads": hung, "unexpected": chaos.tally.unexpected}
+        "ok": ok_calls,
+        "lost": lost,
+        "stable_simple_failures": stable_fail,
+        "hung_threads": hung,
+        "unexpected": chaos.tally.unexpected,
+    }
     verdicts["server"] = {
-        "pass": (alive and ready and ready_after and code == 0 and not leftovers
-                 and report["log_lines"]["traceback"] == 0
-                 and restarts == kills_by_model.get("py_add", 0)),
+        "pass": (
+            alive
+            and ready
+            and ready_after
+            and code == 0
+            and not leftovers
+            and report["log_lines"]["traceback"] == 0
+            and restarts == kills_by_model.get("py_add", 0)
+        ),
         "log_tracebacks": report["log_lines"]["traceback"],
-        "stayed_up": alive, "ready_before": ready, "ready_after": ready_after,
-        "exit_code": code, "processes_left": leftovers,
-        "worker_kills": kills, "worker_kills_by_model": kills_by_model,
-        "py_add_restarts_counted": restarts}
-    report.update({
-        "before": before, "after": after, "samples": during,
-        "trend_per_minute": {k: round(trend_per_minute(during, k), 2)
-                             for k in ("rss_kb", "server_rss_kb", "fds", "threads", "memfds")},
-        "counts": counts, "examples": dict(sorted(chaos.tally.examples.items())),
-        "cycles": len(chaos.cycles), "verdicts": verdicts,
-        "pass": all(v["pass"] for v in verdicts.values()),
-        "wall_seconds": round(time.monotonic() - started, 1)})
+        "stayed_up": alive,
+        "ready_before": ready,
+        "ready_after": ready_after,
+        "exit_code": code,
+        "processes_left": leftovers,
+        "worker_kills": kills,
+        "worker_kills_by_model": kills_by_model,
+        "py_add_restarts_counted": restarts,
+    }
+    report.update(
+        {
+            "before": before,
+            "after": after,
+            "samples": during,
+            "trend_per_minute": {
+                k: round(trend_per_minute(during, k), 2)
+                for k in ("rss_kb", "server_rss_kb", "fds", "threads", "memfds")
+            },
+            "counts": counts,
+            "examples": dict(sorted(chaos.tally.examples.items())),
+            "cycles": len(chaos.cycles),
+            "verdicts": verdicts,
+            "pass": all(v["pass"] for v in verdicts.values()),
+            "wall_seconds": round(time.monotonic() - started, 1),
+        }
+    )
     _print_report(report)
     # Keep the log and the repository of an unexpected failure (a caught leak is expected).
-    expected = report["pass"] or (leak and verdicts["requests"]["pass"]
-                                  and verdicts["server"]["pass"])
+    expected = report["pass"] or (
+        leak and verdicts["requests"]["pass"] and verdicts["server"]["pass"]
+    )
     if expected:
         shutil.rmtree(work, ignore_errors=True)
     else:
@@ -265,9 +337,11 @@ def run_soak(seconds: float, seed: int, leak: bool, limits: Limits, out_dir: Pat
 
 
 def _fmt(sample: dict) -> str:
-    return (f"rss {sample['rss_kb'] / 1024:7.1f} MiB (server {sample['server_rss_kb'] / 1024:5.1f})  fds {sample['fds']:4.0f}  "
-            f"threads {sample['threads']:3.0f}  memfds {sample['memfds']:3.0f}  "
-            f"shm held {sample['shm_held']:.0f}  processes {sample['processes']:.0f}")
+    return (
+        f"rss {sample['rss_kb'] / 1024:7.1f} MiB (server {sample['server_rss_kb'] / 1024:5.1f})  fds {sample['fds']:4.0f}  "
+        f"threads {sample['threads']:3.0f}  memfds {sample['memfds']:3.0f}  "
+        f"shm held {sample['shm_held']:.0f}  processes {sample['processes']:.0f}"
+    )
 
 
 def _print_report(report: dict) -> None:
@@ -275,51 +349,76 @@ def _print_report(report: dict) -> None:
     word = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
     print(f"-- {report['label']}: {report['wall_seconds']} s in all")
     rss = v["rss"]
-    print(f"   {word(rss['pass'])} rss      growth {rss['growth'] / 1024:+8.1f} MiB "
-          f"(limit {rss['limit'] / 1024:.0f} MiB; trend {report['trend_per_minute']['rss_kb'] / 1024:+.1f} MiB/min)")
+    print(
+        f"   {word(rss['pass'])} rss      growth {rss['growth'] / 1024:+8.1f} MiB "
+        f"(limit {rss['limit'] / 1024:.0f} MiB; trend {report['trend_per_minute']['rss_kb'] / 1024:+.1f} MiB/min)"
+    )
     for key in ("fds", "threads", "memfds"):
-        print(f"   {word(v[key]['pass'])} {key:8s} growth {v[key]['growth']:+8.0f}     "
-              f"(limit {v[key]['limit']}; trend {report['trend_per_minute'][key]:+.1f}/min)")
+        print(
+            f"   {word(v[key]['pass'])} {key:8s} growth {v[key]['growth']:+8.0f}     "
+            f"(limit {v[key]['limit']}; trend {report['trend_per_minute'][key]:+.1f}/min)"
+        )
     others = v["shm"]["new_entries_held_by_other_processes"]
-    print(f"   {word(v['shm']['pass'])} shm      new {v['shm']['growth']:+8.0f}     "
-          f"(limit {v['shm']['limit']}) {' '.join(v['shm']['new_entries'])}"
-          + (f" (not counted, held by other processes: {' '.join(others)})" if others else ""))
+    print(
+        f"   {word(v['shm']['pass'])} shm      new {v['shm']['growth']:+8.0f}     "
+        f"(limit {v['shm']['limit']}) {' '.join(v['shm']['new_entries'])}"
+        + (f" (not counted, held by other processes: {' '.join(others)})" if others else "")
+    )
     r = v["requests"]
-    print(f"   {word(r['pass'])} requests ok {r['ok']}, lost {r['lost']}, stable simple "
-          f"failures {r['stable_simple_failures']}, hung threads {r['hung_threads'] or 'none'}")
+    print(
+        f"   {word(r['pass'])} requests ok {r['ok']}, lost {r['lost']}, stable simple "
+        f"failures {r['stable_simple_failures']}, hung threads {r['hung_threads'] or 'none'}"
+    )
     for line in r["unexpected"][:10]:
         print(f"        {line}")
     s = v["server"]
-    print(f"   {word(s['pass'])} server   up {s['stayed_up']}, ready {s['ready_before']}/"
-          f"{s['ready_after']}, exit {s['exit_code']}, left behind {s['processes_left'] or 'none'}, "
-          f"{report['cycles']} loads/unloads, {s['log_tracebacks']} unexpected tracebacks in its "
-          f"log ({report['log_lines']['grpc_cancel_race']} from grpcio's cancel race)")
-    print(f"            {s['worker_kills']} worker kills ("
-          + ", ".join(f"{k} {n}" for k, n in sorted(s["worker_kills_by_model"].items()))
-          + f"); py_add's restarts counted in the metric: {s['py_add_restarts_counted']}")
+    print(
+        f"   {word(s['pass'])} server   up {s['stayed_up']}, ready {s['ready_before']}/"
+        f"{s['ready_after']}, exit {s['exit_code']}, left behind {s['processes_left'] or 'none'}, "
+        f"{report['cycles']} loads/unloads, {s['log_tracebacks']} unexpected tracebacks in its "
+        f"log ({report['log_lines']['grpc_cancel_race']} from grpcio's cancel race)"
+    )
+    print(
+        f"            {s['worker_kills']} worker kills ("
+        + ", ".join(f"{k} {n}" for k, n in sorted(s["worker_kills_by_model"].items()))
+        + f"); py_add's restarts counted in the metric: {s['py_add_restarts_counted']}"
+    )
     for block in report["first_tracebacks"][:1]:
         print("        " + block.replace("\n", "\n        "))
     print("   outcomes: " + ", ".join(f"{k} {n}" for k, n in report["counts"].items()))
     print(f"   => {word(report['pass'])}", flush=True)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=60.0, help="chaos time (default 60)")
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--leak", action="store_true",
-                        help="serve the leaking model too: the run must FAIL (exit 1)")
-    parser.add_argument("--negative-control-seconds", type=float, default=0.0,
-                        help="after the clean run, a leaking run this long that must FAIL; exit 0 "
-                             "only when the clean run passed and the leak was caught")
+    parser.add_argument(
+        "--leak",
+        action="store_true",
+        help="serve the leaking model too: the run must FAIL (exit 1)",
+    )
+    parser.add_argument(
+        "--negative-control-seconds",
+        type=float,
+        default=0.0,
+        help="after the clean run, a leaking run this long that must FAIL; exit 0 "
+        "only when the clean run passed and the leak was caught",
+    )
     parser.add_argument("--http-clients", type=int, default=2)
     parser.add_argument("--grpc-clients", type=int, default=2)
-    parser.add_argument("--settle", type=float, default=3.0,
-                        help="seconds of quiet before each before/after sample")
+    parser.add_argument(
+        "--settle", type=float, default=3.0, help="seconds of quiet before each before/after sample"
+    )
     parser.add_argument("--max-rss-growth-mb", type=float, default=48.0)
-    parser.add_argument("--max-rss-growth-fraction", type=float, default=0.10,
-                        help="of the RSS before; the larger of the two limits applies")
+    parser.add_argument(
+        "--max-rss-growth-fraction",
+        type=float,
+        default=0.10,
+        help="of the RSS before; the larger of the two limits applies",
+    )
     parser.add_argument("--max-fd-growth", type=int, default=8)
     parser.add_argument("--max-thread-growth", type=int, default=8)
     parser.add_argument("--max-memfd-growth", type=int, default=2)
@@ -327,12 +426,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "soak")
     parser.add_argument("--report", type=Path, help="JSON report (default OUT_DIR/report.json)")
     options = parser.parse_args(argv)
-    limits = Limits(options.max_rss_growth_mb, options.max_rss_growth_fraction,
-                    options.max_fd_growth, options.max_thread_growth, options.max_memfd_growth,
-                    options.max_shm_growth)
-    common = dict(seed=options.seed, limits=limits, out_dir=options.out_dir,
-                  http_clients=options.http_clients, grpc_clients=options.grpc_clients,
-                  settle=options.settle)
+    limits = Limits(
+        options.max_rss_growth_mb,
+        options.max_rss_growth_fraction,
+        options.max_fd_growth,
+        options.max_thread_growth,
+        options.max_memfd_growth,
+        options.max_shm_growth,
+    )
+    common = dict(
+        seed=options.seed,
+        limits=limits,
+        out_dir=options.out_dir,
+        http_clients=options.http_clients,
+        grpc_clients=options.grpc_clients,
+        settle=options.settle,
+    )
     runs = [run_soak(options.seconds, leak=options.leak, **common)]
     if options.negative_control_seconds > 0 and not options.leak:
         runs.append(run_soak(options.negative_control_seconds, leak=True, **common))
@@ -341,8 +450,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     report_path.write_text(json.dumps(runs, indent=1, default=str))
     if len(runs) == 2:
         caught = not runs[1]["verdicts"]["rss"]["pass"] or not runs[1]["verdicts"]["fds"]["pass"]
-        print(f"== clean run {'PASS' if runs[0]['pass'] else 'FAIL'}; negative control "
-              f"{'caught (FAIL, as it must)' if caught else 'NOT caught'}; report {report_path}")
+        print(
+            f"== clean run {'PASS' if runs[0]['pass'] else 'FAIL'}; negative control "
+            f"{'caught (FAIL, as it must)' if caught else 'NOT caught'}; report {report_path}"
+        )
         return 0 if runs[0]["pass"] and caught else 1
     print(f"== {'PASS' if runs[0]['pass'] else 'FAIL'}; report {report_path}")
     return 0 if runs[0]["pass"] else 1

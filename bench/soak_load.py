@@ -2,6 +2,7 @@
 answer is checked and classified, a cycler unloading and loading the `*_cycle` models, a
 disconnecter abandoning requests, a killer of Python workers; and the calls around them (wait
 for readiness, touch every model, read the restarts metric)."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 import httpx
 import numpy as np
@@ -33,9 +34,11 @@ UNAVAILABLE = ("503", "StatusCode.UNAVAILABLE")
 
 # ----- the clients -------------------------------------------------------------------------
 
+
 @dataclass
 class Tally:
     """What the clients saw, by outcome; the first few samples of anything unexpected."""
+
     lock: threading.Lock = field(default_factory=threading.Lock)
     counts: dict = field(default_factory=dict)
     unexpected: list = field(default_factory=list)
@@ -54,31 +57,43 @@ def _inputs(module, model: str, rng: random.Random) -> tuple[list, np.ndarray, n
     dtype, name = (np.int32, "INT32") if model.startswith("simple") else (np.float32, "FP32")
     a = np.array([rng.randrange(-1000, 1000) for _ in range(16)], dtype).reshape(1, 16)
     b = np.array([rng.randrange(-1000, 1000) for _ in range(16)], dtype).reshape(1, 16)
-    inputs = [module.InferInput("INPUT0", [1, 16], name), module.InferInput("INPUT1", [1, 16], name)]
+    inputs = [
+        module.InferInput("INPUT0", [1, 16], name),
+        module.InferInput("INPUT1", [1, 16], name),
+    ]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     return inputs, a, b
 
 
-def classify_error(model: str, status: str, message: str) -> Optional[str]:
+def classify_error(model: str, status: str, message: str) -> str | None:
     """The documented error this is, or None when it is not one (README, "Model control" and
     "Python models"): 503 / UNAVAILABLE for a model while it is unloaded or being unloaded or
     reloaded, and for a Python model whose worker was killed under the request or is being
     restarted (the model is not ready until it is back)."""
     if status not in UNAVAILABLE:
         return None
-    if model in CYCLED and ("has no available versions" in message
-                            or "is not at ready state" in message):
+    if model in CYCLED and (
+        "has no available versions" in message or "is not at ready state" in message
+    ):
         return "unavailable (model unloaded)"
-    if model in PYTHON_MODELS and ("the worker process" in message
-                                   or "is not at ready state" in message):
+    if model in PYTHON_MODELS and (
+        "the worker process" in message or "is not at ready state" in message
+    ):
         return "unavailable (worker killed)"
     return None
 
 
 class Chaos:
-    def __init__(self, server: ServerProcess, models: list[str], seed: int, leak: bool,
-                 http_clients: int, grpc_clients: int) -> None:
+    def __init__(
+        self,
+        server: ServerProcess,
+        models: list[str],
+        seed: int,
+        leak: bool,
+        http_clients: int,
+        grpc_clients: int,
+    ) -> None:
         self.server = server
         self.models = models
         self.seed = seed
@@ -91,7 +106,7 @@ class Chaos:
         self.cycles: list[dict] = []
         self.loaded = {name: True for name in CYCLED}
         self.threads: list[threading.Thread] = []
-        self.leak_pid_file: Optional[Path] = None
+        self.leak_pid_file: Path | None = None
         self.leak_on = False  # the leaking model gets traffic only after the baseline
 
     # traffic ---------------------------------------------------------------------------
@@ -105,12 +120,16 @@ class Chaos:
         rng = random.Random(f"{self.seed}:{protocol}:{index}")
         if protocol == "http":
             import tritonclient.http as module
-            client = module.InferenceServerClient(self.server.http_url, connection_timeout=60,
-                                                  network_timeout=60)
+
+            client = module.InferenceServerClient(
+                self.server.http_url, connection_timeout=60, network_timeout=60
+            )
         else:
             import tritonclient.grpc as module
+
             client = module.InferenceServerClient(self.server.grpc_url)
         from tritonclient.utils import InferenceServerException
+
         try:
             while not self.stop.is_set():
                 model = self._pick(rng)
@@ -132,12 +151,14 @@ class Chaos:
                 except Exception as exc:  # a dropped connection, a client timeout
                     self.tally.add(f"{key}: LOST ({type(exc).__name__})", repr(exc), bad=True)
                     continue
-                if (np.array_equal(result.as_numpy("OUTPUT0"), a + b)
-                        and np.array_equal(result.as_numpy("OUTPUT1"), a - b)):
+                if np.array_equal(result.as_numpy("OUTPUT0"), a + b) and np.array_equal(
+                    result.as_numpy("OUTPUT1"), a - b
+                ):
                     self.tally.add(f"{key}: ok")
                 else:
-                    self.tally.add(f"{key}: LOST (wrong answer)", str(result.get_response()),
-                                   bad=True)
+                    self.tally.add(
+                        f"{key}: LOST (wrong answer)", str(result.get_response()), bad=True
+                    )
         finally:
             client.close()
 
@@ -145,11 +166,18 @@ class Chaos:
 
     def _raw_http(self, rng: random.Random, model: str, mode: str) -> None:
         dtype = "INT32" if model.startswith("simple") else "FP32"
-        body = json.dumps({"inputs": [
-            {"name": name, "shape": [1, 16], "datatype": dtype, "data": list(range(16))}
-            for name in ("INPUT0", "INPUT1")]}).encode()
-        head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": name, "shape": [1, 16], "datatype": dtype, "data": list(range(16))}
+                    for name in ("INPUT0", "INPUT1")
+                ]
+            }
+        ).encode()
+        head = (
+            f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
         with socket.create_connection(("127.0.0.1", self.server.http_port), timeout=10) as sock:
             if mode == "half body":
                 sock.sendall(head + body[: len(body) // 2])
@@ -161,6 +189,7 @@ class Chaos:
 
     def _disconnect_loop(self) -> None:
         import tritonclient.grpc as grpcclient
+
         rng = random.Random(f"{self.seed}:disconnect")
         client = grpcclient.InferenceServerClient(self.server.grpc_url)
         try:
@@ -176,7 +205,9 @@ class Chaos:
                             ctx.cancel()
                         else:
                             try:
-                                client.infer(model, inputs, client_timeout=rng.uniform(0.0005, 0.003))
+                                client.infer(
+                                    model, inputs, client_timeout=rng.uniform(0.0005, 0.003)
+                                )
                             except Exception:
                                 pass
                     else:
@@ -192,13 +223,18 @@ class Chaos:
 
     def _cycle_loop(self) -> None:
         import tritonclient.grpc as grpcclient
+
         rng = random.Random(f"{self.seed}:cycle")
         client = grpcclient.InferenceServerClient(self.server.grpc_url)
         try:
             while not self.stop.wait(rng.uniform(0.5, 2.0)):
                 model = rng.choice(CYCLED)
-                self.cycle(model, "unload" if self.loaded[model] else "load",
-                           rng.choice(["http", "grpc"]), client)
+                self.cycle(
+                    model,
+                    "unload" if self.loaded[model] else "load",
+                    rng.choice(["http", "grpc"]),
+                    client,
+                )
         finally:
             client.close()
 
@@ -207,8 +243,11 @@ class Chaos:
         error = ""
         try:
             if protocol == "http":
-                reply = httpx.post(f"{self.server.base}/v2/repository/models/{model}/{action}",
-                                   json={}, timeout=120)
+                reply = httpx.post(
+                    f"{self.server.base}/v2/repository/models/{model}/{action}",
+                    json={},
+                    timeout=120,
+                )
                 if reply.status_code != 200:
                     error = f"{reply.status_code} {reply.text}"
             else:
@@ -218,8 +257,15 @@ class Chaos:
         ok = not error
         # A load whose worker the killer hit during initialize fails, as documented.
         killed = "during initialize" in error or "worker process" in error
-        self.cycles.append({"model": model, "action": action, "protocol": protocol,
-                            "seconds": round(time.monotonic() - started, 3), "error": error})
+        self.cycles.append(
+            {
+                "model": model,
+                "action": action,
+                "protocol": protocol,
+                "seconds": round(time.monotonic() - started, 3),
+                "error": error,
+            }
+        )
         if ok:
             self.loaded[model] = action == "load"
             self.tally.add(f"{action} {protocol}: ok")
@@ -240,10 +286,11 @@ class Chaos:
                 return 0
         return 0
 
-    def kill_one(self, rng: random.Random) -> Optional[int]:
+    def kill_one(self, rng: random.Random) -> int | None:
         spare = self.leak_pid()
-        candidates = [pid for pid in worker_pids(self.server.pid)
-                      if pid != spare and process_age(pid) > 2.0]
+        candidates = [
+            pid for pid in worker_pids(self.server.pid) if pid != spare and process_age(pid) > 2.0
+        ]
         if not candidates:
             return None
         pid = rng.choice(candidates)
@@ -272,9 +319,15 @@ class Chaos:
             targets.append((self._cycle_loop, ()))
         if kills:
             targets.append((self._kill_loop, ()))
-        self.threads = [threading.Thread(target=self._guarded, args=(target, *args), daemon=True,
-                                         name=f"{target.__name__}{list(args)}")
-                        for target, args in targets]
+        self.threads = [
+            threading.Thread(
+                target=self._guarded,
+                args=(target, *args),
+                daemon=True,
+                name=f"{target.__name__}{list(args)}",
+            )
+            for target, args in targets
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -308,8 +361,10 @@ def wait_ready(server: ServerProcess, models: list[str], timeout: float = 60.0) 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if all(httpx.get(f"{server.base}/v2/models/{m}/ready", timeout=5).status_code == 200
-                   for m in models):
+            if all(
+                httpx.get(f"{server.base}/v2/models/{m}/ready", timeout=5).status_code == 200
+                for m in models
+            ):
                 return True
         except httpx.HTTPError:
             pass
@@ -322,6 +377,7 @@ def touch(server: ServerProcess, models: list[str], seed: int) -> None:
     has made its arenas before a sample; errors do not matter here."""
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
+
     rng = random.Random(f"{seed}:touch")
     for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
         client = module.InferenceServerClient(url)
@@ -342,6 +398,10 @@ def restarts_metric(server: ServerProcess, model: str) -> int:
         text = httpx.get(server.metrics_url, timeout=10).text
     except httpx.HTTPError:
         return -1
-    match = re.search(rf'^ascend_python_worker_restarts_total\{{model="{model}",version="1"\}} '
-                      rf'(\S+)$', text, re.M)
+    match = re.search(
+        rf'^ascend_python_worker_restarts_total\{{model="{model}",version="1"\}} '
+        rf"(\S+)$",
+        text,
+        re.M,
+    )
     return int(float(match.group(1))) if match else -1

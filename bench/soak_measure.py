@@ -2,6 +2,7 @@
 workers, found through /proc/*/stat), sampled for RSS, descriptors, threads, memfd arenas and
 /dev/shm; medians, trends, and the verdicts on growth, on /dev/shm entries left behind and on
 processes that outlive the server."""
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,6 @@ import signal
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from tests.serverproc import ServerProcess
 
@@ -20,7 +20,8 @@ PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 # ----- the process tree --------------------------------------------------------------------
 
-def _stat(pid: int) -> Optional[list[bytes]]:
+
+def _stat(pid: int) -> list[bytes] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             return handle.read().rsplit(b")", 1)[1].split()
@@ -44,7 +45,7 @@ def tree_pids(root: int) -> list[int]:
     return sorted(pids)
 
 
-def start_time(pid: int) -> Optional[int]:
+def start_time(pid: int) -> int | None:
     """When the process started (clock ticks since boot): with the pid, its identity, so a pid
     reused by another process is never taken for one of ours. None once it is gone."""
     fields = _stat(pid)
@@ -52,8 +53,7 @@ def start_time(pid: int) -> Optional[int]:
 
 
 def tree_identities(root: int) -> set[tuple[int, int]]:
-    return {(pid, start) for pid in tree_pids(root)
-            if (start := start_time(pid)) is not None}
+    return {(pid, start) for pid in tree_pids(root) if (start := start_time(pid)) is not None}
 
 
 def worker_pids(server_pid: int) -> list[int]:
@@ -124,13 +124,22 @@ def sample_tree(server_pid: int) -> dict:
             procs += 1
         except (OSError, AttributeError):
             continue  # the process went while we looked (a killed worker)
-    return {"time": time.time(), "rss_kb": rss, "fds": fds, "threads": threads,
-            "memfds": len(memfds), "shm_held": len(shm_held), "processes": procs,
-            "shm_entries": len(shm_entries()), "server_rss_kb": per_process.get(server_pid, 0),
-            "rss_kb_by_pid": per_process}
+    return {
+        "time": time.time(),
+        "rss_kb": rss,
+        "fds": fds,
+        "threads": threads,
+        "memfds": len(memfds),
+        "shm_held": len(shm_held),
+        "processes": procs,
+        "shm_entries": len(shm_entries()),
+        "server_rss_kb": per_process.get(server_pid, 0),
+        "rss_kb_by_pid": per_process,
+    }
 
 
 # ----- medians, trends and verdicts --------------------------------------------------------
+
 
 @dataclass
 class Limits:
@@ -165,12 +174,17 @@ def trend_per_minute(samples: list[dict], key: str) -> float:
     ys = [s[key] for s in samples]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / den if den else 0.0
 
 
-def verdict(growth: float, limit: float, unit: str = "", extra: Optional[dict] = None) -> dict:
-    return {"pass": growth <= limit, "growth": growth, "limit": limit, "unit": unit,
-            **(extra or {})}
+def verdict(growth: float, limit: float, unit: str = "", extra: dict | None = None) -> dict:
+    return {
+        "pass": growth <= limit,
+        "growth": growth,
+        "limit": limit,
+        "unit": unit,
+        **(extra or {}),
+    }
 
 
 def new_shm_entries(before: set[str]) -> tuple[list[str], list[str]]:
@@ -186,8 +200,9 @@ def new_shm_entries(before: set[str]) -> tuple[list[str], list[str]]:
             try:
                 with open(f"/proc/{entry}/maps") as handle:
                     text = handle.read()
-                names = [os.readlink(f"/proc/{entry}/fd/{fd}")
-                         for fd in os.listdir(f"/proc/{entry}/fd")]
+                names = [
+                    os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")
+                ]
             except OSError:
                 continue
             for name in new - held:

@@ -8,12 +8,12 @@ Runs the real InferencePath over a registry of three versions whose scheduler an
 so what is timed is resolve + submit + await, not a model. Prints microseconds per request
 (best of several repetitions, on this machine, now). Usage: python -m bench.traffic_routing
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 from google.protobuf import text_format
@@ -49,14 +49,19 @@ def _path() -> InferencePath:
     for version in (1, 2, 3):
         spec = VersionSpec("m", version, config, Path("."), Path("."), None)  # type: ignore[arg-type]
         registry.record("m").versions[version] = VersionRecord(
-            version, ModelState.READY, "", spec, _Immediate(spec, VersionStatistics("m", "1")))
+            version, ModelState.READY, "", spec, _Immediate(spec, VersionStatistics("m", "1"))
+        )
     return InferencePath(registry)
 
 
-async def _per_request_us(path: InferencePath, key: Optional[str]) -> float:
+async def _per_request_us(path: InferencePath, key: str | None) -> float:
     x = Tensor("X", "FP32", (1,), np.zeros(1, np.float32))
-    requests = [InferRequest("m", inputs=[x], parameters={} if key is None else
-                             {"traffic_key": f"{key}-{i % 1000}"}) for i in range(N)]
+    requests = [
+        InferRequest(
+            "m", inputs=[x], parameters={} if key is None else {"traffic_key": f"{key}-{i % 1000}"}
+        )
+        for i in range(N)
+    ]
     best = float("inf")
     for _ in range(REPEATS):
         started = time.perf_counter()

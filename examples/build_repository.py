@@ -184,12 +184,12 @@ def _config(
 
 def _dynamic_batching(max_queue_delay_us: int, preferred: Sequence[int] = ()) -> str:
     sizes = f"  preferred_batch_size: {_dims(list(preferred))}\n" if preferred else ""
-    return (f"dynamic_batching {{\n{sizes}  max_queue_delay_microseconds: {max_queue_delay_us}"
-            "\n}")
+    return f"dynamic_batching {{\n{sizes}  max_queue_delay_microseconds: {max_queue_delay_us}\n}}"
 
 
-def simple_config(name: str = "simple", max_batch_size: int = 8,
-                  max_queue_delay_us: int | None = None) -> str:
+def simple_config(
+    name: str = "simple", max_batch_size: int = 8, max_queue_delay_us: int | None = None
+) -> str:
     """config.pbtxt for the add/sub model; dynamic batching only when a delay is given."""
     extra: list[str] = [] if max_queue_delay_us is None else [_dynamic_batching(max_queue_delay_us)]
     return _config(
@@ -212,11 +212,7 @@ def classifier_config(name: str = "classifier") -> str:
         name,
         8,
         [_tensor_block("INPUT", "TYPE_FP32", CLASSIFIER_INPUT_DIMS)],
-        [
-            _tensor_block(
-                "PROBABILITIES", "TYPE_FP32", (len(CLASSIFIER_LABELS),), "labels.txt"
-            )
-        ],
+        [_tensor_block("PROBABILITIES", "TYPE_FP32", (len(CLASSIFIER_LABELS),), "labels.txt")],
     )
 
 
@@ -226,8 +222,7 @@ def dense_compute_config(name: str = "dense_compute", dynamic_batching: bool = T
         extra.append(_dynamic_batching(2000))
     extra.append("instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]")
     extra.append(
-        'parameters {\n  key: "intra_op_thread_count"\n'
-        '  value: {\n    string_value: "1"\n  }\n}'
+        'parameters {\n  key: "intra_op_thread_count"\n  value: {\n    string_value: "1"\n  }\n}'
     )
     return _config(
         name,
@@ -245,8 +240,7 @@ def conv_compute_config(name: str = "conv_compute", dynamic_batching: bool = Tru
         extra.append(_dynamic_batching(2000))
     extra.append("instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]")
     extra.append(
-        'parameters {\n  key: "intra_op_thread_count"\n'
-        '  value: {\n    string_value: "1"\n  }\n}'
+        'parameters {\n  key: "intra_op_thread_count"\n  value: {\n    string_value: "1"\n  }\n}'
     )
     return _config(
         name,
@@ -309,11 +303,24 @@ def make_classifier_model(seed: int = CLASSIFIER_SEED) -> onnx.ModelProto:
         numpy_helper.from_array((rng.standard_normal(classes) * 0.1).astype(np.float32), "fc.bias"),
     ]
     nodes = [
-        helper.make_node("Conv", ["INPUT", "conv1.weight", "conv1.bias"], ["conv1"],
-                         name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv",
+            ["INPUT", "conv1.weight", "conv1.bias"],
+            ["conv1"],
+            name="conv1",
+            kernel_shape=[3, 3],
+            pads=[1, 1, 1, 1],
+        ),
         helper.make_node("Relu", ["conv1"], ["relu1"], name="relu1"),
-        helper.make_node("Conv", ["relu1", "conv2.weight", "conv2.bias"], ["conv2"],
-                         name="conv2", kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node(
+            "Conv",
+            ["relu1", "conv2.weight", "conv2.bias"],
+            ["conv2"],
+            name="conv2",
+            kernel_shape=[3, 3],
+            pads=[1, 1, 1, 1],
+            strides=[2, 2],
+        ),
         helper.make_node("Relu", ["conv2"], ["relu2"], name="relu2"),
         helper.make_node("GlobalAveragePool", ["relu2"], ["pooled"], name="pool"),
         helper.make_node("Flatten", ["pooled"], ["features"], name="flatten", axis=1),
@@ -323,16 +330,20 @@ def make_classifier_model(seed: int = CLASSIFIER_SEED) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         "classifier",
-        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT,
-                                       ["batch", *CLASSIFIER_INPUT_DIMS])],
+        [
+            helper.make_tensor_value_info(
+                "INPUT", TensorProto.FLOAT, ["batch", *CLASSIFIER_INPUT_DIMS]
+            )
+        ],
         [helper.make_tensor_value_info("PROBABILITIES", TensorProto.FLOAT, ["batch", classes])],
         initializers,
     )
     return _finish_model(graph, "Small seeded CNN image classifier over 10 CIFAR-10 classes.")
 
 
-def make_dense_compute_model(seed: int = DENSE_SEED, width: int = DENSE_WIDTH,
-                             layers: int = DENSE_LAYERS) -> onnx.ModelProto:
+def make_dense_compute_model(
+    seed: int = DENSE_SEED, width: int = DENSE_WIDTH, layers: int = DENSE_LAYERS
+) -> onnx.ModelProto:
     """``layers`` x (MatMul width x width + Tanh); weights scaled by 1/sqrt(width)."""
     rng = np.random.default_rng(seed)
     initializers = []
@@ -341,8 +352,11 @@ def make_dense_compute_model(seed: int = DENSE_SEED, width: int = DENSE_WIDTH,
     for i in range(layers):
         weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
         initializers.append(numpy_helper.from_array(weight, f"dense{i}.weight"))
-        nodes.append(helper.make_node("MatMul", [current, f"dense{i}.weight"], [f"matmul{i}"],
-                                      name=f"matmul{i}"))
+        nodes.append(
+            helper.make_node(
+                "MatMul", [current, f"dense{i}.weight"], [f"matmul{i}"], name=f"matmul{i}"
+            )
+        )
         out = "OUTPUT" if i == layers - 1 else f"tanh{i}"
         nodes.append(helper.make_node("Tanh", [f"matmul{i}"], [out], name=f"tanh{i}"))
         current = out
@@ -356,8 +370,9 @@ def make_dense_compute_model(seed: int = DENSE_SEED, width: int = DENSE_WIDTH,
     return _finish_model(graph, f"{layers} dense {width}x{width} MatMul + Tanh layers.")
 
 
-def make_conv_compute_model(seed: int = CONV_SEED, channels: int = CONV_CHANNELS,
-                            layers: int = CONV_LAYERS) -> onnx.ModelProto:
+def make_conv_compute_model(
+    seed: int = CONV_SEED, channels: int = CONV_CHANNELS, layers: int = CONV_LAYERS
+) -> onnx.ModelProto:
     """``layers`` x (Conv 3x3, pad 1, stride 1 + Relu) at full resolution, GlobalAveragePool,
     Flatten, Gemm -> 10, Softmax. Compute grows with the image, weights do not: 4 layers of 32
     channels on 64x64 are ~117 M multiply-adds per inference from ~28 K parameters."""
@@ -368,21 +383,30 @@ def make_conv_compute_model(seed: int = CONV_SEED, channels: int = CONV_CHANNELS
     current = "INPUT"
     for i in range(layers):
         fan_in = c_in * 9
-        weight = (rng.standard_normal((channels, c_in, 3, 3)) * np.sqrt(2.0 / fan_in))
+        weight = rng.standard_normal((channels, c_in, 3, 3)) * np.sqrt(2.0 / fan_in)
         bias = rng.standard_normal(channels) * 0.1
-        initializers += [numpy_helper.from_array(weight.astype(np.float32), f"conv{i}.weight"),
-                         numpy_helper.from_array(bias.astype(np.float32), f"conv{i}.bias")]
+        initializers += [
+            numpy_helper.from_array(weight.astype(np.float32), f"conv{i}.weight"),
+            numpy_helper.from_array(bias.astype(np.float32), f"conv{i}.bias"),
+        ]
         nodes += [
-            helper.make_node("Conv", [current, f"conv{i}.weight", f"conv{i}.bias"], [f"conv{i}"],
-                             name=f"conv{i}", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+            helper.make_node(
+                "Conv",
+                [current, f"conv{i}.weight", f"conv{i}.bias"],
+                [f"conv{i}"],
+                name=f"conv{i}",
+                kernel_shape=[3, 3],
+                pads=[1, 1, 1, 1],
+            ),
             helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"], name=f"relu{i}"),
         ]
         current, c_in = f"relu{i}", channels
     fc = rng.standard_normal((channels, CONV_CLASSES)) * np.sqrt(2.0 / channels)
     initializers += [
         numpy_helper.from_array(fc.astype(np.float32), "fc.weight"),
-        numpy_helper.from_array((rng.standard_normal(CONV_CLASSES) * 0.1).astype(np.float32),
-                                "fc.bias"),
+        numpy_helper.from_array(
+            (rng.standard_normal(CONV_CLASSES) * 0.1).astype(np.float32), "fc.bias"
+        ),
     ]
     nodes += [
         helper.make_node("GlobalAveragePool", [current], ["pooled"], name="pool"),
@@ -394,12 +418,18 @@ def make_conv_compute_model(seed: int = CONV_SEED, channels: int = CONV_CHANNELS
         nodes,
         "conv_compute",
         [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", *CONV_INPUT_DIMS])],
-        [helper.make_tensor_value_info("PROBABILITIES", TensorProto.FLOAT,
-                                       ["batch", CONV_CLASSES])],
+        [
+            helper.make_tensor_value_info(
+                "PROBABILITIES", TensorProto.FLOAT, ["batch", CONV_CLASSES]
+            )
+        ],
         initializers,
     )
-    return _finish_model(graph, f"{layers} Conv 3x3 x {channels} channels + Relu at full "
-                                "resolution, then pool and a 10-way softmax: compute-bound.")
+    return _finish_model(
+        graph,
+        f"{layers} Conv 3x3 x {channels} channels + Relu at full "
+        "resolution, then pool and a 10-way softmax: compute-bound.",
+    )
 
 
 def make_identity_bytes_model() -> onnx.ModelProto:
@@ -433,8 +463,9 @@ def build_classifier(repo: Path, name: str = "classifier") -> Path:
     return model_dir
 
 
-def build_dense_compute(repo: Path, name: str = "dense_compute",
-                        dynamic_batching: bool = True) -> Path:
+def build_dense_compute(
+    repo: Path, name: str = "dense_compute", dynamic_batching: bool = True
+) -> Path:
     return _write_model_dir(
         repo, name, make_dense_compute_model(), dense_compute_config(name, dynamic_batching)
     )
@@ -444,8 +475,9 @@ def build_dense_compute_nobatch(repo: Path, name: str = "dense_compute_nobatch")
     return build_dense_compute(repo, name, dynamic_batching=False)
 
 
-def build_conv_compute(repo: Path, name: str = "conv_compute",
-                       dynamic_batching: bool = True) -> Path:
+def build_conv_compute(
+    repo: Path, name: str = "conv_compute", dynamic_batching: bool = True
+) -> Path:
     return _write_model_dir(
         repo, name, make_conv_compute_model(), conv_compute_config(name, dynamic_batching)
     )
@@ -470,6 +502,7 @@ BUILDERS = {
     "identity_bytes": build_identity_bytes,
 }
 
+
 def build_repository(output: Path = DEFAULT_OUTPUT) -> Path:
     """Build every example model under ``output`` (created if missing); returns ``output``."""
     output = Path(output)
@@ -489,8 +522,12 @@ def build_repository(output: Path = DEFAULT_OUTPUT) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
-                        help=f"model repository folder (default: {DEFAULT_OUTPUT})")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_OUTPUT,
+        help=f"model repository folder (default: {DEFAULT_OUTPUT})",
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     output = build_repository(args.output)

@@ -11,6 +11,7 @@ weights alone are 36 MB; ``bench/run.py`` builds it into its own repository).
                             ONNX Runtime defaults apply).
 ==========================  ================================================================
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from examples.build_repository import (_config, _dynamic_batching, _finish_model, _tensor_block,
-                                       _write_model_dir)
+from examples.build_repository import (
+    _config,
+    _dynamic_batching,
+    _finish_model,
+    _tensor_block,
+    _write_model_dir,
+)
 
 MLP_INPUT = 256
 MLP_HIDDEN = 2048
@@ -33,8 +39,10 @@ MLP_SEED = 20240604
 def mlp_compute_config(name: str = "mlp_compute") -> str:
     """Dynamic batching with preferred sizes, 1 CPU instance and no ORT thread parameters: the
     server's ONNX Runtime defaults apply."""
-    extra = [_dynamic_batching(2000, MLP_PREFERRED_BATCH_SIZES),
-             "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]"]
+    extra = [
+        _dynamic_batching(2000, MLP_PREFERRED_BATCH_SIZES),
+        "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]",
+    ]
     return _config(
         name,
         64,
@@ -44,8 +52,9 @@ def mlp_compute_config(name: str = "mlp_compute") -> str:
     )
 
 
-def make_mlp_compute_model(seed: int = MLP_SEED, hidden: int = MLP_HIDDEN,
-                           layers: int = MLP_HIDDEN_LAYERS) -> onnx.ModelProto:
+def make_mlp_compute_model(
+    seed: int = MLP_SEED, hidden: int = MLP_HIDDEN, layers: int = MLP_HIDDEN_LAYERS
+) -> onnx.ModelProto:
     """MatMul 256 x hidden + Relu, then ``layers - 1`` x (MatMul hidden x hidden + Relu), then
     MatMul hidden x 16; no biases, He-scaled weights. ~8.9 M multiply-adds per inference from
     36 MB of weights: a GEMV that streams the weights at batch 1, a GEMM at batch 64."""
@@ -54,14 +63,15 @@ def make_mlp_compute_model(seed: int = MLP_SEED, hidden: int = MLP_HIDDEN,
     initializers = []
     nodes = []
     current = "INPUT"
-    for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+    for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:], strict=False)):
         weight = rng.standard_normal((fan_in, fan_out), dtype=np.float32)
         weight *= np.float32(np.sqrt(2.0 / fan_in))
         initializers.append(numpy_helper.from_array(weight, f"fc{i}.weight"))
         last = i == len(widths) - 2
         out = "OUTPUT" if last else f"matmul{i}"
-        nodes.append(helper.make_node("MatMul", [current, f"fc{i}.weight"], [out],
-                                      name=f"matmul{i}"))
+        nodes.append(
+            helper.make_node("MatMul", [current, f"fc{i}.weight"], [out], name=f"matmul{i}")
+        )
         if not last:
             nodes.append(helper.make_node("Relu", [out], [f"relu{i}"], name=f"relu{i}"))
             current = f"relu{i}"
@@ -72,8 +82,11 @@ def make_mlp_compute_model(seed: int = MLP_SEED, hidden: int = MLP_HIDDEN,
         [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", MLP_OUTPUT])],
         initializers,
     )
-    return _finish_model(graph, f"MLP {MLP_INPUT} -> {layers} x {hidden} (Relu) -> "
-                                f"{MLP_OUTPUT}: fast per inference once batched.")
+    return _finish_model(
+        graph,
+        f"MLP {MLP_INPUT} -> {layers} x {hidden} (Relu) -> "
+        f"{MLP_OUTPUT}: fast per inference once batched.",
+    )
 
 
 def build_mlp_compute(repo: Path, name: str = "mlp_compute") -> Path:

@@ -19,10 +19,11 @@ The Python models are written exactly as Triton's python backend documents them
 (`import triton_python_backend_utils as pb_utils`), so they also run in Triton unchanged.
 Files are written through a temporary file and a rename, as build_repository.py does.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 PIPELINE_MODELS = ("preprocess", "postprocess", "pipeline")
 IMAGE_SHAPE = (32, 32, 3)
@@ -97,7 +98,7 @@ class TritonPythonModel:
         return responses
 '''
 
-PREPROCESS_CONFIG = '''name: "preprocess"
+PREPROCESS_CONFIG = """name: "preprocess"
 backend: "python"
 max_batch_size: 8
 input [
@@ -121,9 +122,9 @@ instance_group [
     kind: KIND_CPU
   }
 ]
-'''
+"""
 
-POSTPROCESS_CONFIG = '''name: "postprocess"
+POSTPROCESS_CONFIG = """name: "postprocess"
 backend: "python"
 max_batch_size: 8
 input [
@@ -152,9 +153,9 @@ instance_group [
     kind: KIND_CPU
   }
 ]
-'''
+"""
 
-PIPELINE_CONFIG = '''name: "pipeline"
+PIPELINE_CONFIG = """name: "pipeline"
 platform: "ensemble"
 max_batch_size: 8
 input [
@@ -199,7 +200,7 @@ ensemble_scheduling {
     }
   ]
 }
-'''
+"""
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -225,14 +226,16 @@ def build_preprocess(repo: Path, name: str = "preprocess") -> Path:
     return model_dir
 
 
-def build_postprocess(repo: Path, name: str = "postprocess",
-                      labels: Optional[Sequence[str]] = None) -> Path:
+def build_postprocess(
+    repo: Path, name: str = "postprocess", labels: Sequence[str] | None = None
+) -> Path:
     model_dir = Path(repo) / name
     labels = _default_labels() if labels is None else labels
     _write_text(model_dir / "1" / "model.py", POSTPROCESS_MODEL)
     _write_text(model_dir / "labels.txt", "".join(f"{label}\n" for label in labels))
-    _write_text(model_dir / "config.pbtxt",
-                POSTPROCESS_CONFIG.replace('"postprocess"', f'"{name}"'))
+    _write_text(
+        model_dir / "config.pbtxt", POSTPROCESS_CONFIG.replace('"postprocess"', f'"{name}"')
+    )
     return model_dir
 
 

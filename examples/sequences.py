@@ -21,17 +21,17 @@ Usage::
 
 The Python model is written as Triton's python backend documents it, so it runs in Triton too.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from onnx import TensorProto, helper
 
-from examples.build_repository import (DEFAULT_OUTPUT, _finish_model, _write_model_dir,
-                                       _write_text)
+from examples.build_repository import DEFAULT_OUTPUT, _finish_model, _write_model_dir, _write_text
 
 SEQUENCE_MODELS = ("accumulator", "accumulator_oldest", "accumulator_onnx")
 
@@ -79,15 +79,23 @@ def _control(name: str, kind: str, values: str = "int32_false_true: [ 0, 1 ]") -
     return f'    {{ name: "{name}" control [ {{ kind: {kind} {values} }} ] }}'
 
 
-def accumulator_config(name: str = "accumulator", strategy: str = "direct { }",
-                       corrid_type: str = "TYPE_UINT64", idle_us: int = 5_000_000,
-                       instances: int = 1, max_batch_size: int = 4) -> str:
+def accumulator_config(
+    name: str = "accumulator",
+    strategy: str = "direct { }",
+    corrid_type: str = "TYPE_UINT64",
+    idle_us: int = 5_000_000,
+    instances: int = 1,
+    max_batch_size: int = 4,
+) -> str:
     """config.pbtxt of the Python accumulator; `strategy` is the strategy block as written."""
-    controls = ",\n".join([
-        _control("START", "CONTROL_SEQUENCE_START"),
-        _control("END", "CONTROL_SEQUENCE_END"),
-        _control("READY", "CONTROL_SEQUENCE_READY"),
-        _control("CORRID", "CONTROL_SEQUENCE_CORRID", f"data_type: {corrid_type}")])
+    controls = ",\n".join(
+        [
+            _control("START", "CONTROL_SEQUENCE_START"),
+            _control("END", "CONTROL_SEQUENCE_END"),
+            _control("READY", "CONTROL_SEQUENCE_READY"),
+            _control("CORRID", "CONTROL_SEQUENCE_CORRID", f"data_type: {corrid_type}"),
+        ]
+    )
     return f'''name: "{name}"
 backend: "python"
 max_batch_size: {max_batch_size}
@@ -138,13 +146,18 @@ def make_accumulator_onnx():
     shape = ["batch", 1]
     names = ("INPUT", "READY", "ACC_IN")
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["INPUT", "READY"], ["ready_input"]),
-         helper.make_node("Add", ["ACC_IN", "ready_input"], ["OUTPUT"]),
-         helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"])],
+        [
+            helper.make_node("Mul", ["INPUT", "READY"], ["ready_input"]),
+            helper.make_node("Add", ["ACC_IN", "ready_input"], ["OUTPUT"]),
+            helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
+        ],
         "accumulator",
         [helper.make_tensor_value_info(name, TensorProto.INT32, shape) for name in names],
-        [helper.make_tensor_value_info(name, TensorProto.INT32, shape)
-         for name in ("OUTPUT", "ACC_OUT")])
+        [
+            helper.make_tensor_value_info(name, TensorProto.INT32, shape)
+            for name in ("OUTPUT", "ACC_OUT")
+        ],
+    )
     return _finish_model(graph, "A running sum carried in implicit sequence state.")
 
 
@@ -157,13 +170,18 @@ def write_accumulator(repo: Path, name: str = "accumulator", **config: object) -
 
 
 def build_accumulator_oldest(repo: Path, name: str = "accumulator_oldest") -> Path:
-    return write_accumulator(repo, name, strategy="oldest { max_candidate_sequences: 4 "
-                             "preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 2000 }")
+    return write_accumulator(
+        repo,
+        name,
+        strategy="oldest { max_candidate_sequences: 4 "
+        "preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 2000 }",
+    )
 
 
 def build_accumulator_onnx(repo: Path, name: str = "accumulator_onnx", **config: object) -> Path:
-    return _write_model_dir(repo, name, make_accumulator_onnx(),
-                            accumulator_onnx_config(name, **config))  # type: ignore
+    return _write_model_dir(
+        repo, name, make_accumulator_onnx(), accumulator_onnx_config(name, **config)
+    )  # type: ignore
 
 
 SEQUENCE_BUILDERS: dict[str, Callable[[Path], Path]] = {
@@ -180,12 +198,15 @@ def build_sequences(repo: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
-                        help=f"model repository folder (default: {DEFAULT_OUTPUT})")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_OUTPUT,
+        help=f"model repository folder (default: {DEFAULT_OUTPUT})",
+    )
     args = parser.parse_args(argv)
     build_sequences(args.output)
-    print(f"built {len(SEQUENCE_BUILDERS)} models in {args.output}: "
-          f"{', '.join(SEQUENCE_BUILDERS)}")
+    print(f"built {len(SEQUENCE_BUILDERS)} models in {args.output}: {', '.join(SEQUENCE_BUILDERS)}")
     return 0
 
 

@@ -19,6 +19,7 @@ Usage::
 
 Both are written against Triton's python backend API as documented, so they also run in Triton.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -103,7 +104,7 @@ class TritonPythonModel:
         return responses
 '''
 
-TOKEN_STREAM_CONFIG = '''name: "token_stream"
+TOKEN_STREAM_CONFIG = """name: "token_stream"
 backend: "python"
 max_batch_size: 0
 model_transaction_policy { decoupled: true }
@@ -116,9 +117,9 @@ output [
   { name: "index" data_type: TYPE_INT32 dims: [ 1 ] }
 ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
-TOKEN_JOIN_CONFIG = '''name: "token_join"
+TOKEN_JOIN_CONFIG = """name: "token_join"
 backend: "python"
 max_batch_size: 0
 input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
@@ -127,7 +128,7 @@ output [
   { name: "count" data_type: TYPE_INT32 dims: [ 1 ] }
 ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
 
 def _write(path: Path, text: str) -> None:
@@ -140,8 +141,10 @@ def _write(path: Path, text: str) -> None:
 def build_streaming(repo: Path) -> list[Path]:
     """Write both models into `repo`; returns their directories."""
     written = []
-    for name, source, config in (("token_stream", TOKEN_STREAM_MODEL, TOKEN_STREAM_CONFIG),
-                                 ("token_join", TOKEN_JOIN_MODEL, TOKEN_JOIN_CONFIG)):
+    for name, source, config in (
+        ("token_stream", TOKEN_STREAM_MODEL, TOKEN_STREAM_CONFIG),
+        ("token_join", TOKEN_JOIN_MODEL, TOKEN_JOIN_CONFIG),
+    ):
         _write(repo / name / "1" / "model.py", source)
         _write(repo / name / "config.pbtxt", config)
         written.append(repo / name)

@@ -5,6 +5,7 @@ OUTPUT0 = INPUT0 + INPUT1 + k and OUTPUT1 = INPUT0 - INPUT1 + k, so a client see
 copy answered. ``write_version`` writes one version directory of such a model, optionally in
 slow chunks (a repository being copied into while a polling server watches it).
 """
+
 from __future__ import annotations
 
 import time
@@ -29,15 +30,22 @@ def make_offset_model(offset: int) -> onnx.ModelProto:
             helper.make_node("Add", ["difference", "offset"], ["OUTPUT1"], name="add_offset1"),
         ],
         "simple_offset",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.INT32, shape),
-         helper.make_tensor_value_info("INPUT1", TensorProto.INT32, shape)],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.INT32, shape),
-         helper.make_tensor_value_info("OUTPUT1", TensorProto.INT32, shape)],
+        [
+            helper.make_tensor_value_info("INPUT0", TensorProto.INT32, shape),
+            helper.make_tensor_value_info("INPUT1", TensorProto.INT32, shape),
+        ],
+        [
+            helper.make_tensor_value_info("OUTPUT0", TensorProto.INT32, shape),
+            helper.make_tensor_value_info("OUTPUT1", TensorProto.INT32, shape),
+        ],
         [constant],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="ascend-serve-examples",
-                              doc_string=f"simple plus {offset}")
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="ascend-serve-examples",
+        doc_string=f"simple plus {offset}",
+    )
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model
@@ -52,8 +60,15 @@ def model_bytes(offset: int) -> bytes:
     return make_offset_model(offset).SerializeToString()
 
 
-def write_version(model_dir: Path, version: int, offset: int, *, chunks: int = 1,
-                  pause: float = 0.0, config: bool = True) -> Path:
+def write_version(
+    model_dir: Path,
+    version: int,
+    offset: int,
+    *,
+    chunks: int = 1,
+    pause: float = 0.0,
+    config: bool = True,
+) -> Path:
     """Write `<model_dir>/<version>/model.onnx` (and config.pbtxt when asked), the model in
     `chunks` appends with `pause` seconds between them; returns the version directory."""
     model_dir = Path(model_dir)
@@ -65,7 +80,7 @@ def write_version(model_dir: Path, version: int, offset: int, *, chunks: int = 1
     step = max(1, -(-len(data) // max(chunks, 1)))
     with open(version_dir / "model.onnx", "wb") as handle:
         for start in range(0, len(data), step):
-            handle.write(data[start:start + step])
+            handle.write(data[start : start + step])
             handle.flush()
             if pause and start + step < len(data):
                 time.sleep(pause)

@@ -10,11 +10,13 @@ image) carries one side row per request row; consecutive rows whose side rows ar
 one execution, so requests for same-sized images share a gear. An AI Core exception leaves the
 instance's stream broken: the instance rebuilds its session and model copy and serves on.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Mapping, Optional
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -38,18 +40,19 @@ class AscendBackend(Backend):
     platforms: ClassVar[tuple[str, ...]] = ("ascend_om",)
     default_model_filename: ClassVar[str] = "model.om"
 
-    def __init__(self, config: "ModelConfig", model_dir: Path, version_dir: Path,
-                 instance: InstanceSpec) -> None:
+    def __init__(
+        self, config: ModelConfig, model_dir: Path, version_dir: Path, instance: InstanceSpec
+    ) -> None:
         super().__init__(config, model_dir, version_dir, instance)
         self.batch_gears: tuple[int, ...] = ()  # the compiled gears, ascending (after load)
-        self._session: Optional[DeviceSession] = None
-        self._model: Optional[OmModel] = None
-        self._binding: Optional[npu_config.Binding] = None
-        self._fault: Optional[str] = None
+        self._session: DeviceSession | None = None
+        self._model: OmModel | None = None
+        self._binding: npu_config.Binding | None = None
+        self._fault: str | None = None
         self._side: list[int] = []  # positions of side inputs (no batch axis) among the inputs
 
     @classmethod
-    def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
+    def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         filename = config.default_model_filename or cls.default_model_filename
         info = describe_file(version_dir / filename, npu_config.probe_device(config))
         info = npu_aipp.describe_with(info, npu_aipp.settings_from_config(config))
@@ -67,8 +70,9 @@ class AscendBackend(Backend):
     def _open(self, acl, path: Path) -> None:
         self._session = DeviceSession.open(acl, self.instance.device_id)
         try:
-            self._model = OmModel.load(self._session, path,
-                                       npu_aipp.settings_from_config(self.config))
+            self._model = OmModel.load(
+                self._session, path, npu_aipp.settings_from_config(self.config)
+            )
             self._binding = npu_config.bind(self.config, self._model.info)
             self._side = [i for i, (_, t) in enumerate(self._binding.inputs) if not t.batched]
         except BaseException:
@@ -77,8 +81,11 @@ class AscendBackend(Backend):
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._fault is not None:
-            raise BackendError(f"instance {self.instance.name} is out of service after a device "
-                               f"fault: {self._fault}", fatal=True)
+            raise BackendError(
+                f"instance {self.instance.name} is out of service after a device "
+                f"fault: {self._fault}",
+                fatal=True,
+            )
         if self._model is None or self._binding is None:
             raise BackendError(f"instance {self.instance.name} has no model loaded")
         arrays, rows = self._arrays(inputs)
@@ -94,14 +101,22 @@ class AscendBackend(Backend):
 
     def _out_of_service(self, reason: str) -> None:
         self._fault = reason
-        log.error("instance %s on NPU %s taken out of service: %s", self.instance.name,
-                  self.instance.device_id, reason)
+        log.error(
+            "instance %s on NPU %s taken out of service: %s",
+            self.instance.name,
+            self.instance.device_id,
+            reason,
+        )
 
     def _rebuild(self, exc: AclError) -> None:
         """The stream is broken (AI Core exception or timeout): release this copy and load a
         fresh one on a new stream. The failed batch still fails; later ones run."""
-        log.error("instance %s on NPU %s: %s; recreating its stream and model", self.instance.name,
-                  self.instance.device_id, exc.message)
+        log.error(
+            "instance %s on NPU %s: %s; recreating its stream and model",
+            self.instance.name,
+            self.instance.device_id,
+            exc.message,
+        )
         self._release()
         try:
             self._open(npu_acl.load(), self.model_path())
@@ -109,28 +124,38 @@ class AscendBackend(Backend):
             self._out_of_service(f"{exc.message}; recreating the instance failed: {again.message}")
             exc.fatal = True
 
-    def _run(self, arrays: list[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
+    def _run(self, arrays: list[np.ndarray], rows: int | None) -> list[np.ndarray]:
         """Run the batch; with side inputs, once per run of rows whose side rows agree."""
         assert self._model is not None and self._binding is not None
         side = self._side
         if not (self._binding.batching and side) or rows is None:
             return self._model.run(arrays, rows)
-        starts = [0] + [r for r in range(1, rows)
-                        if any(not np.array_equal(arrays[i][r], arrays[i][r - 1]) for i in side)]
+        starts = [0] + [
+            r
+            for r in range(1, rows)
+            if any(not np.array_equal(arrays[i][r], arrays[i][r - 1]) for i in side)
+        ]
         if len(starts) == 1:
             return self._model.run([a[:1] if i in side else a for i, a in enumerate(arrays)], rows)
         parts = []
-        for start, end in zip(starts, starts[1:] + [rows]):
-            parts.append(self._model.run([a[start:start + 1] if i in side else a[start:end]
-                                          for i, a in enumerate(arrays)], end - start))
-        return [np.concatenate(outs) for outs in zip(*parts)]
+        for start, end in zip(starts, starts[1:] + [rows], strict=False):
+            parts.append(
+                self._model.run(
+                    [
+                        a[start : start + 1] if i in side else a[start:end]
+                        for i, a in enumerate(arrays)
+                    ],
+                    end - start,
+                )
+            )
+        return [np.concatenate(outs) for outs in zip(*parts, strict=False)]
 
-    def _arrays(self, inputs: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], Optional[int]]:
+    def _arrays(self, inputs: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], int | None]:
         """The inputs in model order, contiguous, in the model's dtypes, with the row count."""
         assert self._binding is not None
         binding = self._binding
         arrays: list[np.ndarray] = []
-        rows: Optional[int] = None
+        rows: int | None = None
         for name, tensor in binding.inputs:
             if name not in inputs:
                 raise BackendError(f"missing input '{name}'")
@@ -147,8 +172,9 @@ class AscendBackend(Backend):
             else:
                 ok, shape = npu_config.fits(array.shape, tensor.dims), list(tensor.dims)
             if not ok:
-                raise InvalidArgument(f"input '{name}' has shape {list(array.shape)}, the model "
-                                      f"takes {shape}")
+                raise InvalidArgument(
+                    f"input '{name}' has shape {list(array.shape)}, the model takes {shape}"
+                )
             arrays.append(array)
         return arrays, rows
 
@@ -165,8 +191,12 @@ class AscendBackend(Backend):
             self._session = None
         self._binding = None
         for problem in problems:
-            log.warning("unloading instance %s on NPU %s: %s", self.instance.name,
-                        self.instance.device_id, problem)
+            log.warning(
+                "unloading instance %s on NPU %s: %s",
+                self.instance.name,
+                self.instance.device_id,
+                problem,
+            )
 
     def healthy(self) -> bool:
         return self._fault is None

@@ -1,9 +1,11 @@
 """The model config against the model's own description: auto-complete, then the check at
 load that the two agree, producing the name-to-tensor binding the backend executes with."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from backends.base import BackendError
 from npu.description import ModelDescription, TensorInfo
@@ -16,15 +18,17 @@ GEARS_PARAMETER = "batch_gears"
 
 def _type_number(config_name: str) -> int:
     from protocol.proto import model_config_pb2
+
     return model_config_pb2.DataType.Value(config_name)
 
 
 def _type_name(number: int) -> str:
     from protocol.proto import model_config_pb2
+
     return model_config_pb2.DataType.Name(number)
 
 
-def probe_device(config: "ModelConfig") -> int:
+def probe_device(config: ModelConfig) -> int:
     """The NPU to read the model description on: the first listed in instance_group, else 0."""
     for group in config.instance_group:
         if group.gpus:
@@ -32,11 +36,13 @@ def probe_device(config: "ModelConfig") -> int:
     return 0
 
 
-def _declares_full_rank(config: "ModelConfig", info: ModelDescription) -> bool:
+def _declares_full_rank(config: ModelConfig, info: ModelDescription) -> bool:
     """An input listed with the model's full rank says the config means 'no batching'."""
     by_name = {t.name: t for t in info.inputs}
-    return any(i.name in by_name and i.dims and len(i.dims) == len(by_name[i.name].dims)
-               for i in config.input)
+    return any(
+        i.name in by_name and i.dims and len(i.dims) == len(by_name[i.name].dims)
+        for i in config.input
+    )
 
 
 def _complete(entries, tensors: Iterable[TensorInfo], batching: bool, outputs: bool) -> None:
@@ -60,7 +66,7 @@ def _complete(entries, tensors: Iterable[TensorInfo], batching: bool, outputs: b
             entry.dims.extend(tensor.row_dims if batching else tensor.dims)
 
 
-def complete(config: "ModelConfig", info: ModelDescription) -> None:
+def complete(config: ModelConfig, info: ModelDescription) -> None:
     """Fill what the config leaves out: max_batch_size (the largest gear, or the compiled batch
     of a static model) when it is 0, requests can be stacked (info.stackable) and the config
     does not describe full-rank inputs; the inputs and outputs (names, data types, dims: a side
@@ -87,55 +93,73 @@ class Binding:
 
 def fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
     """A concrete shape against dims with -1 wildcards."""
-    return len(shape) == len(dims) and all(d == -1 or s == d for s, d in zip(shape, dims))
+    return len(shape) == len(dims) and all(
+        d == -1 or s == d for s, d in zip(shape, dims, strict=False)
+    )
 
 
 def _dims_agree(config_dims: list[int], model_dims: tuple[int, ...]) -> bool:
     return len(config_dims) == len(model_dims) and all(
-        c == -1 or m == -1 or c == m for c, m in zip(config_dims, model_dims))
+        c == -1 or m == -1 or c == m for c, m in zip(config_dims, model_dims, strict=False)
+    )
 
 
 def _check_entry(kind: str, entry, tensor: TensorInfo, batching: bool) -> None:
     want = tensor.acl_type.config_name
     if entry.data_type and _type_name(entry.data_type) != want:
-        raise BackendError(f"{kind} '{entry.name}': the config says {_type_name(entry.data_type)},"
-                           f" the model has {want}")
+        raise BackendError(
+            f"{kind} '{entry.name}': the config says {_type_name(entry.data_type)},"
+            f" the model has {want}"
+        )
     model_dims = tensor.row_dims if batching else tensor.dims
     reshaped = entry.HasField("reshape")
     if entry.dims and not reshaped and not _dims_agree(list(entry.dims), model_dims):
-        raise BackendError(f"{kind} '{entry.name}': the config says dims {list(entry.dims)}, the "
-                           f"model has {list(model_dims)}"
-                           + (" (without the batch dimension)" if batching else ""))
+        raise BackendError(
+            f"{kind} '{entry.name}': the config says dims {list(entry.dims)}, the "
+            f"model has {list(model_dims)}" + (" (without the batch dimension)" if batching else "")
+        )
 
 
-def bind(config: "ModelConfig", info: ModelDescription) -> Binding:
+def bind(config: ModelConfig, info: ModelDescription) -> Binding:
     """Check the config against the model and say which config name is which model tensor."""
     batching = config.max_batch_size > 0
     if batching:
         if not info.batch_sizes:
-            raise BackendError(f"max_batch_size is {config.max_batch_size} but the model has no "
-                               "batch dimension; set max_batch_size: 0 or compile with "
-                               "--dynamic_batch_size")
+            raise BackendError(
+                f"max_batch_size is {config.max_batch_size} but the model has no "
+                "batch dimension; set max_batch_size: 0 or compile with "
+                "--dynamic_batch_size"
+            )
         if not info.stackable:
             side = [t.name for t in info.side_inputs if t.dims[:1] != (1,)]
             lone = [t.name for t in info.outputs if not t.batched]
             raise BackendError(
                 "requests to this model cannot be stacked into a batch ("
-                + "; ".join(p for p in (
-                    f"side input(s) {', '.join(side)} have no leading 1" if side else "",
-                    f"output(s) {', '.join(lone)} have no batch axis" if lone else "") if p)
-                + "): set max_batch_size: 0 and send each request with the model's full shapes")
+                + "; ".join(
+                    p
+                    for p in (
+                        f"side input(s) {', '.join(side)} have no leading 1" if side else "",
+                        f"output(s) {', '.join(lone)} have no batch axis" if lone else "",
+                    )
+                    if p
+                )
+                + "): set max_batch_size: 0 and send each request with the model's full shapes"
+            )
         if config.max_batch_size > max(info.batch_sizes):
             what = "largest gear" if info.gears else "compiled batch size"
-            raise BackendError(f"max_batch_size {config.max_batch_size} exceeds the model's "
-                               f"{what} {max(info.batch_sizes)}")
+            raise BackendError(
+                f"max_batch_size {config.max_batch_size} exceeds the model's "
+                f"{what} {max(info.batch_sizes)}"
+            )
     model_inputs = {t.name: t for t in info.inputs}
     inputs: dict[str, TensorInfo] = {}
     for entry in config.input:
         tensor = model_inputs.get(entry.name)
         if tensor is None:
-            raise BackendError(f"config input '{entry.name}' is not an input of the model "
-                               f"(model inputs: {', '.join(model_inputs)})")
+            raise BackendError(
+                f"config input '{entry.name}' is not an input of the model "
+                f"(model inputs: {', '.join(model_inputs)})"
+            )
         _check_entry("input", entry, tensor, batching)
         inputs[entry.name] = tensor
     missing = [name for name in model_inputs if name not in inputs]
@@ -147,8 +171,10 @@ def bind(config: "ModelConfig", info: ModelDescription) -> Binding:
     for entry in config.output:
         tensor = model_outputs.get(entry.name)
         if tensor is None:
-            raise BackendError(f"config output '{entry.name}' is not an output of the model "
-                               f"(model outputs: {', '.join(t.name for t in info.outputs)})")
+            raise BackendError(
+                f"config output '{entry.name}' is not an output of the model "
+                f"(model outputs: {', '.join(t.name for t in info.outputs)})"
+            )
         _check_entry("output", entry, tensor, batching)
         outputs.append((entry.name, tensor))
     ordered_inputs = tuple((t.name, t) for t in info.inputs)

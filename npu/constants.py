@@ -1,5 +1,6 @@
 """pyACL numbers the backend relies on. The real `acl` module exports few constants, so code
 that uses it keeps its own (as Huawei's own samples do)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +15,12 @@ DYNAMIC_AIPP_NAME = "ascend_dynamic_aipp_data"
 
 # aclAippInputFormat values dynamic AIPP accepts (acl_mdl.h) -> (height factor, channels) of
 # the source image as the model takes it (CANN docs, aclmdlGetInputDimsV2 table 1: NHWC).
-AIPP_FORMATS = {"YUV420SP_U8": (1, 1.5, 1), "XRGB8888_U8": (2, 1.0, 4),
-                "RGB888_U8": (3, 1.0, 3), "YUV400_U8": (4, 1.0, 1)}
+AIPP_FORMATS = {
+    "YUV420SP_U8": (1, 1.5, 1),
+    "XRGB8888_U8": (2, 1.0, 4),
+    "RGB888_U8": (3, 1.0, 3),
+    "YUV400_U8": (4, 1.0, 1),
+}
 
 MALLOC_HUGE_FIRST = 0
 

@@ -14,12 +14,12 @@ return shapes checked against hicann/runtime python/pyACL/mdl/mdl_wrap.cpp):
   `get_input_size_by_index`, where `get_input_dims` follows the image) and dynamic AIPP (an
   extra `ascend_dynamic_aipp_data` input, hidden like the gear input).
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Optional
 
 import numpy as np
 
@@ -69,12 +69,12 @@ class ModelDescription:
     inputs: tuple[TensorInfo, ...]  # the model's own inputs (hidden ones left out)
     outputs: tuple[TensorInfo, ...]
     gears: tuple[int, ...] = ()  # dynamic batch gears, ascending; empty otherwise
-    gear_index: Optional[int] = None  # index of ascend_mbatch_shape_data among the inputs
+    gear_index: int | None = None  # index of ascend_mbatch_shape_data among the inputs
     num_inputs: int = 0  # as the desc counts them (hidden inputs included)
     shape_kind: str = ""  # "hw" (--dynamic_image_size) or "dims" (--dynamic_dims)
     shape_gears: tuple[tuple[tuple[int, ...], ...], ...] = ()  # per gear, every input's dims
-    aipp_index: Optional[int] = None  # index of ascend_dynamic_aipp_data
-    static_batch_size: Optional[int] = None  # compiled batch of the batched tensors
+    aipp_index: int | None = None  # index of ascend_dynamic_aipp_data
+    static_batch_size: int | None = None  # compiled batch of the batched tensors
 
     @property
     def dynamic(self) -> bool:
@@ -96,8 +96,11 @@ class ModelDescription:
     def stackable(self) -> bool:
         """Requests can be stacked on axis 0: every output is batched and every side input has
         a leading 1 that can carry one copy per request."""
-        return bool(self.batch_sizes) and all(t.batched for t in self.outputs) and all(
-            t.dims[:1] == (1,) for t in self.side_inputs)
+        return (
+            bool(self.batch_sizes)
+            and all(t.batched for t in self.outputs)
+            and all(t.dims[:1] == (1,) for t in self.side_inputs)
+        )
 
     def gear_names(self) -> str:
         """The compiled gears, as an error message lists them."""
@@ -110,7 +113,7 @@ class ModelDescription:
     def _hw_list(self) -> list[tuple[int, int]]:
         pairs = []
         for gear in self.shape_gears:
-            for tensor, shape in zip(self.inputs, gear):
+            for tensor, shape in zip(self.inputs, gear, strict=False):
                 holes = [i for i, d in enumerate(tensor.dims) if d == -1]
                 if len(holes) == 2:
                     pairs.append((shape[holes[0]], shape[holes[1]]))
@@ -120,13 +123,14 @@ class ModelDescription:
 
 def _dims(acl: ModuleType, result: tuple, call: str) -> tuple[int, ...]:
     info = unwrap(acl, result, call)
-    return tuple(int(d) for d in info["dims"][:info.get("dimCount", len(info["dims"]))])
+    return tuple(int(d) for d in info["dims"][: info.get("dimCount", len(info["dims"]))])
 
 
 def _acl_type(acl_dtype: int, what: str) -> K.AclType:
     if acl_dtype not in K.ACL_TYPES:
-        raise BackendError(f"{what} has aclDataType {acl_dtype}, which the Ascend backend does "
-                           "not support")
+        raise BackendError(
+            f"{what} has aclDataType {acl_dtype}, which the Ascend backend does not support"
+        )
     return K.ACL_TYPES[acl_dtype]
 
 
@@ -140,14 +144,15 @@ def _input_dims(acl: ModuleType, desc: int, i: int) -> tuple[tuple[int, ...], st
     return v2, ("static" if v2 != plain else "")
 
 
-def _shape_gears(acl: ModuleType, desc: int, kind: str,
-                 inputs: list[TensorInfo]) -> tuple[tuple[tuple[int, ...], ...], ...]:
+def _shape_gears(
+    acl: ModuleType, desc: int, kind: str, inputs: list[TensorInfo]
+) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """Every gear as the full dims of each data input, smallest first."""
     mdl = acl.mdl
     gears: list[tuple[tuple[int, ...], ...]] = []
     if kind == "hw":
         hw = unwrap(acl, mdl.get_dynamic_hw(desc, -1), "acl.mdl.get_dynamic_hw")
-        for h, w in hw["hw"][:hw["hwCount"]]:
+        for h, w in hw["hw"][: hw["hwCount"]]:
             gear = []
             for tensor in inputs:
                 dims = list(tensor.dims)
@@ -157,20 +162,22 @@ def _shape_gears(acl: ModuleType, desc: int, kind: str,
                 gear.append(tuple(dims))
             gears.append(tuple(gear))
     else:
-        count = unwrap(acl, mdl.get_input_dynamic_gear_count(desc, -1),
-                       "acl.mdl.get_input_dynamic_gear_count")
-        for entry in unwrap(acl, mdl.get_input_dynamic_dims(desc, -1, count),
-                            "acl.mdl.get_input_dynamic_dims"):
-            flat = [int(d) for d in entry["dims"][:entry["dimCount"]]]
+        count = unwrap(
+            acl, mdl.get_input_dynamic_gear_count(desc, -1), "acl.mdl.get_input_dynamic_gear_count"
+        )
+        for entry in unwrap(
+            acl, mdl.get_input_dynamic_dims(desc, -1, count), "acl.mdl.get_input_dynamic_dims"
+        ):
+            flat = [int(d) for d in entry["dims"][: entry["dimCount"]]]
             gear = []
             for tensor in inputs:
-                gear.append(tuple(flat[:len(tensor.dims)]))
-                flat = flat[len(tensor.dims):]
+                gear.append(tuple(flat[: len(tensor.dims)]))
+                flat = flat[len(tensor.dims) :]
             gears.append(tuple(gear))
     return tuple(sorted(gears, key=lambda g: sum(int(np.prod(s)) for s in g)))
 
 
-def _static_batch(inputs: list[TensorInfo], outputs: list[TensorInfo]) -> Optional[int]:
+def _static_batch(inputs: list[TensorInfo], outputs: list[TensorInfo]) -> int | None:
     """The compiled batch of a static model: the first dim every tensor shares."""
     firsts = {t.dims[0] if t.dims else None for t in inputs + outputs}
     first = firsts.pop() if len(firsts) == 1 else None
@@ -189,7 +196,7 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
     kind = ""
     if gear_index is not None:
         batch = unwrap(acl, mdl.get_dynamic_batch(desc), "acl.mdl.get_dynamic_batch")
-        gears = tuple(sorted({int(g) for g in batch["batch"][:batch["batchCount"]]}))
+        gears = tuple(sorted({int(g) for g in batch["batch"][: batch["batchCount"]]}))
         if not gears:
             hw = unwrap(acl, mdl.get_dynamic_hw(desc, -1), "acl.mdl.get_dynamic_hw")
             kind = "hw" if hw["hwCount"] else "dims"
@@ -203,8 +210,11 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
         batched = bool(gears) and bool(dims) and dims[0] in (-1, top)
         if batched:
             dims = (-1,) + dims[1:]
-        inputs.append(TensorInfo(i, name, name, acl_type, dims,
-                                 mdl.get_input_size_by_index(desc, i), batched, aipp))
+        inputs.append(
+            TensorInfo(
+                i, name, name, acl_type, dims, mdl.get_input_size_by_index(desc, i), batched, aipp
+            )
+        )
     if aipp_index is not None:  # dynamic AIPP converts the first uint8 input (or the first)
         target = next((t for t in inputs if t.acl_type.acl == 4), inputs[0] if inputs else None)
         inputs = [dataclasses.replace(t, aipp="dynamic") if t is target else t for t in inputs]
@@ -219,9 +229,17 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
         batched = bool(gears) and bool(dims) and dims[0] in (-1, top)
         if batched:
             dims = (-1,) + dims[1:]
-        outputs.append(TensorInfo(i, name, raw,
-                                  _acl_type(mdl.get_output_data_type(desc, i), f"output '{name}'"),
-                                  dims, mdl.get_output_size_by_index(desc, i), batched))
+        outputs.append(
+            TensorInfo(
+                i,
+                name,
+                raw,
+                _acl_type(mdl.get_output_data_type(desc, i), f"output '{name}'"),
+                dims,
+                mdl.get_output_size_by_index(desc, i),
+                batched,
+            )
+        )
     shape_gears = _shape_gears(acl, desc, kind, inputs) if kind else ()
     static = None
     if not gears:
@@ -237,7 +255,18 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
         for tensor in inputs + outputs:
             rest = tensor.dims[1:] if tensor.batched else tensor.dims
             if any(d < 0 for d in rest):
-                raise BackendError(f"tensor '{tensor.raw_name}' has dynamic dims "
-                                   f"{list(tensor.dims)} but the model has no gears for them")
-    return ModelDescription(tuple(inputs), tuple(outputs), gears, gear_index, num_inputs, kind,
-                            shape_gears, aipp_index, static)
+                raise BackendError(
+                    f"tensor '{tensor.raw_name}' has dynamic dims "
+                    f"{list(tensor.dims)} but the model has no gears for them"
+                )
+    return ModelDescription(
+        tuple(inputs),
+        tuple(outputs),
+        gears,
+        gear_index,
+        num_inputs,
+        kind,
+        shape_gears,
+        aipp_index,
+        static,
+    )

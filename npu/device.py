@@ -6,14 +6,16 @@ session still open is closed. Each instance opens its own `DeviceSession` on its
 device reference, an explicit context bound to that thread, and one stream. Open sessions are
 listed for the telemetry collector and for that teardown.
 """
+
 from __future__ import annotations
 
 import atexit
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, TypeVar
 
 from backends.base import BackendError
 from npu import constants as K
@@ -23,19 +25,19 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _init_lock = threading.Lock()
-_initialised: Optional[ModuleType] = None  # the acl module this process initialised
+_initialised: ModuleType | None = None  # the acl module this process initialised
 _atexit_registered = False
 
 _registry_lock = threading.Lock()
-_sessions: list["DeviceSession"] = []  # those telemetry reads
-_open: list["DeviceSession"] = []  # every session not closed yet, for the teardown at exit
+_sessions: list[DeviceSession] = []  # those telemetry reads
+_open: list[DeviceSession] = []  # every session not closed yet, for the teardown at exit
 _current = threading.local()  # .session: the DeviceSession whose context this thread has current
 _closing = False  # set at exit: no new execution starts
 
 CLOSING = "the server is shutting down: the NPU takes no new work"
 
 
-def initialised() -> Optional[ModuleType]:
+def initialised() -> ModuleType | None:
     return _initialised
 
 
@@ -44,7 +46,7 @@ def stop_new_work() -> None:
     _closing = True
 
 
-def open_sessions() -> list["DeviceSession"]:
+def open_sessions() -> list[DeviceSession]:
     with _registry_lock:
         return list(_open)
 
@@ -69,6 +71,7 @@ def ensure_initialised(acl: ModuleType) -> None:
         _initialised = acl
         if not _atexit_registered:
             from npu import teardown
+
             atexit.register(teardown.at_exit)
             _atexit_registered = True
 
@@ -91,15 +94,17 @@ class DeviceSession:
         self.lock = threading.RLock()
 
     @classmethod
-    def open(cls, acl: ModuleType, device_id: int, *, stream: bool = True,
-             telemetry: bool = True) -> "DeviceSession":
+    def open(
+        cls, acl: ModuleType, device_id: int, *, stream: bool = True, telemetry: bool = True
+    ) -> DeviceSession:
         ensure_initialised(acl)
         session = cls(acl, device_id)
         try:
             check(acl, acl.rt.set_device(device_id), f"acl.rt.set_device({device_id})")
             session._device_set = True
-            session.context = unwrap(acl, acl.rt.create_context(device_id),
-                                     f"acl.rt.create_context({device_id})")
+            session.context = unwrap(
+                acl, acl.rt.create_context(device_id), f"acl.rt.create_context({device_id})"
+            )
             _current.session = session  # create_context made it current on this thread
             if stream:
                 session.stream = unwrap(acl, acl.rt.create_stream(), "acl.rt.create_stream")
@@ -167,8 +172,12 @@ class DeviceSession:
         if getattr(_current, "session", None) is self:
             _current.session = None
         if self._device_set:
-            _collect(problems, acl, acl.rt.reset_device(self.device_id),
-                     f"acl.rt.reset_device({self.device_id})")
+            _collect(
+                problems,
+                acl,
+                acl.rt.reset_device(self.device_id),
+                f"acl.rt.reset_device({self.device_id})",
+            )
             self._device_set = False
         return problems
 

@@ -4,6 +4,7 @@ Every failed call names the call, the code, what the code means and pyACL's own 
 text. Codes that mean the device itself is gone make the error fatal, which takes the instance
 out of service; anything else fails only the current load or batch.
 """
+
 from __future__ import annotations
 
 from types import ModuleType
@@ -18,21 +19,36 @@ KNOWN: dict[int, tuple[str, str]] = {
     100002: ("ACL_ERROR_REPEAT_INITIALIZE", "acl.init was already called"),
     100011: ("ACL_ERROR_INVALID_MODEL_ID", "invalid model id"),
     100037: ("ACL_ERROR_REPEAT_FINALIZE", "acl.finalize was already called"),
-    107000: ("ACL_ERROR_RT_PARAM_INVALID", "invalid runtime parameter (bad pointer, size or handle)"),
+    107000: (
+        "ACL_ERROR_RT_PARAM_INVALID",
+        "invalid runtime parameter (bad pointer, size or handle)",
+    ),
     107001: ("ACL_ERROR_RT_INVALID_DEVICEID", "invalid device id"),
     107002: ("ACL_ERROR_RT_CONTEXT_NULL", "no context is current on this thread"),
     107003: ("ACL_ERROR_RT_STREAM_CONTEXT", "the stream belongs to another context"),
     107004: ("ACL_ERROR_RT_MODEL_CONTEXT", "the model belongs to another context"),
-    145000: ("ACL_ERROR_GE_PARAM_INVALID", "invalid model parameter (buffer count or size, or bad model file)"),
+    145000: (
+        "ACL_ERROR_GE_PARAM_INVALID",
+        "invalid model parameter (buffer count or size, or bad model file)",
+    ),
     145002: ("ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID", "model file path invalid or missing"),
     145003: ("ACL_ERROR_GE_EXEC_MODEL_ID_INVALID", "model id invalid"),
     145012: ("ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID", "dynamic input buffer too small"),
-    145013: ("ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID", "batch size is not one of the compiled gears"),
+    145013: (
+        "ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID",
+        "batch size is not one of the compiled gears",
+    ),
     207000: ("ACL_ERROR_RT_FEATURE_NOT_SUPPORT", "feature not supported on this device"),
-    207001: ("ACL_ERROR_RT_MEMORY_ALLOCATION", "device memory allocation failed (out of device memory)"),
+    207001: (
+        "ACL_ERROR_RT_MEMORY_ALLOCATION",
+        "device memory allocation failed (out of device memory)",
+    ),
     207002: ("ACL_ERROR_RT_MEMORY_FREE", "device memory free failed"),
     207018: ("ACL_ERROR_RT_DEVICE_OOM", "device out of memory"),
-    245000: ("ACL_ERROR_GE_MEMORY_ALLOCATION", "model memory allocation failed (out of device memory)"),
+    245000: (
+        "ACL_ERROR_GE_MEMORY_ALLOCATION",
+        "model memory allocation failed (out of device memory)",
+    ),
     500000: ("ACL_ERROR_INTERNAL_ERROR", "internal error"),
     500001: ("ACL_ERROR_FAILURE", "ACL failure"),
     500002: ("ACL_ERROR_GE_FAILURE", "GE failure"),

@@ -6,10 +6,11 @@ taken; inputs are zero-padded to it (the device does not check dynamic input siz
 unpadded tail would be stale data). A request no gear holds is the client's error (400), and
 the message lists the gears.
 """
+
 from __future__ import annotations
 
 import bisect
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -22,27 +23,34 @@ def batch_gear(info: ModelDescription, rows: int) -> int:
     sizes = info.batch_sizes
     position = bisect.bisect_left(sizes, rows)
     if rows < 1 or position == len(sizes):
-        raise InvalidArgument(f"a batch of {rows} rows does not fit the model's compiled batch "
-                              f"sizes {list(sizes)}")
+        raise InvalidArgument(
+            f"a batch of {rows} rows does not fit the model's compiled batch sizes {list(sizes)}"
+        )
     return sizes[position]
 
 
-def shape_gear(info: ModelDescription, shapes: Sequence[tuple[int, ...]],
-               rows: Optional[int]) -> tuple[tuple[int, ...], ...]:
+def shape_gear(
+    info: ModelDescription, shapes: Sequence[tuple[int, ...]], rows: int | None
+) -> tuple[tuple[int, ...], ...]:
     """The smallest image-size / dims gear every input fits in (gears are sorted by size). With
     `rows`, axis 0 of batched inputs is the batch and is padded to the compiled batch."""
     wanted = [tuple(s) for s in shapes]
     if rows is not None:
-        wanted = [(info.static_batch_size or rows,) + s[1:] if t.batched else s
-                  for t, s in zip(info.inputs, wanted)]
+        wanted = [
+            (info.static_batch_size or rows,) + s[1:] if t.batched else s
+            for t, s in zip(info.inputs, wanted, strict=False)
+        ]
     for gear in info.shape_gears:
-        if all(len(w) == len(g) and all(a <= b for a, b in zip(w, g))
-               for w, g in zip(wanted, gear)):
+        if all(
+            len(w) == len(g) and all(a <= b for a, b in zip(w, g, strict=False))
+            for w, g in zip(wanted, gear, strict=False)
+        ):
             return gear
-    asked = ", ".join(f"'{t.name}' {list(s)}" for t, s in zip(info.inputs, shapes))
+    asked = ", ".join(f"'{t.name}' {list(s)}" for t, s in zip(info.inputs, shapes, strict=False))
     kind = "image sizes (HxW)" if info.shape_kind == "hw" else "dims"
-    raise InvalidArgument(f"input shape(s) {asked} fit none of the model's compiled {kind}: "
-                          f"{info.gear_names()}")
+    raise InvalidArgument(
+        f"input shape(s) {asked} fit none of the model's compiled {kind}: {info.gear_names()}"
+    )
 
 
 def pad_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -56,8 +64,10 @@ def pad_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def hw_of(info: ModelDescription, gear: tuple[tuple[int, ...], ...]) -> tuple[int, int]:
     """(h, w) of an image-size gear: the two -1 axes of the first input that has them."""
-    for tensor, shape in zip(info.inputs, gear):
-        holes = [i for i, d in enumerate(tensor.dims) if d == -1 and not (i == 0 and tensor.batched)]
+    for tensor, shape in zip(info.inputs, gear, strict=False):
+        holes = [
+            i for i, d in enumerate(tensor.dims) if d == -1 and not (i == 0 and tensor.batched)
+        ]
         if len(holes) == 2:
             return shape[holes[0]], shape[holes[1]]
     raise InvalidArgument("the model reports image-size gears but no input with dynamic H and W")

@@ -6,13 +6,14 @@ datasets (hidden gear and dynamic-AIPP inputs included) are made once at load an
 every batch, so a request never allocates device memory. Each batch runs at the smallest gear
 that holds it (npu/gears.py), padded on the way in and cut back on the way out.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -81,12 +82,17 @@ def _describe_by_loading(acl, path: Path, device_id: int) -> ModelDescription:
 def _load_hint(acl) -> str:
     """pyACL's own text, plus what a failed load most often means on a working device."""
     from npu.errors import recent_message
+
     try:
         soc = acl.get_soc_name()
     except Exception:  # an old binding: the code still speaks
         soc = ""
-    hint = (f"check that the .om was compiled by ATC with --soc_version={soc} (this device) and "
-            "by a CANN no newer than the one installed" if soc else "")
+    hint = (
+        f"check that the .om was compiled by ATC with --soc_version={soc} (this device) and "
+        "by a CANN no newer than the one installed"
+        if soc
+        else ""
+    )
     return "; ".join(p for p in (recent_message(acl), hint) if p)
 
 
@@ -115,12 +121,13 @@ class OmModel:
         self.model_id = 0
         self.desc = 0
         self.info = ModelDescription((), ())
-        self._inputs: Optional[_Dataset] = None
-        self._outputs: Optional[_Dataset] = None
+        self._inputs: _Dataset | None = None
+        self._outputs: _Dataset | None = None
 
     @classmethod
-    def load(cls, session: DeviceSession, path: Path,
-             aipp: Optional[npu_aipp.AippSettings] = None) -> "OmModel":
+    def load(
+        cls, session: DeviceSession, path: Path, aipp: npu_aipp.AippSettings | None = None
+    ) -> OmModel:
         model = cls(session)
         session.models.append(model)  # teardown at exit finds it here if nobody unloads it
         try:
@@ -128,9 +135,14 @@ class OmModel:
             model.info = npu_aipp.describe_with(model.info, aipp)
             model._allocate_io()
             if model.info.aipp_index is not None and aipp is not None:
-                npu_aipp.apply(model.acl, model.model_id, model._inputs.handle,
-                               model.info.aipp_index, max(model.info.batch_sizes, default=1),
-                               aipp)
+                npu_aipp.apply(
+                    model.acl,
+                    model.model_id,
+                    model._inputs.handle,
+                    model.info.aipp_index,
+                    max(model.info.batch_sizes, default=1),
+                    aipp,
+                )
         except BaseException:
             for problem in model.close():
                 log.warning("cleaning up a failed load of %s: %s", path, problem)
@@ -157,11 +169,16 @@ class OmModel:
             for tensor in info.inputs + info.outputs:
                 need = tensor.row_bytes * rows if tensor.batched else tensor.static_bytes
                 if tensor.size < need:
-                    raise BackendError(f"tensor '{tensor.raw_name}' reports {tensor.size} bytes, "
-                                       f"its dims {list(tensor.dims)} need {need}")
+                    raise BackendError(
+                        f"tensor '{tensor.raw_name}' reports {tensor.size} bytes, "
+                        f"its dims {list(tensor.dims)} need {need}"
+                    )
         self._inputs = _Dataset(0)
-        self._fill(self._inputs, [mdl.get_input_size_by_index(self.desc, i)
-                                  for i in range(info.num_inputs)], "input")
+        self._fill(
+            self._inputs,
+            [mdl.get_input_size_by_index(self.desc, i) for i in range(info.num_inputs)],
+            "input",
+        )
         self._outputs = _Dataset(0)
         self._fill(self._outputs, [t.size for t in info.outputs], "output")
 
@@ -173,8 +190,11 @@ class OmModel:
         for index, size in enumerate(sizes):
             if size <= 0:
                 raise BackendError(f"{label} {index} reports a size of {size} bytes")
-            ptr = unwrap(acl, acl.rt.malloc(size, K.MALLOC_HUGE_FIRST),
-                         f"acl.rt.malloc({size}) for {label} {index}")
+            ptr = unwrap(
+                acl,
+                acl.rt.malloc(size, K.MALLOC_HUGE_FIRST),
+                f"acl.rt.malloc({size}) for {label} {index}",
+            )
             slot = _Slot(ptr, size)
             dataset.slots.append(slot)
             slot.buffer = acl.create_data_buffer(ptr, size)
@@ -184,7 +204,7 @@ class OmModel:
             check(acl, ret, f"acl.mdl.add_dataset_buffer ({label} {index})")
 
     # -- per batch ----------------------------------------------------------------------------
-    def run(self, arrays: Sequence[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
+    def run(self, arrays: Sequence[np.ndarray], rows: int | None) -> list[np.ndarray]:
         """One execution. `arrays` are C-contiguous, one per model input in order; with `rows`
         the batched ones carry that many rows and are zero-padded up to the gear, the others
         have their static shapes. Returns one array per output, padding dropped."""
@@ -200,68 +220,113 @@ class OmModel:
     def _copy_in(self, index: int, array: np.ndarray, what: str) -> _Slot:
         assert self._inputs is not None
         slot = self._inputs.slots[index]
-        check(self.acl, self.acl.rt.memcpy(slot.ptr, slot.size, array.ctypes.data, array.nbytes,
-                                           self.session.h2d), f"acl.rt.memcpy (input '{what}')")
+        check(
+            self.acl,
+            self.acl.rt.memcpy(
+                slot.ptr, slot.size, array.ctypes.data, array.nbytes, self.session.h2d
+            ),
+            f"acl.rt.memcpy (input '{what}')",
+        )
         return slot
 
     def _execute(self) -> None:
         assert self._inputs is not None and self._outputs is not None
-        check(self.acl, self.acl.mdl.execute_async(self.model_id, self._inputs.handle,
-                                                   self._outputs.handle, self.session.stream),
-              "acl.mdl.execute_async")
+        check(
+            self.acl,
+            self.acl.mdl.execute_async(
+                self.model_id, self._inputs.handle, self._outputs.handle, self.session.stream
+            ),
+            "acl.mdl.execute_async",
+        )
         self.session.synchronize()
 
     def _copy_out(self, index: int, shape: tuple[int, ...], what: str, dtype) -> np.ndarray:
         assert self._outputs is not None
         out = np.empty(shape, dtype=dtype)
-        check(self.acl, self.acl.rt.memcpy(out.ctypes.data, out.nbytes,
-                                           self._outputs.slots[index].ptr, out.nbytes,
-                                           self.session.d2h), f"acl.rt.memcpy (output '{what}')")
+        check(
+            self.acl,
+            self.acl.rt.memcpy(
+                out.ctypes.data,
+                out.nbytes,
+                self._outputs.slots[index].ptr,
+                out.nbytes,
+                self.session.d2h,
+            ),
+            f"acl.rt.memcpy (output '{what}')",
+        )
         return out
 
-    def _run_batch(self, arrays: Sequence[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
+    def _run_batch(self, arrays: Sequence[np.ndarray], rows: int | None) -> list[np.ndarray]:
         acl, info = self.acl, self.info
         gear = gears.batch_gear(info, rows) if rows is not None else None
-        for tensor, array in zip(info.inputs, arrays):
+        for tensor, array in zip(info.inputs, arrays, strict=False):
             slot = self._copy_in(tensor.index, array, tensor.name)
             if gear is not None and tensor.batched and rows < gear:
-                check(acl, acl.rt.memset(slot.ptr + array.nbytes, slot.size - array.nbytes, 0,
-                                         (gear - rows) * tensor.row_bytes),
-                      f"acl.rt.memset (padding of input '{tensor.name}')")
+                check(
+                    acl,
+                    acl.rt.memset(
+                        slot.ptr + array.nbytes,
+                        slot.size - array.nbytes,
+                        0,
+                        (gear - rows) * tensor.row_bytes,
+                    ),
+                    f"acl.rt.memset (padding of input '{tensor.name}')",
+                )
         if info.dynamic:
-            check(acl, acl.mdl.set_dynamic_batch_size(self.model_id, self._inputs.handle,
-                                                      info.gear_index, gear),
-                  f"acl.mdl.set_dynamic_batch_size({gear})")
+            check(
+                acl,
+                acl.mdl.set_dynamic_batch_size(
+                    self.model_id, self._inputs.handle, info.gear_index, gear
+                ),
+                f"acl.mdl.set_dynamic_batch_size({gear})",
+            )
         self._execute()
-        return [self._copy_out(i, (rows,) + t.row_dims if rows is not None and t.batched
-                               else t.dims, t.name, t.acl_type.numpy)
-                for i, t in enumerate(info.outputs)]
+        return [
+            self._copy_out(
+                i,
+                (rows,) + t.row_dims if rows is not None and t.batched else t.dims,
+                t.name,
+                t.acl_type.numpy,
+            )
+            for i, t in enumerate(info.outputs)
+        ]
 
-    def _run_shaped(self, arrays: Sequence[np.ndarray], rows: Optional[int]) -> list[np.ndarray]:
+    def _run_shaped(self, arrays: Sequence[np.ndarray], rows: int | None) -> list[np.ndarray]:
         """A --dynamic_image_size / --dynamic_dims model: pad to the gear's shapes, set the gear,
         and read each output's dims at that gear back from the device."""
         acl, info = self.acl, self.info
         gear = gears.shape_gear(info, [a.shape for a in arrays], rows)
-        for tensor, array, shape in zip(info.inputs, arrays, gear):
-            self._copy_in(tensor.index, np.ascontiguousarray(gears.pad_to(array, shape)),
-                          tensor.name)
+        for tensor, array, shape in zip(info.inputs, arrays, gear, strict=False):
+            self._copy_in(
+                tensor.index, np.ascontiguousarray(gears.pad_to(array, shape)), tensor.name
+            )
         if info.shape_kind == "hw":
             h, w = gears.hw_of(info, gear)
-            check(acl, acl.mdl.set_dynamic_hw_size(self.model_id, self._inputs.handle,
-                                                   info.gear_index, h, w),
-                  f"acl.mdl.set_dynamic_hw_size({h}, {w})")
+            check(
+                acl,
+                acl.mdl.set_dynamic_hw_size(
+                    self.model_id, self._inputs.handle, info.gear_index, h, w
+                ),
+                f"acl.mdl.set_dynamic_hw_size({h}, {w})",
+            )
         else:
             dims = gears.dims_of(gear)
-            check(acl, acl.mdl.set_input_dynamic_dims(self.model_id, self._inputs.handle,
-                                                      info.gear_index, dims),
-                  f"acl.mdl.set_input_dynamic_dims({dims['dims']})")
+            check(
+                acl,
+                acl.mdl.set_input_dynamic_dims(
+                    self.model_id, self._inputs.handle, info.gear_index, dims
+                ),
+                f"acl.mdl.set_input_dynamic_dims({dims['dims']})",
+            )
         self._execute()
         results = []
         for i, tensor in enumerate(info.outputs):
-            shape = unwrap(acl, acl.mdl.get_cur_output_dims(self.desc, i),
-                           f"acl.mdl.get_cur_output_dims({i})")["dims"]
-            out = self._copy_out(i, tuple(int(d) for d in shape), tensor.name,
-                                 tensor.acl_type.numpy)
+            shape = unwrap(
+                acl, acl.mdl.get_cur_output_dims(self.desc, i), f"acl.mdl.get_cur_output_dims({i})"
+            )["dims"]
+            out = self._copy_out(
+                i, tuple(int(d) for d in shape), tensor.name, tensor.acl_type.numpy
+            )
             results.append(out[:rows] if rows is not None and tensor.batched else out)
         return results
 

@@ -7,6 +7,7 @@ deadline passed, a daemon instance thread still waits in `synchronize_stream`). 
 such a thread is what crashes a process at exit on hardware, so when the wait runs out the
 session is left to the driver (which reclaims it when the process ends) and finalize is skipped.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,9 +41,12 @@ def shutdown(wait_s: float) -> bool:
     clean = True
     for session in device.open_sessions():
         if not session.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            log.warning("NPU %s: an execution is still running after %.1fs; its resources are "
-                        "left to the driver and acl.finalize is skipped", session.device_id,
-                        wait_s)
+            log.warning(
+                "NPU %s: an execution is still running after %.1fs; its resources are "
+                "left to the driver and acl.finalize is skipped",
+                session.device_id,
+                wait_s,
+            )
             clean = False
             continue
         try:

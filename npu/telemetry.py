@@ -5,11 +5,12 @@ imports `acl`. Memory comes from acl.rt.get_mem_info (HBM, falling back to DDR o
 without HBM such as the 310P); utilisation from acl.rt.get_device_utilization_rate where the
 binding has it. Temperature and power are not in pyACL: leave them to Huawei's npu-exporter.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Iterable, Optional
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -19,14 +20,17 @@ from npu import device
 from npu.errors import check
 
 # pyACL's utilisation keys -> our `engine` label. memory_utilization is reserved (-1).
-_ENGINES = {"cube_utilization": "aicore", "vector_utilization": "vector",
-            "aicpu_utilization": "aicpu"}
+_ENGINES = {
+    "cube_utilization": "aicore",
+    "vector_utilization": "vector",
+    "aicpu_utilization": "aicpu",
+}
 
 
 @dataclass
 class DeviceReading:
-    used_bytes: Optional[int] = None
-    total_bytes: Optional[int] = None
+    used_bytes: int | None = None
+    total_bytes: int | None = None
     utilization: dict[str, float] = field(default_factory=dict)  # engine -> 0..1
 
 
@@ -60,14 +64,19 @@ class NpuCollector(Collector):
         readings = device.for_each_open_device(_read)
         if not readings:
             return []
-        used = GaugeMetricFamily("ascend_npu_memory_used_bytes",
-                                 "NPU device memory in use, in bytes", labels=["device"])
-        total = GaugeMetricFamily("ascend_npu_memory_total_bytes",
-                                  "NPU device memory available to applications, in bytes",
-                                  labels=["device"])
-        util = GaugeMetricFamily("ascend_npu_utilization",
-                                 "NPU busy fraction (0..1) per engine: aicore, vector, aicpu",
-                                 labels=["device", "engine"])
+        used = GaugeMetricFamily(
+            "ascend_npu_memory_used_bytes", "NPU device memory in use, in bytes", labels=["device"]
+        )
+        total = GaugeMetricFamily(
+            "ascend_npu_memory_total_bytes",
+            "NPU device memory available to applications, in bytes",
+            labels=["device"],
+        )
+        util = GaugeMetricFamily(
+            "ascend_npu_utilization",
+            "NPU busy fraction (0..1) per engine: aicore, vector, aicpu",
+            labels=["device", "engine"],
+        )
         for device_id, reading in readings:
             label = str(device_id)
             if reading.total_bytes is not None:

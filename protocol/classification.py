@@ -1,4 +1,5 @@
 """Triton's classification extension: replace an output by its top-k "value:index[:label]"."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,10 +5,11 @@ one bounded chunk at a time, so a small gzip bomb never allocates more than the 
 Responses: the encoding is chosen from Accept-Encoding (q weights) among gzip, deflate and
 identity, and the whole body (JSON plus binary) is compressed.
 """
+
 from __future__ import annotations
 
 import zlib
-from typing import Optional, Union
+from typing import Union
 
 from protocol.errors import InvalidArgument, TooLarge, Unsupported
 
@@ -30,7 +31,7 @@ _DEFAULT_LEVEL = 6
 _SERVER_PREFERENCE = {"gzip": 2, "deflate": 1, "identity": 0}
 
 
-def decompress(body: Buffer, content_encoding: Optional[str], max_size: int) -> Buffer:
+def decompress(body: Buffer, content_encoding: str | None, max_size: int) -> Buffer:
     """The request body with its Content-Encoding undone, never larger than `max_size` bytes.
 
     Identity bodies come back unchanged (no copy); inflated ones come back as a bytearray
@@ -46,7 +47,7 @@ def decompress(body: Buffer, content_encoding: Optional[str], max_size: int) -> 
     return data
 
 
-def _parse_content_encoding(content_encoding: Optional[str]) -> list[str]:
+def _parse_content_encoding(content_encoding: str | None) -> list[str]:
     """The codings named by the header, identity dropped; unknown ones are 501 (Unsupported)."""
     if not content_encoding:
         return []
@@ -56,8 +57,10 @@ def _parse_content_encoding(content_encoding: Optional[str]) -> list[str]:
         if coding in ("", "identity"):
             continue
         if coding not in ("gzip", "deflate", "x-gzip"):
-            raise Unsupported(f"Unsupported compression type '{token.strip()}'; "
-                              "supported: gzip, deflate, identity")
+            raise Unsupported(
+                f"Unsupported compression type '{token.strip()}'; "
+                "supported: gzip, deflate, identity"
+            )
         codings.append("gzip" if coding == "x-gzip" else coding)
     return codings
 
@@ -111,7 +114,8 @@ def _inflate_member(inflater, data: Buffer, out: bytearray, max_size: int) -> Bu
         raise InvalidArgument(f"failed to decompress the request body: {exc}") from None
     if not inflater.eof:
         raise InvalidArgument(
-            "failed to decompress the request body: the compressed data is truncated")
+            "failed to decompress the request body: the compressed data is truncated"
+        )
     return b""
 
 
@@ -132,11 +136,12 @@ def _inflate_slice(inflater, pending: Buffer, out: bytearray, max_size: int) -> 
 def _too_large(max_size: int) -> TooLarge:
     return TooLarge(
         f"Decompressed request body exceeds the maximum allowed input size of {max_size} bytes. "
-        "Use --http-max-input-size to increase the limit.")
+        "Use --http-max-input-size to increase the limit."
+    )
 
 
-def choose_response_encoding(accept_encoding: Optional[str]) -> Optional[str]:
-    """"gzip" or "deflate" when the client prefers it, None for identity.
+def choose_response_encoding(accept_encoding: str | None) -> str | None:
+    """ "gzip" or "deflate" when the client prefers it, None for identity.
 
     The highest q wins; ties go to gzip, then deflate, then identity. `*` stands for any coding
     not listed. Identity is also the answer when nothing acceptable is offered, since refusing
@@ -183,7 +188,7 @@ def _q_value(params: str) -> float:
     return 1.0
 
 
-def compress(body: Buffer, encoding: Optional[str], level: int = _DEFAULT_LEVEL) -> Buffer:
+def compress(body: Buffer, encoding: str | None, level: int = _DEFAULT_LEVEL) -> Buffer:
     """`body` as gzip or deflate (zlib-wrapped, which is what HTTP deflate means).
 
     Identity (None) returns the body itself.

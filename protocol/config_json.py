@@ -3,6 +3,7 @@
 A wire form like the other codecs, so it lives in protocol/: the repository reads config.pbtxt
 into the message, and the frontends and the Python backend only ever need its JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,13 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from protocol.proto.model_config_pb2 import ModelConfig
 
-_INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64,
-                FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_FIXED64,
-                FieldDescriptor.TYPE_SFIXED64}
+_INT64_TYPES = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
 
 
 class ConfigJsonError(ValueError):
@@ -25,8 +30,9 @@ class ConfigJsonError(ValueError):
 def config_to_json(config: ModelConfig) -> dict[str, Any]:
     """Triton's /config JSON: proto field names, every scalar printed, 64-bit ints as numbers,
     enums by name, unset messages (and so unset scheduler blocks) left out."""
-    data = json_format.MessageToDict(config, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    data = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
     _int64_to_numbers(config.DESCRIPTOR, data)
     return data
 

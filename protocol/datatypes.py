@@ -2,11 +2,11 @@
 
 Also the BYTES codec: each element is a 4-byte little-endian length followed by its bytes.
 """
+
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -17,9 +17,9 @@ from protocol.errors import InvalidArgument
 class DataType:
     name: str  # KServe name, e.g. "FP32"
     config_name: str  # model_config DataType enum name, e.g. "TYPE_FP32"
-    numpy: Optional[np.dtype]  # None for BYTES (object arrays) and BF16 (no numpy type)
+    numpy: np.dtype | None  # None for BYTES (object arrays) and BF16 (no numpy type)
     itemsize: int  # 0 for variable-size BYTES
-    contents_field: Optional[str]  # InferTensorContents field, None when raw only
+    contents_field: str | None  # InferTensorContents field, None when raw only
     json_allowed: bool = True
 
 
@@ -84,16 +84,17 @@ _INTP_MAX = int(np.iinfo(np.intp).max)
 _OBJECT_ITEMSIZE = np.dtype(object).itemsize  # a BYTES element is an object pointer
 
 
-def checked_element_count(name: str, shape: tuple[int, ...] | list[int],
-                          datatype: DataType) -> int:
+def checked_element_count(name: str, shape: tuple[int, ...] | list[int], datatype: DataType) -> int:
     """prod(shape) for an input's (non-negative) wire shape, or INVALID_ARG naming the input
     when numpy could not hold an array of that shape: more than MAX_DIMS dimensions, or
     non-zero dimensions whose product times the element size overflows int64. numpy refuses
     the latter even when another dimension is 0, so `[9223372036854775807, 0]` holds no
     element and still may not reach `reshape` (it would fail there as a 500)."""
     if len(shape) > MAX_DIMS:
-        raise InvalidArgument(f"invalid shape for input '{name}': {len(shape)} dimensions "
-                              f"exceed the maximum of {MAX_DIMS}")
+        raise InvalidArgument(
+            f"invalid shape for input '{name}': {len(shape)} dimensions "
+            f"exceed the maximum of {MAX_DIMS}"
+        )
     count = 1
     span = datatype.numpy.itemsize if datatype.numpy is not None else _OBJECT_ITEMSIZE
     for dim in shape:
@@ -102,8 +103,9 @@ def checked_element_count(name: str, shape: tuple[int, ...] | list[int],
             span *= dim
     if span > _INTP_MAX:
         what = "its byte size" if count else "the byte size of its non-zero dimensions"
-        raise InvalidArgument(f"shape {list(shape)} of input '{name}' is too large: {what} "
-                              f"overflows int64")
+        raise InvalidArgument(
+            f"shape {list(shape)} of input '{name}' is too large: {what} overflows int64"
+        )
     return count
 
 
@@ -118,7 +120,7 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     blocks: list[bytes] = []
     for first in range(0, flat.size, _SERIALIZE_STEP):
         parts: list[bytes] = []
-        for item in flat[first:first + _SERIALIZE_STEP]:
+        for item in flat[first : first + _SERIALIZE_STEP]:
             if isinstance(item, str):
                 item = item.encode("utf-8")
             elif not isinstance(item, (bytes, bytearray, memoryview)):
@@ -152,7 +154,7 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int, name: str) -> np.n
                 f"incomplete string data for inference input '{name}', expecting string of "
                 f"length {length} but only {size - offset} bytes available"
             )
-        parsed.append(bytes(view[offset:offset + length]))
+        parsed.append(bytes(view[offset : offset + length]))
         offset += length
     if offset != size:
         raise InvalidArgument(
@@ -164,8 +166,9 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int, name: str) -> np.n
     return items
 
 
-def tensor_from_raw(datatype: DataType, shape: tuple[int, ...], raw: bytes | memoryview,
-                    name: str) -> np.ndarray:
+def tensor_from_raw(
+    datatype: DataType, shape: tuple[int, ...], raw: bytes | memoryview, name: str
+) -> np.ndarray:
     """A zero-copy numpy view over raw little-endian bytes (or a parsed BYTES object array)."""
     count = checked_element_count(name, shape, datatype)
     if datatype.name == "BYTES":

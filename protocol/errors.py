@@ -4,6 +4,7 @@ Both frontends map errors only through `http_status()` and `grpc_status_name()`,
 failure always gives the matching status and the same message on both protocols (Triton's
 HttpCodeFromError and its gRPC status mapping).
 """
+
 from __future__ import annotations
 
 import logging
@@ -129,8 +130,17 @@ class Overloaded(Unavailable):
 
 
 ALL_ERROR_CLASSES: tuple[type[ServerError], ...] = (
-    InvalidArgument, NotFound, Unavailable, InternalError, Unsupported, AlreadyExists,
-    Cancelled, UnknownError, TooLarge, PermissionDenied, Overloaded,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    InternalError,
+    Unsupported,
+    AlreadyExists,
+    Cancelled,
+    UnknownError,
+    TooLarge,
+    PermissionDenied,
+    Overloaded,
 )
 
 

@@ -7,10 +7,11 @@ strings and dicts pickle in C. Tensor data goes as a PickleBuffer that pickle pr
 over out of band (through shared memory, server/multiprocess/link.py) and comes back as a numpy view. Scheduling fields (batch size, priority, timeout) are left
 out: the owner fills them when it admits the request.
 """
+
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -38,40 +39,66 @@ def _unpack_data(packed: Any) -> np.ndarray:
 
 
 def _pack_tensors(tensors: list[Tensor]) -> list[tuple]:
-    return [(t.name, t.datatype, t.shape, _pack_data(t.data), t.parameters or None)
-            for t in tensors]
+    return [
+        (t.name, t.datatype, t.shape, _pack_data(t.data), t.parameters or None) for t in tensors
+    ]
 
 
 def _unpack_tensors(packed: list[tuple]) -> list[Tensor]:
-    return [Tensor(name, datatype, shape, _unpack_data(data), parameters or {})
-            for name, datatype, shape, data, parameters in packed]
+    return [
+        Tensor(name, datatype, shape, _unpack_data(data), parameters or {})
+        for name, datatype, shape, data, parameters in packed
+    ]
 
 
 def pack_request(request: InferRequest) -> tuple:
-    outputs: Optional[list[tuple]] = None
+    outputs: list[tuple] | None = None
     if request.outputs is not None:
-        outputs = [(o.name, o.binary, o.classification, o.parameters or None)
-                   for o in request.outputs]
-    return (request.model_name, request.model_version, request.id,
-            _pack_tensors(request.inputs), outputs, request.parameters or None,
-            request.arrival_ns, request.traceparent, request.received)
+        outputs = [
+            (o.name, o.binary, o.classification, o.parameters or None) for o in request.outputs
+        ]
+    return (
+        request.model_name,
+        request.model_version,
+        request.id,
+        _pack_tensors(request.inputs),
+        outputs,
+        request.parameters or None,
+        request.arrival_ns,
+        request.traceparent,
+        request.received,
+    )
 
 
 def unpack_request(packed: tuple) -> InferRequest:
-    (name, version, ident, inputs, outputs, parameters, arrival_ns, traceparent,
-     received) = packed
-    requested: Optional[list[RequestedOutput]] = None
+    (name, version, ident, inputs, outputs, parameters, arrival_ns, traceparent, received) = packed
+    requested: list[RequestedOutput] | None = None
     if outputs is not None:
-        requested = [RequestedOutput(o_name, binary, classification, o_parameters or {})
-                     for o_name, binary, classification, o_parameters in outputs]
-    return InferRequest(name, version, ident, _unpack_tensors(inputs), requested,
-                        parameters or {}, arrival_ns=arrival_ns, traceparent=traceparent,
-                        received=received)
+        requested = [
+            RequestedOutput(o_name, binary, classification, o_parameters or {})
+            for o_name, binary, classification, o_parameters in outputs
+        ]
+    return InferRequest(
+        name,
+        version,
+        ident,
+        _unpack_tensors(inputs),
+        requested,
+        parameters or {},
+        arrival_ns=arrival_ns,
+        traceparent=traceparent,
+        received=received,
+    )
 
 
 def pack_response(response: InferResponse) -> tuple:
-    return (response.model_name, response.model_version, response.id,
-            _pack_tensors(response.outputs), response.parameters or None)
+    return (
+        response.model_name,
+        response.model_version,
+        response.id,
+        _pack_tensors(response.outputs),
+        response.parameters or None,
+    )
 
 
 def unpack_response(packed: Any) -> InferResponse:

@@ -2,6 +2,7 @@
 name a region, the register request's JSON body, and the marker of an output written to shared
 memory (sent back with no data).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -51,7 +52,7 @@ def decode_register(document: Any) -> tuple[str, int, int]:
 def cuda_unsupported(name: str) -> InvalidArgument:
     """What Triton built without GPU support answers a CUDA registration."""
     if not name:
-        return InvalidArgument(
-            "'region name' is necessary to register cuda shared memory region")
-    return InvalidArgument(f"failed to register CUDA shared memory region: '{name}', "
-                           f"GPUs not supported")
+        return InvalidArgument("'region name' is necessary to register cuda shared memory region")
+    return InvalidArgument(
+        f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
+    )

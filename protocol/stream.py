@@ -9,12 +9,14 @@ Back-pressure is the producer's business: its `on_consumed` hook runs each time 
 took an answer (the Python backend turns that into credit for the model's sender), so at most a
 window of answers waits here. `cancel` tells it the consumer went away.
 """
+
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -26,11 +28,11 @@ from protocol.types import InferResponse
 class StreamItem:
     """One answer: outputs (None for a flag-only final), or an error; `final` ends the stream."""
 
-    outputs: Optional[Mapping[str, np.ndarray]] = None
-    error: Optional[ServerError] = None
+    outputs: Mapping[str, np.ndarray] | None = None
+    error: ServerError | None = None
     final: bool = False
     parameters: dict[str, Any] = field(default_factory=dict)
-    response: Optional[InferResponse] = None  # filled by the consumer (see `convert`)
+    response: InferResponse | None = None  # filled by the consumer (see `convert`)
 
 
 class ResponseStream:
@@ -39,16 +41,15 @@ class ResponseStream:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._items: deque[StreamItem] = deque()
-        self._waiter: Optional[asyncio.Future] = None
+        self._waiter: asyncio.Future | None = None
         self.finished = False  # the final item has been pushed
         self.cancelled = False
         # Given by the producers (the instance pool, the backend) before the first push.
-        self._convert: Optional[Callable[[Mapping[str, np.ndarray]], InferResponse]] = None
-        self._on_consumed: Optional[Callable[[], None]] = None
-        self._on_cancel: Optional[Callable[[], None]] = None
+        self._convert: Callable[[Mapping[str, np.ndarray]], InferResponse] | None = None
+        self._on_consumed: Callable[[], None] | None = None
+        self._on_cancel: Callable[[], None] | None = None
 
-    def set_converter(self, convert: Callable[[Mapping[str, np.ndarray]], InferResponse]
-                      ) -> None:
+    def set_converter(self, convert: Callable[[Mapping[str, np.ndarray]], InferResponse]) -> None:
         """How an answer's output arrays become an InferResponse (the instance's rules)."""
         self._convert = convert
 

@@ -3,11 +3,12 @@
 Tensors hold numpy arrays: fixed-size dtypes are usually zero-copy views over the wire buffer,
 BYTES tensors are object arrays of `bytes`.
 """
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class RequestedOutput:
     """
 
     name: str
-    binary: Optional[bool] = None
+    binary: bool | None = None
     classification: int = 0
     parameters: dict[str, Any] = field(default_factory=dict)
 
@@ -46,7 +47,7 @@ class InferRequest:
     id: str = ""
     inputs: list[Tensor] = field(default_factory=list)
     # None means "every output of the model".
-    outputs: Optional[list[RequestedOutput]] = None
+    outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     # Filled when a scheduler admits it (scheduler/validation.py, scheduler/policy.py).
     batch_size: int = 0
@@ -68,7 +69,7 @@ class InferRequest:
     # Where tracing is possible, the frontend's receive timestamps: ((name, ns), ...).
     received: tuple = ()
 
-    def input(self, name: str) -> Optional[Tensor]:
+    def input(self, name: str) -> Tensor | None:
         for tensor in self.inputs:
             if tensor.name == name:
                 return tensor
@@ -87,6 +88,7 @@ class InferResponse:
 
 
 # ----- what the core answers besides inference (both codecs encode these) ------------------
+
 
 @dataclass(frozen=True)
 class TensorMetadata:

@@ -4,6 +4,7 @@ Parsing uses protobuf's text format into a message that is field-for-field Trito
 existing Triton config loads unchanged. The same message serves the HTTP `/config` JSON
 (protocol/config_json.py) and the gRPC ModelConfig RPC.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,17 +60,27 @@ def _resolve_backend(config: ModelConfig, name: str, version_dirs: list[Path]) -
         files.extend(p.name for p in version_dir.iterdir())
     guessed = registry.guess_backend_from_files(files)
     if guessed is None:
-        raise ConfigError(f"model '{name}': must specify 'platform' or 'backend' "
-                          f"(no known model file found to infer it from)")
+        raise ConfigError(
+            f"model '{name}': must specify 'platform' or 'backend' "
+            f"(no known model file found to infer it from)"
+        )
     return guessed
 
 
-def normalize(config: ModelConfig, name: str, model_dir: Path, version_dirs: list[Path],
-              *, auto_complete: bool = True) -> ModelConfig:
+def normalize(
+    config: ModelConfig,
+    name: str,
+    model_dir: Path,
+    version_dirs: list[Path],
+    *,
+    auto_complete: bool = True,
+) -> ModelConfig:
     """Fill defaults and auto-complete in place, then validate. Returns the same message."""
     if config.name and config.name != name:
-        raise ConfigError(f"model '{name}': the config's name '{config.name}' must match the "
-                          f"model directory name '{name}'")
+        raise ConfigError(
+            f"model '{name}': the config's name '{config.name}' must match the "
+            f"model directory name '{name}'"
+        )
     config.name = name
     if config.platform == "ensemble":
         _normalize_common(config, name)
@@ -96,8 +107,9 @@ def registry_backend_class(backend_name: str, model_name: str) -> Any:
     try:
         return registry.backend_class(backend_name)
     except ImportError as exc:
-        raise ConfigError(f"model '{model_name}': backend '{backend_name}' is not available: "
-                          f"{exc}") from None
+        raise ConfigError(
+            f"model '{model_name}': backend '{backend_name}' is not available: {exc}"
+        ) from None
 
 
 def _normalize_common(config: ModelConfig, name: str) -> None:
@@ -107,8 +119,11 @@ def _normalize_common(config: ModelConfig, name: str) -> None:
         sequence = config.sequence_batching
         if not sequence.max_sequence_idle_microseconds:
             sequence.max_sequence_idle_microseconds = DEFAULT_IDLE_US
-        if sequence.HasField("oldest") and not len(sequence.oldest.preferred_batch_size) \
-                and config.max_batch_size > 0:
+        if (
+            sequence.HasField("oldest")
+            and not len(sequence.oldest.preferred_batch_size)
+            and config.max_batch_size > 0
+        ):
             sequence.oldest.preferred_batch_size.append(config.max_batch_size)
     optimization = config.optimization
     optimization.input_pinned_memory.enable = True
@@ -123,19 +138,30 @@ def _fill_instance_groups(config: ModelConfig, name: str, backend_name: str) -> 
             group.name = name if len(config.instance_group) == 1 else f"{name}_{index}"
         if group.kind == ModelInstanceGroup.KIND_AUTO:
             # An NPU runtime's natural device is the accelerator; everything else runs on CPU.
-            group.kind = (ModelInstanceGroup.KIND_GPU if backend_name == "ascend"
-                          else ModelInstanceGroup.KIND_CPU)
+            group.kind = (
+                ModelInstanceGroup.KIND_GPU
+                if backend_name == "ascend"
+                else ModelInstanceGroup.KIND_CPU
+            )
         if group.kind == ModelInstanceGroup.KIND_GPU and not len(group.gpus):
             group.gpus.append(0)
         if group.count < 1:  # Triton: 2 CPU instances for ONNX Runtime, 1 for everything else
-            group.count = 2 if group.kind == ModelInstanceGroup.KIND_CPU and \
-                backend_name == "onnxruntime" else 1
+            group.count = (
+                2
+                if group.kind == ModelInstanceGroup.KIND_CPU and backend_name == "onnxruntime"
+                else 1
+            )
 
 
 def _plain_relative(path: str) -> bool:
     """A path that stays inside the directory it is joined to (no absolute part, no `..`)."""
-    return bool(path) and "\x00" not in path and "\\" not in path and not path.startswith("/") \
+    return (
+        bool(path)
+        and "\x00" not in path
+        and "\\" not in path
+        and not path.startswith("/")
         and all(part not in ("", ".", "..") for part in path.split("/"))
+    )
 
 
 def _check_file_names(config: ModelConfig) -> None:
@@ -143,15 +169,23 @@ def _check_file_names(config: ModelConfig) -> None:
     from the network (a load request's `config`), and must not make the server read elsewhere."""
     name = config.name
     named = [("default_model_filename", config.default_model_filename)]
-    named += [(f"output '{t.name}' label_filename", t.label_filename)
-              for t in config.output if t.label_filename]
-    named += [(f"model_warmup '{w.name}' input '{key}' input_data_file", item.input_data_file)
-              for w in config.model_warmup for key, item in w.inputs.items()
-              if item.WhichOneof("input_data_type") == "input_data_file"]
+    named += [
+        (f"output '{t.name}' label_filename", t.label_filename)
+        for t in config.output
+        if t.label_filename
+    ]
+    named += [
+        (f"model_warmup '{w.name}' input '{key}' input_data_file", item.input_data_file)
+        for w in config.model_warmup
+        for key, item in w.inputs.items()
+        if item.WhichOneof("input_data_type") == "input_data_file"
+    ]
     for field_name, value in named:
         if value and not _plain_relative(value):
-            raise ConfigError(f"model '{name}': {field_name} '{value}' must be a relative path "
-                              f"inside the model directory")
+            raise ConfigError(
+                f"model '{name}': {field_name} '{value}' must be a relative path "
+                f"inside the model directory"
+            )
 
 
 def validate(config: ModelConfig) -> None:
@@ -159,7 +193,9 @@ def validate(config: ModelConfig) -> None:
     name = config.name
     _check_file_names(config)
     if config.max_batch_size < 0:
-        raise ConfigError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
+        raise ConfigError(
+            f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}"
+        )
     # No input or no output at all is valid, as in Triton (a Python model may take or return
     # nothing; a backend whose model file has tensors checks the config against them).
     for kind, tensors in (("input", config.input), ("output", config.output)):
@@ -172,32 +208,45 @@ def validate(config: ModelConfig) -> None:
             seen.add(tensor.name)
             if tensor.data_type == DataType.TYPE_INVALID:
                 raise ConfigError(f"model '{name}': {kind} '{tensor.name}' must specify data_type")
-            if not len(tensor.dims) and not (len(tensor.reshape.shape) if tensor.HasField("reshape") else 0):
+            if not len(tensor.dims) and not (
+                len(tensor.reshape.shape) if tensor.HasField("reshape") else 0
+            ):
                 if config.max_batch_size == 0:
                     raise ConfigError(f"model '{name}': {kind} '{tensor.name}' must specify dims")
             for dim in tensor.dims:
                 if dim == 0 or dim < -1:
-                    raise ConfigError(f"model '{name}': {kind} '{tensor.name}' has invalid dims "
-                                      f"{list(tensor.dims)}: each must be -1 or positive")
+                    raise ConfigError(
+                        f"model '{name}': {kind} '{tensor.name}' has invalid dims "
+                        f"{list(tensor.dims)}: each must be -1 or positive"
+                    )
     if config.HasField("dynamic_batching"):
         batching = config.dynamic_batching
         if config.max_batch_size == 0:
             raise ConfigError(f"model '{name}': dynamic_batching needs max_batch_size > 0")
         for size in batching.preferred_batch_size:
             if size < 1 or size > config.max_batch_size:
-                raise ConfigError(f"model '{name}': dynamic_batching preferred_batch_size {size} "
-                                  f"must be between 1 and max_batch_size {config.max_batch_size}")
+                raise ConfigError(
+                    f"model '{name}': dynamic_batching preferred_batch_size {size} "
+                    f"must be between 1 and max_batch_size {config.max_batch_size}"
+                )
         if batching.priority_levels and not (
-                1 <= batching.default_priority_level <= batching.priority_levels):
-            raise ConfigError(f"model '{name}': dynamic_batching default_priority_level must be "
-                              f"between 1 and priority_levels {batching.priority_levels}")
+            1 <= batching.default_priority_level <= batching.priority_levels
+        ):
+            raise ConfigError(
+                f"model '{name}': dynamic_batching default_priority_level must be "
+                f"between 1 and priority_levels {batching.priority_levels}"
+            )
         for level in batching.priority_queue_policy:
             if not 1 <= level <= batching.priority_levels:
-                raise ConfigError(f"model '{name}': priority_queue_policy level {level} is outside "
-                                  f"1..priority_levels {batching.priority_levels}")
+                raise ConfigError(
+                    f"model '{name}': priority_queue_policy level {level} is outside "
+                    f"1..priority_levels {batching.priority_levels}"
+                )
         if batching.preserve_ordering and batching.priority_levels > 1:
-            raise ConfigError(f"model '{name}': preserve_ordering cannot be combined with more "
-                              f"than one priority level")
+            raise ConfigError(
+                f"model '{name}': preserve_ordering cannot be combined with more "
+                f"than one priority level"
+            )
     if config.HasField("sequence_batching"):
         try:
             read_settings(config)

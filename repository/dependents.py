@@ -4,15 +4,14 @@ Triton unloads every ensemble built on a model when that model is unloaded (an e
 step has nothing to run is not ready in any useful sense), and loads those ensembles again when
 the model is loaded again, unless the ensemble itself was unloaded by request meanwhile.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from protocol.proto.model_config_pb2 import ModelConfig
 from repository.registry import ModelRegistry
 
 
-def ensemble_members(config: Optional[ModelConfig]) -> set[str]:
+def ensemble_members(config: ModelConfig | None) -> set[str]:
     """The models an ensemble's steps run (empty for a model that is not an ensemble)."""
     if config is None or config.platform != "ensemble":
         return set()
@@ -40,4 +39,5 @@ def ready_to_reload(registry: ModelRegistry, ensemble: str) -> bool:
     members = ensemble_members(None if record is None else record.config)
     return bool(members) and all(
         registry.models.get(member) is not None and registry.models[member].ready_versions()
-        for member in members)
+        for member in members
+    )

@@ -11,13 +11,13 @@ calls stat.
 
 Everything here blocks on the filesystem: run it off the event loop.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from repository import layout
 
@@ -29,7 +29,7 @@ UnitStats = dict[str, StatKey]
 # sorted (relative path, size, mtime_ns, sha256 hex) of one unit's files
 Fingerprint = tuple[tuple[str, int, int, str], ...]
 
-MODEL_LEVEL: Optional[int] = None  # the unit id of the model-level files; versions use ints
+MODEL_LEVEL: int | None = None  # the unit id of the model-level files; versions use ints
 # Written last by a deploy tool into a version directory (or into the model directory, for
 # config.pbtxt and labels) to say the unit is complete. Not part of the unit's contents.
 READY_MARKER = ".ready"
@@ -41,16 +41,16 @@ class ModelFiles:
     """One model directory as seen by one poll: stat keys per unit."""
 
     path: Path
-    units: dict[Optional[int], UnitStats] = field(default_factory=dict)
+    units: dict[int | None, UnitStats] = field(default_factory=dict)
     # The stat key of each unit's READY_MARKER, where it has one (kept out of `units`).
-    markers: dict[Optional[int], StatKey] = field(default_factory=dict)
+    markers: dict[int | None, StatKey] = field(default_factory=dict)
 
     @property
     def versions(self) -> list[int]:
         """Version units that hold at least one file (an empty directory is not a version yet)."""
         return sorted(v for v, files in self.units.items() if v is not None and files)
 
-    def marked_complete(self, unit: Optional[int]) -> bool:
+    def marked_complete(self, unit: int | None) -> bool:
         """The unit has a ready marker that changed no earlier than any of its files (ctime,
         which no copy tool can set back): whatever was written before the marker is complete.
         A marker left from an earlier deploy stops counting once a file is rewritten."""
@@ -65,8 +65,9 @@ def stat_key(info: os.stat_result) -> StatKey:
     return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
-def _walk(directory: Path, prefix: str, into: UnitStats,
-          visited: Optional[set[tuple[int, int]]] = None) -> None:
+def _walk(
+    directory: Path, prefix: str, into: UnitStats, visited: set[tuple[int, int]] | None = None
+) -> None:
     """Every regular file below `directory` (following symlinks, as loading does, but never
     into a directory already visited, so a symlink loop ends)."""
     visited = set() if visited is None else visited
@@ -151,8 +152,12 @@ class ContentHasher:
 
     def fingerprint(self, root: Path, files: UnitStats) -> Fingerprint:
         """Content fingerprint of one unit (root is the model directory)."""
-        return tuple(sorted((relative, key[0], key[1], self.digest(root / relative, key))
-                            for relative, key in files.items()))
+        return tuple(
+            sorted(
+                (relative, key[0], key[1], self.digest(root / relative, key))
+                for relative, key in files.items()
+            )
+        )
 
     def end_round(self) -> None:
         """Drop hashes of files that were not looked at since the previous call."""

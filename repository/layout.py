@@ -1,4 +1,5 @@
 """Where models and versions live on disk, and which versions a version policy selects."""
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,9 @@ def missing_repositories(repositories: list[Path]) -> list[Path]:
     return [repository for repository in repositories if not repository.is_dir()]
 
 
-def scan_repositories(repositories: list[Path], *, quiet: bool = False
-                      ) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
+def scan_repositories(
+    repositories: list[Path], *, quiet: bool = False
+) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
     """Model directories by name across every repository, and the names found more than once."""
     found: dict[str, list[Path]] = {}
     for repository in distinct_repositories(repositories):
@@ -47,7 +49,9 @@ def scan_repositories(repositories: list[Path], *, quiet: bool = False
         for entry in sorted(repository.iterdir()):
             if entry.is_dir() and not entry.name.startswith("."):
                 found.setdefault(entry.name, []).append(entry)
-    unique = {name: ModelLocation(name, paths[0]) for name, paths in found.items() if len(paths) == 1}
+    unique = {
+        name: ModelLocation(name, paths[0]) for name, paths in found.items() if len(paths) == 1
+    }
     duplicates = {name: paths for name, paths in found.items() if len(paths) > 1}
     return unique, duplicates
 
@@ -66,7 +70,9 @@ def version_directories(model_dir: Path, *, quiet: bool = False) -> dict[int, Pa
         name = entry.name
         if not name.isdigit() or (len(name) > 1 and name.startswith("0")) or int(name) == 0:
             if not quiet and not name.startswith(".") and name not in _KNOWN_SUBDIRS:
-                log.warning("ignoring '%s' in model '%s': not a version directory", name, model_dir.name)
+                log.warning(
+                    "ignoring '%s' in model '%s': not a version directory", name, model_dir.name
+                )
             continue
         versions[int(name)] = entry
     return dict(sorted(versions.items()))
@@ -83,8 +89,11 @@ def select_versions(config: ModelConfig, available: dict[int, Path]) -> list[int
         wanted = sorted(set(policy.specific.versions))
         missing = [v for v in wanted if v not in available]
         for version in missing:
-            log.error("model '%s': version %d named by the version policy does not exist",
-                      config.name, version)
+            log.error(
+                "model '%s': version %d named by the version policy does not exist",
+                config.name,
+                version,
+            )
         return [v for v in wanted if v in available]
     count = policy.latest.num_versions if choice == "latest" else 1
-    return numbers[-max(count, 1):] if numbers else []
+    return numbers[-max(count, 1) :] if numbers else []

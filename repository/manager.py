@@ -6,21 +6,27 @@ and running requests finish, bounded by the drain timeout) and unloads it on its
 threads. Versions the new load no longer selects retire only when every selected version
 loaded, so a failed load never takes anything down; its reason shows in the repository index.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Optional, Protocol
+from typing import Any, Protocol
 
 from protocol.proto.model_config_pb2 import ModelConfig
 from repository import layout
-from repository.dependents import ensembles_using, ready_to_reload
 from repository.config import ConfigError, normalize, read_config, registry_backend_class
-from repository.overrides import (OverrideError, checked_path, create_override_directory,
-                                  remove_override_directory)
+from repository.dependents import ensembles_using, ready_to_reload
+from repository.overrides import (
+    OverrideError,
+    checked_path,
+    create_override_directory,
+    remove_override_directory,
+)
 from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord
 from repository.reload_plan import same_but_versions, snapshot, unchanged_versions
 from repository.version_builder import build_version
@@ -38,7 +44,9 @@ RELOAD_FAILED = "reload failed, still serving the previous copy: "
 class VersionHooks(Protocol):
     """Told when a version starts or stops serving (the metrics module binds its series)."""
 
-    def version_loaded(self, name: str, version: int, load_seconds: float) -> Optional[MetricsObserver]: ...
+    def version_loaded(
+        self, name: str, version: int, load_seconds: float
+    ) -> MetricsObserver | None: ...
 
     def version_unloaded(self, name: str, version: int) -> None: ...
 
@@ -48,7 +56,7 @@ class ManagerSettings:
     repositories: list[Path]
     auto_complete: bool = True
     drain_timeout: float = 30.0
-    config_name: Optional[str] = None
+    config_name: str | None = None
     # Explicit mode: loading an ensemble also loads the models its steps use (Triton does).
     load_dependencies: bool = False
     # Tries after a version's first failed load (Triton's --model-load-retry-count).
@@ -67,8 +75,13 @@ def load_failed(name: str, reason: str) -> str:
 def plausible_name(name: str) -> bool:
     """A name that could be a model directory. Others get the unknown-model answer, so a
     client learns nothing about the filesystem from the reply."""
-    return bool(name) and name not in (".", "..") and not name.startswith(".") and \
-        not any(c in name for c in "/\\\x00") and len(name.encode()) <= 255
+    return (
+        bool(name)
+        and name not in (".", "..")
+        and not name.startswith(".")
+        and not any(c in name for c in "/\\\x00")
+        and len(name.encode()) <= 255
+    )
 
 
 SchedulerFactory = Callable[..., Scheduler]
@@ -80,10 +93,16 @@ class ModelManager:
     each version's scheduler (tests hand in fakes). `host` is what backends whose models call
     other models (BLS) get (backends/base.py BackendHost)."""
 
-    def __init__(self, settings: ManagerSettings, registry: ModelRegistry,
-                 hooks: Optional[VersionHooks] = None, *, infer: Optional[Infer] = None,
-                 scheduler_factory: SchedulerFactory = create_scheduler,
-                 host: Optional[Any] = None) -> None:
+    def __init__(
+        self,
+        settings: ManagerSettings,
+        registry: ModelRegistry,
+        hooks: VersionHooks | None = None,
+        *,
+        infer: Infer | None = None,
+        scheduler_factory: SchedulerFactory = create_scheduler,
+        host: Any | None = None,
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.hooks = hooks
@@ -119,7 +138,7 @@ class ModelManager:
         """Load the named models concurrently; returns name -> failure reason."""
         ordered = sorted(set(names))
         results = await asyncio.gather(*(self._load_reporting(name) for name in ordered))
-        return {name: reason for name, reason in zip(ordered, results) if reason}
+        return {name: reason for name, reason in zip(ordered, results, strict=False) if reason}
 
     async def _load_reporting(self, name: str) -> str:
         try:
@@ -139,11 +158,15 @@ class ModelManager:
             raise LoadError(not_in_repository(name))
         return unique[name].path
 
-    def _prepare(self, name: str, model_dir: Path, override: Optional[ModelConfig],
-                 only: Optional[Collection[int]]) -> tuple[ModelConfig, dict[int, Path], list[int]]:
+    def _prepare(
+        self, name: str, model_dir: Path, override: ModelConfig | None, only: Collection[int] | None
+    ) -> tuple[ModelConfig, dict[int, Path], list[int]]:
         """Blocking part of a load (file reads, auto-complete opening the model): off the loop."""
-        config = read_config(model_dir, self.settings.config_name) if override is None \
+        config = (
+            read_config(model_dir, self.settings.config_name)
+            if override is None
             else _copy(override)
+        )
         available = layout.version_directories(model_dir)
         if only is not None:
             available = {v: path for v, path in available.items() if v in only}
@@ -154,13 +177,20 @@ class ModelManager:
         selected_dirs = [available[v] for v in (versions or sorted(available))]
         normalize(config, name, model_dir, selected_dirs, auto_complete=self.settings.auto_complete)
         if not versions:
-            raise ConfigError(f"at least one version must be available under the version policy "
-                              f"of model '{name}'")
+            raise ConfigError(
+                f"at least one version must be available under the version policy of model '{name}'"
+            )
         return config, available, versions
 
-    async def load_model(self, name: str, override: Optional[ModelConfig] = None, *,
-                         versions: Optional[Collection[int]] = None, keep: Collection[int] = (),
-                         files: Optional[Mapping[str, bytes]] = None) -> None:
+    async def load_model(
+        self,
+        name: str,
+        override: ModelConfig | None = None,
+        *,
+        versions: Collection[int] | None = None,
+        keep: Collection[int] = (),
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Load (or reload) `name` with a hot swap. Raises LoadError when anything failed.
 
         `versions` limits the version directories considered (the poller passes the complete
@@ -180,17 +210,29 @@ class ModelManager:
                 except LoadError as exc:
                     log.error("reloading ensemble '%s': %s", ensemble, exc)
 
-    async def _load_locked(self, name: str, override: Optional[ModelConfig],
-                           only: Optional[Collection[int]], keep: Collection[int],
-                           files: Optional[Mapping[str, bytes]], chain: tuple[str, ...]) -> None:
+    async def _load_locked(
+        self,
+        name: str,
+        override: ModelConfig | None,
+        only: Collection[int] | None,
+        keep: Collection[int],
+        files: Mapping[str, bytes] | None,
+        chain: tuple[str, ...],
+    ) -> None:
         try:
             await self._load_held(name, override, only, keep, files, chain)
         finally:
             self._building.pop(name, None)
 
-    async def _load_held(self, name: str, override: Optional[ModelConfig],
-                         only: Optional[Collection[int]], keep: Collection[int],
-                         files: Optional[Mapping[str, bytes]], chain: tuple[str, ...]) -> None:
+    async def _load_held(
+        self,
+        name: str,
+        override: ModelConfig | None,
+        only: Collection[int] | None,
+        keep: Collection[int],
+        files: Mapping[str, bytes] | None,
+        chain: tuple[str, ...],
+    ) -> None:
         if self._closing:
             raise LoadError(load_failed(name, "the server is shutting down"))
         try:
@@ -201,25 +243,34 @@ class ModelManager:
         record = self.registry.record(name)
         # A load request (not the poller's, which says what changed itself) reloads only what
         # changed on disk since the last load, as Triton (repository/reload_plan.py).
-        now = None if model_dir is None or only is not None or keep else \
-            await asyncio.to_thread(snapshot, model_dir)
+        now = (
+            None
+            if model_dir is None or only is not None or keep
+            else await asyncio.to_thread(snapshot, model_dir)
+        )
         if now is not None:
             if override is None and record.loaded_files == now and record.ready_versions():
                 log.info("successfully loaded '%s'", name)  # nothing changed: as it serves
                 return
             keep = unchanged_versions(record.loaded_files, now)
         record.loaded_files = None
-        private: Optional[Path] = None
+        private: Path | None = None
         try:
             if model_dir is None:
-                private = model_dir = await asyncio.to_thread(create_override_directory, files or {})
+                private = model_dir = await asyncio.to_thread(
+                    create_override_directory, files or {}
+                )
             config, available, versions = await asyncio.to_thread(
-                self._prepare, name, model_dir, override, only)
+                self._prepare, name, model_dir, override, only
+            )
             if self.settings.load_dependencies:
                 await self._load_dependencies(name, config, chain)
-        except Exception as exc:  # noqa: BLE001 - whatever went wrong, the old copy stays
-            wanted = [] if model_dir is None else await asyncio.to_thread(
-                self._wanted_versions, name, model_dir, override, only)
+        except Exception as exc:
+            wanted = (
+                []
+                if model_dir is None
+                else await asyncio.to_thread(self._wanted_versions, name, model_dir, override, only)
+            )
             if private is not None:
                 await asyncio.to_thread(remove_override_directory, private)
             reason = getattr(exc, "message", None) or str(exc)
@@ -239,8 +290,9 @@ class ModelManager:
         record.loaded_files = now
         log.info("successfully loaded '%s'", name)  # Triton's line; qa scripts count it
 
-    def _source(self, name: str, override: Optional[ModelConfig],
-                files: Optional[Mapping[str, bytes]]) -> Optional[Path]:
+    def _source(
+        self, name: str, override: ModelConfig | None, files: Mapping[str, bytes] | None
+    ) -> Path | None:
         """The model's repository directory, or None when `files` make up the model. A request
         refused here (unknown name, bad override path) changes nothing, not even the index."""
         if not plausible_name(name):
@@ -256,38 +308,58 @@ class ModelManager:
             raise LoadError(f"failed to load '{name}': {exc}") from None
         return None
 
-    async def _swap(self, record: ModelRecord, config: ModelConfig, model_dir: Path,
-                    available: dict[int, Path], versions: list[int], keep: Collection[int]
-                    ) -> list[str]:
+    async def _swap(
+        self,
+        record: ModelRecord,
+        config: ModelConfig,
+        model_dir: Path,
+        available: dict[int, Path],
+        versions: list[int],
+        keep: Collection[int],
+    ) -> list[str]:
         """Load the selected versions next to what serves; retire the rest only if all loaded.
         Returns the failures."""
         kept = [v for v in versions if v in keep and _same(record.versions.get(v), config)]
         for version in kept:
             record.versions[version].reason = ""
-        outcomes = await asyncio.gather(*(
-            self._load_version(record, config, model_dir, version, available[version])
-            for version in versions if version not in kept))
+        outcomes = await asyncio.gather(
+            *(
+                self._load_version(record, config, model_dir, version, available[version])
+                for version in versions
+                if version not in kept
+            )
+        )
         failures = [reason for reason in outcomes if reason]
         if not failures:
-            retired = [v for v in list(record.versions) if v not in versions
-                       and record.versions[v].state is not ModelState.UNAVAILABLE]
+            retired = [
+                v
+                for v in list(record.versions)
+                if v not in versions and record.versions[v].state is not ModelState.UNAVAILABLE
+            ]
             await asyncio.gather(*(self._retire(record, v) for v in retired))
-            for version in [v for v, r in record.versions.items()
-                            if r.state is ModelState.UNAVAILABLE and (v not in available or (
-                                v not in versions and r.reason != UNLOADED))]:
+            for version in [
+                v
+                for v, r in record.versions.items()
+                if r.state is ModelState.UNAVAILABLE
+                and (v not in available or (v not in versions and r.reason != UNLOADED))
+            ]:
                 # Gone from disk, or a failed version the policy no longer wants.
                 del record.versions[version]
         return failures
 
-    def _wanted_versions(self, name: str, model_dir: Path, override: Optional[ModelConfig],
-                         only: Optional[Collection[int]]) -> list[int]:
+    def _wanted_versions(
+        self, name: str, model_dir: Path, override: ModelConfig | None, only: Collection[int] | None
+    ) -> list[int]:
         """After a load failed before building any version: the versions it was for, by the
         version policy of the config as written (none when that does not parse either)."""
         try:
-            config = read_config(model_dir, self.settings.config_name) if override is None \
+            config = (
+                read_config(model_dir, self.settings.config_name)
+                if override is None
                 else _copy(override)
+            )
             available = layout.version_directories(model_dir, quiet=True)
-        except Exception:  # noqa: BLE001 - the load's own failure is the one to report
+        except Exception:
             return []
         if only is not None:
             available = {v: path for v, path in available.items() if v in only}
@@ -313,7 +385,9 @@ class ModelManager:
             if current is None or current.state is ModelState.UNAVAILABLE:
                 record.versions[number] = VersionRecord(number, ModelState.UNAVAILABLE, reason)
 
-    async def _load_dependencies(self, name: str, config: ModelConfig, chain: tuple[str, ...]) -> None:
+    async def _load_dependencies(
+        self, name: str, config: ModelConfig, chain: tuple[str, ...]
+    ) -> None:
         if config.platform != "ensemble":
             return
         members = sorted({step.model_name for step in config.ensemble_scheduling.step})
@@ -331,8 +405,14 @@ class ModelManager:
                     raise ConfigError(f"ensemble '{name}' depends on '{member}': {exc}") from None
             self._dependents.setdefault(name, set()).add(member)
 
-    async def _load_version(self, record: ModelRecord, config: ModelConfig, model_dir: Path,
-                            version: int, version_dir: Path) -> str:
+    async def _load_version(
+        self,
+        record: ModelRecord,
+        config: ModelConfig,
+        model_dir: Path,
+        version: int,
+        version_dir: Path,
+    ) -> str:
         name = record.name
         old = record.versions.get(version)
         replacing = old is not None and old.serving
@@ -341,15 +421,24 @@ class ModelManager:
         started = time.monotonic()
         try:
             # An ensemble has no runtime of its own; its scheduler runs the member models.
-            backend_cls = None if config.platform == "ensemble" else \
-                registry_backend_class(config.backend, name)
-            spec = VersionSpec(name, version, _copy(config), model_dir, version_dir,
-                               backend_cls, self._host)  # type: ignore[arg-type]
+            backend_cls = (
+                None
+                if config.platform == "ensemble"
+                else registry_backend_class(config.backend, name)
+            )
+            spec = VersionSpec(
+                name, version, _copy(config), model_dir, version_dir, backend_cls, self._host
+            )  # type: ignore[arg-type]
             stats = VersionStatistics(name, str(version))
             scheduler, labels = await build_version(
-                spec, stats, self._scheduler_factory, self._infer, self.settings.load_retries,
-                lambda: self._closing)
-        except Exception as exc:  # noqa: BLE001 - any failure becomes this version's reason
+                spec,
+                stats,
+                self._scheduler_factory,
+                self._infer,
+                self.settings.load_retries,
+                lambda: self._closing,
+            )
+        except Exception as exc:
             reason = getattr(exc, "message", None) or str(exc)
             log.error("failed to load '%s' version %d: %s", name, version, reason)
             if replacing:
@@ -362,16 +451,18 @@ class ModelManager:
             if replacing:
                 self.hooks.version_unloaded(name, version)
             stats.attach(self.hooks.version_loaded(name, version, seconds))
-        record.versions[version] = VersionRecord(version, ModelState.READY, "", spec, scheduler,
-                                                 seconds, labels)
+        record.versions[version] = VersionRecord(
+            version, ModelState.READY, "", spec, scheduler, seconds, labels
+        )
         log.info("loaded '%s' version %d in %.2fs", name, version, seconds)
         if replacing:
             await self._drain_and_stop(name, version, old)  # type: ignore[arg-type]
         return ""
 
     # ----- retire ---------------------------------------------------------------------------
-    async def _drain_and_stop(self, name: str, version: int, record: VersionRecord,
-                              drain_timeout: Optional[float] = None) -> None:
+    async def _drain_and_stop(
+        self, name: str, version: int, record: VersionRecord, drain_timeout: float | None = None
+    ) -> None:
         scheduler = record.scheduler
         assert scheduler is not None
         # Live sequences finish on this copy: their next requests are routed here meanwhile.
@@ -379,28 +470,33 @@ class ModelManager:
         if pinned:
             self.registry.pin_sequences(name, record)
         try:
-            await scheduler.drain(self.settings.drain_timeout if drain_timeout is None
-                                  else drain_timeout)
+            await scheduler.drain(
+                self.settings.drain_timeout if drain_timeout is None else drain_timeout
+            )
         finally:
             if pinned:
                 self.registry.unpin_sequences(name, record)
         await scheduler.stop()
         log.info("successfully unloaded '%s' version %d", name, version)  # Triton's line
 
-    async def _retire(self, record: ModelRecord, version: int,
-                      drain_timeout: Optional[float] = None) -> None:
+    async def _retire(
+        self, record: ModelRecord, version: int, drain_timeout: float | None = None
+    ) -> None:
         """Stop serving one version: new requests are refused at once, admitted ones finish.
         Retiring the same copy twice (an unload meeting shutdown) waits for the first."""
         current = record.versions[version]
         running = self._retiring.get(id(current))
         if running is None:
-            running = asyncio.ensure_future(self._retire_copy(record, version, current, drain_timeout))
+            running = asyncio.ensure_future(
+                self._retire_copy(record, version, current, drain_timeout)
+            )
             self._retiring[id(current)] = running
             running.add_done_callback(lambda _: self._retiring.pop(id(current), None))
         await asyncio.shield(running)
 
-    async def _retire_copy(self, record: ModelRecord, version: int, current: VersionRecord,
-                           drain_timeout: Optional[float]) -> None:
+    async def _retire_copy(
+        self, record: ModelRecord, version: int, current: VersionRecord, drain_timeout: float | None
+    ) -> None:
         current.state = ModelState.UNLOADING
         if current.scheduler is not None:
             if self.hooks is not None:
@@ -415,7 +511,7 @@ class ModelManager:
         self._taken_along.discard(name)  # unloaded by request: not reloaded behind the user
         for ensemble in [e for e, members in self._building.items() if name in members]:
             async with self._lock(ensemble):  # an ensemble loading on it: let it finish first,
-                pass                          # so that it is taken along below
+                pass  # so that it is taken along below
         using = ensembles_using(self.registry, name)
         await self.remove_model(name, UNLOADED)
         for ensemble in using:
@@ -438,8 +534,13 @@ class ModelManager:
             record.state = ModelState.UNAVAILABLE
             record.reason = reason
             record.loaded_files = None
-            await asyncio.gather(*(self._retire(record, v) for v, r in list(record.versions.items())
-                                   if r.state is not ModelState.UNAVAILABLE or r.reason != UNLOADED))
+            await asyncio.gather(
+                *(
+                    self._retire(record, v)
+                    for v, r in list(record.versions.items())
+                    if r.state is not ModelState.UNAVAILABLE or r.reason != UNLOADED
+                )
+            )
             if reason != UNLOADED:
                 record.versions.clear()  # the model-level reason is the one to show
             await self._release_private(name)
@@ -450,32 +551,45 @@ class ModelManager:
         if not owned:
             return
         record = self.registry.models.get(name)
-        in_use = set() if record is None else {
-            r.spec.model_dir for r in record.versions.values()
-            if r.scheduler is not None and r.spec is not None}
+        in_use = (
+            set()
+            if record is None
+            else {
+                r.spec.model_dir
+                for r in record.versions.values()
+                if r.scheduler is not None and r.spec is not None
+            }
+        )
         for directory in sorted(owned - in_use):
             owned.discard(directory)
             await asyncio.to_thread(remove_override_directory, directory)
 
-    async def shutdown(self, drain_timeout: Optional[float] = None) -> None:
+    async def shutdown(self, drain_timeout: float | None = None) -> None:
         """Drain and unload everything (server exit); leftovers past the timeout fail with
         UNAVAILABLE so every admitted request is answered. Loads still running are not
         published."""
         self._closing = True
         retiring = []
         for record in list(self.registry.models.values()):
-            retiring += [self._retire(record, v, drain_timeout)
-                         for v, r in list(record.versions.items()) if r.scheduler is not None]
+            retiring += [
+                self._retire(record, v, drain_timeout)
+                for v, r in list(record.versions.items())
+                if r.scheduler is not None
+            ]
         await asyncio.gather(*retiring)
         for name in list(self._private):
             await self._release_private(name)
 
 
-def _same(current: Optional[VersionRecord], config: ModelConfig) -> bool:
+def _same(current: VersionRecord | None, config: ModelConfig) -> bool:
     """A serving copy that an unchanged version may keep (its config is the same but for the
     version policy)."""
-    return current is not None and current.serving and current.spec is not None \
+    return (
+        current is not None
+        and current.serving
+        and current.spec is not None
         and same_but_versions(current.spec.config, config)
+    )
 
 
 def _copy(config: ModelConfig) -> ModelConfig:

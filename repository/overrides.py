@@ -5,6 +5,7 @@ no `..`, `.` or empty components, no NUL or backslash, and it must stay inside t
 directory even after resolving. Writing never follows a symlink (O_NOFOLLOW on the file, lstat
 on every parent), so nothing lands outside the directory whatever is already in it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,8 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,9 @@ def checked_path(key: str) -> PurePosixPath:
         raise OverrideError(f"file override path '{key}' must be relative to the model directory")
     parts = key.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise OverrideError(f"file override path '{key}' escapes or is not a plain path inside "
-                            f"the model directory")
+        raise OverrideError(
+            f"file override path '{key}' escapes or is not a plain path inside the model directory"
+        )
     return path
 
 
@@ -48,8 +50,10 @@ def _make_parents(root: Path, relative: PurePosixPath) -> Path:
         except FileExistsError:
             info = os.lstat(current)
             if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-                raise OverrideError(f"file override path '{relative}' goes through '{part}', "
-                                    f"which is not a directory") from None
+                raise OverrideError(
+                    f"file override path '{relative}' goes through '{part}', "
+                    f"which is not a directory"
+                ) from None
     return current
 
 
@@ -68,8 +72,9 @@ def write_files(root: Path, files: Mapping[str, bytes]) -> None:
         try:
             fd = os.open(target, flags, 0o600)
         except FileExistsError:
-            raise OverrideError(f"file override path '{key}' is given twice or collides with "
-                                f"a directory") from None
+            raise OverrideError(
+                f"file override path '{key}' is given twice or collides with a directory"
+            ) from None
         with os.fdopen(fd, "wb") as handle:
             handle.write(files[key])
 

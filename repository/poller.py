@@ -14,18 +14,19 @@ real changes cause a load, unchanged versions are kept serving, and a load that 
 retried until the files change again. Each model's load or unload runs as its own task: a slow
 drain never holds up other models or later polls, and no failure stops the loop.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Optional, Protocol
+from typing import Protocol
 
 from repository import layout
-from repository.fingerprint import (MODEL_LEVEL, ContentHasher, Fingerprint, ModelFiles,
-                                    scan_model)
+from repository.fingerprint import MODEL_LEVEL, ContentHasher, Fingerprint, ModelFiles, scan_model
 from repository.reload_plan import is_config_file
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,14 @@ log = logging.getLogger(__name__)
 class PollTarget(Protocol):
     """The part of the model manager the poller drives."""
 
-    async def load_model(self, name: str, override: None = None, *,
-                         versions: Optional[Collection[int]] = None,
-                         keep: Collection[int] = ()) -> None: ...
+    async def load_model(
+        self,
+        name: str,
+        override: None = None,
+        *,
+        versions: Collection[int] | None = None,
+        keep: Collection[int] = (),
+    ) -> None: ...
 
     async def remove_model(self, name: str, reason: str) -> None: ...
 
@@ -68,17 +74,24 @@ class Observation:
     locations: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     files: dict[str, ModelFiles] = field(default_factory=dict)
     # Content fingerprints of the units that are stable (or of every unit when priming).
-    stable: dict[str, dict[Optional[int], Fingerprint]] = field(default_factory=dict)
+    stable: dict[str, dict[int | None, Fingerprint]] = field(default_factory=dict)
     # When each unit was first seen with the files it has now (the poller's clock).
-    since: dict[str, dict[Optional[int], float]] = field(default_factory=dict)
+    since: dict[str, dict[int | None, float]] = field(default_factory=dict)
 
 
 class RepositoryPoller:
     """`settle`: seconds a unit's files must be seen unchanged before it loads (0: two polls
     in a row are enough); `clock` is for tests."""
 
-    def __init__(self, repositories: list[Path], target: PollTarget, interval: float, *,
-                 settle: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        repositories: list[Path],
+        target: PollTarget,
+        interval: float,
+        *,
+        settle: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.repositories = repositories
         self.target = target
         self.interval = interval
@@ -89,7 +102,7 @@ class RepositoryPoller:
         self._applied: dict[str, Applied] = {}
         self._duplicates: set[str] = set()
         self._running: dict[str, asyncio.Task] = {}
-        self._loop_task: Optional[asyncio.Task] = None
+        self._loop_task: asyncio.Task | None = None
 
     # ----- scanning (off the event loop) --------------------------------------------------
     def _observe(self, previous: Observation, prime: bool) -> Observation:
@@ -104,10 +117,13 @@ class RepositoryPoller:
             before = previous.files.get(name)
             first_seen = previous.since.get(name, {})
             since = seen.since[name] = {}
-            stable: dict[Optional[int], Fingerprint] = {}
+            stable: dict[int | None, Fingerprint] = {}
             for unit, stats in files.units.items():
-                unchanged = before is not None and before.path == files.path and \
-                    before.units.get(unit) == stats
+                unchanged = (
+                    before is not None
+                    and before.path == files.path
+                    and before.units.get(unit) == stats
+                )
                 since[unit] = first_seen.get(unit, now) if unchanged else now
                 settled = unchanged and now - since[unit] >= self.settle
                 if prime or settled or files.marked_complete(unit):
@@ -126,7 +142,9 @@ class RepositoryPoller:
     def _decide(self, seen: Observation) -> list[Action]:
         previous, self._previous = self._previous, seen
         actions: list[Action] = []
-        names = set(seen.locations) | set(previous.locations) | set(self._applied) | self._duplicates
+        names = (
+            set(seen.locations) | set(previous.locations) | set(self._applied) | self._duplicates
+        )
         for name in sorted(names):
             if name in self._running:
                 continue  # re-examined once its current load or unload is done
@@ -138,8 +156,7 @@ class RepositoryPoller:
                 actions.append(action)
         return actions
 
-    def _decide_model(self, name: str, where: tuple[Path, ...], seen: Observation
-                      ) -> Optional[Action]:
+    def _decide_model(self, name: str, where: tuple[Path, ...], seen: Observation) -> Action | None:
         applied = self._applied.get(name)
         if len(where) > 1:
             if name in self._duplicates:
@@ -170,8 +187,11 @@ class RepositoryPoller:
         # Unchanged versions may keep serving unless a model-level file they may use changed;
         # a config change is the manager's to judge (the same but for the version policy).
         keep: set[int] = set()
-        if applied is not None and applied.path == wanted.path and \
-                _without_config(applied.model) == _without_config(wanted.model):
+        if (
+            applied is not None
+            and applied.path == wanted.path
+            and _without_config(applied.model) == _without_config(wanted.model)
+        ):
             keep = {v for v, fp in ready.items() if applied.versions.get(v) == fp}
         self._applied[name] = wanted
         return Action(name, "load", frozenset(ready), frozenset(keep))
@@ -180,20 +200,25 @@ class RepositoryPoller:
     async def _act(self, action: Action) -> None:
         try:
             if action.kind == "remove":
-                log.info("model '%s' left the repository (%s): unloading", action.name,
-                         action.reason)
+                log.info(
+                    "model '%s' left the repository (%s): unloading", action.name, action.reason
+                )
                 await self.target.remove_model(action.name, action.reason)
             else:
-                log.info("model '%s' changed on disk: loading (complete versions %s, unchanged "
-                         "%s)", action.name, sorted(action.versions), sorted(action.keep))
-                await self.target.load_model(action.name, versions=action.versions,
-                                             keep=action.keep)
-        except Exception as exc:  # noqa: BLE001 - a failed load never stops later polls
+                log.info(
+                    "model '%s' changed on disk: loading (complete versions %s, unchanged %s)",
+                    action.name,
+                    sorted(action.versions),
+                    sorted(action.keep),
+                )
+                await self.target.load_model(
+                    action.name, versions=action.versions, keep=action.keep
+                )
+        except Exception as exc:
             log.error("poll: %s of model '%s' failed: %s", action.kind, action.name, exc)
 
     def _launch(self, action: Action) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(self._act(action),
-                                                      name=f"poll:{action.name}")
+        task = asyncio.get_running_loop().create_task(self._act(action), name=f"poll:{action.name}")
         self._running[action.name] = task
         task.add_done_callback(lambda _: self._running.pop(action.name, None))
         return task
@@ -206,8 +231,9 @@ class RepositoryPoller:
         for name, files in seen.files.items():
             stable = seen.stable[name]
             if all(unit in stable for unit in files.units):  # else: treated as new once readable
-                self._applied[name] = Applied(files.path, stable[MODEL_LEVEL],
-                                              {v: stable[v] for v in files.versions})
+                self._applied[name] = Applied(
+                    files.path, stable[MODEL_LEVEL], {v: stable[v] for v in files.versions}
+                )
         self._duplicates = {name for name, where in seen.locations.items() if len(where) > 1}
 
     async def poll(self) -> list[asyncio.Task]:
@@ -222,11 +248,13 @@ class RepositoryPoller:
                 await self.poll()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - keep polling whatever one pass hit
+            except Exception:
                 log.exception("poll of the model repositories failed")
 
     def start(self) -> None:
-        self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="repository-poll")
+        self._loop_task = asyncio.get_running_loop().create_task(
+            self._run(), name="repository-poll"
+        )
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Stop polling; give loads already started `timeout` seconds, then cancel them."""

@@ -3,12 +3,13 @@
 Publishing a version is a plain assignment on the event loop, so a request resolves either the
 old or the new version, never a half-built one; the scheduler it was submitted to answers it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.proto.model_config_pb2 import ModelConfig
@@ -32,8 +33,8 @@ class VersionRecord:
     version: int
     state: ModelState
     reason: str = ""
-    spec: Optional[VersionSpec] = None
-    scheduler: Optional[Scheduler] = None
+    spec: VersionSpec | None = None
+    scheduler: Scheduler | None = None
     load_seconds: float = 0.0
     # Classification labels per output, read when this copy loaded (a reload re-reads them).
     labels: dict[str, list[str]] = field(default_factory=dict)
@@ -49,16 +50,16 @@ class VersionRecord:
 @dataclass
 class ModelRecord:
     name: str
-    path: Optional[Path] = None
+    path: Path | None = None
     # The last config that normalised, shown by /config even when no version is ready.
-    config: Optional[ModelConfig] = None
+    config: ModelConfig | None = None
     versions: dict[int, VersionRecord] = field(default_factory=dict)
     # Set when the model failed before any version could be considered (bad config, duplicate).
     state: ModelState = ModelState.UNKNOWN
     reason: str = ""
     # The files as the last complete load request saw them (repository/reload_plan.py); None
     # after anything else changed what serves.
-    loaded_files: Optional["LoadedFiles"] = None
+    loaded_files: LoadedFiles | None = None
 
     def ready_versions(self) -> list[int]:
         return sorted(v for v, record in self.versions.items() if record.serving)
@@ -69,8 +70,10 @@ def parse_version(version: str, model: str) -> int:
     if version in ("", "-1"):
         return -1
     if not version.isdigit():
-        raise InvalidArgument(f"failed to get model version from specified version string "
-                              f"'{version}' (for model '{model}')")
+        raise InvalidArgument(
+            f"failed to get model version from specified version string "
+            f"'{version}' (for model '{model}')"
+        )
     return int(version)
 
 
@@ -87,28 +90,31 @@ class ModelRegistry:
         drains = self.sequence_drains
         if drains and request.parameters:
             for record in drains.get(request.model_name, ()):
-                if request.model_version in ("", str(record.version)) and \
-                        record.scheduler is not None and \
-                        record.scheduler.continues_sequence(request):
+                if (
+                    request.model_version in ("", str(record.version))
+                    and record.scheduler is not None
+                    and record.scheduler.continues_sequence(request)
+                ):
                     return record
         return self.resolve(request.model_name, request.model_version)
 
-    def sequence_home(self, request: InferRequest) -> Optional[VersionRecord]:
+    def sequence_home(self, request: InferRequest) -> VersionRecord | None:
         """The copy on which the sequence `request` continues is live (a retiring copy or any
         serving version), or None: for a request without START, where a traffic split or
         shutdown must not send it elsewhere."""
         parameters = request.parameters
-        if not parameters or "sequence_id" not in parameters or \
-                parameters.get("sequence_start"):
+        if not parameters or "sequence_id" not in parameters or parameters.get("sequence_start"):
             return None
         candidates = list(self.sequence_drains.get(request.model_name, ()))
         model = self.models.get(request.model_name)
         if model is not None:
             candidates += [record for record in model.versions.values() if record.serving]
         for record in candidates:
-            if request.model_version in ("", "-1", str(record.version)) and \
-                    record.scheduler is not None and \
-                    record.scheduler.continues_sequence(request):
+            if (
+                request.model_version in ("", "-1", str(record.version))
+                and record.scheduler is not None
+                and record.scheduler.continues_sequence(request)
+            ):
                 return record
         return None
 
@@ -139,7 +145,7 @@ class ModelRegistry:
         model = self.get(name)
         number = parse_version(version, name)
         if number == -1:
-            latest: Optional[VersionRecord] = None
+            latest: VersionRecord | None = None
             for record in model.versions.values():  # no sort: this runs per request
                 if record.serving and (latest is None or record.version > latest.version):
                     latest = record
@@ -152,17 +158,22 @@ class ModelRegistry:
         if record is None:
             raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
         if not record.serving:
-            raise Unavailable(f"Request for unknown model: '{name}' version {number} is not at "
-                              f"ready state")
+            raise Unavailable(
+                f"Request for unknown model: '{name}' version {number} is not at ready state"
+            )
         return record
 
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
             record = self.resolve(name, version)
-        except Exception:  # noqa: BLE001 - readiness never errors, it answers false
+        except Exception:
             return False
         return record.healthy()
 
     def serving_versions(self) -> list[tuple[str, VersionRecord]]:
-        return [(name, record) for name, model in sorted(self.models.items())
-                for _, record in sorted(model.versions.items()) if record.serving]
+        return [
+            (name, record)
+            for name, model in sorted(self.models.items())
+            for _, record in sorted(model.versions.items())
+            if record.serving
+        ]

@@ -12,11 +12,11 @@ poller (POLL mode) keeps versions by the same rule, with its own content fingerp
 modification times: touching a file counts, and no file is read. Blocking (stat): run it off
 the event loop.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from protocol.proto.model_config_pb2 import ModelConfig
 from repository.fingerprint import MODEL_LEVEL, UnitStats, scan_model
@@ -27,8 +27,8 @@ class LoadedFiles:
     """A model directory's files as one load saw them."""
 
     path: Path
-    config: tuple   # the config files' stat keys (config.pbtxt, configs/*)
-    model: tuple    # every other model-level file's
+    config: tuple  # the config files' stat keys (config.pbtxt, configs/*)
+    model: tuple  # every other model-level file's
     versions: dict[int, tuple]
 
 
@@ -41,9 +41,12 @@ def snapshot(model_dir: Path) -> LoadedFiles:
     model_level = scanned.units.get(MODEL_LEVEL, {})
     config = {k: v for k, v in model_level.items() if is_config_file(k)}
     others = {k: v for k, v in model_level.items() if not is_config_file(k)}
-    return LoadedFiles(model_dir, _frozen(config), _frozen(others),
-                       {v: _frozen(files) for v, files in scanned.units.items()
-                        if v is not MODEL_LEVEL})
+    return LoadedFiles(
+        model_dir,
+        _frozen(config),
+        _frozen(others),
+        {v: _frozen(files) for v, files in scanned.units.items() if v is not MODEL_LEVEL},
+    )
 
 
 def is_config_file(relative: str) -> bool:
@@ -51,7 +54,7 @@ def is_config_file(relative: str) -> bool:
     return relative == "config.pbtxt" or relative.startswith("configs/")
 
 
-def unchanged_versions(before: Optional[LoadedFiles], now: LoadedFiles) -> set[int]:
+def unchanged_versions(before: LoadedFiles | None, now: LoadedFiles) -> set[int]:
     """Versions whose files, and the model-level files they may use, did not change."""
     if before is None or before.path != now.path or before.model != now.model:
         return set()

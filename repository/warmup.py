@@ -8,6 +8,7 @@ published until its warm-up passed. As in Triton, a sample of batch size N is N 
 sent together, so the batcher can group them. A failing sample fails the load. Afterwards the
 counters start again from zero: statistics and metrics describe client traffic only.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,17 +36,26 @@ def _sample_error(sample: ModelWarmup, message: str) -> WarmupError:
 def _read_data_file(model_dir: Path, sample: ModelWarmup, file_name: str) -> bytes:
     relative = PurePosixPath(file_name)
     if relative.is_absolute() or any(part in ("", ".", "..") for part in file_name.split("/")):
-        raise _sample_error(sample, f"input_data_file '{file_name}' must be a plain path inside "
-                                    f"the model's '{WARMUP_DIR}' directory")
+        raise _sample_error(
+            sample,
+            f"input_data_file '{file_name}' must be a plain path inside "
+            f"the model's '{WARMUP_DIR}' directory",
+        )
     try:
         return (model_dir / WARMUP_DIR).joinpath(*relative.parts).read_bytes()
     except OSError as exc:
-        raise _sample_error(sample, f"cannot read input_data_file '{file_name}': "
-                                    f"{exc.strerror or exc}") from None
+        raise _sample_error(
+            sample, f"cannot read input_data_file '{file_name}': {exc.strerror or exc}"
+        ) from None
 
 
-def _input_array(model_dir: Path, sample: ModelWarmup, name: str, spec: ModelWarmup.Input,
-                 rng: np.random.Generator) -> tuple[str, np.ndarray]:
+def _input_array(
+    model_dir: Path,
+    sample: ModelWarmup,
+    name: str,
+    spec: ModelWarmup.Input,
+    rng: np.random.Generator,
+) -> tuple[str, np.ndarray]:
     """The wire datatype and the array (without the batch dimension) for one sample input."""
     try:
         dtype = datatypes.BY_CONFIG_NAME[DataType.Name(spec.data_type)]
@@ -71,8 +81,11 @@ def _input_array(model_dir: Path, sample: ModelWarmup, name: str, spec: ModelWar
         raw = _read_data_file(model_dir, sample, spec.input_data_file)
         needed = count * dtype.itemsize
         if len(raw) < needed:
-            raise _sample_error(sample, f"input '{name}' needs {needed} bytes, but "
-                                        f"'{spec.input_data_file}' holds {len(raw)}")
+            raise _sample_error(
+                sample,
+                f"input '{name}' needs {needed} bytes, but "
+                f"'{spec.input_data_file}' holds {len(raw)}",
+            )
         array = np.frombuffer(raw[:needed], dtype=dtype.numpy).copy()
     elif choice == "random_data":
         if dtype.numpy.kind == "f":
@@ -94,16 +107,21 @@ def build_requests(spec: VersionSpec, sample: ModelWarmup) -> list[InferRequest]
     if not batching and rows > 1:
         raise _sample_error(sample, f"batch_size {rows} needs a model that batches")
     rng = np.random.default_rng()
-    inputs = {name: _input_array(spec.model_dir, sample, name, item, rng)
-              for name, item in sorted(sample.inputs.items())}
+    inputs = {
+        name: _input_array(spec.model_dir, sample, name, item, rng)
+        for name, item in sorted(sample.inputs.items())
+    }
     requests = []
     for index in range(rows):
         tensors = []
         for name, (wire, array) in inputs.items():
             data = array[np.newaxis, ...] if batching else array
             tensors.append(Tensor(name, wire, tuple(data.shape), data))
-        requests.append(InferRequest(config.name, str(spec.version),
-                                     id=f"warmup:{sample.name}:{index}", inputs=tensors))
+        requests.append(
+            InferRequest(
+                config.name, str(spec.version), id=f"warmup:{sample.name}:{index}", inputs=tensors
+            )
+        )
     return requests
 
 
@@ -120,12 +138,16 @@ async def run_warmup(spec: VersionSpec, scheduler: Scheduler) -> None:
             try:
                 futures = []
                 for request in requests:
-                    clone = InferRequest(request.model_name, request.model_version,
-                                         id=request.id, inputs=list(request.inputs))
+                    clone = InferRequest(
+                        request.model_name,
+                        request.model_version,
+                        id=request.id,
+                        inputs=list(request.inputs),
+                    )
                     futures.append(scheduler.submit(clone))  # validates, as for clients
                 await asyncio.gather(*futures)
             except ServerError as exc:
                 raise _sample_error(sample, exc.message) from None
-            except Exception as exc:  # noqa: BLE001 - a backend failure fails the load
+            except Exception as exc:
                 raise _sample_error(sample, str(exc)) from None
     scheduler.statistics.reset()

@@ -18,12 +18,13 @@ and the loop's default executor start from the process's whole set (`release_thr
 loaded later, an ONNX Runtime pool or a Python model's worker process is never confined to the
 loop's CPU by inheritance. `--colocate-cheap-instances=false` turns all of this off.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +33,20 @@ MOVE_AWAY_ABOVE_NS = 1_000_000
 SETTLE_JOBS = 8  # jobs seen before an instance first moves
 _SMOOTHING = 0.2  # weight of the newest job in the running average
 
-_process_cpus: Optional[frozenset[int]] = None  # the whole set, saved before the loop is pinned
-_loop_cpu: Optional[int] = None
+_process_cpus: frozenset[int] | None = None  # the whole set, saved before the loop is pinned
+_loop_cpu: int | None = None
 
 
 def supported() -> bool:
     return hasattr(os, "sched_setaffinity") and hasattr(os, "sched_getaffinity")
 
 
-def loop_cpu() -> Optional[int]:
+def loop_cpu() -> int | None:
     """The CPU the event loop is pinned to, or None when nothing is pinned."""
     return _loop_cpu
 
 
-def pin_event_loop(loop: object = None) -> Optional[int]:
+def pin_event_loop(loop: object = None) -> int | None:
     """Keep the calling (event loop) thread on its current CPU; None when that cannot help
     (unsupported, or the process may use a single CPU). Call once, on the loop's thread."""
     global _process_cpus, _loop_cpu
@@ -61,10 +62,15 @@ def pin_event_loop(loop: object = None) -> Optional[int]:
     _loop_cpu = cpu
     if loop is not None and hasattr(loop, "set_default_executor"):
         # asyncio.to_thread work (repository reads, polling) must not inherit the pin.
-        loop.set_default_executor(ThreadPoolExecutor(initializer=release_thread,
-                                                     thread_name_prefix="asyncio"))
-    log.info("event loop pinned to CPU %d; instances that cost their thread under %d µs of CPU "
-             "per batch share it", cpu, COLOCATE_BELOW_NS // 1000)
+        loop.set_default_executor(
+            ThreadPoolExecutor(initializer=release_thread, thread_name_prefix="asyncio")
+        )
+    log.info(
+        "event loop pinned to CPU %d; instances that cost their thread under %d µs of CPU "
+        "per batch share it",
+        cpu,
+        COLOCATE_BELOW_NS // 1000,
+    )
     return cpu
 
 
@@ -82,7 +88,7 @@ def release_thread() -> None:
         os.sched_setaffinity(0, _process_cpus)
 
 
-def _current_cpu() -> Optional[int]:
+def _current_cpu() -> int | None:
     """The CPU the calling thread last ran on (field 39 of /proc/thread-self/stat)."""
     try:
         with open("/proc/thread-self/stat", "rb") as handle:
@@ -96,11 +102,14 @@ class ThreadPlacement:
     """Moves one instance thread onto the loop's CPU while its jobs are cheap, and off it when
     they are not. Lives on that thread: `started()` once, `job_done(cpu_ns)` after each job."""
 
-    def __init__(self, setter: Optional[Callable[[set[int]], None]] = None,
-                 target: Callable[[], Optional[int]] = loop_cpu) -> None:
+    def __init__(
+        self,
+        setter: Callable[[set[int]], None] | None = None,
+        target: Callable[[], int | None] = loop_cpu,
+    ) -> None:
         self._set = setter or (lambda cpus: os.sched_setaffinity(0, cpus))
         self._target = target
-        self._average: Optional[float] = None
+        self._average: float | None = None
         self._jobs = 0
         self.colocated = False
 
@@ -109,8 +118,11 @@ class ThreadPlacement:
 
     def job_done(self, cpu_ns: int) -> None:
         self._jobs += 1
-        average = cpu_ns if self._average is None else \
-            self._average + _SMOOTHING * (cpu_ns - self._average)
+        average = (
+            cpu_ns
+            if self._average is None
+            else self._average + _SMOOTHING * (cpu_ns - self._average)
+        )
         self._average = average
         cpu = self._target()
         if cpu is None:

@@ -5,15 +5,17 @@ The rules that keep the hot path cheap: a one-request batch is passed through un
 a real batch is built with exactly one copy per input (padding included), and outputs are handed
 back as views (slices), never copies.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 
-def concat_inputs(requests: Sequence[Mapping[str, np.ndarray]],
-                  pad_to: Optional[int] = None) -> dict[str, np.ndarray]:
+def concat_inputs(
+    requests: Sequence[Mapping[str, np.ndarray]], pad_to: int | None = None
+) -> dict[str, np.ndarray]:
     """Join each input of several requests along dim 0.
 
     All requests carry the same input names (the batcher only groups such requests). An input
@@ -32,7 +34,7 @@ def concat_inputs(requests: Sequence[Mapping[str, np.ndarray]],
     return batched
 
 
-def _join(parts: list[np.ndarray], pad_to: Optional[int]) -> np.ndarray:
+def _join(parts: list[np.ndarray], pad_to: int | None) -> np.ndarray:
     head = parts[0]
     inner = head.shape[1:]
     ragged = any(part.shape[1:] != inner for part in parts)
@@ -58,8 +60,9 @@ def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
 
-def split_outputs(outputs: Mapping[str, np.ndarray],
-                  rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
+def split_outputs(
+    outputs: Mapping[str, np.ndarray], rows: Sequence[int]
+) -> list[dict[str, np.ndarray]]:
     """Slice each batch output back into per-request views, `rows[i]` rows for request i.
 
     Extra rows beyond sum(rows) are padding and are dropped. Fewer rows is the model's error.
@@ -75,12 +78,13 @@ def split_outputs(outputs: Mapping[str, np.ndarray],
     for name, array in outputs.items():
         start = 0
         for index, count in enumerate(rows):
-            pieces[index][name] = array[start:start + count]
+            pieces[index][name] = array[start : start + count]
             start += count
     return pieces
 
 
 def drop_padding(outputs: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
     """The first `rows` rows of every output (a view; the arrays themselves when none padded)."""
-    return {name: (array if array.shape[0] == rows else array[:rows])
-            for name, array in outputs.items()}
+    return {
+        name: (array if array.shape[0] == rows else array[:rows]) for name, array in outputs.items()
+    }

@@ -7,25 +7,28 @@ level, delayed requests after the level's others), add whole requests while they
 shapes, remember the last point that hits a preferred size, then either send that, send
 everything (delay ran out, batch cannot grow, no delay configured) or wait for the delay.
 """
+
 from __future__ import annotations
 
 import bisect
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Hashable, Iterator, Optional
+from typing import TYPE_CHECKING
 
 from protocol.errors import Overloaded
 from protocol.types import InferRequest
 from scheduler.clock import Clock
-from scheduler.queue_scheduler import QUEUED, RUNNING, BatchingQueue, Entry, QueueScheduler
 from scheduler.interface import VersionSpec
 from scheduler.policy import LevelPolicy, QueuePolicy
+from scheduler.queue_scheduler import QUEUED, RUNNING, BatchingQueue, Entry, QueueScheduler
 from scheduler.stats import VersionStatistics
 
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.proto.model_config_pb2 import ModelConfig
+
 
 @dataclass(slots=True)
 class _Level:
@@ -38,11 +41,14 @@ class _Level:
 class BatchQueue(BatchingQueue):
     """The dynamic batcher's queue and batch-sealing rule for one model version."""
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelConfig) -> None:
         batching = config.dynamic_batching
         self._max_rows = max(1, config.max_batch_size)
-        preferred = {size for size in batching.preferred_batch_size
-                     if 0 < size <= self._max_rows} if config.max_batch_size > 0 else set()
+        preferred = (
+            {size for size in batching.preferred_batch_size if 0 < size <= self._max_rows}
+            if config.max_batch_size > 0
+            else set()
+        )
         self._preferred = preferred
         self._max_preferred = max(preferred) if preferred else self._max_rows
         self._delay_ns = batching.max_queue_delay_microseconds * 1000
@@ -122,7 +128,7 @@ class BatchQueue(BatchingQueue):
                 rejected.append(entry)
         return rejected
 
-    def next_deadline(self) -> Optional[int]:
+    def next_deadline(self) -> int | None:
         deadlines = self._deadlines
         while deadlines and not deadlines[0][2].live:
             heapq.heappop(deadlines)
@@ -145,8 +151,9 @@ class BatchQueue(BatchingQueue):
 
     # -- sealing a batch ----------------------------------------------------------------------
 
-    def take(self, now_ns: int, flush: bool, arriving: bool = False
-             ) -> tuple[list[Entry], Optional[int]]:
+    def take(
+        self, now_ns: int, flush: bool, arriving: bool = False
+    ) -> tuple[list[Entry], int | None]:
         self._compact()
         batch: list[Entry] = []
         rows = 0
@@ -175,8 +182,13 @@ class BatchQueue(BatchingQueue):
             return [], oldest + self._delay_ns  # due: the timer's pass seals it this turn
         if best and not delay_exceeded and not flush:
             batch = batch[:best]
-        elif not (flush or send_now or delay_exceeded or self._delay_ns == 0
-                  or rows >= self._max_preferred):
+        elif not (
+            flush
+            or send_now
+            or delay_exceeded
+            or self._delay_ns == 0
+            or rows >= self._max_preferred
+        ):
             return [], oldest + self._delay_ns
         for entry in batch:
             entry.state = RUNNING
@@ -214,10 +226,16 @@ class BatchQueue(BatchingQueue):
         self._left(entry)
 
     def clear(self) -> list[Entry]:
-        left = [entry for number in self._level_order
-                for queue, delayed in ((self._levels[number].waiting, False),
-                                       (self._levels[number].delayed, True))
-                for entry in queue if entry.state == QUEUED and entry.delayed == delayed]
+        left = [
+            entry
+            for number in self._level_order
+            for queue, delayed in (
+                (self._levels[number].waiting, False),
+                (self._levels[number].delayed, True),
+            )
+            for entry in queue
+            if entry.state == QUEUED and entry.delayed == delayed
+        ]
         for level in self._levels.values():
             level.waiting.clear()
             level.delayed.clear()
@@ -231,17 +249,26 @@ class BatchQueue(BatchingQueue):
         return self._count
 
 
-def _shape_enforced_inputs(config: "ModelConfig") -> list[tuple[str, bool]]:
+def _shape_enforced_inputs(config: ModelConfig) -> list[tuple[str, bool]]:
     """(name, is_shape_tensor) of inputs whose shapes must match within a batch: those with a
     variable dim that do not allow ragged batches, and shape tensors."""
-    return [(inp.name, inp.is_shape_tensor) for inp in config.input
-            if inp.is_shape_tensor or (-1 in inp.dims and not inp.allow_ragged_batch)]
+    return [
+        (inp.name, inp.is_shape_tensor)
+        for inp in config.input
+        if inp.is_shape_tensor or (-1 in inp.dims and not inp.allow_ragged_batch)
+    ]
 
 
 class DynamicBatcher(QueueScheduler):
     """The scheduler for models with `dynamic_batching`."""
 
-    def __init__(self, spec: VersionSpec, stats: VersionStatistics, *,
-                 clock: Optional[Clock] = None) -> None:
-        super().__init__(spec, stats, BatchQueue(spec.config), clock=clock,
-                         preserve_ordering=spec.config.dynamic_batching.preserve_ordering)
+    def __init__(
+        self, spec: VersionSpec, stats: VersionStatistics, *, clock: Clock | None = None
+    ) -> None:
+        super().__init__(
+            spec,
+            stats,
+            BatchQueue(spec.config),
+            clock=clock,
+            preserve_ordering=spec.config.dynamic_batching.preserve_ordering,
+        )

@@ -5,6 +5,7 @@ A clock gives monotonic nanoseconds and a way to be called back at a moment on t
 than the loop can time); `ManualClock` only moves when a test calls `advance()`, so delay and
 timeout rules can be checked without sleeping.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,8 @@ import heapq
 import itertools
 import threading
 import time
-from typing import Callable, Optional, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 
 class TimerHandle(Protocol):
@@ -41,8 +43,9 @@ class _FineTimer:
 
     __slots__ = ("when_ns", "callback", "loop", "cancelled")
 
-    def __init__(self, when_ns: int, callback: Callable[[], None],
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, when_ns: int, callback: Callable[[], None], loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.when_ns = when_ns
         self.callback = callback
         self.loop = loop
@@ -70,7 +73,7 @@ class _FineTimerThread:
         self._cond = threading.Condition(threading.Lock())
         self._heap: list[tuple[int, int, _FineTimer]] = []
         self._seq = itertools.count()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def add(self, timer: _FineTimer) -> None:
         with self._cond:
@@ -181,7 +184,7 @@ class ManualClock:
             self._fire(timer)
         self._now = when_ns
 
-    def next_timer_ns(self) -> Optional[int]:
+    def next_timer_ns(self) -> int | None:
         """The earliest pending deadline, for tests that want to jump straight to it."""
         while self._timers and self._timers[0][2].cancelled:
             heapq.heappop(self._timers)

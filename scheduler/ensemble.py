@@ -11,12 +11,14 @@ The graph is checked once, at load: every step input is an ensemble input or som
 output, each ensemble tensor is produced once, every ensemble output is produced, no cycles.
 Whether the member models exist is checked per request (they load and reload independently).
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING
 
 from protocol.errors import InternalError, InvalidArgument, ServerError, Unavailable
 from protocol.types import InferRequest, InferResponse, Tensor
@@ -49,7 +51,7 @@ class Step:
         return f"step {self.index} (model '{self.model_name}')"
 
 
-def plan_steps(config: "ModelConfig") -> list[Step]:
+def plan_steps(config: ModelConfig) -> list[Step]:
     """The ensemble's steps, after checking that they form a DAG over the declared tensors."""
     name = config.name
 
@@ -78,15 +80,19 @@ def plan_steps(config: "ModelConfig") -> list[Step]:
             if tensor in ensemble_inputs:
                 raise fail(f"{step.label} writes '{tensor}', which is an ensemble input")
             if tensor in produced_by:
-                raise fail(f"tensor '{tensor}' is written by both {produced_by[tensor].label} "
-                           f"and {step.label}")
+                raise fail(
+                    f"tensor '{tensor}' is written by both {produced_by[tensor].label} "
+                    f"and {step.label}"
+                )
             produced_by[tensor] = step
         steps.append(step)
     for step in steps:
         for tensor in step.inputs.values():
             if tensor not in ensemble_inputs and tensor not in produced_by:
-                raise fail(f"{step.label} reads '{tensor}', which is neither an ensemble input "
-                           f"nor written by any step")
+                raise fail(
+                    f"{step.label} reads '{tensor}', which is neither an ensemble input "
+                    f"nor written by any step"
+                )
     for output in config.output:
         if output.name not in produced_by:
             raise fail(f"ensemble output '{output.name}' is not written by any step")
@@ -94,8 +100,9 @@ def plan_steps(config: "ModelConfig") -> list[Step]:
     return steps
 
 
-def _check_acyclic(steps: list[Step], inputs: set[str],
-                   fail: Callable[[str], EnsembleConfigError]) -> None:
+def _check_acyclic(
+    steps: list[Step], inputs: set[str], fail: Callable[[str], EnsembleConfigError]
+) -> None:
     available = set(inputs)
     left = list(steps)
     while left:
@@ -149,7 +156,8 @@ class EnsembleScheduler(Scheduler):
         if not self._accepting:
             raise Unavailable(f"'{self._name}' version {self._spec.version} is not at ready state")
         task = asyncio.get_running_loop().create_task(
-            self._run(request), name=f"ensemble:{self._name}:{request.id}")
+            self._run(request), name=f"ensemble:{self._name}:{request.id}"
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -176,8 +184,10 @@ class EnsembleScheduler(Scheduler):
         except asyncio.CancelledError:
             self._stats.record_failure(FailureReason.CANCELED, self._elapsed(request))
             if self._aborting:
-                raise Unavailable(f"'{self._name}' version {self._spec.version} was unloaded "
-                                  f"before the request finished") from None
+                raise Unavailable(
+                    f"'{self._name}' version {self._spec.version} was unloaded "
+                    f"before the request finished"
+                ) from None
             raise
         except ServerError:
             # A step's failure, counted as Triton counts it on an ensemble: reason OTHER, and
@@ -187,8 +197,7 @@ class EnsembleScheduler(Scheduler):
             raise
         except Exception as exc:
             self._stats.record_failure(FailureReason.OTHER, self._elapsed(request))
-            raise InternalError(f"in ensemble '{self._name}': {type(exc).__name__}: {exc}") \
-                from exc
+            raise InternalError(f"in ensemble '{self._name}': {type(exc).__name__}: {exc}") from exc
         total = self._elapsed(request)
         self._stats.record_execution(max(1, request.batch_size), 0, total, 0)
         self._stats.record_success(total, 0, 0, total, 0)
@@ -209,8 +218,10 @@ class EnsembleScheduler(Scheduler):
                     running[task] = step
                 if not running:
                     labels = ", ".join(step.label for step in pending)
-                    raise InvalidArgument(f"in ensemble '{self._name}': {labels} cannot run: "
-                                          f"their inputs were not provided")
+                    raise InvalidArgument(
+                        f"in ensemble '{self._name}': {labels} cannot run: "
+                        f"their inputs were not provided"
+                    )
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in sorted(done, key=lambda t: running[t].index):
                     running.pop(task)
@@ -222,18 +233,24 @@ class EnsembleScheduler(Scheduler):
                 await asyncio.gather(*running, return_exceptions=True)
         return tensors
 
-    async def _run_step(self, step: Step, request: InferRequest,
-                        tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    async def _run_step(
+        self, step: Step, request: InferRequest, tensors: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
         inputs = []
         for input_name, tensor_name in step.inputs.items():
             source = tensors[tensor_name]
             inputs.append(Tensor(input_name, source.datatype, source.shape, source.data))
-        sub_request = InferRequest(step.model_name, step.model_version, id=request.id,
-                                   inputs=inputs, parameters=dict(request.parameters))
+        sub_request = InferRequest(
+            step.model_name,
+            step.model_version,
+            id=request.id,
+            inputs=inputs,
+            parameters=dict(request.parameters),
+        )
         # A traced ensemble request traces its steps as its children (server/observability/tracing.py).
         step_trace = request.trace.child(sub_request) if request.trace is not None else None
         where = f"in ensemble '{self._name}', {step.label}"
-        response: Optional[InferResponse] = None
+        response: InferResponse | None = None
         try:
             response = await self._infer(sub_request)
         except ServerError as exc:

@@ -1,19 +1,23 @@
 """Pick the scheduler a model version's config asks for."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from scheduler.batcher import DynamicBatcher
 from scheduler.clock import Clock
-from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.ensemble import EnsembleScheduler, Infer
 from scheduler.interface import Scheduler, VersionSpec
+from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.sequence.batcher import SequenceBatcher
 from scheduler.stats import VersionStatistics
 
 
-def create_scheduler(spec: VersionSpec, stats: VersionStatistics, *,
-                     clock: Optional[Clock] = None, infer: Optional[Infer] = None) -> Scheduler:
+def create_scheduler(
+    spec: VersionSpec,
+    stats: VersionStatistics,
+    *,
+    clock: Clock | None = None,
+    infer: Infer | None = None,
+) -> Scheduler:
     """The dynamic batcher when the config has `dynamic_batching`, the sequence batcher when it
     has `sequence_batching`, else the default scheduler (one request per execution, instances
     in parallel). Call `start()` on the result to load."""

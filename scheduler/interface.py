@@ -1,4 +1,5 @@
 """What the repository manager and the server core need from a model version's scheduler."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +7,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from backends.base import Backend, BackendHost
 from protocol.errors import ServerError
@@ -24,11 +25,11 @@ class VersionSpec:
 
     name: str
     version: int
-    config: "ModelConfig"
+    config: ModelConfig
     model_dir: Path
     version_dir: Path
     backend_cls: type[Backend]
-    host: Optional[BackendHost] = None  # lent to backends that call back in (BLS)
+    host: BackendHost | None = None  # lent to backends that call back in (BLS)
 
 
 class LoadError(Exception):
@@ -52,7 +53,7 @@ class Scheduler(ABC):
     once, when the version was built, and only then hands it to the subclass's `_admit()`.
     """
 
-    def __init__(self, spec: "VersionSpec", stats: VersionStatistics) -> None:
+    def __init__(self, spec: VersionSpec, stats: VersionStatistics) -> None:
         self._spec = spec
         self._stats = stats
         self.rules = RequestRules(spec.config)
@@ -60,7 +61,7 @@ class Scheduler(ABC):
     @abstractmethod
     async def start(self) -> None: ...
 
-    def submit(self, request: InferRequest) -> "asyncio.Future":
+    def submit(self, request: InferRequest) -> asyncio.Future:
         """Validate the request, queue it, and return the future that resolves to its
         InferResponse (or raises its ServerError). Raises InvalidArgument for a request the
         model cannot take and Unavailable at once when the queue is full or the scheduler no
@@ -68,13 +69,14 @@ class Scheduler(ABC):
         try:
             validate_request(request, self.rules)
         except ServerError:
-            self._stats.record_failure(FailureReason.OTHER,
-                                       max(0, self._now_ns() - request.arrival_ns))
+            self._stats.record_failure(
+                FailureReason.OTHER, max(0, self._now_ns() - request.arrival_ns)
+            )
             raise
         return self._admit(request)
 
     @abstractmethod
-    def _admit(self, request: InferRequest) -> "asyncio.Future":
+    def _admit(self, request: InferRequest) -> asyncio.Future:
         """Queue a validated request (see `submit`)."""
 
     def _now_ns(self) -> int:
@@ -108,5 +110,5 @@ class Scheduler(ABC):
         return self._stats
 
     @property
-    def spec(self) -> "VersionSpec":
+    def spec(self) -> VersionSpec:
         return self._spec

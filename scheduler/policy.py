@@ -7,6 +7,7 @@ requests a level holds. Validation asks it when a request is admitted; the batch
 it when the request is queued. Models without `dynamic_batching` have no queue policy: one level,
 no timeouts, no limit.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,9 +34,13 @@ class LevelPolicy:
     max_queue_size: int = 0  # 0 = unbounded
 
     @classmethod
-    def from_config(cls, policy: "ModelQueuePolicy") -> "LevelPolicy":
-        return cls(policy.timeout_action == _DELAY, int(policy.default_timeout_microseconds),
-                   bool(policy.allow_timeout_override), int(policy.max_queue_size))
+    def from_config(cls, policy: ModelQueuePolicy) -> LevelPolicy:
+        return cls(
+            policy.timeout_action == _DELAY,
+            int(policy.default_timeout_microseconds),
+            bool(policy.allow_timeout_override),
+            int(policy.max_queue_size),
+        )
 
     def timeout_us(self, requested_us: int) -> int:
         """The queue timeout a request gets: its own only when allowed, set and shorter than
@@ -53,16 +58,22 @@ class QueuePolicy:
 
     __slots__ = ("enabled", "levels", "default_level", "_default", "_per_level")
 
-    def __init__(self, config: "ModelConfig") -> None:
+    def __init__(self, config: ModelConfig) -> None:
         self.enabled = config.HasField("dynamic_batching")
         batching = config.dynamic_batching
         self.levels = int(batching.priority_levels) if self.enabled else 0
         self.default_level = int(batching.default_priority_level) if self.levels else 0
-        self._default = LevelPolicy.from_config(batching.default_queue_policy) \
-            if self.enabled else _NO_POLICY
-        self._per_level = {int(level): LevelPolicy.from_config(policy)
-                           for level, policy in batching.priority_queue_policy.items()} \
-            if self.enabled else {}
+        self._default = (
+            LevelPolicy.from_config(batching.default_queue_policy) if self.enabled else _NO_POLICY
+        )
+        self._per_level = (
+            {
+                int(level): LevelPolicy.from_config(policy)
+                for level, policy in batching.priority_queue_policy.items()
+            }
+            if self.enabled
+            else {}
+        )
 
     def level_of(self, priority: int) -> int:
         """The level a requested priority joins: itself when it names a level, else the
@@ -145,6 +156,8 @@ class DrainRate:
 def _uint_parameter(request: InferRequest, key: str) -> int:
     value: Any = request.parameters.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"[request id: {request.id or '<id_unknown>'}] parameter '{key}' "
-                              f"must be a non-negative integer, got {value!r}")
+        raise InvalidArgument(
+            f"[request id: {request.id or '<id_unknown>'}] parameter '{key}' "
+            f"must be a non-negative integer, got {value!r}"
+        )
     return value

@@ -12,6 +12,7 @@ callback on the way back; on a small model that was most of the time a request s
 A thread whose batches cost it little CPU moves onto the event loop's CPU (scheduler/affinity.py),
 where each hop is a context switch instead of a wake-up of another CPU.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,10 @@ import queue
 import threading
 import time
 from collections import deque
-from functools import partial
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TypeVar, Union
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 import numpy as np
 
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from scheduler.interface import VersionSpec
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class Failed:
@@ -67,8 +70,9 @@ class BatchRun:
     fatal: bool = False  # the instance must get no more work
 
     @classmethod
-    def all_failed(cls, count: int, error: ServerError, reason: str,
-                   fatal: bool = False) -> "BatchRun":
+    def all_failed(
+        cls, count: int, error: ServerError, reason: str, fatal: bool = False
+    ) -> BatchRun:
         failure = Failed(error, reason)
         return cls([failure] * count, fatal=fatal)
 
@@ -76,8 +80,8 @@ class BatchRun:
 @dataclass(frozen=True, slots=True)
 class _OutputSpec:
     name: str
-    wire: Optional[str]  # KServe datatype; None when the config leaves it unset
-    dtype: Optional[np.dtype]  # numpy dtype to enforce; None for BYTES or unknown
+    wire: str | None  # KServe datatype; None when the config leaves it unset
+    dtype: np.dtype | None  # numpy dtype to enforce; None for BYTES or unknown
 
 
 def _enum_name(message, field_name: str) -> str:
@@ -86,13 +90,15 @@ def _enum_name(message, field_name: str) -> str:
     return enum.values_by_number[getattr(message, field_name)].name
 
 
-def _output_specs(config: "ModelConfig") -> list[_OutputSpec]:
+def _output_specs(config: ModelConfig) -> list[_OutputSpec]:
     named = [(output.name, _enum_name(output, "data_type")) for output in config.output]
     # A sequence model's implicit state outputs are kept too: the sequence batcher takes them
     # out of the response and feeds them back as the next request's state inputs.
     if config.HasField("sequence_batching"):
-        named += [(state.output_name, _enum_name(state, "data_type"))
-                  for state in config.sequence_batching.state]
+        named += [
+            (state.output_name, _enum_name(state, "data_type"))
+            for state in config.sequence_batching.state
+        ]
     specs: list[_OutputSpec] = []
     for name, type_name in named:
         datatype = BY_CONFIG_NAME.get(type_name)
@@ -118,7 +124,7 @@ def _input_map(request: InferRequest) -> dict[str, np.ndarray]:
     return {tensor.name: tensor.data for tensor in request.inputs}
 
 
-def instance_specs(config: "ModelConfig", model_name: str) -> list[tuple[InstanceSpec, bool]]:
+def instance_specs(config: ModelConfig, model_name: str) -> list[tuple[InstanceSpec, bool]]:
     """(spec, passive) for every instance the config's instance_group asks for.
 
     Names are `<group name>_<i>`, counting within the group; a group with a `gpus` list gets
@@ -131,8 +137,9 @@ def instance_specs(config: "ModelConfig", model_name: str) -> list[tuple[Instanc
         specs.append((InstanceSpec(f"{model_name}_0", "KIND_CPU", 0, 0), False))
         return specs
     for group_index, group in enumerate(groups):
-        group_name = group.name or (model_name if len(groups) == 1
-                                    else f"{model_name}_{group_index}")
+        group_name = group.name or (
+            model_name if len(groups) == 1 else f"{model_name}_{group_index}"
+        )
         kind = _enum_name(group, "kind")
         devices = list(group.gpus) if kind == "KIND_GPU" and len(group.gpus) else [0]
         local = 0
@@ -149,7 +156,7 @@ def instance_specs(config: "ModelConfig", model_name: str) -> list[tuple[Instanc
 _Job = tuple
 
 
-def _capture(function: Callable[[], Any]) -> tuple[Optional[BaseException], Any]:
+def _capture(function: Callable[[], Any]) -> tuple[BaseException | None, Any]:
     """Run a call (load, unload) on the instance thread, keeping its exception as a value."""
     try:
         return None, function()
@@ -157,8 +164,7 @@ def _capture(function: Callable[[], Any]) -> tuple[Optional[BaseException], Any]
         return exc, None
 
 
-def _settle(future: "asyncio.Future[Any]",
-            outcome: tuple[Optional[BaseException], Any]) -> None:
+def _settle(future: asyncio.Future[Any], outcome: tuple[BaseException | None, Any]) -> None:
     """On the loop: pass a captured call's outcome to the future awaiting it."""
     if future.done():  # the caller was cancelled
         return
@@ -176,22 +182,28 @@ class Instance:
     the order they were queued, so an unload queued behind a running batch waits for it.
     """
 
-    def __init__(self, spec: InstanceSpec, version: "VersionSpec", clock: Clock,
-                 outputs: list[_OutputSpec], passive: bool = False) -> None:
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        version: VersionSpec,
+        clock: Clock,
+        outputs: list[_OutputSpec],
+        passive: bool = False,
+    ) -> None:
         self.spec = spec
         self.passive = passive
         self.healthy = True
-        self.backend: Optional[Backend] = None
+        self.backend: Backend | None = None
         self._version = version
         self._version_label = str(version.version)
         self._clock = clock
         self._outputs = outputs
         self._ragged = RaggedBatching.of(version.config)  # None for the usual model
         self._loaded = False
-        self._jobs: "queue.SimpleQueue[Optional[_Job]]" = queue.SimpleQueue()
-        self._thread: Optional[threading.Thread] = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         self._closed = False  # no more jobs are taken; the thread ends after those queued
-        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop of the first call
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first call
 
     @property
     def name(self) -> str:
@@ -203,8 +215,9 @@ class Instance:
     def _load(self) -> None:
         version = self._version
         extra = {"host": version.host} if version.backend_cls.uses_host else {}
-        self.backend = version.backend_cls(version.config, version.model_dir,
-                                           version.version_dir, self.spec, **extra)
+        self.backend = version.backend_cls(
+            version.config, version.model_dir, version.version_dir, self.spec, **extra
+        )
         self.backend.load()
         self._loaded = True
 
@@ -232,8 +245,13 @@ class Instance:
         except Exception:  # an unload failure must not stop the other instances unloading
             logger.exception("instance '%s' failed to unload", self.name)
 
-    def execute(self, requests: Sequence[InferRequest], rows: Sequence[int],
-                on_done: Callable[[Tag, BatchRun], None], tag: Tag) -> None:
+    def execute(
+        self,
+        requests: Sequence[InferRequest],
+        rows: Sequence[int],
+        on_done: Callable[[Tag, BatchRun], None],
+        tag: Tag,
+    ) -> None:
         """Run one batch on the instance thread; `on_done(tag, result)` then runs on the loop.
 
         No future is made: the thread calls back through `loop.call_soon_threadsafe` once, and
@@ -241,15 +259,21 @@ class Instance:
         """
         loop = self._loop or asyncio.get_running_loop()
         if self._closed:  # unloaded under the caller: answer on the loop, as a result would be
-            loop.call_soon(on_done, tag, BatchRun.all_failed(
-                len(requests), InternalError(f"instance '{self.name}' is unloaded"),
-                FailureReason.OTHER))
+            loop.call_soon(
+                on_done,
+                tag,
+                BatchRun.all_failed(
+                    len(requests),
+                    InternalError(f"instance '{self.name}' is unloaded"),
+                    FailureReason.OTHER,
+                ),
+            )
             return
         self._put((self._run_batch_safely, (requests, rows), loop, on_done, tag))
 
     # -- the hand-off ------------------------------------------------------------------------
 
-    def _call(self, function: Callable[[], Any]) -> "asyncio.Future[Any]":
+    def _call(self, function: Callable[[], Any]) -> asyncio.Future[Any]:
         """Run `function` on the instance thread; the future takes its result or exception."""
         if self._closed:
             raise RuntimeError(f"instance '{self.name}' is unloaded")
@@ -258,11 +282,12 @@ class Instance:
         self._put((_capture, (function,), loop, _settle, future))
         return future
 
-    def _put(self, job: "_Job") -> None:
+    def _put(self, job: _Job) -> None:
         if self._thread is None:
             # A daemon thread: a process that exits without unloading must not hang on it.
-            self._thread = threading.Thread(target=self._serve, name=f"instance-{self.name}",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._serve, name=f"instance-{self.name}", daemon=True
+            )
             self._thread.start()
         self._jobs.put(job)
 
@@ -299,14 +324,14 @@ class Instance:
 
     # -- on the instance thread ---------------------------------------------------------
 
-    def _run_batch_safely(self, requests: Sequence[InferRequest], rows: Sequence[int]
-                          ) -> BatchRun:
+    def _run_batch_safely(self, requests: Sequence[InferRequest], rows: Sequence[int]) -> BatchRun:
         """`_run_batch`, with a bug in it failing the batch rather than the thread."""
         try:
             return self._run_batch(requests, rows)
         except BaseException as exc:
-            return BatchRun.all_failed(len(requests), InternalError(str(exc) or
-                                       type(exc).__name__), FailureReason.OTHER)
+            return BatchRun.all_failed(
+                len(requests), InternalError(str(exc) or type(exc).__name__), FailureReason.OTHER
+            )
 
     def _run_batch(self, requests: Sequence[InferRequest], rows: Sequence[int]) -> BatchRun:
         backend = self.backend
@@ -325,8 +350,9 @@ class Instance:
             else:
                 inputs = concat_inputs([_input_map(request) for request in requests])
         except Exception as exc:
-            return BatchRun.all_failed(len(requests), InternalError(f"cannot batch inputs: {exc}"),
-                                       FailureReason.OTHER)
+            return BatchRun.all_failed(
+                len(requests), InternalError(f"cannot batch inputs: {exc}"), FailureReason.OTHER
+            )
         gathered = now()
         try:
             outputs = backend.execute(inputs)
@@ -340,11 +366,14 @@ class Instance:
                 pieces = [outputs]
             else:
                 pieces = split_outputs(outputs, rows)
-            outcomes: list[Outcome] = [self._response(request, piece)
-                                       for request, piece in zip(requests, pieces)]
+            outcomes: list[Outcome] = [
+                self._response(request, piece)
+                for request, piece in zip(requests, pieces, strict=False)
+            ]
         except Exception as exc:
-            return BatchRun.all_failed(len(requests), InternalError(str(exc)),
-                                       FailureReason.BACKEND)
+            return BatchRun.all_failed(
+                len(requests), InternalError(str(exc)), FailureReason.BACKEND
+            )
         done = now()
         return BatchRun(outcomes, True, gathered - start, executed - gathered, done - executed)
 
@@ -365,20 +394,25 @@ class Instance:
             else:
                 results = backend.execute_requests(inputs)
             if len(results) != len(requests):
-                raise BackendError(f"model returned {len(results)} responses for "
-                                   f"{len(requests)} requests")
+                raise BackendError(
+                    f"model returned {len(results)} responses for {len(requests)} requests"
+                )
         except Exception as exc:
             return self._execute_failed(backend, exc, len(requests))
         executed = now()
         outcomes: list[Outcome] = []
-        for request, result in zip(requests, results):
+        for request, result in zip(requests, results, strict=False):
             if isinstance(result, BaseException):
-                error = _backend_error(result) if isinstance(result, Exception) \
+                error = (
+                    _backend_error(result)
+                    if isinstance(result, Exception)
                     else InternalError(repr(result))
+                )
                 outcomes.append(Failed(error, FailureReason.BACKEND))
             elif result is None:  # decoupled: accepted
-                outcomes.append(InferResponse(request.model_name, self._version_label,
-                                              id=request.id))
+                outcomes.append(
+                    InferResponse(request.model_name, self._version_label, id=request.id)
+                )
             else:
                 try:
                     outcomes.append(self._response(request, result))
@@ -398,8 +432,7 @@ class Instance:
             logger.error("instance '%s' is unhealthy after: %s", self.name, exc)
         return BatchRun.all_failed(count, _backend_error(exc), FailureReason.BACKEND, fatal)
 
-    def _response(self, request: InferRequest,
-                  outputs: Mapping[str, np.ndarray]) -> InferResponse:
+    def _response(self, request: InferRequest, outputs: Mapping[str, np.ndarray]) -> InferResponse:
         tensors: list[Tensor] = []
         if self._outputs:
             for spec in self._outputs:
@@ -415,47 +448,61 @@ class Instance:
             for name, array in outputs.items():
                 array = np.asarray(array)
                 tensors.append(Tensor(name, numpy_to_wire(array.dtype), tuple(array.shape), array))
-        return InferResponse(request.model_name, self._version_label, id=request.id,
-                             outputs=tensors,
-                             parameters=getattr(outputs, "parameters", None) or {})
+        return InferResponse(
+            request.model_name,
+            self._version_label,
+            id=request.id,
+            outputs=tensors,
+            parameters=getattr(outputs, "parameters", None) or {},
+        )
 
 
 class InstancePool:
     """All instances of a version, and which of them are free for the next batch."""
 
-    def __init__(self, version: "VersionSpec", clock: Clock) -> None:
+    def __init__(self, version: VersionSpec, clock: Clock) -> None:
         self.version = version
         outputs = _output_specs(version.config)
-        self.instances = [Instance(spec, version, clock, outputs, passive)
-                          for spec, passive in instance_specs(version.config, version.name)]
+        self.instances = [
+            Instance(spec, version, clock, outputs, passive)
+            for spec, passive in instance_specs(version.config, version.name)
+        ]
         self._idle: deque[Instance] = deque()
 
     async def load(self) -> None:
         """Load every instance at once; if any fails, unload the rest and raise LoadError."""
         try:
-            results = await asyncio.gather(*(instance.load() for instance in self.instances),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(instance.load() for instance in self.instances), return_exceptions=True
+            )
         except asyncio.CancelledError:
             for instance in self.instances:
                 instance.queue_unload()
             raise
-        failures = [(instance, result) for instance, result in zip(self.instances, results)
-                    if isinstance(result, BaseException)]
+        failures = [
+            (instance, result)
+            for instance, result in zip(self.instances, results, strict=False)
+            if isinstance(result, BaseException)
+        ]
         if failures:
             await self.unload()
             instance, exc = failures[0]
-            reason = exc.message if isinstance(exc, (BackendError, ServerError)) else \
-                (str(exc) or type(exc).__name__)
+            reason = (
+                exc.message
+                if isinstance(exc, (BackendError, ServerError))
+                else (str(exc) or type(exc).__name__)
+            )
             raise LoadError(f"instance '{instance.name}' failed to load: {reason}") from exc
         self._idle.extend(instance for instance in self.instances if not instance.passive)
 
     async def unload(self) -> None:
         """Unload each instance on its own thread, all in parallel."""
         self._idle.clear()
-        await asyncio.gather(*(instance.unload() for instance in self.instances),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(instance.unload() for instance in self.instances), return_exceptions=True
+        )
 
-    def acquire(self) -> Optional[Instance]:
+    def acquire(self) -> Instance | None:
         """A free healthy instance, or None while all are busy."""
         while self._idle:
             instance = self._idle.popleft()
@@ -488,5 +535,7 @@ class InstancePool:
 
     def ready(self) -> bool:
         """Some instance can run work now (a backend restarting its worker cannot)."""
-        return any(i.healthy and not i.passive and (i.backend is None or i.backend.healthy())
-                   for i in self.instances)
+        return any(
+            i.healthy and not i.passive and (i.backend is None or i.backend.healthy())
+            for i in self.instances
+        )

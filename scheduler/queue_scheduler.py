@@ -16,6 +16,7 @@ Every admitted request ends in exactly one of: answered, failed by its batch, re
 timeout, cancelled, or failed by drain/stop. Each of those paths records its statistics once and
 takes the request out of the pending count exactly once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,16 +24,16 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Hashable, Optional
 
 from protocol.errors import InternalError, Overloaded, ServerError, Unavailable
 from protocol.types import InferRequest
 from scheduler.clock import Clock, MonotonicClock, TimerHandle
 from scheduler.interface import Scheduler, VersionSpec
 from scheduler.policy import DrainRate
-from scheduler.pool import BatchRun, Failed, InstancePool, Instance
+from scheduler.pool import BatchRun, Failed, Instance, InstancePool
 from scheduler.stats import FailureReason, RejectionReason, VersionStatistics
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,12 @@ def _delay_scheduler() -> int:
     except ValueError:
         logger.warning("ignoring TRITONSERVER_DELAY_SCHEDULER=%r: not a count", value)
         return 0
-    logger.warning("TRITONSERVER_DELAY_SCHEDULER=%d: every scheduler holds its first batch until "
-                   "%d requests are queued (a test hook)", count, count)
+    logger.warning(
+        "TRITONSERVER_DELAY_SCHEDULER=%d: every scheduler holds its first batch until "
+        "%d requests are queued (a test hook)",
+        count,
+        count,
+    )
     return count
 
 
@@ -76,7 +81,7 @@ class Entry:
     key: Hashable = None  # requests share a batch only with equal keys
     started_ns: int = 0
     state: int = QUEUED
-    on_cancel: Optional[Callable[[asyncio.Future], None]] = None  # its future's done callback
+    on_cancel: Callable[[asyncio.Future], None] | None = None  # its future's done callback
 
     @property
     def live(self) -> bool:
@@ -99,7 +104,7 @@ class RequestQueue(ABC):
         """Entries whose queue timeout ran out and must be rejected (removed from the queue)."""
         return []
 
-    def next_deadline(self) -> Optional[int]:
+    def next_deadline(self) -> int | None:
         """The earliest queue timeout still ahead, for the dispatcher's timer."""
         return None
 
@@ -120,8 +125,9 @@ class BatchingQueue(RequestQueue):
     sequence batcher's queue forms batches per instance instead and dispatches on its own.)"""
 
     @abstractmethod
-    def take(self, now_ns: int, flush: bool, arriving: bool = False
-             ) -> tuple[list[Entry], Optional[int]]:
+    def take(
+        self, now_ns: int, flush: bool, arriving: bool = False
+    ) -> tuple[list[Entry], int | None]:
         """The next batch for a free instance (removed from the queue and marked RUNNING), or
         ([], when to look again: None for 'on the next arrival'). `flush` means no more
         requests will come: send without waiting. `arriving` means the caller is `submit()`:
@@ -141,8 +147,9 @@ class FifoQueue(BatchingQueue):
         self._entries.append(entry)
         self._count += 1
 
-    def take(self, now_ns: int, flush: bool, arriving: bool = False
-             ) -> tuple[list[Entry], Optional[int]]:
+    def take(
+        self, now_ns: int, flush: bool, arriving: bool = False
+    ) -> tuple[list[Entry], int | None]:
         entries = self._entries
         while entries:
             entry = entries.popleft()
@@ -170,15 +177,22 @@ class _Batch:
     entries: list[Entry]
     instance: Instance
     rows: int
-    result: Optional[BatchRun] = None
+    result: BatchRun | None = None
     padding: int = 0  # not-ready rows the sequence batcher added (executed, not inferences)
 
 
 class QueueScheduler(Scheduler):
     """Admission, dispatch to free instances, and result delivery for one model version."""
 
-    def __init__(self, spec: VersionSpec, stats: VersionStatistics, queue: RequestQueue, *,
-                 clock: Optional[Clock] = None, preserve_ordering: bool = False) -> None:
+    def __init__(
+        self,
+        spec: VersionSpec,
+        stats: VersionStatistics,
+        queue: RequestQueue,
+        *,
+        clock: Clock | None = None,
+        preserve_ordering: bool = False,
+    ) -> None:
         super().__init__(spec, stats)
         self._queue = queue
         self._clock: Clock = clock or MonotonicClock()
@@ -189,16 +203,16 @@ class QueueScheduler(Scheduler):
         self._usable = True
         self.failure_reason = ""  # why the last instance was lost (shown in the index)
         self._wake = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
-        self._timer: Optional[TimerHandle] = None
-        self._timer_at: Optional[int] = None  # when `_timer` fires
+        self._task: asyncio.Task | None = None
+        self._timer: TimerHandle | None = None
+        self._timer_at: int | None = None  # when `_timer` fires
         self._running: set[_Batch] = set()
         self._in_order: deque[_Batch] = deque()
-        self._settled: Optional[asyncio.Event] = None
+        self._settled: asyncio.Event | None = None
         self._drain = DrainRate()  # how fast the queue empties: a full queue's Retry-After
         # Kept at start: asking asyncio for the running loop costs a getpid() syscall per call
         # on Python 3.11, and submit() would ask once per request.
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Triton's test hook: form no batch until this many requests are queued (once).
         self._hold = DELAY_SCHEDULER
 
@@ -213,7 +227,8 @@ class QueueScheduler(Scheduler):
         self._accepting = True
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(
-            self._dispatch_forever(), name=f"scheduler:{self._spec.name}:{self._spec.version}")
+            self._dispatch_forever(), name=f"scheduler:{self._spec.name}:{self._spec.version}"
+        )
 
     def healthy(self) -> bool:
         return self._usable and self._pool.ready()
@@ -261,8 +276,9 @@ class QueueScheduler(Scheduler):
             self._queue.push(entry)
         except Overloaded as full:
             full.retry_after = self._drain.retry_after(len(self._queue), now)
-            self._stats.record_rejection(RejectionReason.QUEUE_FULL,
-                                         self._since_arrival(request, now))
+            self._stats.record_rejection(
+                RejectionReason.QUEUE_FULL, self._since_arrival(request, now)
+            )
             raise
         except ServerError:
             self._stats.record_failure(FailureReason.REJECTED, self._since_arrival(request, now))
@@ -278,8 +294,9 @@ class QueueScheduler(Scheduler):
         return False
 
     def _not_ready(self) -> Unavailable:
-        return Unavailable(f"'{self._spec.name}' version {self._spec.version} "
-                           f"is not at ready state")
+        return Unavailable(
+            f"'{self._spec.name}' version {self._spec.version} is not at ready state"
+        )
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -296,12 +313,13 @@ class QueueScheduler(Scheduler):
         try:
             self._set_timer(self._dispatch(arriving))
         except Exception:  # a bug here must not strand queued requests
-            logger.exception("scheduler for '%s' version %s failed", self._spec.name,
-                             self._spec.version)
+            logger.exception(
+                "scheduler for '%s' version %s failed", self._spec.name, self._spec.version
+            )
             self._usable = False
             self._fail_queued(InternalError("scheduler failed"), FailureReason.OTHER)
 
-    def _set_timer(self, when: Optional[int]) -> None:
+    def _set_timer(self, when: int | None) -> None:
         """Keep one timer, at `when` (None: none), that wakes the task for a pass.
 
         Every pass says when the next is due, so the timer follows the last pass, as a fresh
@@ -318,19 +336,24 @@ class QueueScheduler(Scheduler):
         self._timer = self._timer_at = None
         self._wake.set()
 
-    def _dispatch(self, arriving: bool = False) -> Optional[int]:
+    def _dispatch(self, arriving: bool = False) -> int | None:
         """Reject expired requests, give batches to free instances; return when to look again.
         `arriving`: the pass of `submit()` (see `BatchingQueue.take`)."""
         now = self._clock.now_ns()
         queue: BatchingQueue = self._queue  # type: ignore[assignment]
         for entry in queue.expire(now):
-            self._fail_waiting(entry, Unavailable("Request timeout expired"),
-                               FailureReason.REJECTED, now, RejectionReason.QUEUE_TIMEOUT)
+            self._fail_waiting(
+                entry,
+                Unavailable("Request timeout expired"),
+                FailureReason.REJECTED,
+                now,
+                RejectionReason.QUEUE_TIMEOUT,
+            )
         if self._hold:
             if len(queue) < self._hold and self._accepting:
                 return queue.next_deadline()
             self._hold = 0
-        wake_at: Optional[int] = None
+        wake_at: int | None = None
         while len(queue) and self._pool.has_idle():
             batch, wake_at = queue.take(now, not self._accepting, arriving)
             if not batch:
@@ -363,14 +386,20 @@ class QueueScheduler(Scheduler):
         instance = batch.instance
         if result.fatal:
             instance.healthy = False
-            self.failure_reason = next((o.error.message for o in result.outcomes
-                                        if isinstance(o, Failed)), "")
+            self.failure_reason = next(
+                (o.error.message for o in result.outcomes if isinstance(o, Failed)), ""
+            )
         self._pool.release(instance)
         if len(self._queue) and self._pool.has_idle():
             self._dispatch_now()  # the next batch first: the instance need not wait for the loop
         if result.executed:
-            self._stats.record_execution(batch.rows + batch.padding, result.input_ns,
-                                         result.infer_ns, result.output_ns, batch.rows)
+            self._stats.record_execution(
+                batch.rows + batch.padding,
+                result.input_ns,
+                result.infer_ns,
+                result.output_ns,
+                batch.rows,
+            )
         if self._preserve_ordering:
             in_order = self._in_order
             while in_order and in_order[0].result is not None:
@@ -379,8 +408,9 @@ class QueueScheduler(Scheduler):
             self._deliver(batch)
         # Only a fatal result takes an instance out, so only then can the last one be gone.
         if result.fatal and self._usable and not self._pool.healthy():
-            logger.error("'%s' version %s has no healthy instance left", self._spec.name,
-                         self._spec.version)
+            logger.error(
+                "'%s' version %s has no healthy instance left", self._spec.name, self._spec.version
+            )
             self._usable = False
             self._fail_queued(self._not_ready(), FailureReason.OTHER)
         self._check_settled()
@@ -392,7 +422,7 @@ class QueueScheduler(Scheduler):
         assert result is not None
         now = self._clock.now_ns()
         stats = self._stats
-        for entry, outcome in zip(batch.entries, result.outcomes):
+        for entry, outcome in zip(batch.entries, result.outcomes, strict=False):
             if entry.state != RUNNING:
                 continue  # cancelled meanwhile, or already failed by drain
             entry.state = DONE
@@ -410,12 +440,20 @@ class QueueScheduler(Scheduler):
                 stats.record_failure(outcome.reason, total)
             else:
                 future.set_result(outcome)
-                if entry.request.trace is not None:  # a sampled request (server/observability/tracing.py)
-                    entry.request.trace.computed(entry.started_ns, result.input_ns,
-                                                 result.infer_ns, result.output_ns, batch.rows)
+                if (
+                    entry.request.trace is not None
+                ):  # a sampled request (server/observability/tracing.py)
+                    entry.request.trace.computed(
+                        entry.started_ns,
+                        result.input_ns,
+                        result.infer_ns,
+                        result.output_ns,
+                        batch.rows,
+                    )
                 queue_ns = max(0, entry.started_ns - arrival_ns)
-                stats.record_success(total, queue_ns, result.input_ns, result.infer_ns,
-                                     result.output_ns)
+                stats.record_success(
+                    total, queue_ns, result.input_ns, result.infer_ns, result.output_ns
+                )
 
     # -- leaving without running ------------------------------------------------------------
 
@@ -428,13 +466,15 @@ class QueueScheduler(Scheduler):
         if was_queued:
             self._queue.discard(entry)
             self._stats.pending_changed(-1)
-        self._stats.record_failure(FailureReason.CANCELED,
-                                   self._since_arrival(entry.request, self._clock.now_ns()))
+        self._stats.record_failure(
+            FailureReason.CANCELED, self._since_arrival(entry.request, self._clock.now_ns())
+        )
         self._check_settled()
         self._wake.set()
 
-    def _fail_waiting(self, entry: Entry, error: ServerError, reason: str, now: int,
-                      rejection: str = "") -> None:
+    def _fail_waiting(
+        self, entry: Entry, error: ServerError, reason: str, now: int, rejection: str = ""
+    ) -> None:
         """Fail an entry that its queue has already removed (`rejection`: the
         RejectionReason of a REJECTED one)."""
         entry.state = DONE
@@ -464,8 +504,9 @@ class QueueScheduler(Scheduler):
                     entry.state = DONE
                     if not entry.future.done():
                         entry.future.set_exception(error)
-                    self._stats.record_failure(FailureReason.OTHER,
-                                               self._since_arrival(entry.request, now))
+                    self._stats.record_failure(
+                        FailureReason.OTHER, self._since_arrival(entry.request, now)
+                    )
         self._running.clear()
         self._in_order.clear()
 
@@ -487,7 +528,7 @@ class DefaultScheduler(QueueScheduler):
     """For models without dynamic_batching: each instance runs one request at a time, all
     instances in parallel, requests taken oldest first."""
 
-    def __init__(self, spec: VersionSpec, stats: VersionStatistics, *,
-                 clock: Optional[Clock] = None) -> None:
+    def __init__(
+        self, spec: VersionSpec, stats: VersionStatistics, *, clock: Clock | None = None
+    ) -> None:
         super().__init__(spec, stats, FifoQueue(), clock=clock)
-

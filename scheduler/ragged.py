@@ -18,9 +18,10 @@ counts of its source input and takes that input's shape; other outputs are split
 Python models get each request's tensors as sent, so for them ragged batching only lets
 requests of different lengths share an `execute` call.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -34,18 +35,29 @@ class RaggedBatching:
     def __init__(self, config: ModelConfig) -> None:
         self.ragged = frozenset(spec.name for spec in config.input if spec.allow_ragged_batch)
         self.batch_inputs = [
-            (BatchInput.Kind.Name(spec.kind), list(spec.target_name),
-             datatypes.BY_CONFIG_NAME[DataType.Name(spec.data_type)].numpy,
-             spec.source_input[0] if spec.source_input else "")
-            for spec in config.batch_input]
-        self.scatter = {target: spec.source_input[0] for spec in config.batch_output
-                        for target in spec.target_name if spec.source_input}
+            (
+                BatchInput.Kind.Name(spec.kind),
+                list(spec.target_name),
+                datatypes.BY_CONFIG_NAME[DataType.Name(spec.data_type)].numpy,
+                spec.source_input[0] if spec.source_input else "",
+            )
+            for spec in config.batch_input
+        ]
+        self.scatter = {
+            target: spec.source_input[0]
+            for spec in config.batch_output
+            for target in spec.target_name
+            if spec.source_input
+        }
 
     @classmethod
-    def of(cls, config: ModelConfig) -> Optional["RaggedBatching"]:
+    def of(cls, config: ModelConfig) -> RaggedBatching | None:
         """None for the usual model (no ragged input, batch input or batch output)."""
-        if not (any(spec.allow_ragged_batch for spec in config.input)
-                or len(config.batch_input) or len(config.batch_output)):
+        if not (
+            any(spec.allow_ragged_batch for spec in config.input)
+            or len(config.batch_input)
+            or len(config.batch_output)
+        ):
             return None
         return cls(config)
 
@@ -67,8 +79,12 @@ class RaggedBatching:
         return inputs
 
     # ----- back to the requests ----------------------------------------------------------
-    def split(self, outputs: Mapping[str, np.ndarray], rows: Sequence[int],
-              requests: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def split(
+        self,
+        outputs: Mapping[str, np.ndarray],
+        rows: Sequence[int],
+        requests: Sequence[Mapping[str, np.ndarray]],
+    ) -> list[dict[str, np.ndarray]]:
         pieces: list[dict[str, np.ndarray]] = [{} for _ in rows]
         for name, array in outputs.items():
             source = self.scatter.get(name)
@@ -77,19 +93,23 @@ class RaggedBatching:
                 counts = [int(np.prod(shape)) for shape in shapes]
                 flat = np.asarray(array).reshape(-1)
                 if flat.size != sum(counts):
-                    raise ValueError(f"batch output '{name}' has {flat.size} elements, its "
-                                     f"source input '{source}' {sum(counts)}")
+                    raise ValueError(
+                        f"batch output '{name}' has {flat.size} elements, its "
+                        f"source input '{source}' {sum(counts)}"
+                    )
                 start = 0
-                for index, (shape, count) in enumerate(zip(shapes, counts)):
-                    pieces[index][name] = flat[start:start + count].reshape(shape)
+                for index, (shape, count) in enumerate(zip(shapes, counts, strict=False)):
+                    pieces[index][name] = flat[start : start + count].reshape(shape)
                     start += count
                 continue
             if array.ndim == 0 or array.shape[0] < sum(rows):
-                raise ValueError(f"output '{name}' has {array.shape[:1] or 'no'} rows, "
-                                 f"expected {sum(rows)} (one per batch row)")
+                raise ValueError(
+                    f"output '{name}' has {array.shape[:1] or 'no'} rows, "
+                    f"expected {sum(rows)} (one per batch row)"
+                )
             start = 0
             for index, count in enumerate(rows):
-                pieces[index][name] = array[start:start + count]
+                pieces[index][name] = array[start : start + count]
                 start += count
         return pieces
 

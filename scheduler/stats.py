@@ -1,5 +1,6 @@
 """Per-version inference statistics (Triton's statistics extension) and the hook that feeds
 Prometheus. Recorded once per request and once per batch, at scatter time."""
+
 from __future__ import annotations
 
 import threading
@@ -34,8 +35,9 @@ class BatchStats:
 class MetricsObserver(Protocol):
     """What the metrics module implements for one model version (labelled children bound once)."""
 
-    def request_succeeded(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
-                          output_ns: int) -> None: ...
+    def request_succeeded(
+        self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None: ...
 
     def request_failed(self, reason: str, total_ns: int) -> None: ...
 
@@ -92,8 +94,9 @@ class VersionStatistics:
     sequences_active: int | None = None  # None: not a sequence model
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def record_success(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
-                       output_ns: int) -> None:
+    def record_success(
+        self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
         """One request answered; compute durations are those of the batch it ran in."""
         with self._lock:
             self.success.add(total_ns)
@@ -125,8 +128,9 @@ class VersionStatistics:
         if self.observer is not None:
             self.observer.request_rejected(reason)
 
-    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int,
-                         output_ns: int, inferences: int = -1) -> None:
+    def record_execution(
+        self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int, inferences: int = -1
+    ) -> None:
         """One model execution of `batch_size` batch elements, `inferences` of them real
         requests (the rest padding a sequence batcher added; -1: all of them)."""
         if inferences < 0:
@@ -144,7 +148,7 @@ class VersionStatistics:
         if self.observer is not None:
             self.observer.batch_executed(batch_size, inferences)
 
-    def attach(self, observer: "MetricsObserver | None") -> None:
+    def attach(self, observer: MetricsObserver | None) -> None:
         """Start reporting to `observer` (bound once the version has loaded), telling it what
         it missed that is a level rather than a count."""
         self.observer = observer
@@ -188,9 +192,14 @@ class VersionStatistics:
                 cache_hit=self.cache_hit.snapshot(),
                 cache_miss=self.cache_miss.snapshot(),
                 batch_stats=tuple(
-                    BatchStatisticsSnapshot(size, b.compute_input.snapshot(),
-                                            b.compute_infer.snapshot(), b.compute_output.snapshot())
-                    for size, b in sorted(self.batch_stats.items())),
+                    BatchStatisticsSnapshot(
+                        size,
+                        b.compute_input.snapshot(),
+                        b.compute_infer.snapshot(),
+                        b.compute_output.snapshot(),
+                    )
+                    for size, b in sorted(self.batch_stats.items())
+                ),
                 pending=self.pending,
             )
 

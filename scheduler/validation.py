@@ -4,9 +4,10 @@ Sets the scheduling fields the batcher relies on: batch_size here, priority leve
 timeout through the version's queue policy (scheduler/policy.py). Messages follow Triton's core
 wording, prefixed with the request id, so clients see familiar text.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 from protocol import datatypes
 from protocol.errors import InvalidArgument
@@ -26,7 +27,7 @@ def _fmt(shape: Any) -> str:
 def _shape_matches(expected: tuple[int, ...], actual: tuple[int, ...]) -> bool:
     if len(expected) != len(actual):
         return False
-    for want, got in zip(expected, actual):
+    for want, got in zip(expected, actual, strict=False):
         if want != -1 and want != got:
             return False
     return True
@@ -35,7 +36,7 @@ def _shape_matches(expected: tuple[int, ...], actual: tuple[int, ...]) -> bool:
 class _InputRule:
     __slots__ = ("wire", "dims", "reshape")
 
-    def __init__(self, wire: str, dims: tuple[int, ...], reshape: Optional[tuple[int, ...]]):
+    def __init__(self, wire: str, dims: tuple[int, ...], reshape: tuple[int, ...] | None):
         self.wire = wire
         self.dims = dims
         self.reshape = reshape
@@ -45,8 +46,15 @@ class RequestRules:
     """What validation needs from a model config, read out of the protobuf once per loaded
     version (protobuf field access and enum names cost more than the checks themselves)."""
 
-    __slots__ = ("model", "max_batch_size", "inputs", "required", "outputs", "queue_policy",
-                 "decoupled")
+    __slots__ = (
+        "model",
+        "max_batch_size",
+        "inputs",
+        "required",
+        "outputs",
+        "queue_policy",
+        "decoupled",
+    )
 
     def __init__(self, config: ModelConfig) -> None:
         self.model = config.name
@@ -55,8 +63,10 @@ class RequestRules:
             spec.name: _InputRule(
                 datatypes.config_to_wire(DataType.Name(spec.data_type)),
                 tuple(int(d) for d in spec.dims),
-                tuple(int(d) for d in spec.reshape.shape) if spec.HasField("reshape") else None)
-            for spec in config.input}
+                tuple(int(d) for d in spec.reshape.shape) if spec.HasField("reshape") else None,
+            )
+            for spec in config.input
+        }
         self.required = [spec.name for spec in config.input if not spec.optional]
         self.outputs = frozenset(spec.name for spec in config.output)
         # Answers any number of times, through the request's stream (protocol/stream.py).
@@ -64,7 +74,7 @@ class RequestRules:
         self.queue_policy = QueuePolicy(config)
 
 
-def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRules]) -> None:
+def validate_request(request: InferRequest, config: ModelConfig | RequestRules) -> None:
     """Raise InvalidArgument naming the offending input/output; fill scheduling fields.
 
     `config` is best given as the loaded version's RequestRules (built once); a ModelConfig
@@ -76,11 +86,13 @@ def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRu
     given: set[str] = set()
     for tensor in request.inputs:
         if tensor.name in given:
-            raise InvalidArgument(f"{_prefix(request)}input '{tensor.name}' already exists in "
-                                  "request")
+            raise InvalidArgument(
+                f"{_prefix(request)}input '{tensor.name}' already exists in request"
+            )
         if tensor.name not in expected:
-            raise InvalidArgument(f"{_prefix(request)}unexpected inference input "
-                                  f"'{tensor.name}' for model '{model}'")
+            raise InvalidArgument(
+                f"{_prefix(request)}unexpected inference input '{tensor.name}' for model '{model}'"
+            )
         given.add(tensor.name)
     if len(given) != len(expected):
         missing = [name for name in rules.required if name not in given]
@@ -88,7 +100,8 @@ def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRu
             raise InvalidArgument(
                 f"{_prefix(request)}expected {len(rules.required)} inputs but got {len(given)} "
                 f"inputs for model '{model}'. Got input(s) {sorted(given)}, but missing required "
-                f"input(s) {missing}. Please provide all required input(s).")
+                f"input(s) {missing}. Please provide all required input(s)."
+            )
 
     batching = rules.max_batch_size > 0
     batch_size = 0
@@ -96,29 +109,37 @@ def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRu
     for tensor in request.inputs:
         rule = expected[tensor.name]
         if tensor.datatype != rule.wire:
-            raise InvalidArgument(f"{_prefix(request)}inference input '{tensor.name}' data-type "
-                                  f"is '{tensor.datatype}', but model '{model}' expects "
-                                  f"'{rule.wire}'")
+            raise InvalidArgument(
+                f"{_prefix(request)}inference input '{tensor.name}' data-type "
+                f"is '{tensor.datatype}', but model '{model}' expects "
+                f"'{rule.wire}'"
+            )
         shape = tensor.shape
         if batching:
             if len(shape) == 0:
-                raise InvalidArgument(f"{_prefix(request)}unexpected shape for input "
-                                      f"'{tensor.name}' for model '{model}'. Expected "
-                                      f"{_fmt((-1,) + rule.dims)}, got []")
+                raise InvalidArgument(
+                    f"{_prefix(request)}unexpected shape for input "
+                    f"'{tensor.name}' for model '{model}'. Expected "
+                    f"{_fmt((-1,) + rule.dims)}, got []"
+                )
             rows = shape[0]
             if batch_size == 0:
                 batch_size = rows
             elif rows != batch_size:
-                raise InvalidArgument(f"{_prefix(request)}input '{tensor.name}' batch size does "
-                                      f"not match other inputs for '{model}'")
+                raise InvalidArgument(
+                    f"{_prefix(request)}input '{tensor.name}' batch size does "
+                    f"not match other inputs for '{model}'"
+                )
             inner = tuple(shape[1:])
         else:
             inner = tuple(shape)
         if not _shape_matches(rule.dims, inner):
             shown = (-1,) + rule.dims if batching else rule.dims
-            raise InvalidArgument(f"{_prefix(request)}unexpected shape for input '{tensor.name}' "
-                                  f"for model '{model}'. Expected {_fmt(shown)}, got "
-                                  f"{_fmt(shape)}")
+            raise InvalidArgument(
+                f"{_prefix(request)}unexpected shape for input '{tensor.name}' "
+                f"for model '{model}'. Expected {_fmt(shown)}, got "
+                f"{_fmt(shape)}"
+            )
         if rule.reshape is not None:
             target = ((rows,) if batching else ()) + rule.reshape
             try:
@@ -126,22 +147,28 @@ def validate_request(request: InferRequest, config: Union[ModelConfig, RequestRu
             except ValueError:  # the config's reshape holds another number of elements
                 raise InvalidArgument(
                     f"{_prefix(request)}input '{tensor.name}' of shape {_fmt(shape)} cannot be "
-                    f"reshaped to {_fmt(target)} as the config of model '{model}' asks") from None
+                    f"reshaped to {_fmt(target)} as the config of model '{model}' asks"
+                ) from None
             tensor.shape = tuple(int(d) for d in tensor.data.shape)
     if batching:
         if batch_size < 1 or batch_size > rules.max_batch_size:
-            raise InvalidArgument(f"{_prefix(request)}inference request batch-size must be <= "
-                                  f"{rules.max_batch_size} for '{model}'")
+            raise InvalidArgument(
+                f"{_prefix(request)}inference request batch-size must be <= "
+                f"{rules.max_batch_size} for '{model}'"
+            )
     request.batch_size = batch_size
 
     if request.outputs is not None:
         seen: set[str] = set()
         for output in request.outputs:
             if output.name not in rules.outputs:
-                raise InvalidArgument(f"{_prefix(request)}unexpected inference output "
-                                      f"'{output.name}' for model '{model}'")
+                raise InvalidArgument(
+                    f"{_prefix(request)}unexpected inference output "
+                    f"'{output.name}' for model '{model}'"
+                )
             if output.name in seen:
-                raise InvalidArgument(f"{_prefix(request)}output '{output.name}' already exists "
-                                      "in request")
+                raise InvalidArgument(
+                    f"{_prefix(request)}output '{output.name}' already exists in request"
+                )
             seen.add(output.name)
     rules.queue_policy.apply(request)

@@ -4,6 +4,7 @@ Shutdown order on SIGTERM/SIGINT: readiness turns non-ready at once and new requ
 ("Server exiting"), repository polling stops, in-flight requests finish, listeners close,
 schedulers drain and instances unload, all within --exit-timeout-secs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,7 @@ import gc
 import logging
 import signal
 import time
-from typing import Any, Optional
+from typing import Any
 
 from backends import registry as backend_registry
 from protocol.errors import set_overload_http_status
@@ -22,13 +23,20 @@ from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from scheduler import affinity
 from server.core.inference_core import InferenceCore
-from server.observability.custom_metrics import CustomMetrics
-from server.multiprocess.pool import FrontendPool
 from server.core.inference_path import InferencePath
-from server.http.parsers import BodyOffload
 from server.http.fast_path import bounded_protocol_class
-from server.net.listeners import (Listener, ServiceStartError, http_frontend_listener, http_limits,
-                              metrics_limits, uvicorn_listener, wait_started)
+from server.http.parsers import BodyOffload
+from server.multiprocess.pool import FrontendPool
+from server.net.listeners import (
+    Listener,
+    ServiceStartError,
+    http_frontend_listener,
+    http_limits,
+    metrics_limits,
+    uvicorn_listener,
+    wait_started,
+)
+from server.observability.custom_metrics import CustomMetrics
 from server.observability.metrics import ServerMetrics, worker_restarts
 from server.observability.metrics_app import build_metrics_app
 from server.settings import ServerSettings
@@ -63,31 +71,45 @@ class ServerApp:
         # The one in-process infer: frontends call it through the core, ensembles directly,
         # Python models (BLS) as their backend's host.
         # Gray release: traffic policies, told of every version that starts or stops serving.
-        self.traffic = TrafficControl(self.registry, TrafficSettings(
-            settings.traffic_gate_interval_secs, settings.traffic_shadow_max_inflight))
+        self.traffic = TrafficControl(
+            self.registry,
+            TrafficSettings(
+                settings.traffic_gate_interval_secs, settings.traffic_shadow_max_inflight
+            ),
+        )
         self.metrics.add_collector(self.traffic)
         custom = CustomMetrics()  # Python models' own metric families
         self.metrics.add_collector(custom)
         self.inference = InferencePath(self.registry, self.traffic, custom_metric=custom.apply)
         self.manager = ModelManager(
-            ManagerSettings(settings.model_repositories, settings.auto_complete_config,
-                            settings.exit_timeout_secs, settings.model_config_name,
-                            load_dependencies=settings.model_control_mode == "explicit",
-                            load_retries=settings.model_load_retry_count),
-            self.registry, TrafficHooks(self.metrics, self.traffic),
-            infer=self.inference.infer_admitted, host=self.inference)
-        self.poller: Optional[RepositoryPoller] = None
+            ManagerSettings(
+                settings.model_repositories,
+                settings.auto_complete_config,
+                settings.exit_timeout_secs,
+                settings.model_config_name,
+                load_dependencies=settings.model_control_mode == "explicit",
+                load_retries=settings.model_load_retry_count,
+            ),
+            self.registry,
+            TrafficHooks(self.metrics, self.traffic),
+            infer=self.inference.infer_admitted,
+            host=self.inference,
+        )
+        self.poller: RepositoryPoller | None = None
         if settings.model_control_mode == "poll":
-            self.poller = RepositoryPoller(settings.model_repositories, self.manager,
-                                           settings.repository_poll_secs,
-                                           settle=settings.repository_settle_secs)
+            self.poller = RepositoryPoller(
+                settings.model_repositories,
+                self.manager,
+                settings.repository_poll_secs,
+                settle=settings.repository_settle_secs,
+            )
         self.core = InferenceCore(settings, self.registry, self.manager, self.inference)
         self._stop = asyncio.Event()
         self._listeners: list[Listener] = []
         self._offloads: list[BodyOffload] = []  # each HTTP frontend's parser processes
         self._tasks: list[asyncio.Task] = []
-        self.grpc_server: Optional[Any] = None
-        self.frontends: Optional[FrontendPool] = None  # --frontend-processes > 1
+        self.grpc_server: Any | None = None
+        self.frontends: FrontendPool | None = None  # --frontend-processes > 1
         self._register_npu_telemetry()
 
     def _register_npu_telemetry(self) -> None:
@@ -123,7 +145,9 @@ class ServerApp:
         for name, reason in failures.items():
             log.error("model '%s' failed to load: %s", name, reason)
         if failures and self.settings.exit_on_error:
-            log.error("exiting: %d model(s) failed to load and --exit-on-error is set", len(failures))
+            log.error(
+                "exiting: %d model(s) failed to load and --exit-on-error is set", len(failures)
+            )
             await self.manager.shutdown()
             return False
         s = self.settings
@@ -132,10 +156,17 @@ class ServerApp:
             self._offloads.append(offload)
             self._listeners.append(listener)
         if s.allow_metrics:
-            self._listeners.append(uvicorn_listener(
-                build_metrics_app(self.metrics), s.metrics_address, s.metrics_port,
-                s.log_verbose, bounded_protocol_class(metrics_limits(http_limits(s))),
-                s.http_keep_alive_timeout_secs, service="Metrics"))
+            self._listeners.append(
+                uvicorn_listener(
+                    build_metrics_app(self.metrics),
+                    s.metrics_address,
+                    s.metrics_port,
+                    s.log_verbose,
+                    bounded_protocol_class(metrics_limits(http_limits(s))),
+                    s.http_keep_alive_timeout_secs,
+                    service="Metrics",
+                )
+            )
         for listener in self._listeners:
             self._tasks.append(asyncio.create_task(listener.serve()))
         if s.allow_grpc:
@@ -155,10 +186,15 @@ class ServerApp:
         self.core.started = True
         if self.poller is not None:
             self.poller.start()
-        endpoints = [f"{kind} {address}:{port}" for kind, enabled, address, port in (
-            ("HTTP", s.allow_http, s.http_address, s.http_port),
-            ("gRPC", s.allow_grpc, s.grpc_address, s.grpc_port),
-            ("metrics", s.allow_metrics, s.metrics_address, s.metrics_port)) if enabled]
+        endpoints = [
+            f"{kind} {address}:{port}"
+            for kind, enabled, address, port in (
+                ("HTTP", s.allow_http, s.http_address, s.http_port),
+                ("gRPC", s.allow_grpc, s.grpc_address, s.grpc_port),
+                ("metrics", s.allow_metrics, s.metrics_address, s.metrics_port),
+            )
+            if enabled
+        ]
         log.info("ascend-serve started: %s", ", ".join(endpoints))
         return True
 
@@ -211,19 +247,23 @@ class ServerApp:
         await self.traffic.stop()  # the canary gate
         drained = await self.core.wait_idle(max(left() - reserve, 0.0))
         if not drained:
-            log.warning("exit timeout reached with %d request(s) in flight; failing them",
-                        self.core.inflight)
+            log.warning(
+                "exit timeout reached with %d request(s) in flight; failing them",
+                self.core.inflight,
+            )
         try:
             # Drained: nothing is queued. Not drained: leftovers fail with UNAVAILABLE now.
-            await asyncio.wait_for(self.manager.shutdown(drain_timeout=0.0),
-                                   timeout=max(left(), 0.1))
+            await asyncio.wait_for(
+                self.manager.shutdown(drain_timeout=0.0), timeout=max(left(), 0.1)
+            )
         except asyncio.TimeoutError:
             log.warning("exit timeout reached while unloading models")
         # Past the deadline: a Python model still inside execute() must not outlive the server.
         killed = backend_registry.end_child_processes()
         if killed:
-            log.warning("killed %d model worker process(es) still running at the exit deadline",
-                        killed)
+            log.warning(
+                "killed %d model worker process(es) still running at the exit deadline", killed
+            )
         await self.core.wait_idle(min(left(), 0.5))  # let handlers write those answers
         await self._close_listeners(left())
         self.core.tracer.flush()  # traces not yet written (log_frequency 0: all of them)

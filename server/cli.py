@@ -1,15 +1,16 @@
 """Command line with Triton's flag names and defaults: `ascend-serve --model-repository DIR`."""
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
-from server.settings import (DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, SERVER_NAME,
-                             ServerSettings)
+from server.settings import DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, SERVER_NAME, ServerSettings
 
 
 def _bool(value: str) -> bool:
@@ -24,18 +25,37 @@ def _bool(value: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ascend-serve",
-        description="Serve a Triton model repository over KServe v2 HTTP and gRPC.")
+        description="Serve a Triton model repository over KServe v2 HTTP and gRPC.",
+    )
     add = parser.add_argument
 
     def flag(name: str, default: bool, help_text: str) -> None:
-        add(name, type=_bool, nargs="?", const=True, default=default, metavar="BOOL",
-            help=f"{help_text} (default {str(default).lower()})")
+        add(
+            name,
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=default,
+            metavar="BOOL",
+            help=f"{help_text} (default {str(default).lower()})",
+        )
 
-    add("--model-repository", "--model-store", action="append", dest="model_repositories",
-        required=True, type=Path, help="path of a model repository; repeat for several")
-    add("--id", dest="server_id", default=SERVER_NAME,
+    add(
+        "--model-repository",
+        "--model-store",
+        action="append",
+        dest="model_repositories",
+        required=True,
+        type=Path,
+        help="path of a model repository; repeat for several",
+    )
+    add(
+        "--id",
+        dest="server_id",
+        default=SERVER_NAME,
         help=f"the server's name in server metadata, as Triton's --id (default {SERVER_NAME}; "
-             "Triton's is triton)")
+        "Triton's is triton)",
+    )
     add("--http-address", default="0.0.0.0")
     add("--http-port", type=int, default=8000)
     add("--grpc-address", default="0.0.0.0")
@@ -46,133 +66,308 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--allow-grpc", True, "serve gRPC")
     flag("--allow-metrics", True, "serve Prometheus metrics")
     flag("--strict-readiness", True, "ready only when every model is ready")
-    flag("--ready-with-no-models", False,
-         "with strict readiness, be ready while no model is loaded, as Triton is")
-    add("--exit-timeout-secs", type=float, default=30.0,
-        help="how long shutdown waits for in-flight requests (default 30)")
+    flag(
+        "--ready-with-no-models",
+        False,
+        "with strict readiness, be ready while no model is loaded, as Triton is",
+    )
+    add(
+        "--exit-timeout-secs",
+        type=float,
+        default=30.0,
+        help="how long shutdown waits for in-flight requests (default 30)",
+    )
     add("--log-verbose", type=int, default=0, help="verbose logging level (default 0)")
     flag("--disable-auto-complete-config", False, "do not fill configs from model files")
     flag("--exit-on-error", True, "exit when a model fails to load at startup")
-    add("--model-load-retry-count", type=_non_negative_int, default=0, metavar="N",
-        help="load a version that failed to load up to N more times (default 0), as Triton")
-    flag("--colocate-cheap-instances", True,
-         "keep the event loop on one CPU and move instance threads whose batches cost them "
-         "little CPU onto it (Linux; see scheduler/affinity.py)")
-    add("--http-max-input-size", type=int, default=DEFAULT_MAX_INPUT_SIZE,
-        help="largest accepted HTTP request body, after decompression (default 64 MiB)")
-    add("--http-max-json-depth", type=_positive_int, default=100, metavar="LEVELS",
-        help="deepest nesting of arrays and objects accepted in a JSON body (default 100)")
-    add("--http-offload-threshold", type=_non_negative_int, default=64 * 1024, metavar="BYTES",
+    add(
+        "--model-load-retry-count",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="load a version that failed to load up to N more times (default 0), as Triton",
+    )
+    flag(
+        "--colocate-cheap-instances",
+        True,
+        "keep the event loop on one CPU and move instance threads whose batches cost them "
+        "little CPU onto it (Linux; see scheduler/affinity.py)",
+    )
+    add(
+        "--http-max-input-size",
+        type=int,
+        default=DEFAULT_MAX_INPUT_SIZE,
+        help="largest accepted HTTP request body, after decompression (default 64 MiB)",
+    )
+    add(
+        "--http-max-json-depth",
+        type=_positive_int,
+        default=100,
+        metavar="LEVELS",
+        help="deepest nesting of arrays and objects accepted in a JSON body (default 100)",
+    )
+    add(
+        "--http-offload-threshold",
+        type=_non_negative_int,
+        default=64 * 1024,
+        metavar="BYTES",
         help="request bodies (as sent or once inflated) and JSON responses larger than this "
-             "are decompressed, parsed and encoded in parser processes, off the event loop "
-             "(default 65536)")
-    add("--http-parser-processes", type=_non_negative_int, default=2,
+        "are decompressed, parsed and encoded in parser processes, off the event loop "
+        "(default 65536)",
+    )
+    add(
+        "--http-parser-processes",
+        type=_non_negative_int,
+        default=2,
         help="parser processes for large HTTP bodies, started on first use; 0 parses every "
-             "body on the event loop (default 2)")
-    add("--grpc-offload-threshold", type=_non_negative_int, default=64 * 1024, metavar="BYTES",
+        "body on the event loop (default 2)",
+    )
+    add(
+        "--grpc-offload-threshold",
+        type=_non_negative_int,
+        default=64 * 1024,
+        metavar="BYTES",
         help="gRPC inputs and outputs converted element by element (BYTES, typed contents at 8 "
-             "bytes a value) larger than this are converted in a thread, off the event loop "
-             "(default 65536)")
-    add("--grpc-max-message-size", type=int, default=GRPC_MAX_MESSAGE,
-        help="largest gRPC message in either direction (default 2 GiB - 1)")
-    add("--grpc-infer-response-compression-level", default="none",
-        choices=["none", "low", "medium", "high"])
+        "bytes a value) larger than this are converted in a thread, off the event loop "
+        "(default 65536)",
+    )
+    add(
+        "--grpc-max-message-size",
+        type=int,
+        default=GRPC_MAX_MESSAGE,
+        help="largest gRPC message in either direction (default 2 GiB - 1)",
+    )
+    add(
+        "--grpc-infer-response-compression-level",
+        default="none",
+        choices=["none", "low", "medium", "high"],
+    )
     # Connection bounds (server/net/connections.py; README "Limits and security").
-    add("--http-header-timeout-secs", type=_positive_float, default=30.0,
+    add(
+        "--http-header-timeout-secs",
+        type=_positive_float,
+        default=30.0,
         help="close a connection whose request headers are not complete this many seconds "
-             "after they began (slowloris; default 30)")
-    add("--http-idle-timeout-secs", type=_positive_float, default=60.0,
-        help="close a new connection that sends no request for this many seconds (default 60)")
-    add("--http-keep-alive-timeout-secs", type=_positive_float, default=60.0,
+        "after they began (slowloris; default 30)",
+    )
+    add(
+        "--http-idle-timeout-secs",
+        type=_positive_float,
+        default=60.0,
+        help="close a new connection that sends no request for this many seconds (default 60)",
+    )
+    add(
+        "--http-keep-alive-timeout-secs",
+        type=_positive_float,
+        default=60.0,
         help="close a kept-alive connection with no next request after this many seconds "
-             "(default 60)")
-    add("--http-max-connections", type=_positive_int, default=None,
+        "(default 60)",
+    )
+    add(
+        "--http-max-connections",
+        type=_positive_int,
+        default=None,
         help="most HTTP connections open at once; past it (and the health reserve) new ones are "
-             "closed at once (default 4096, less where the descriptor limit, ulimit -n, needs it)")
-    add("--http-health-reserved-connections", type=_non_negative_int, default=16,
+        "closed at once (default 4096, less where the descriptor limit, ulimit -n, needs it)",
+    )
+    add(
+        "--http-health-reserved-connections",
+        type=_non_negative_int,
+        default=16,
         help="connections accepted past --http-max-connections that may only ask "
-             "/v2/health/live or /v2/health/ready; anything else gets 503 (default 16)")
-    add("--grpc-max-input-size", type=_positive_int, default=None,
+        "/v2/health/live or /v2/health/ready; anything else gets 503 (default 16)",
+    )
+    add(
+        "--grpc-max-input-size",
+        type=_positive_int,
+        default=None,
         help="largest gRPC request message, after decompression: a compressed request that "
-             "would inflate past it is refused with RESOURCE_EXHAUSTED while inflating "
-             "(default: --http-max-input-size; at most --grpc-max-message-size)")
-    add("--grpc-keepalive-time", type=_positive_int, default=7_200_000, metavar="MS",
-        help="milliseconds between keepalive pings the server sends (default 7200000)")
-    add("--grpc-keepalive-timeout", type=_positive_int, default=20_000, metavar="MS",
-        help="milliseconds to wait for a keepalive ping's answer before closing (default 20000)")
-    flag("--grpc-keepalive-permit-without-calls", False,
-         "allow clients to send keepalive pings on connections with no call")
-    add("--grpc-http2-max-pings-without-data", type=_non_negative_int, default=2,
-        help="pings the server sends without data before it needs data (0: no limit; default 2)")
-    add("--grpc-http2-min-recv-ping-interval-without-data", type=_non_negative_int,
-        default=300_000, metavar="MS",
+        "would inflate past it is refused with RESOURCE_EXHAUSTED while inflating "
+        "(default: --http-max-input-size; at most --grpc-max-message-size)",
+    )
+    add(
+        "--grpc-keepalive-time",
+        type=_positive_int,
+        default=7_200_000,
+        metavar="MS",
+        help="milliseconds between keepalive pings the server sends (default 7200000)",
+    )
+    add(
+        "--grpc-keepalive-timeout",
+        type=_positive_int,
+        default=20_000,
+        metavar="MS",
+        help="milliseconds to wait for a keepalive ping's answer before closing (default 20000)",
+    )
+    flag(
+        "--grpc-keepalive-permit-without-calls",
+        False,
+        "allow clients to send keepalive pings on connections with no call",
+    )
+    add(
+        "--grpc-http2-max-pings-without-data",
+        type=_non_negative_int,
+        default=2,
+        help="pings the server sends without data before it needs data (0: no limit; default 2)",
+    )
+    add(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        type=_non_negative_int,
+        default=300_000,
+        metavar="MS",
         help="shortest interval between client pings on a connection without data; quicker "
-             "pings are strikes (default 300000)")
-    add("--grpc-http2-max-ping-strikes", type=_non_negative_int, default=2,
-        help="strikes before the connection is closed (0: no limit; default 2)")
-    add("--grpc-max-connection-idle", type=_positive_int, default=60_000, metavar="MS",
+        "pings are strikes (default 300000)",
+    )
+    add(
+        "--grpc-http2-max-ping-strikes",
+        type=_non_negative_int,
+        default=2,
+        help="strikes before the connection is closed (0: no limit; default 2)",
+    )
+    add(
+        "--grpc-max-connection-idle",
+        type=_positive_int,
+        default=60_000,
+        metavar="MS",
         help="close (GOAWAY) a gRPC connection with no call for this many milliseconds; "
-             "clients reconnect on their next call (default 60000)")
-    add("--grpc-max-connections", type=_positive_int, default=None,
+        "clients reconnect on their next call (default 60000)",
+    )
+    add(
+        "--grpc-max-connections",
+        type=_positive_int,
+        default=None,
         help="most gRPC connections open at once; new ones past it are closed (default 4096, "
-             "less where the descriptor limit, ulimit -n, needs it)")
-    add("--grpc-max-concurrent-streams", type=_positive_int, default=1000,
+        "less where the descriptor limit, ulimit -n, needs it)",
+    )
+    add(
+        "--grpc-max-concurrent-streams",
+        type=_positive_int,
+        default=1000,
         help="most calls open at once on one gRPC connection; clients queue the rest "
-             "(default 1000)")
-    add("--grpc-handshake-timeout", type=_positive_int, default=30_000, metavar="MS",
+        "(default 1000)",
+    )
+    add(
+        "--grpc-handshake-timeout",
+        type=_positive_int,
+        default=30_000,
+        metavar="MS",
         help="close a gRPC connection that has not completed its HTTP/2 handshake after this "
-             "many milliseconds (a silent client; default 30000)")
+        "many milliseconds (a silent client; default 30000)",
+    )
     add("--model-config-name", default=None, help="use configs/<name>.pbtxt where present")
     add("--metrics-interval-ms", type=int, default=2000)
-    add("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+    add(
+        "--model-control-mode",
+        choices=["none", "poll", "explicit"],
+        default="none",
         help="none: load everything at startup; poll: also follow repository changes; "
-             "explicit: load --load-model models, then only through the repository API "
-             "(default none)")
-    add("--repository-poll-secs", type=_positive_float, default=15.0,
-        help="seconds between repository polls in poll mode (default 15)")
-    add("--repository-settle-secs", type=_non_negative_float, default=10.0,
+        "explicit: load --load-model models, then only through the repository API "
+        "(default none)",
+    )
+    add(
+        "--repository-poll-secs",
+        type=_positive_float,
+        default=15.0,
+        help="seconds between repository polls in poll mode (default 15)",
+    )
+    add(
+        "--repository-settle-secs",
+        type=_non_negative_float,
+        default=10.0,
         help="poll mode: how long a version's files (or a model's config and labels) must stay "
-             "unchanged before they load, unless a '.ready' file written last marks them "
-             "complete; 0: two polls in a row (default 10)")
-    add("--traffic-gate-interval-secs", type=_positive_float, default=0.25,
+        "unchanged before they load, unless a '.ready' file written last marks them "
+        "complete; 0: two polls in a row (default 10)",
+    )
+    add(
+        "--traffic-gate-interval-secs",
+        type=_positive_float,
+        default=0.25,
         help="gray release: seconds between two judgements of a running canary (a rollback "
-             "takes effect within this; default 0.25)")
-    add("--traffic-shadow-max-inflight", type=int, default=32,
+        "takes effect within this; default 0.25)",
+    )
+    add(
+        "--traffic-shadow-max-inflight",
+        type=int,
+        default=32,
         help="gray release: shadow requests in flight before new ones are dropped and counted "
-             "(default 32)")
-    add("--load-model", action="append", dest="load_models", default=[], metavar="NAME",
-        help="in explicit mode, a model to load at startup; repeat for several, '*' for all")
-    flag("--allow-model-load-file-override", False,
-         "accept file:<path> parameters in the model load API (HTTP and gRPC); they write files "
-         "the server loads, so any client that reaches the API can run code as the server's "
-         "user (a Python model)")
-    add("--overload-status", type=int, choices=[503, 429], default=503,
+        "(default 32)",
+    )
+    add(
+        "--load-model",
+        action="append",
+        dest="load_models",
+        default=[],
+        metavar="NAME",
+        help="in explicit mode, a model to load at startup; repeat for several, '*' for all",
+    )
+    flag(
+        "--allow-model-load-file-override",
+        False,
+        "accept file:<path> parameters in the model load API (HTTP and gRPC); they write files "
+        "the server loads, so any client that reaches the API can run code as the server's "
+        "user (a Python model)",
+    )
+    add(
+        "--overload-status",
+        type=int,
+        choices=[503, 429],
+        default=503,
         help="HTTP status of a request refused because its model's queue is full: 503, or 429 "
-             "for clients that retry on 429 (gRPC answers UNAVAILABLE either way; default 503)")
-    add("--frontend-processes", type=_process_count, default=1, metavar="N|auto",
+        "for clients that retry on 429 (gRPC answers UNAVAILABLE either way; default 503)",
+    )
+    add(
+        "--frontend-processes",
+        type=_process_count,
+        default=1,
+        metavar="N|auto",
         help="processes that accept HTTP and gRPC connections on the same ports (SO_REUSEPORT): "
-             "this one, which owns the models and batchers, and N-1 more that decode requests "
-             "and hand them to it through shared memory; auto: the CPUs this process may use "
-             "(default 1)")
-    add("--frontend-shm-bytes", type=_positive_int, default=64 * 1024 * 1024, metavar="BYTES",
+        "this one, which owns the models and batchers, and N-1 more that decode requests "
+        "and hand them to it through shared memory; auto: the CPUs this process may use "
+        "(default 1)",
+    )
+    add(
+        "--frontend-shm-bytes",
+        type=_positive_int,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
         help="shared memory each way between the model owner and each extra frontend process; "
-             "tensors that do not fit travel through the socket (default 64 MiB)")
-    add("--http-restricted-api", action="append", default=[], metavar="API[,API...]:KEY=VALUE",
+        "tensors that do not fit travel through the socket (default 64 MiB)",
+    )
+    add(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API[,API...]:KEY=VALUE",
         help="HTTP requests in these API categories (health, metadata, inference, "
-             "shared-memory, model-config, model-repository, statistics, trace, logging) must "
-             "carry header KEY with VALUE, or get 403; repeat for other groups")
-    add("--grpc-restricted-protocol", action="append", default=[],
+        "shared-memory, model-config, model-repository, statistics, trace, logging) must "
+        "carry header KEY with VALUE, or get 403; repeat for other groups",
+    )
+    add(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
         metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
         help="gRPC calls in these categories must carry metadata "
-             "'triton-grpc-protocol-KEY' with VALUE, or get UNAVAILABLE; repeat for other groups")
-    add("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+        "'triton-grpc-protocol-KEY' with VALUE, or get UNAVAILABLE; repeat for other groups",
+    )
+    add(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
         help="Triton's trace settings: rate=N, level=OFF|TIMESTAMPS|TENSORS (repeatable), "
-             "count=N, mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
-             "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, "
-             "opentelemetry,bsp_schedule_delay=MS (and bsp_max_queue_size, "
-             "bsp_max_export_batch_size)")
-    add("--max-shared-memory-regions", type=_positive_int, default=1024, metavar="N",
-        help="system shared memory regions clients may register at once (default 1024)")
+        "count=N, mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+        "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, "
+        "opentelemetry,bsp_schedule_delay=MS (and bsp_max_queue_size, "
+        "bsp_max_export_batch_size)",
+    )
+    add(
+        "--max-shared-memory-regions",
+        type=_positive_int,
+        default=1024,
+        metavar="N",
+        help="system shared memory regions clients may register at once (default 1024)",
+    )
     return parser
 
 
@@ -186,8 +381,10 @@ def _require_otel() -> None:
         except ImportError:  # a parent package is missing
             found = False
         if not found:
-            raise ValueError("--trace-config mode=opentelemetry needs the OpenTelemetry SDK: "
-                             "pip install 'ascend-serve[otel]'")
+            raise ValueError(
+                "--trace-config mode=opentelemetry needs the OpenTelemetry SDK: "
+                "pip install 'ascend-serve[otel]'"
+            )
 
 
 def _process_count(value: str) -> int:
@@ -222,16 +419,17 @@ _positive_float = _bounded(float, strict=True)
 _non_negative_float = _bounded(float, strict=False)
 
 
-def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
+def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from server.restricted import GRPC_HEADER_PREFIX, parse_restrictions
     from server.observability.tracing import parse_trace_config
+    from server.restricted import GRPC_HEADER_PREFIX, parse_restrictions
 
     try:
         http_restricted = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
-        grpc_restricted = parse_restrictions(args.grpc_restricted_protocol,
-                                             "--grpc-restricted-protocol", GRPC_HEADER_PREFIX)
+        grpc_restricted = parse_restrictions(
+            args.grpc_restricted_protocol, "--grpc-restricted-protocol", GRPC_HEADER_PREFIX
+        )
         trace_config, otel_config = parse_trace_config(args.trace_config)
         if trace_config.get("trace_mode") == ["opentelemetry"]:
             _require_otel()
@@ -240,13 +438,20 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
     return ServerSettings(
         model_repositories=[p.resolve() for p in args.model_repositories],
         server_id=args.server_id,
-        http_address=args.http_address, http_port=args.http_port,
-        grpc_address=args.grpc_address, grpc_port=args.grpc_port,
-        metrics_address=args.metrics_address, metrics_port=args.metrics_port,
-        allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
-        strict_readiness=args.strict_readiness, ready_with_no_models=args.ready_with_no_models,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        strict_readiness=args.strict_readiness,
+        ready_with_no_models=args.ready_with_no_models,
         exit_timeout_secs=args.exit_timeout_secs,
-        log_verbose=args.log_verbose, auto_complete_config=not args.disable_auto_complete_config,
+        log_verbose=args.log_verbose,
+        auto_complete_config=not args.disable_auto_complete_config,
         exit_on_error=args.exit_on_error,
         colocate_cheap_instances=args.colocate_cheap_instances,
         http_max_input_size=args.http_max_input_size,
@@ -267,25 +472,31 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> ServerSettings:
         grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
         grpc_http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
         grpc_http2_min_recv_ping_interval_without_data_ms=(
-            args.grpc_http2_min_recv_ping_interval_without_data),
+            args.grpc_http2_min_recv_ping_interval_without_data
+        ),
         grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
         grpc_max_connection_idle_ms=args.grpc_max_connection_idle,
         grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
         grpc_max_connections=args.grpc_max_connections,
         grpc_handshake_timeout_ms=args.grpc_handshake_timeout,
-        model_config_name=args.model_config_name, model_load_retry_count=args.model_load_retry_count,
+        model_config_name=args.model_config_name,
+        model_load_retry_count=args.model_load_retry_count,
         metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=args.model_control_mode,
-        repository_poll_secs=args.repository_poll_secs, load_models=list(args.load_models),
+        repository_poll_secs=args.repository_poll_secs,
+        load_models=list(args.load_models),
         repository_settle_secs=args.repository_settle_secs,
         allow_model_load_file_override=args.allow_model_load_file_override,
         overload_status=args.overload_status,
-        frontend_processes=args.frontend_processes, frontend_shm_bytes=args.frontend_shm_bytes,
+        frontend_processes=args.frontend_processes,
+        frontend_shm_bytes=args.frontend_shm_bytes,
         traffic_gate_interval_secs=args.traffic_gate_interval_secs,
         traffic_shadow_max_inflight=max(0, args.traffic_shadow_max_inflight),
         max_shared_memory_regions=args.max_shared_memory_regions,
-        http_restricted_api=http_restricted, grpc_restricted_protocol=grpc_restricted,
-        trace_config=trace_config, otel_config=otel_config,
+        http_restricted_api=http_restricted,
+        grpc_restricted_protocol=grpc_restricted,
+        trace_config=trace_config,
+        otel_config=otel_config,
     )
 
 
@@ -298,10 +509,13 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(argv)
-    logging.basicConfig(level=logging.DEBUG if settings.log_verbose > 1 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if settings.log_verbose > 1 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     from server.app import ServerApp
 
     loop = _new_loop()

@@ -1,4 +1,5 @@
 """Server settings, named after Triton's command-line flags, with Triton's defaults."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,9 +1,10 @@
 """Fixtures shared by every test directory: the example repository and a running server."""
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -23,9 +24,11 @@ def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def example_server(example_repository: Path, tmp_path_factory: pytest.TempPathFactory
-                   ) -> Iterator[ServerProcess]:
+def example_server(
+    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     """One server over the example repository, shared by read-mostly e2e tests."""
-    with running_server([example_repository], ["--exit-timeout-secs", "10"],
-                        log_dir=tmp_path_factory.mktemp("logs")) as server:
+    with running_server(
+        [example_repository], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
+    ) as server:
         yield server

@@ -2,6 +2,7 @@
 drive server/core/inference_path.py over a registry of fake versions: subclasses write `_admit` only.
 
 Imported like serverproc (tests/conftest.py puts this folder on sys.path)."""
+
 from __future__ import annotations
 
 from scheduler.interface import Scheduler

@@ -13,17 +13,16 @@ The profile comes from the environment: ASCEND_FUZZ=quick (the default, a short 
 .hypothesis/ and replayed first next time). ASCEND_FUZZ_EXAMPLES overrides the base number of
 cases of either profile.
 """
+
 from __future__ import annotations
 
 import os
 import re
 from collections import Counter
-from typing import Optional
 
 import httpx
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
-
 from serverproc import ROOT, ServerProcess
 
 PROFILE_ENV = "ASCEND_FUZZ"
@@ -32,15 +31,21 @@ EXAMPLES_ENV = "ASCEND_FUZZ_EXAMPLES"
 _COMMON = dict(
     deadline=None,  # a case's time is bounded by the client timeouts below, not by Hypothesis
     print_blob=True,  # a failure prints @reproduce_failure(...) to replay it exactly
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.function_scoped_fixture],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
 )
 # quick draws the same cases every run (derandomize): `make test` is CI's gate and must not fail
 # on a case no one drew before; exploring new cases is nightly's job.
 settings.register_profile("quick", max_examples=200, database=None, derandomize=True, **_COMMON)
-settings.register_profile("nightly", max_examples=4000,
-                          database=DirectoryBasedExampleDatabase(str(ROOT / ".hypothesis")),
-                          **_COMMON)
+settings.register_profile(
+    "nightly",
+    max_examples=4000,
+    database=DirectoryBasedExampleDatabase(str(ROOT / ".hypothesis")),
+    **_COMMON,
+)
 
 
 def fuzz_settings(factor: float = 1.0) -> settings:
@@ -62,26 +67,65 @@ MODELS: dict[str, list[tuple[str, str, list[int]]]] = {
     "pipeline": [("IMAGE", "UINT8", [1, 32, 32, 3])],
     "postprocess": [("PROBABILITIES", "FP32", [1, 10])],
 }
-OUTPUTS = {"simple": ["OUTPUT0", "OUTPUT1"], "simple_batching": ["OUTPUT0", "OUTPUT1"],
-           "dense_compute_nobatch": ["OUTPUT"], "identity_bytes": ["OUTPUT"],
-           "classifier": ["PROBABILITIES"], "pipeline": ["LABEL", "SCORE"],
-           "postprocess": ["LABEL", "SCORE"]}
-DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-             "FP16", "FP32", "FP64", "BF16", "BYTES"]
-ODD_NAMES = ["", " ", ".", "..", "simple ", "SIMPLE", "simple\x00", "simple/../simple", "%2e%2e",
-             "\u00e9\u4e2d", "a" * 300, "{model}", "stats", "versions", "-1", "\ud7ff"]
+OUTPUTS = {
+    "simple": ["OUTPUT0", "OUTPUT1"],
+    "simple_batching": ["OUTPUT0", "OUTPUT1"],
+    "dense_compute_nobatch": ["OUTPUT"],
+    "identity_bytes": ["OUTPUT"],
+    "classifier": ["PROBABILITIES"],
+    "pipeline": ["LABEL", "SCORE"],
+    "postprocess": ["LABEL", "SCORE"],
+}
+DATATYPES = [
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
+]
+ODD_NAMES = [
+    "",
+    " ",
+    ".",
+    "..",
+    "simple ",
+    "SIMPLE",
+    "simple\x00",
+    "simple/../simple",
+    "%2e%2e",
+    "\u00e9\u4e2d",
+    "a" * 300,
+    "{model}",
+    "stats",
+    "versions",
+    "-1",
+    "\ud7ff",
+]
 ODD_VERSIONS = ["1", "0", "2", "-1", "01", "999999999999999999999999", "1.0", "abc", "", " 1"]
 
 # What may answer 5xx to a client's input: the documented unavailable / unsupported cases.
 ALLOWED_503 = re.compile(
     r"explicit model load / unload is not allowed|Request timeout expired|"
-    r"Exceeds maximum queue size|is not at ready state|has no available versions")
+    r"Exceeds maximum queue size|is not at ready state|has no available versions"
+)
 ALLOWED_501 = re.compile(
     r"'repository_name' specification is not supported|Unsupported compression type|"
-    r"trace file location|trace mode can not be updated|log file location")
+    r"trace file location|trace mode can not be updated|log file location"
+)
 # What the server's log must never show after a case: a bug, even where the answer was fine.
-BUG_IN_LOG = re.compile(r"unexpected error in|Traceback \(most recent call last\)|"
-                        r"Exception in ASGI application|Fatal Python error|Segmentation fault")
+BUG_IN_LOG = re.compile(
+    r"unexpected error in|Traceback \(most recent call last\)|"
+    r"Exception in ASGI application|Fatal Python error|Segmentation fault"
+)
 
 
 class Watch:
@@ -102,13 +146,14 @@ class Watch:
             return bool(ALLOWED_501.search(text))
         return False
 
-    def after(self, case: str, problem: Optional[str] = None, outcome: object = None) -> None:
+    def after(self, case: str, problem: str | None = None, outcome: object = None) -> None:
         """Fail with `case` (what was sent) if the answer was wrong or the server suffers;
         count `outcome` (the answer's status)."""
         self.outcomes[outcome] += 1
         assert problem is None, f"{problem}\ncase: {case}"
-        assert self.server.alive(), f"server died ({self.server.process.returncode})\ncase: " \
-            f"{case}\n{self.new_log()}"
+        assert self.server.alive(), (
+            f"server died ({self.server.process.returncode})\ncase: {case}\n{self.new_log()}"
+        )
         try:
             live = self.client.get("/v2/health/live", timeout=10.0)
         except httpx.HTTPError as exc:

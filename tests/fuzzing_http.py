@@ -5,43 +5,91 @@ route with any method; and load / unload requests whose config overrides are the
 configs mutated. The property they are checked against is in tests/fuzzing.py.
 
 Imported like fuzzing (tests/conftest.py puts this folder on sys.path)."""
+
 from __future__ import annotations
 
 import gzip
 import json
 import struct
 import zlib
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
+from fuzzing import DATATYPES, MODELS, ODD_NAMES, ODD_VERSIONS, OUTPUTS
 from hypothesis import strategies as st
 
-from fuzzing import DATATYPES, MODELS, ODD_NAMES, ODD_VERSIONS, OUTPUTS
-
-NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-         "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-         "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
-         "BF16": np.uint16}
+NUMPY = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BF16": np.uint16,
+}
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 # ----- strategies --------------------------------------------------------------------------------
-big_ints = st.one_of(st.integers(-3, 70), st.sampled_from(
-    [2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63), -(2**63) - 1, 10**30]))
-json_scalars = st.one_of(st.none(), st.booleans(), big_ints, st.floats(width=64),
-                         st.text(max_size=12))
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-    max_leaves=12)
-shapes = st.one_of(st.lists(big_ints, max_size=6), st.just([1] * 65),
-                   st.just([9223372036854775807, 0]), st.lists(json_scalars, max_size=3),
-                   json_values)
-param_keys = st.sampled_from(["binary_data_size", "binary_data", "binary_data_output",
-                              "classification", "timeout", "priority", "sequence_id",
-                              "sequence_start", "sequence_end", "shared_memory_region",
-                              "shared_memory_byte_size", "shared_memory_offset", "custom"])
+big_ints = st.one_of(
+    st.integers(-3, 70),
+    st.sampled_from(
+        [
+            2**31 - 1,
+            2**31,
+            2**32,
+            2**53 + 1,
+            2**63 - 1,
+            2**63,
+            2**64,
+            -(2**63),
+            -(2**63) - 1,
+            10**30,
+        ]
+    ),
+)
+json_scalars = st.one_of(
+    st.none(), st.booleans(), big_ints, st.floats(width=64), st.text(max_size=12)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+shapes = st.one_of(
+    st.lists(big_ints, max_size=6),
+    st.just([1] * 65),
+    st.just([9223372036854775807, 0]),
+    st.lists(json_scalars, max_size=3),
+    json_values,
+)
+param_keys = st.sampled_from(
+    [
+        "binary_data_size",
+        "binary_data",
+        "binary_data_output",
+        "classification",
+        "timeout",
+        "priority",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "shared_memory_region",
+        "shared_memory_byte_size",
+        "shared_memory_offset",
+        "custom",
+    ]
+)
 parameters = st.one_of(st.dictionaries(param_keys, json_values, max_size=4), json_values)
 
 
@@ -62,7 +110,7 @@ def tensor_bytes(datatype: str, data: Any, rng: np.random.Generator, count: int)
             items = [str(v).encode() for v in data]
             return b"".join(struct.pack("<I", len(i)) + i for i in items)
         return np.asarray(data, dtype=NUMPY[datatype]).tobytes()
-    except Exception:  # noqa: BLE001 - mutated data or datatype: send noise of a plausible size
+    except Exception:
         return rng.bytes(max(0, min(count, 4096)) * 4)
 
 
@@ -73,8 +121,14 @@ def infer_requests(draw: st.DrawFn) -> dict:
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     inputs: list[Any] = []
     for name, datatype, shape in MODELS[model]:
-        inputs.append({"name": name, "datatype": datatype, "shape": list(shape),
-                       "data": valid_data(datatype, int(np.prod(shape)), rng)})
+        inputs.append(
+            {
+                "name": name,
+                "datatype": datatype,
+                "shape": list(shape),
+                "data": valid_data(datatype, int(np.prod(shape)), rng),
+            }
+        )
     document: Any = {"inputs": inputs}
     if draw(st.booleans()):
         document["outputs"] = [{"name": n} for n in OUTPUTS[model]]
@@ -97,13 +151,33 @@ def infer_requests(draw: st.DrawFn) -> dict:
     body = mutate_bytes(draw, body)
     body = compress(draw, body, headers)
     if draw(st.booleans()):
-        headers["Accept-Encoding"] = draw(st.sampled_from(
-            ["gzip", "deflate", "identity", "br", "gzip;q=0", "*", "gzip;q=abc, deflate;q=0.5",
-             "", "identity;q=0, *;q=0"]))
+        headers["Accept-Encoding"] = draw(
+            st.sampled_from(
+                [
+                    "gzip",
+                    "deflate",
+                    "identity",
+                    "br",
+                    "gzip;q=0",
+                    "*",
+                    "gzip;q=abc, deflate;q=0.5",
+                    "",
+                    "identity;q=0, *;q=0",
+                ]
+            )
+        )
     if draw(st.integers(0, 4)) == 0:
-        headers["Content-Type"] = draw(st.sampled_from(
-            ["application/json", "application/octet-stream", "text/plain", "multipart/form-data",
-             "application/json; charset=latin-1"]))
+        headers["Content-Type"] = draw(
+            st.sampled_from(
+                [
+                    "application/json",
+                    "application/octet-stream",
+                    "text/plain",
+                    "multipart/form-data",
+                    "application/json; charset=latin-1",
+                ]
+            )
+        )
     if draw(st.integers(0, 5)) == 0:
         model = draw(st.sampled_from(ODD_NAMES))
     path = f"/v2/models/{quote(model, safe='')}"
@@ -112,8 +186,9 @@ def infer_requests(draw: st.DrawFn) -> dict:
     return {"method": "POST", "path": path + "/infer", "headers": headers, "body": body}
 
 
-def binary_body(draw: st.DrawFn, document: Any, rng: np.random.Generator,
-                headers: dict[str, str]) -> bytes:
+def binary_body(
+    draw: st.DrawFn, document: Any, rng: np.random.Generator, headers: dict[str, str]
+) -> bytes:
     """Some inputs as binary data after the JSON header, with a (maybe wrong) header length."""
     blobs = b""
     if isinstance(document, dict) and isinstance(document.get("inputs"), list):
@@ -134,16 +209,31 @@ def binary_body(draw: st.DrawFn, document: Any, rng: np.random.Generator,
     if isinstance(document, dict) and draw(st.booleans()):
         document.setdefault("parameters", {})
         if isinstance(document["parameters"], dict):
-            document["parameters"]["binary_data_output"] = draw(st.one_of(st.booleans(),
-                                                                          json_scalars))
+            document["parameters"]["binary_data_output"] = draw(
+                st.one_of(st.booleans(), json_scalars)
+            )
     header = json.dumps(document).encode()
     length: Any = len(header)
     choice = draw(st.integers(0, 5))
     if choice == 1:
         length += draw(st.integers(-8, 8))
     elif choice == 2:
-        length = draw(st.sampled_from(["-1", "abc", "", " 5", "0x10", "1e3", "99999999999999999999",
-                                       str(len(header) + len(blobs) + 1), "+1", "١٢"]))
+        length = draw(
+            st.sampled_from(
+                [
+                    "-1",
+                    "abc",
+                    "",
+                    " 5",
+                    "0x10",
+                    "1e3",
+                    "99999999999999999999",
+                    str(len(header) + len(blobs) + 1),
+                    "+1",
+                    "١٢",
+                ]
+            )
+        )
     headers[HEADER_LENGTH] = str(length)
     return header + blobs
 
@@ -159,19 +249,32 @@ def mutate_bytes(draw: st.DrawFn, body: bytes) -> bytes:
             index = draw(st.integers(0, len(data) - 1))
             data[index] ^= 1 << draw(st.integers(0, 7))
     elif kind == 1:
-        data = data[:draw(st.integers(0, len(data)))]
+        data = data[: draw(st.integers(0, len(data)))]
     elif kind == 2:
         index = draw(st.integers(0, len(data)))
         data[index:index] = draw(st.binary(min_size=1, max_size=16))
     else:
         index = draw(st.integers(0, len(data)))
-        data[index:index] = data[:draw(st.integers(0, min(len(data), 64)))]
+        data[index:index] = data[: draw(st.integers(0, min(len(data), 64)))]
     return bytes(data)
 
 
 def compress(draw: st.DrawFn, body: bytes, headers: dict[str, str]) -> bytes:
-    kind = draw(st.sampled_from(["none", "none", "gzip", "deflate", "raw-deflate", "gzip-lie",
-                                 "gzip-cut", "unknown", "stacked"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "none",
+                "none",
+                "gzip",
+                "deflate",
+                "raw-deflate",
+                "gzip-lie",
+                "gzip-cut",
+                "unknown",
+                "stacked",
+            ]
+        )
+    )
     if kind == "gzip":
         headers["Content-Encoding"] = draw(st.sampled_from(["gzip", "GZIP", "x-gzip"]))
         return gzip.compress(body)
@@ -188,10 +291,11 @@ def compress(draw: st.DrawFn, body: bytes, headers: dict[str, str]) -> bytes:
     if kind == "gzip-cut":
         headers["Content-Encoding"] = "gzip"
         packed = gzip.compress(body)
-        return packed[:draw(st.integers(0, len(packed)))]
+        return packed[: draw(st.integers(0, len(packed)))]
     if kind == "unknown":
-        headers["Content-Encoding"] = draw(st.sampled_from(["br", "zstd", "compress", "gzip;q=1",
-                                                            ",", "identity", "gzip,,br"]))
+        headers["Content-Encoding"] = draw(
+            st.sampled_from(["br", "zstd", "compress", "gzip;q=1", ",", "identity", "gzip,,br"])
+        )
         return body
     if kind == "stacked":
         headers["Content-Encoding"] = "gzip, deflate"
@@ -200,9 +304,13 @@ def compress(draw: st.DrawFn, body: bytes, headers: dict[str, str]) -> bytes:
 
 
 # ----- mutations of the request document ----------------------------------------------------------
-def _pick_input(draw: st.DrawFn, document: Any) -> Optional[dict]:
-    if isinstance(document, dict) and isinstance(document.get("inputs"), list) \
-            and document["inputs"] and isinstance(document["inputs"][0], dict):
+def _pick_input(draw: st.DrawFn, document: Any) -> dict | None:
+    if (
+        isinstance(document, dict)
+        and isinstance(document.get("inputs"), list)
+        and document["inputs"]
+        and isinstance(document["inputs"][0], dict)
+    ):
         inputs = [i for i in document["inputs"] if isinstance(i, dict)]
         return draw(st.sampled_from(inputs)) if inputs else None
     return None
@@ -211,8 +319,9 @@ def _pick_input(draw: st.DrawFn, document: Any) -> Optional[dict]:
 def m_datatype(draw, document, rng):  # type: ignore[no-untyped-def]
     entry = _pick_input(draw, document)
     if entry is not None:
-        entry["datatype"] = draw(st.one_of(st.sampled_from(DATATYPES + ["TYPE_FP32", "fp32", ""]),
-                                           json_scalars))
+        entry["datatype"] = draw(
+            st.one_of(st.sampled_from(DATATYPES + ["TYPE_FP32", "fp32", ""]), json_scalars)
+        )
     return document
 
 
@@ -227,8 +336,9 @@ def m_data_length(draw, document, rng):  # type: ignore[no-untyped-def]
     entry = _pick_input(draw, document)
     if entry is not None and isinstance(entry.get("data"), list):
         data = entry["data"]
-        entry["data"] = draw(st.sampled_from([data[:-1], data + data[:1], [], data[: len(data) // 2],
-                                              data * 2]))
+        entry["data"] = draw(
+            st.sampled_from([data[:-1], data + data[:1], [], data[: len(data) // 2], data * 2])
+        )
     return document
 
 
@@ -243,7 +353,7 @@ def m_data_values(draw, document, rng):  # type: ignore[no-untyped-def]
             shape = entry.get("shape")
             try:
                 entry["data"] = np.asarray(data, dtype=object).reshape(shape).tolist()
-            except Exception:  # noqa: BLE001 - a mutated shape: leave the data flat
+            except Exception:
                 pass
         else:
             entry["data"] = draw(json_values)
@@ -262,8 +372,22 @@ def m_drop_field(draw, document, rng):  # type: ignore[no-untyped-def]
 def m_extra_field(draw, document, rng):  # type: ignore[no-untyped-def]
     target = _pick_input(draw, document) if draw(st.booleans()) else document
     if isinstance(target, dict):
-        key = draw(st.sampled_from(["name", "shape", "datatype", "data", "parameters", "id",
-                                    "inputs", "outputs", "extra", ""]))
+        key = draw(
+            st.sampled_from(
+                [
+                    "name",
+                    "shape",
+                    "datatype",
+                    "data",
+                    "parameters",
+                    "id",
+                    "inputs",
+                    "outputs",
+                    "extra",
+                    "",
+                ]
+            )
+        )
         target[key] = draw(json_values)
     return document
 
@@ -292,12 +416,24 @@ def m_parameters(draw, document, rng):  # type: ignore[no-untyped-def]
 
 def m_outputs(draw, document, rng):  # type: ignore[no-untyped-def]
     if isinstance(document, dict):
-        names = st.one_of(st.sampled_from(sum(OUTPUTS.values(), [])), st.sampled_from(ODD_NAMES),
-                          json_scalars)
-        output = st.fixed_dictionaries({"name": names}, optional={
-            "parameters": st.one_of(st.fixed_dictionaries({}, optional={
-                "binary_data": st.one_of(st.booleans(), json_scalars),
-                "classification": st.one_of(big_ints, json_scalars)}), json_values)})
+        names = st.one_of(
+            st.sampled_from(sum(OUTPUTS.values(), [])), st.sampled_from(ODD_NAMES), json_scalars
+        )
+        output = st.fixed_dictionaries(
+            {"name": names},
+            optional={
+                "parameters": st.one_of(
+                    st.fixed_dictionaries(
+                        {},
+                        optional={
+                            "binary_data": st.one_of(st.booleans(), json_scalars),
+                            "classification": st.one_of(big_ints, json_scalars),
+                        },
+                    ),
+                    json_values,
+                )
+            },
+        )
         document["outputs"] = draw(st.one_of(st.lists(output, max_size=3), json_values))
     return document
 
@@ -306,9 +442,21 @@ def m_document(draw, document, rng):  # type: ignore[no-untyped-def]
     return draw(json_values)
 
 
-MUTATORS = {f.__name__[2:]: f for f in (m_datatype, m_shape, m_data_length, m_data_values,
-                                        m_drop_field, m_extra_field, m_inputs, m_parameters,
-                                        m_outputs, m_document)}
+MUTATORS = {
+    f.__name__[2:]: f
+    for f in (
+        m_datatype,
+        m_shape,
+        m_data_length,
+        m_data_values,
+        m_drop_field,
+        m_extra_field,
+        m_inputs,
+        m_parameters,
+        m_outputs,
+        m_document,
+    )
+}
 MUTATIONS = sorted(MUTATORS)
 
 
@@ -319,15 +467,36 @@ def other_requests(draw: st.DrawFn) -> dict:
     name = quote(model, safe="")
     version = quote(draw(st.sampled_from(ODD_VERSIONS)), safe="")
     prefix = f"/v2/models/{name}" + (f"/versions/{version}" if draw(st.booleans()) else "")
-    path = draw(st.sampled_from([
-        "/v2/health/live", "/v2/health/ready", "/v2", "/v2/", "/v2/models/stats",
-        "/v2/repository/index", f"/v2/repository/models/{name}/load",
-        f"/v2/repository/models/{name}/unload", f"/v2/repository/{name}/index",
-        f"/v2/repository/{name}/models/{name}/load", f"/v2/repository/{name}/models/{name}/unload",
-        prefix, prefix + "/ready", prefix + "/config", prefix + "/stats", prefix + "/infer",
-        "/v2/models", "/", "/metrics", "/v2/trace/setting", "/v2/logging", "/v2//health/live",
-        "/v2/models/simple/versions/1/infer/extra", "/v2/systemsharedmemory/status",
-    ]))
+    path = draw(
+        st.sampled_from(
+            [
+                "/v2/health/live",
+                "/v2/health/ready",
+                "/v2",
+                "/v2/",
+                "/v2/models/stats",
+                "/v2/repository/index",
+                f"/v2/repository/models/{name}/load",
+                f"/v2/repository/models/{name}/unload",
+                f"/v2/repository/{name}/index",
+                f"/v2/repository/{name}/models/{name}/load",
+                f"/v2/repository/{name}/models/{name}/unload",
+                prefix,
+                prefix + "/ready",
+                prefix + "/config",
+                prefix + "/stats",
+                prefix + "/infer",
+                "/v2/models",
+                "/",
+                "/metrics",
+                "/v2/trace/setting",
+                "/v2/logging",
+                "/v2//health/live",
+                "/v2/models/simple/versions/1/infer/extra",
+                "/v2/systemsharedmemory/status",
+            ]
+        )
+    )
     if draw(st.integers(0, 5)) == 0:
         path += draw(st.sampled_from(["?", "?a=1", "?ready=true&x", "#frag", "%", "%zz"]))
     method = draw(st.sampled_from(METHODS))
@@ -336,11 +505,29 @@ def other_requests(draw: st.DrawFn) -> dict:
     if body_kind == "json":
         body = json.dumps(draw(json_values)).encode()
     elif body_kind == "repository":
-        load = st.fixed_dictionaries({}, optional={
-            "ready": st.one_of(st.booleans(), json_scalars),
-            "parameters": st.one_of(st.dictionaries(st.sampled_from(
-                ["config", "unload_dependents", "file:1/model.onnx", "file:../x", "file:",
-                 "custom"]), json_values, max_size=3), json_values)})
+        load = st.fixed_dictionaries(
+            {},
+            optional={
+                "ready": st.one_of(st.booleans(), json_scalars),
+                "parameters": st.one_of(
+                    st.dictionaries(
+                        st.sampled_from(
+                            [
+                                "config",
+                                "unload_dependents",
+                                "file:1/model.onnx",
+                                "file:../x",
+                                "file:",
+                                "custom",
+                            ]
+                        ),
+                        json_values,
+                        max_size=3,
+                    ),
+                    json_values,
+                ),
+            },
+        )
         body = json.dumps(draw(load)).encode()
     elif body_kind == "noise":
         body = draw(st.binary(max_size=128))
@@ -351,10 +538,26 @@ def other_requests(draw: st.DrawFn) -> dict:
 
 # ----- the load API in explicit mode: config overrides mutated -----------------------------------
 RELOADABLE = ["simple", "identity_bytes", "dense_compute_nobatch"]  # ONNX: cheap to reload
-CONFIG_KEYS = ["name", "platform", "backend", "max_batch_size", "input", "output",
-               "instance_group", "dynamic_batching", "parameters", "default_model_filename",
-               "version_policy", "sequence_batching", "ensemble_scheduling", "optimization",
-               "model_warmup", "batch_input", "response_cache", "junk"]
+CONFIG_KEYS = [
+    "name",
+    "platform",
+    "backend",
+    "max_batch_size",
+    "input",
+    "output",
+    "instance_group",
+    "dynamic_batching",
+    "parameters",
+    "default_model_filename",
+    "version_policy",
+    "sequence_batching",
+    "ensemble_scheduling",
+    "optimization",
+    "model_warmup",
+    "batch_input",
+    "response_cache",
+    "junk",
+]
 
 
 def mutate_config(draw: st.DrawFn, config: dict) -> Any:
@@ -368,14 +571,40 @@ def mutate_config(draw: st.DrawFn, config: dict) -> Any:
         elif kind == 2 and isinstance(config.get("input"), list) and config["input"]:
             tensor = config["input"][0]
             if isinstance(tensor, dict):
-                tensor[draw(st.sampled_from(["dims", "data_type", "name", "format", "reshape",
-                                             "optional", "is_shape_tensor"]))] = draw(st.one_of(
-                    st.lists(big_ints, max_size=4), st.sampled_from(
-                        ["TYPE_FP32", "TYPE_STRING", "TYPE_BF16", "TYPE_INVALID", "FP32"]),
-                    json_values))
+                tensor[
+                    draw(
+                        st.sampled_from(
+                            [
+                                "dims",
+                                "data_type",
+                                "name",
+                                "format",
+                                "reshape",
+                                "optional",
+                                "is_shape_tensor",
+                            ]
+                        )
+                    )
+                ] = draw(
+                    st.one_of(
+                        st.lists(big_ints, max_size=4),
+                        st.sampled_from(
+                            ["TYPE_FP32", "TYPE_STRING", "TYPE_BF16", "TYPE_INVALID", "FP32"]
+                        ),
+                        json_values,
+                    )
+                )
         elif kind == 3:  # instances: a few, of any kind
-            config["instance_group"] = [{"count": draw(st.integers(-1, 3)), "kind": draw(
-                st.sampled_from(["KIND_CPU", "KIND_GPU", "KIND_MODEL", "KIND_AUTO", "KIND_X"]))}]
+            config["instance_group"] = [
+                {
+                    "count": draw(st.integers(-1, 3)),
+                    "kind": draw(
+                        st.sampled_from(
+                            ["KIND_CPU", "KIND_GPU", "KIND_MODEL", "KIND_AUTO", "KIND_X"]
+                        )
+                    ),
+                }
+            ]
         else:
             config["max_batch_size"] = draw(big_ints)
     return config
@@ -389,13 +618,21 @@ def load_requests(draw: st.DrawFn, configs: dict[str, dict]) -> dict:
     parameters: dict[str, Any] = {}
     if action == "load" and draw(st.integers(0, 4)):
         config = mutate_config(draw, configs[name])
-        parameters["config"] = json.dumps(config) if draw(st.integers(0, 5)) else draw(
-            st.one_of(st.text(max_size=20), json_values))
+        parameters["config"] = (
+            json.dumps(config)
+            if draw(st.integers(0, 5))
+            else draw(st.one_of(st.text(max_size=20), json_values))
+        )
     if action == "unload" and draw(st.booleans()):
         parameters["unload_dependents"] = draw(st.one_of(st.booleans(), json_scalars))
-    body = json.dumps({"parameters": parameters} if draw(st.integers(0, 5)) else
-                      draw(json_values)).encode()
+    body = json.dumps(
+        {"parameters": parameters} if draw(st.integers(0, 5)) else draw(json_values)
+    ).encode()
     headers: dict[str, str] = {}
     body = compress(draw, mutate_bytes(draw, body), headers)
-    return {"method": "POST", "path": f"/v2/repository/models/{quote(path_name, safe='')}/{action}",
-            "headers": headers, "body": body}
+    return {
+        "method": "POST",
+        "path": f"/v2/repository/models/{quote(path_name, safe='')}/{action}",
+        "headers": headers,
+        "body": body,
+    }

@@ -4,13 +4,14 @@ deadline, killing by pid what a test left running, and which processes of a serv
 connections (--frontend-processes).
 
 Imported like serverproc (tests/conftest.py puts this folder on sys.path)."""
+
 from __future__ import annotations
 
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def gone(pid: int) -> bool:
@@ -40,8 +41,9 @@ def kill_quietly(pid: int) -> None:
         pass
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0,
-             interval: float = 0.05) -> None:
+def wait_for(
+    predicate: Callable[[], bool], what: str, timeout: float = 30.0, interval: float = 0.05
+) -> None:
     """Poll `predicate` until it holds; AssertionError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

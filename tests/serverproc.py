@@ -3,6 +3,7 @@
 Shared by the e2e tests and the benchmarks. Every server started here is stopped (SIGTERM, then
 SIGKILL) when its context exits, so no process is left behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,10 +12,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import httpx
 
@@ -78,9 +79,14 @@ PORT_RACE = ("already in use",)
 PORT_ATTEMPTS = 3
 
 
-def start_server(repositories: Sequence[Path], extra_args: Sequence[str] = (),
-                 env: Optional[dict[str, str]] = None, log_dir: Optional[Path] = None,
-                 wait_ready: bool | str = True, timeout: float = 60.0) -> ServerProcess:
+def start_server(
+    repositories: Sequence[Path],
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+    wait_ready: bool | str = True,
+    timeout: float = 60.0,
+) -> ServerProcess:
     """`wait_ready`: wait for readiness (True), liveness (False), or a 200 from that path.
 
     A free port is only free when it is picked: another process (any client's outgoing
@@ -99,31 +105,54 @@ class _PortTaken(RuntimeError):
     pass
 
 
-def _start_once(repositories: Sequence[Path], extra_args: Sequence[str],
-                env: Optional[dict[str, str]], log_dir: Optional[Path],
-                wait_ready: bool | str, timeout: float) -> ServerProcess:
+def _start_once(
+    repositories: Sequence[Path],
+    extra_args: Sequence[str],
+    env: dict[str, str] | None,
+    log_dir: Path | None,
+    wait_ready: bool | str,
+    timeout: float,
+) -> ServerProcess:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     args = [sys.executable, "-m", "server"]
     for repository in repositories:
         args += ["--model-repository", str(repository)]
-    args += ["--http-address", "127.0.0.1", "--http-port", str(http_port),
-             "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-             "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port),
-             *extra_args]
+    args += [
+        "--http-address",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-address",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
+        *extra_args,
+    ]
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else []))
+        [str(ROOT)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else [])
+    )
     full_env.update(env or {})
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
     log_path = log_dir / f"ascend-serve-{http_port}.log"
     log_file = open(log_path, "wb")
-    process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env,
-                               cwd=str(ROOT))
+    process = subprocess.Popen(
+        args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=str(ROOT)
+    )
     log_file.close()
     server = ServerProcess(process, http_port, grpc_port, metrics_port, log_path)
     deadline = time.monotonic() + timeout
-    path = wait_ready if isinstance(wait_ready, str) else \
-        "/v2/health/ready" if wait_ready else "/v2/health/live"
+    path = (
+        wait_ready
+        if isinstance(wait_ready, str)
+        else "/v2/health/ready"
+        if wait_ready
+        else "/v2/health/live"
+    )
     while time.monotonic() < deadline:
         if process.poll() is not None:
             log = server.log()
@@ -136,14 +165,19 @@ def _start_once(repositories: Sequence[Path], extra_args: Sequence[str],
             pass
         time.sleep(0.1)
     server.stop()
-    raise RuntimeError(f"server did not become {'ready' if wait_ready else 'live'} in "
-                       f"{timeout}s:\n{server.log()}")
+    raise RuntimeError(
+        f"server did not become {'ready' if wait_ready else 'live'} in {timeout}s:\n{server.log()}"
+    )
 
 
 @contextmanager
-def running_server(repositories: Sequence[Path], extra_args: Sequence[str] = (),
-                   env: Optional[dict[str, str]] = None, wait_ready: bool | str = True,
-                   log_dir: Optional[Path] = None) -> Iterator[ServerProcess]:
+def running_server(
+    repositories: Sequence[Path],
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    wait_ready: bool | str = True,
+    log_dir: Path | None = None,
+) -> Iterator[ServerProcess]:
     server = start_server(repositories, extra_args, env, log_dir=log_dir, wait_ready=wait_ready)
     try:
         yield server

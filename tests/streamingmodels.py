@@ -1,5 +1,6 @@
 """Python test models for decoupled streaming, response senders and BLS (tests/e2e/test_decoupled.py,
 tests/e2e/test_bls.py). Each is written against Triton's python backend API as documented."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,7 @@ from testmodels import write_python_model
 # Sends COUNT responses (OUT = index), paced by the request parameter `delay_ms`; `error_at`
 # makes that response an error; `return_list` makes execute wrongly return responses. After
 # FINAL it tries to send once more and logs what the sender said. It logs a cancellation.
-CHATTY_MODEL = '''
+CHATTY_MODEL = """
 import json
 import os
 import threading
@@ -60,9 +61,9 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse([]))
         except pb_utils.TritonModelException as exc:
             pb_utils.Logger.log_info(f"chatty after final: {exc}")
-'''
+"""
 
-CHATTY_CONFIG = '''
+CHATTY_CONFIG = """
 name: "chatty"
 backend: "python"
 max_batch_size: 0
@@ -73,10 +74,10 @@ output [
   { name: "NAMES" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
 # Not decoupled, but answers through its response sender, then misuses it.
-SENDER_MODEL = '''
+SENDER_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -93,19 +94,19 @@ class TritonPythonModel:
                 pb_utils.Logger.log_info(f"sender second send: {exc}")
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
-SENDER_CONFIG = '''
+SENDER_CONFIG = """
 name: "sender"
 backend: "python"
 max_batch_size: 0
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 2 ] } ]
 output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
 # Sends COUNT responses of 256 KiB each as fast as its sender lets it (a buffer of 4).
-FLOOD_MODEL = '''
+FLOOD_MODEL = """
 import threading
 
 import numpy as np
@@ -130,9 +131,9 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("DATA", CHUNK)]))
             pb_utils.Logger.log_info(f"flood sent {index + 1}")
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-'''
+"""
 
-FLOOD_CONFIG = '''
+FLOOD_CONFIG = """
 name: "flood"
 backend: "python"
 max_batch_size: 0
@@ -141,11 +142,11 @@ parameters { key: "response_buffer_size" value { string_value: "4" } }
 input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "DATA" data_type: TYPE_INT8 dims: [ -1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
 # BLS: calls `simple` (ONNX) with X as INPUT0 and ones as INPUT1, in the way `mode` says;
 # ERR carries the error text the call got back ("" when none).
-BLS_MODEL = '''
+BLS_MODEL = """
 import asyncio
 
 import numpy as np
@@ -200,9 +201,9 @@ class TritonPythonModel:
                 pb_utils.Tensor("ERR", np.array([err.encode()], dtype=object))],
                 parameters={"mode": mode, "caller": request.request_id()}))
         return responses
-'''
+"""
 
-BLS_CONFIG = '''
+BLS_CONFIG = """
 name: "bls"
 backend: "python"
 max_batch_size: 0
@@ -215,11 +216,11 @@ output [
   { name: "ERR" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
 
 # An ensemble whose one step is the decoupled example `token_stream`.
-WORDS_CONFIG = '''
+WORDS_CONFIG = """
 name: "words"
 platform: "ensemble"
 max_batch_size: 0
@@ -233,7 +234,7 @@ ensemble_scheduling {
     output_map { key: "text_output" value: "WORD" }
   } ]
 }
-'''
+"""
 
 
 def build_streaming_repository(repo: Path) -> Path:
@@ -250,10 +251,12 @@ def build_streaming_repository(repo: Path) -> Path:
 
 def write_streaming_models(repo: Path) -> None:
     """chatty, sender, flood and bls (which calls the example `simple`, built separately)."""
-    for name, source, config in (("chatty", CHATTY_MODEL, CHATTY_CONFIG),
-                                 ("sender", SENDER_MODEL, SENDER_CONFIG),
-                                 ("flood", FLOOD_MODEL, FLOOD_CONFIG),
-                                 ("bls", BLS_MODEL, BLS_CONFIG)):
+    for name, source, config in (
+        ("chatty", CHATTY_MODEL, CHATTY_CONFIG),
+        ("sender", SENDER_MODEL, SENDER_CONFIG),
+        ("flood", FLOOD_MODEL, FLOOD_CONFIG),
+        ("bls", BLS_MODEL, BLS_CONFIG),
+    ):
         write_python_model(repo, name, source, config)
     (repo / "words" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "words" / "config.pbtxt").write_text(WORDS_CONFIG)

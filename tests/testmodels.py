@@ -3,6 +3,7 @@ model whose one-slot queue one request fills, and an ONNX FP32 identity for larg
 built by bench/hostile.py).
 
 Imported like serverproc (tests/conftest.py puts this folder on sys.path)."""
+
 from __future__ import annotations
 
 import textwrap
@@ -11,7 +12,7 @@ from pathlib import Path
 # Sleeps SECONDS in execute, then answers PID: the pid of the worker that ran it (so a test
 # knows which process to kill). When it starts it writes its pid to worker.pid in its model
 # directory, where the server gives it one (`args["model_repository"]`).
-SLEEPER_MODEL = '''
+SLEEPER_MODEL = """
 import os
 import time
 
@@ -35,7 +36,7 @@ class TritonPythonModel:
             pid = np.array([os.getpid()], dtype=np.int64)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]))
         return responses
-'''
+"""
 
 
 def sleeper_config(name: str) -> str:
@@ -82,7 +83,8 @@ def write_queued_model(repo: Path, queue_delay_us: int) -> Path:
 
     (repo / "queued" / "1").mkdir(parents=True)
     (repo / "queued" / "1" / "model.onnx").write_bytes(
-        make_dense_compute_model().SerializeToString())
+        make_dense_compute_model().SerializeToString()
+    )
     (repo / "queued" / "config.pbtxt").write_text(queued_config(queue_delay_us))
     return repo
 
@@ -93,9 +95,11 @@ def build_identity_fp32(repo: Path) -> None:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"], name="identity")], "identity_fp32",
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"], name="identity")],
+        "identity_fp32",
         [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [-1, -1])],
-        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [-1, -1])])
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [-1, -1])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     directory = repo / "identity_fp32"
@@ -105,4 +109,5 @@ def build_identity_fp32(repo: Path) -> None:
         'name: "identity_fp32"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
         'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
         'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
-        'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )

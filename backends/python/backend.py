@@ -23,6 +23,7 @@ of one decoupled request may wait for a slow client before the model's `send` bl
 `response_ring_bytes` (default 8 MiB): the worker's shared-memory ring for those answers and
 BLS inputs (a bigger message gets a bigger ring).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,22 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from backends.base import Backend, BackendError, BackendHost
-from backends.python.process import (Result, WorkerDied, WorkerProcess, WorkerReplyError,
-                                     describe_exit, end_workers, workers_ended)
+from backends.python.process import (
+    Result,
+    WorkerDied,
+    WorkerProcess,
+    WorkerReplyError,
+    describe_exit,
+    end_workers,
+    workers_ended,
+)
 from backends.python.streams import ERROR_CODES, StreamRouter
 from protocol import errors
 from protocol.config_json import config_to_json
@@ -75,13 +84,15 @@ class CrashWindow:
         return len(self._times)
 
 
-def _parameter(config: "ModelConfig", key: str, default: float) -> float:
+def _parameter(config: ModelConfig, key: str, default: float) -> float:
     if key in config.parameters:
         try:
             return float(config.parameters[key].string_value)
         except ValueError:
-            raise BackendError(f"model '{config.name}': parameter '{key}' must be a number, got "
-                               f"'{config.parameters[key].string_value}'") from None
+            raise BackendError(
+                f"model '{config.name}': parameter '{key}' must be a number, got "
+                f"'{config.parameters[key].string_value}'"
+            ) from None
     return default
 
 
@@ -94,7 +105,7 @@ class PythonBackend(Backend):
 
     _READY, _RESTARTING, _FAILED, _STOPPED = "ready", "restarting", "failed", "stopped"
 
-    def __init__(self, *args: Any, host: Optional[BackendHost] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, host: BackendHost | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config = self.config
         self.decoupled = bool(config.model_transaction_policy.decoupled)
@@ -105,23 +116,26 @@ class PythonBackend(Backend):
             "ring_bytes": int(_parameter(config, "response_ring_bytes", 8 << 20)),
         }
         if self._stream_settings["window"] < 1:
-            raise BackendError(f"model '{config.name}': parameter 'response_buffer_size' must "
-                               f"be at least 1")
-        self._crashes = CrashWindow(int(_parameter(config, "max_worker_crashes", 3)),
-                                    _parameter(config, "worker_crash_window_s", 60.0))
+            raise BackendError(
+                f"model '{config.name}': parameter 'response_buffer_size' must be at least 1"
+            )
+        self._crashes = CrashWindow(
+            int(_parameter(config, "max_worker_crashes", 3)),
+            _parameter(config, "worker_crash_window_s", 60.0),
+        )
         self._output_names = [output.name for output in config.output]
         self._label = f"python model '{config.name}' instance '{self.instance.name}'"
         self._cond = threading.Condition()
-        self._worker: Optional[WorkerProcess] = None
+        self._worker: WorkerProcess | None = None
         self._state = self._STOPPED
         self._failure = ""
-        self._supervisor: Optional[threading.Thread] = None
+        self._supervisor: threading.Thread | None = None
         self.restarts = 0  # worker restarts so far (for metrics and tests)
 
     # ----- auto-complete ---------------------------------------------------------------
 
     @classmethod
-    def auto_complete(cls, config: "ModelConfig", model_dir: Path, version_dir: Path) -> None:
+    def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         """Run the model's `auto_complete_config`, in a worker, when model.py defines one."""
         from google.protobuf import json_format
 
@@ -136,8 +150,9 @@ class PythonBackend(Backend):
             return  # skip a process start for the (common) model without one
         worker = WorkerProcess.spawn()
         try:
-            completed = worker.auto_complete(path, version_dir, config_to_json(config),
-                                             AUTO_COMPLETE_TIMEOUT_S)
+            completed = worker.auto_complete(
+                path, version_dir, config_to_json(config), AUTO_COMPLETE_TIMEOUT_S
+            )
         except (WorkerReplyError, WorkerDied) as exc:
             raise BackendError(f"auto_complete_config of '{path}': {exc}") from None
         finally:
@@ -146,22 +161,28 @@ class PythonBackend(Backend):
         try:
             json_format.ParseDict(completed, merged)
         except json_format.ParseError as exc:
-            raise BackendError(f"auto_complete_config of '{path}' produced an invalid config: "
-                               f"{exc}") from None
+            raise BackendError(
+                f"auto_complete_config of '{path}' produced an invalid config: {exc}"
+            ) from None
         config.CopyFrom(merged)
 
     # ----- lifecycle -------------------------------------------------------------------
 
     def load(self) -> None:
         if not self.model_path().is_file():
-            raise BackendError(f"unable to find '{self.model_path()}' for model "
-                               f"'{self.config.name}'")
+            raise BackendError(
+                f"unable to find '{self.model_path()}' for model '{self.config.name}'"
+            )
         worker = self._start_worker()
         with self._cond:
             self._worker = worker
             self._state = self._READY
-        self._supervisor = threading.Thread(target=self._supervise, args=(worker,),
-                                            name=f"supervisor-{self.instance.name}", daemon=True)
+        self._supervisor = threading.Thread(
+            target=self._supervise,
+            args=(worker,),
+            name=f"supervisor-{self.instance.name}",
+            daemon=True,
+        )
         self._supervisor.start()
 
     def unload(self) -> None:
@@ -203,19 +224,28 @@ class PythonBackend(Backend):
         except WorkerDied as exc:  # the server is past its exit deadline
             raise BackendError(f"the worker process {exc.detail}") from None
         try:
-            worker.initialize(self.model_path(), self.version_dir, self._args(), INIT_TIMEOUT_S,
-                              self._stream_settings)
+            worker.initialize(
+                self.model_path(),
+                self.version_dir,
+                self._args(),
+                INIT_TIMEOUT_S,
+                self._stream_settings,
+            )
         except (WorkerReplyError, WorkerDied) as exc:
             worker.close()
-            detail = str(exc) if isinstance(exc, WorkerReplyError) else \
-                f"the worker process {exc.detail} during initialize"
+            detail = (
+                str(exc)
+                if isinstance(exc, WorkerReplyError)
+                else f"the worker process {exc.detail} during initialize"
+            )
             raise BackendError(detail) from None
         except BaseException:
             worker.close()
             raise
         if self.decoupled:  # its answers arrive while no call waits: read them as they come
-            threading.Thread(target=worker.pump, name=f"responses-{self.instance.name}",
-                             daemon=True).start()
+            threading.Thread(
+                target=worker.pump, name=f"responses-{self.instance.name}", daemon=True
+            ).start()
         return worker
 
     # ----- supervision (on the supervisor thread) ----------------------------------------
@@ -226,8 +256,12 @@ class PythonBackend(Backend):
             code = worker.wait()
             worker.sever()
             detail = describe_exit(code)
-            self._router.fail_all(worker, errors.Unavailable(
-                f"{self._label}: the worker process {detail} while this request was running"))
+            self._router.fail_all(
+                worker,
+                errors.Unavailable(
+                    f"{self._label}: the worker process {detail} while this request was running"
+                ),
+            )
             with self._cond:
                 if self._state == self._STOPPED or worker is not self._worker:
                     return
@@ -245,14 +279,15 @@ class PythonBackend(Backend):
             worker.close(0.1)
             if verdict != self._RESTARTING:
                 return
-            log.error("%s: the worker process (pid %d) %s; restarting it", self._label,
-                      worker.pid, detail)
+            log.error(
+                "%s: the worker process (pid %d) %s; restarting it", self._label, worker.pid, detail
+            )
             replacement = self._restart()
             if replacement is None:
                 return
             worker = replacement
 
-    def _restart(self) -> Optional[WorkerProcess]:
+    def _restart(self) -> WorkerProcess | None:
         """Start a new worker; None when stopping, or giving up after failed restarts."""
         while True:
             with self._cond:
@@ -278,17 +313,20 @@ class PythonBackend(Backend):
                 self._state = self._READY
                 self.restarts += 1
                 self._cond.notify_all()
-            log.warning("%s: worker restarted (pid %d), restart %d", self._label, worker.pid,
-                        self.restarts)
+            log.warning(
+                "%s: worker restarted (pid %d), restart %d", self._label, worker.pid, self.restarts
+            )
             return worker
 
     def _give_up(self, detail: str) -> None:
         """Called with the lock held: the instance stays down for good."""
         self._state = self._FAILED
         self._worker = None
-        self._failure = (f"{self._label}: the worker process crashed {self._crashes.count} times "
-                         f"within {self._crashes.window_s:g} s (last: {detail}); not restarting "
-                         f"it")
+        self._failure = (
+            f"{self._label}: the worker process crashed {self._crashes.count} times "
+            f"within {self._crashes.window_s:g} s (last: {detail}); not restarting "
+            f"it"
+        )
         self._cond.notify_all()
         log.error("%s", self._failure)
 
@@ -300,9 +338,11 @@ class PythonBackend(Backend):
             raise result
         return result
 
-    def execute_requests(self, requests: Sequence[Mapping[str, np.ndarray]],
-                         details: Optional[Sequence[InferRequest]] = None
-                         ) -> list[dict[str, np.ndarray] | BaseException]:
+    def execute_requests(
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        details: Sequence[InferRequest] | None = None,
+    ) -> list[dict[str, np.ndarray] | BaseException]:
         """Run the list in the worker. While the worker restarts this waits for it; a worker
         that dies fails only these requests (UNAVAILABLE). Raises only when the instance is
         gone for good (fatal), so the pool stops sending it work."""
@@ -311,8 +351,12 @@ class PythonBackend(Backend):
             if worker is None:
                 return self._unavailable(len(requests), "the worker process is restarting")
             try:
-                results = worker.execute(requests, self._output_names, None,
-                                         _request_details(details, self._output_names))
+                results = worker.execute(
+                    requests,
+                    self._output_names,
+                    None,
+                    _request_details(details, self._output_names),
+                )
             except WorkerReplyError as exc:
                 return [errors.InternalError(str(exc)) for _ in requests]
             except WorkerDied as exc:
@@ -320,13 +364,15 @@ class PythonBackend(Backend):
                     raise BackendError(self._failure, fatal=True) from None
                 if exc.before_send and attempt == 0:
                     continue  # it died idle, before getting this work: run it on the next one
-                return self._unavailable(len(requests), f"the worker process {exc.detail} "
-                                         f"while running this request; it is being restarted")
+                return self._unavailable(
+                    len(requests),
+                    f"the worker process {exc.detail} "
+                    f"while running this request; it is being restarted",
+                )
             return [self._result(result) for result in results]
         return self._unavailable(len(requests), "the worker process is restarting")
 
-    def execute_decoupled(self, requests: Sequence[InferRequest]
-                          ) -> list[None | BaseException]:
+    def execute_decoupled(self, requests: Sequence[InferRequest]) -> list[None | BaseException]:
         """Hand the requests to the worker; their answers come through their streams. Like
         execute_requests, a worker that dies fails only these requests."""
         worker = self._ready_worker()
@@ -335,8 +381,9 @@ class PythonBackend(Backend):
         rids = self._router.open(worker, requests)
         inputs = [{t.name: t.data for t in request.inputs} for request in requests]
         try:
-            worker.execute(inputs, self._output_names, rids,
-                           _request_details(requests, self._output_names))
+            worker.execute(
+                inputs, self._output_names, rids, _request_details(requests, self._output_names)
+            )
         except WorkerReplyError as exc:
             self._router.close(rids)
             return [errors.InternalError(str(exc)) for _ in requests]
@@ -344,11 +391,14 @@ class PythonBackend(Backend):
             self._router.close(rids)
             if self._wait_for_verdict(worker) == self._FAILED:
                 raise BackendError(self._failure, fatal=True) from None
-            return self._unavailable(len(requests), f"the worker process {exc.detail} while "
-                                     f"running this request; it is being restarted")
+            return self._unavailable(
+                len(requests),
+                f"the worker process {exc.detail} while "
+                f"running this request; it is being restarted",
+            )
         return [None] * len(requests)
 
-    def _ready_worker(self) -> Optional[WorkerProcess]:
+    def _ready_worker(self) -> WorkerProcess | None:
         """The live worker, waiting for a restart to finish; None if it takes too long."""
         deadline = time.monotonic() + RESTART_WAIT_S
         with self._cond:
@@ -367,8 +417,9 @@ class PythonBackend(Backend):
         """After a call saw the worker die: wait (briefly) until the supervisor has decided
         between restarting and giving up."""
         with self._cond:
-            self._cond.wait_for(lambda: self._worker is not worker
-                                or self._state != self._READY, timeout=2.0)
+            self._cond.wait_for(
+                lambda: self._worker is not worker or self._state != self._READY, timeout=2.0
+            )
             return self._state
 
     def _unavailable(self, count: int, detail: str) -> list[Any]:
@@ -382,8 +433,9 @@ class PythonBackend(Backend):
         return result
 
 
-def _request_details(requests: Optional[Sequence[InferRequest]],
-                     output_names: Sequence[str]) -> dict[str, Any]:
+def _request_details(
+    requests: Sequence[InferRequest] | None, output_names: Sequence[str]
+) -> dict[str, Any]:
     """What a model's `request_id()`, `parameters()`, `requested_output_names()`,
     `correlation_id()` and `flags()` return, sent only when some request has any (most send
     none: nothing extra to pickle). A request that asks for every output in the config's
@@ -401,20 +453,27 @@ def _request_details(requests: Optional[Sequence[InferRequest]],
             sequence = True
     details: dict[str, Any] = {}
     if requested:
-        details["requested"] = [None if request.outputs is None else
-                                [output.name for output in request.outputs]
-                                for request in requests]
+        details["requested"] = [
+            None if request.outputs is None else [output.name for output in request.outputs]
+            for request in requests
+        ]
     if meta:
-        details["meta"] = [(request.id, _plain(request.parameters) if request.parameters
-                            else {}) for request in requests]
+        details["meta"] = [
+            (request.id, _plain(request.parameters) if request.parameters else {})
+            for request in requests
+        ]
     if sequence:
         # A sequence model's `correlation_id()` and `flags()` (padding requests: 0, 0).
-        details["sequence"] = [(request.correlation_id, request.sequence_flags)
-                               for request in requests]
+        details["sequence"] = [
+            (request.correlation_id, request.sequence_flags) for request in requests
+        ]
     return details
 
 
 def _plain(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """Request parameters a model may see (the JSON kinds; the server's own are left in)."""
-    return {key: value for key, value in parameters.items()
-            if isinstance(value, (bool, int, float, str))}
+    return {
+        key: value
+        for key, value in parameters.items()
+        if isinstance(value, (bool, int, float, str))
+    }

@@ -8,6 +8,7 @@ socket reports end-of-file (or is severed by the supervisor), and the pending ca
 WorkerDied at once. Workers die with the server: the kernel kills them when it goes (see
 _Spawner), and end_workers() kills those still running at its exit deadline.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -18,9 +19,10 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +52,7 @@ class Outputs(dict):
     """One request's output arrays, with the response parameters the model set (a plain
     dict when it set none)."""
 
-    parameters: Optional[dict] = None
+    parameters: dict | None = None
 
 
 # One request's result: its output arrays, or (TritonError code, message) from the model.
@@ -59,7 +61,7 @@ Result = dict[str, np.ndarray] | Outputs | tuple[int, str]
 MessageHandler = Callable[["WorkerProcess", dict, list[int]], None]
 
 
-def describe_exit(code: Optional[int]) -> str:
+def describe_exit(code: int | None) -> str:
     if code is None:
         return "stopped answering"
     if code < 0:
@@ -90,16 +92,17 @@ class _Spawner:
     process's whole CPU set), so workers never inherit the event loop's CPU pin."""
 
     def __init__(self) -> None:
-        self._jobs: "queue.SimpleQueue[tuple[Callable[[], Any], Future]]" = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def run(self, job: Callable[[], Any]) -> Any:
         future: Future = Future()
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="python-worker-spawner",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._serve, name="python-worker-spawner", daemon=True
+                )
                 self._thread.start()
         self._jobs.put((job, future))
         return future.result()
@@ -109,14 +112,14 @@ class _Spawner:
             job, future = self._jobs.get()
             try:
                 future.set_result(job())
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            except BaseException as exc:
                 future.set_exception(exc)
             del job, future
 
 
 _spawner = _Spawner()
 # Every worker not closed yet, so the server can end them at its exit deadline.
-_live: "set[WorkerProcess]" = set()
+_live: set[WorkerProcess] = set()
 _live_lock = threading.Lock()
 _ended = False
 
@@ -148,8 +151,13 @@ atexit.register(end_workers)
 class WorkerProcess:
     """One `python -m backends.python.worker.main` child and its socket and arenas."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket,
-                 on_message: Optional[MessageHandler] = None, pumped: bool = False) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        sock: socket.socket,
+        on_message: MessageHandler | None = None,
+        pumped: bool = False,
+    ) -> None:
         self.process = process
         self._sock = sock
         self._on_message = on_message
@@ -166,24 +174,33 @@ class WorkerProcess:
         self._closed = False
 
     @classmethod
-    def spawn(cls, on_message: Optional[MessageHandler] = None, pumped: bool = False
-              ) -> "WorkerProcess":
+    def spawn(cls, on_message: MessageHandler | None = None, pumped: bool = False) -> WorkerProcess:
         """Start a worker (from the spawner thread). It dies with the server: by the parent-death
         signal if the server is killed, by end_workers() at a hard-deadline exit. `pumped`:
         a thread will run `pump` (a decoupled model), so calls share the socket with it."""
         return _spawner.run(lambda: cls._spawn(on_message, pumped))
 
     @classmethod
-    def _spawn(cls, on_message: Optional[MessageHandler], pumped: bool) -> "WorkerProcess":
+    def _spawn(cls, on_message: MessageHandler | None, pumped: bool) -> WorkerProcess:
         with _live_lock:
             if _ended:
                 raise WorkerDied("was not started: the server is shutting down", before_send=True)
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "backends.python.worker.main", "--fd", str(child.fileno()),
-                     "--parent-pid", str(os.getpid())],
-                    pass_fds=(child.fileno(),), env=_worker_env(), stdin=subprocess.DEVNULL)
+                    [
+                        sys.executable,
+                        "-m",
+                        "backends.python.worker.main",
+                        "--fd",
+                        str(child.fileno()),
+                        "--parent-pid",
+                        str(os.getpid()),
+                    ],
+                    pass_fds=(child.fileno(),),
+                    env=_worker_env(),
+                    stdin=subprocess.DEVNULL,
+                )
             except BaseException:
                 parent.close()
                 raise
@@ -199,7 +216,7 @@ class WorkerProcess:
 
     # ----- calls -------------------------------------------------------------------------
 
-    def _route(self, message: dict[str, Any], fds: list[int]) -> Optional[str]:
+    def _route(self, message: dict[str, Any], fds: list[int]) -> str | None:
         if "op" not in message:
             return "reply"
         if self._on_message is not None:
@@ -218,8 +235,9 @@ class WorkerProcess:
         except (ChannelClosed, OSError, TimeoutError):
             pass
 
-    def post(self, message: dict[str, Any], tensors: Optional[Mapping[str, np.ndarray]] = None
-             ) -> None:
+    def post(
+        self, message: dict[str, Any], tensors: Mapping[str, np.ndarray] | None = None
+    ) -> None:
         """Send a message that has no reply (an ack, a cancellation, a BLS answer), with its
         tensors in our ring. Any thread; never waits for the worker. OSError once closed."""
         if self._closed:
@@ -240,8 +258,9 @@ class WorkerProcess:
                 os.close(extra)
         return self.ring.take(refs, end)
 
-    def call(self, message: Mapping[str, Any], fds: Sequence[int] = (),
-             timeout: Optional[float] = None) -> tuple[dict[str, Any], list[int]]:
+    def call(
+        self, message: Mapping[str, Any], fds: Sequence[int] = (), timeout: float | None = None
+    ) -> tuple[dict[str, Any], list[int]]:
         """Send one message and wait for its reply; WorkerDied if the process goes first."""
         sent = False
         try:
@@ -253,32 +272,54 @@ class WorkerProcess:
                 return self._channel.wait("reply", timeout)
         except TimeoutError:
             self.kill()
-            raise WorkerDied(f"did not answer '{message.get('op')}' within {timeout:g} s") \
-                from None
+            raise WorkerDied(f"did not answer '{message.get('op')}' within {timeout:g} s") from None
         except (ChannelClosed, OSError):
             raise WorkerDied(describe_exit(self._exit_code()), before_send=not sent) from None
 
-    def initialize(self, model_file: Path, version_dir: Path, args: Mapping[str, str],
-                   timeout: Optional[float], stream: Optional[Mapping[str, Any]] = None) -> None:
-        reply, _ = self.call({"op": "init", "model_file": str(model_file),
-                              "version_dir": str(version_dir), "args": dict(args),
-                              "stream": dict(stream or {})},
-                             timeout=timeout)
+    def initialize(
+        self,
+        model_file: Path,
+        version_dir: Path,
+        args: Mapping[str, str],
+        timeout: float | None,
+        stream: Mapping[str, Any] | None = None,
+    ) -> None:
+        reply, _ = self.call(
+            {
+                "op": "init",
+                "model_file": str(model_file),
+                "version_dir": str(version_dir),
+                "args": dict(args),
+                "stream": dict(stream or {}),
+            },
+            timeout=timeout,
+        )
         if not reply.get("ok"):
             raise WorkerReplyError(reply.get("error", "initialize failed"))
 
-    def auto_complete(self, model_file: Path, version_dir: Path, config: dict,
-                      timeout: Optional[float]) -> dict:
-        reply, _ = self.call({"op": "auto_complete", "model_file": str(model_file),
-                              "version_dir": str(version_dir), "config": config},
-                             timeout=timeout)
+    def auto_complete(
+        self, model_file: Path, version_dir: Path, config: dict, timeout: float | None
+    ) -> dict:
+        reply, _ = self.call(
+            {
+                "op": "auto_complete",
+                "model_file": str(model_file),
+                "version_dir": str(version_dir),
+                "config": config,
+            },
+            timeout=timeout,
+        )
         if not reply.get("ok"):
             raise WorkerReplyError(reply.get("error", "auto_complete_config failed"))
         return reply["config"]
 
-    def execute(self, requests: Sequence[Mapping[str, np.ndarray]],
-                output_names: Sequence[str], rids: Optional[Sequence[int]] = None,
-                details: Optional[Mapping[str, list]] = None) -> list[Result]:
+    def execute(
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        output_names: Sequence[str],
+        rids: Sequence[int] | None = None,
+        details: Mapping[str, list] | None = None,
+    ) -> list[Result]:
         """Run one list of requests; each result is its outputs or the model's error for it.
         `rids`: a decoupled model's requests, answered through messages. `details`: the
         per-request lists a model's accessors read ("requested", "meta", "sequence"), only
@@ -289,8 +330,11 @@ class WorkerProcess:
             if self._closed:
                 raise WorkerDied(describe_exit(self._exit_code()), before_send=True)
             refs, new_fd = self._inputs.pack(requests)
-            message: dict[str, Any] = {"op": "execute", "requests": refs,
-                                       "outputs": list(output_names)}
+            message: dict[str, Any] = {
+                "op": "execute",
+                "requests": refs,
+                "outputs": list(output_names),
+            }
             if rids is not None:
                 message["rids"] = list(rids)
             if details:
@@ -311,7 +355,9 @@ class WorkerProcess:
         results: list[Result] = []
         params = reply.get("params")  # only when some response set parameters
         copy = self._outputs.copy
-        for index, (group, error) in enumerate(zip(reply["outputs"], reply["errors"])):
+        for index, (group, error) in enumerate(
+            zip(reply["outputs"], reply["errors"], strict=False)
+        ):
             if error is not None:
                 results.append((int(error[0]), str(error[1])))
                 continue
@@ -369,7 +415,7 @@ class WorkerProcess:
             _live.discard(self)
         self._outputs.close()
 
-    def _exit_code(self) -> Optional[int]:
+    def _exit_code(self) -> int | None:
         try:
             return self.process.wait(1.0)
         except subprocess.TimeoutExpired:

@@ -7,6 +7,7 @@ event loop: answers into the request's ResponseStream, BLS requests into the ser
 infer path through the BackendHost. A stream acks each answer its consumer takes (the model's
 sender waits for that credit) and passes a cancellation on to the model.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,9 +15,10 @@ import concurrent.futures
 import itertools
 import logging
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,14 +35,21 @@ log = logging.getLogger(__name__)
 
 # pb_utils.TritonError codes -> the error the client receives, and back.
 ERROR_CODES: dict[int, type[errors.ServerError]] = {
-    0: errors.UnknownError, 1: errors.InternalError, 2: errors.NotFound,
-    3: errors.InvalidArgument, 4: errors.Unavailable, 5: errors.Unsupported,
-    6: errors.AlreadyExists, 7: errors.Cancelled,
+    0: errors.UnknownError,
+    1: errors.InternalError,
+    2: errors.NotFound,
+    3: errors.InvalidArgument,
+    4: errors.Unavailable,
+    5: errors.Unsupported,
+    6: errors.AlreadyExists,
+    7: errors.Cancelled,
 }
 _CODE_OF = {cls: code for code, cls in ERROR_CODES.items()}
 
-BLS_DECOUPLED_ERROR = ("Model '{model}' is decoupled: call it with exec(decoupled=True) or "
-                       "async_exec(decoupled=True), which return an iterator over its responses")
+BLS_DECOUPLED_ERROR = (
+    "Model '{model}' is decoupled: call it with exec(decoupled=True) or "
+    "async_exec(decoupled=True), which return an iterator over its responses"
+)
 NO_HOST_ERROR = "BLS is not available: this model was loaded without the server's infer path"
 
 
@@ -58,32 +67,33 @@ def _code_of(error: errors.ServerError) -> int:
 @dataclass(slots=True)
 class _Sink:
     stream: ResponseStream
-    worker: "WorkerProcess"
+    worker: WorkerProcess
 
 
 class StreamRouter:
     """One per Python backend (instance); shared by the worker processes it starts."""
 
-    def __init__(self, model: str, host: Optional["BackendHost"]) -> None:
+    def __init__(self, model: str, host: BackendHost | None) -> None:
         self.model = model
         self.host = host
         self._sinks: dict[int, _Sink] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         # BLS calls running on the loop, by (worker pid, call id), so the caller can stop one.
-        self._calls: dict[tuple[int, int], "concurrent.futures.Future"] = {}
+        self._calls: dict[tuple[int, int], concurrent.futures.Future] = {}
 
     # ----- decoupled requests (instance thread) -------------------------------------------------
 
-    def open(self, worker: "WorkerProcess", requests: Sequence[InferRequest]) -> list[int]:
+    def open(self, worker: WorkerProcess, requests: Sequence[InferRequest]) -> list[int]:
         """Register each request's stream; returns the ids the worker answers them by."""
         rids = []
         for request in requests:
             rid = next(self._ids)
             stream: ResponseStream = request.stream
             sink = _Sink(stream, worker)
-            stream.attach(partial(self._notify, sink, "ack", rid),
-                          partial(self._cancelled, sink, rid))
+            stream.attach(
+                partial(self._notify, sink, "ack", rid), partial(self._cancelled, sink, rid)
+            )
             with self._lock:
                 self._sinks[rid] = sink
             if stream.cancelled:  # before the hook was set: the worker learns it all the same
@@ -97,7 +107,7 @@ class StreamRouter:
             for rid in rids:
                 self._sinks.pop(rid, None)
 
-    def fail_all(self, worker: "WorkerProcess", error: errors.ServerError) -> None:
+    def fail_all(self, worker: WorkerProcess, error: errors.ServerError) -> None:
         """The worker died: every request it still owed answers ends with `error`."""
         with self._lock:
             lost = [(rid, sink) for rid, sink in self._sinks.items() if sink.worker is worker]
@@ -121,7 +131,7 @@ class StreamRouter:
 
     # ----- messages (on the channel's reading thread) --------------------------------------------
 
-    def handle(self, worker: "WorkerProcess", message: dict, fds: list[int]) -> None:
+    def handle(self, worker: WorkerProcess, message: dict, fds: list[int]) -> None:
         op = message.get("op")
         if op == "response":
             self._on_response(worker, message, fds)
@@ -136,10 +146,11 @@ class StreamRouter:
             if self.host is not None:
                 self.host.custom_metric(message)
         else:
-            log.warning("python model '%s': unexpected message '%s' from its worker",
-                        self.model, op)
+            log.warning(
+                "python model '%s': unexpected message '%s' from its worker", self.model, op
+            )
 
-    def _on_response(self, worker: "WorkerProcess", message: dict, fds: list[int]) -> None:
+    def _on_response(self, worker: WorkerProcess, message: dict, fds: list[int]) -> None:
         outputs = worker.take(message["refs"], message["end"], fds)
         rid = message["rid"]
         with self._lock:
@@ -149,12 +160,15 @@ class StreamRouter:
         if sink is None:
             return  # cancelled meanwhile: dropped
         error = message.get("error")
-        item = StreamItem(None if message.get("empty") else outputs,
-                          error_from_code(*error) if error else None, message["final"],
-                          message.get("params") or {})
+        item = StreamItem(
+            None if message.get("empty") else outputs,
+            error_from_code(*error) if error else None,
+            message["final"],
+            message.get("params") or {},
+        )
         sink.stream.push_threadsafe(item)
 
-    def _on_bls(self, worker: "WorkerProcess", message: dict, fds: list[int]) -> None:
+    def _on_bls(self, worker: WorkerProcess, message: dict, fds: list[int]) -> None:
         inputs = worker.take(message.pop("refs"), message["end"], fds)
         host = self.host
         if host is None or host.loop is None:
@@ -172,8 +186,9 @@ class StreamRouter:
 
     # ----- BLS (on the loop) ---------------------------------------------------------------------
 
-    async def _bls(self, worker: "WorkerProcess", message: dict,
-                   inputs: Mapping[str, np.ndarray]) -> None:
+    async def _bls(
+        self, worker: WorkerProcess, message: dict, inputs: Mapping[str, np.ndarray]
+    ) -> None:
         bid = message["bid"]
         host = self.host
         assert host is not None
@@ -195,21 +210,34 @@ class StreamRouter:
         except asyncio.CancelledError:  # the caller stopped reading: close its call
             self._answer(worker, bid, None, errors.Cancelled("the BLS call was cancelled"), True)
             raise
-        except Exception as exc:  # noqa: BLE001 - the model must get an answer, always
+        except Exception as exc:
             log.exception("BLS call from python model '%s' failed", self.model)
             self._answer(worker, bid, None, errors.InternalError(str(exc)), True)
 
-    def _answer(self, worker: "WorkerProcess", bid: int, response: Any,
-                error: Optional[errors.ServerError], final: bool) -> None:
+    def _answer(
+        self,
+        worker: WorkerProcess,
+        bid: int,
+        response: Any,
+        error: errors.ServerError | None,
+        final: bool,
+    ) -> None:
         tensors: dict[str, np.ndarray] = {}
         params = None
         if response is not None:
             tensors = {tensor.name: tensor.data for tensor in response.outputs}
             params = dict(response.parameters) or None
         try:
-            worker.post({"op": "bls_response", "bid": bid, "final": final, "params": params,
-                         "error": (_code_of(error), error.message) if error else None},
-                        tensors)
+            worker.post(
+                {
+                    "op": "bls_response",
+                    "bid": bid,
+                    "final": final,
+                    "params": params,
+                    "error": (_code_of(error), error.message) if error else None,
+                },
+                tensors,
+            )
         except OSError:
             pass  # the worker is gone
 
@@ -224,7 +252,11 @@ def _bls_request(message: dict, inputs: Mapping[str, np.ndarray]) -> InferReques
     if message.get("timeout"):
         parameters["timeout"] = int(message["timeout"])
     outputs = message.get("outputs")
-    return InferRequest(message["model"], str(version) if version is not None and
-                        int(version) >= 0 else "", message.get("id") or "", tensors,
-                        [RequestedOutput(name) for name in outputs] if outputs else None,
-                        parameters)
+    return InferRequest(
+        message["model"],
+        str(version) if version is not None and int(version) >= 0 else "",
+        message.get("id") or "",
+        tensors,
+        [RequestedOutput(name) for name in outputs] if outputs else None,
+        parameters,
+    )

@@ -6,18 +6,28 @@ with `outputs`, never as typed contents: tritonclient's `as_numpy` cannot read t
 Only wire checks happen here (datatypes, element counts, byte sizes, parameter types); checks
 against the model config belong to scheduler/validation.py. Nothing here imports grpc.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from protocol import datatypes, shared_memory
-from protocol.proto import grpc_service_pb2 as pb
 from protocol.errors import InvalidArgument
-from protocol.types import (DurationSnapshot, IndexEntry, InferRequest, InferResponse,
-                            ModelMetadata, RequestedOutput, StatisticsSnapshot, Tensor,
-                            TensorMetadata)
+from protocol.proto import grpc_service_pb2 as pb
+from protocol.types import (
+    DurationSnapshot,
+    IndexEntry,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    StatisticsSnapshot,
+    Tensor,
+    TensorMetadata,
+)
 
 # Request parameters Triton reads itself, with the InferParameter kinds it accepts for each.
 _TYPED_PARAMETERS: dict[str, tuple[str, ...]] = {
@@ -60,8 +70,10 @@ def decode_request_parameters(parameters: Mapping[str, pb.InferParameter]) -> di
         if kinds is not None:
             decoded[key] = _typed_value(key, parameter, kinds)
         elif key.startswith(_RESERVED_PREFIX):
-            raise InvalidArgument(f"parameter keys starting with '{_RESERVED_PREFIX}' are reserved "
-                                  f"for Triton usage and should not be specified.")
+            raise InvalidArgument(
+                f"parameter keys starting with '{_RESERVED_PREFIX}' are reserved "
+                f"for Triton usage and should not be specified."
+            )
         else:
             decoded[key] = parameter_value(key, parameter)
     return decoded
@@ -92,23 +104,30 @@ def encode_parameters(target: Any, values: Mapping[str, Any]) -> None:
 def _shape(name: str, dims: Iterable[int]) -> tuple[int, ...]:
     shape = tuple(dims)  # int64 fields: already Python ints
     if shape and min(shape) < 0:
-        raise InvalidArgument(f"invalid shape {list(shape)} for input '{name}': dimensions must "
-                              f"be non-negative")
+        raise InvalidArgument(
+            f"invalid shape {list(shape)} for input '{name}': dimensions must be non-negative"
+        )
     return shape
 
 
-def _array_from_contents(tensor: pb.ModelInferRequest.InferInputTensor,
-                         datatype: datatypes.DataType, shape: tuple[int, ...]) -> np.ndarray:
+def _array_from_contents(
+    tensor: pb.ModelInferRequest.InferInputTensor,
+    datatype: datatypes.DataType,
+    shape: tuple[int, ...],
+) -> np.ndarray:
     """Typed contents -> numpy; FP16/BF16 have no typed field and must be sent raw."""
     field = datatype.contents_field
     if field is None:
-        raise InvalidArgument(f"{datatype.name} input '{tensor.name}' can only be sent in "
-                              f"raw_input_contents")
+        raise InvalidArgument(
+            f"{datatype.name} input '{tensor.name}' can only be sent in raw_input_contents"
+        )
     values = getattr(tensor.contents, field)
     count = datatypes.checked_element_count(tensor.name, shape, datatype)
     if len(values) != count:
-        raise InvalidArgument(f"unexpected number of elements for input '{tensor.name}': shape "
-                              f"{list(shape)} needs {count} values in {field}, got {len(values)}")
+        raise InvalidArgument(
+            f"unexpected number of elements for input '{tensor.name}': shape "
+            f"{list(shape)} needs {count} values in {field}, got {len(values)}"
+        )
     as_objects = datatype.numpy is None or datatype.name == "BYTES"
     if count <= CONTENTS_STEP:
         return _converted(tensor.name, datatype, values, as_objects).reshape(shape)
@@ -116,13 +135,15 @@ def _array_from_contents(tensor: pb.ModelInferRequest.InferInputTensor,
     # runs in a thread beside the event loop: server/grpc/services.py).
     array = np.empty(count, dtype=object if as_objects else datatype.numpy)
     for first in range(0, count, CONTENTS_STEP):
-        array[first:first + CONTENTS_STEP] = _converted(
-            tensor.name, datatype, values[first:first + CONTENTS_STEP], as_objects)
+        array[first : first + CONTENTS_STEP] = _converted(
+            tensor.name, datatype, values[first : first + CONTENTS_STEP], as_objects
+        )
     return array.reshape(shape)
 
 
-def _converted(name: str, datatype: datatypes.DataType, values: Any, as_objects: bool
-               ) -> np.ndarray:
+def _converted(
+    name: str, datatype: datatypes.DataType, values: Any, as_objects: bool
+) -> np.ndarray:
     if as_objects:
         array = np.empty(len(values), dtype=object)
         array[:] = list(values)
@@ -130,8 +151,7 @@ def _converted(name: str, datatype: datatypes.DataType, values: Any, as_objects:
     try:
         return np.array(values, dtype=datatype.numpy)
     except (OverflowError, ValueError) as exc:
-        raise InvalidArgument(f"invalid {datatype.name} value for input '{name}': "
-                              f"{exc}") from None
+        raise InvalidArgument(f"invalid {datatype.name} value for input '{name}': {exc}") from None
 
 
 def per_element_input_bytes(message: pb.ModelInferRequest) -> int:
@@ -151,28 +171,36 @@ def per_element_input_bytes(message: pb.ModelInferRequest) -> int:
 
 def per_element_output_bytes(response: InferResponse) -> int:
     """The same for a response: BYTES outputs, 8 bytes an element (numeric ones are one copy)."""
-    return sum(8 * tensor.data.size for tensor in response.outputs
-               if isinstance(tensor.data, np.ndarray) and tensor.data.dtype == object)
+    return sum(
+        8 * tensor.data.size
+        for tensor in response.outputs
+        if isinstance(tensor.data, np.ndarray) and tensor.data.dtype == object
+    )
 
 
 def _has_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> bool:
     return tensor.HasField("contents") and tensor.contents.ByteSize() > 0
 
 
-def _decode_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: Optional[bytes],
-                  model: str) -> Tensor:
+def _decode_input(
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, model: str
+) -> Tensor:
     datatype = datatypes.lookup(tensor.datatype)
     shape = _shape(tensor.name, tensor.shape)
     if shared_memory.REGION in tensor.parameters:  # read where the regions are
         datatypes.checked_element_count(tensor.name, shape, datatype)
         if _has_contents(tensor):
-            raise InvalidArgument(f"contents field must not be specified when using shared "
-                                  f"memory for '{tensor.name}' for model '{model}'")
+            raise InvalidArgument(
+                f"contents field must not be specified when using shared "
+                f"memory for '{tensor.name}' for model '{model}'"
+            )
         data = shared_memory.placeholder(datatype.numpy)
     elif raw is not None:
         if _has_contents(tensor):
-            raise InvalidArgument(f"contents field must not be specified when using "
-                                  f"raw_input_contents for '{tensor.name}' for model '{model}'")
+            raise InvalidArgument(
+                f"contents field must not be specified when using "
+                f"raw_input_contents for '{tensor.name}' for model '{model}'"
+            )
         data = datatypes.tensor_from_raw(datatype, shape, raw, tensor.name)
     else:
         data = _array_from_contents(tensor, datatype, shape)
@@ -180,7 +208,7 @@ def _decode_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: Optional[b
     return Tensor(tensor.name, datatype.name, shape, data, parameters)
 
 
-def _raw_contents(message: pb.ModelInferRequest) -> list[Optional[bytes]]:
+def _raw_contents(message: pb.ModelInferRequest) -> list[bytes | None]:
     """One raw buffer per input (read once: each access copies out of the message), or Nones
     when the request uses typed contents. Inputs in shared memory have no raw entry (as
     tritonclient sends them): the others take the entries in order."""
@@ -190,8 +218,7 @@ def _raw_contents(message: pb.ModelInferRequest) -> list[Optional[bytes]]:
     in_shm = [shared_memory.REGION in tensor.parameters for tensor in message.inputs]
     expected = len(in_shm) - sum(in_shm)
     if len(raw) != expected:
-        raise InvalidArgument(f"expected {expected} inputs but got {len(raw)} raw "
-                              f"input contents")
+        raise InvalidArgument(f"expected {expected} inputs but got {len(raw)} raw input contents")
     if expected == len(in_shm):
         return raw  # type: ignore[return-value]
     entries = iter(raw)
@@ -207,21 +234,26 @@ def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> R
         if key == "classification":
             classification = _typed_value(key, value, ("int64_param", "uint64_param"))
             if classification < 0:
-                raise InvalidArgument(f"invalid 'classification' count {classification} for "
-                                      f"output '{output.name}'")
+                raise InvalidArgument(
+                    f"invalid 'classification' count {classification} for output '{output.name}'"
+                )
         elif key != "binary_data":
             parameters[key] = parameter_value(key, value)
     if classification and shared_memory.REGION in parameters:
-        raise InvalidArgument(f"Output can't set both 'shared_memory_region' and "
-                              f"'classification' (output '{output.name}')")
+        raise InvalidArgument(
+            f"Output can't set both 'shared_memory_region' and "
+            f"'classification' (output '{output.name}')"
+        )
     return RequestedOutput(output.name, None, classification, parameters)
 
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     """ModelInferRequest -> InferRequest: wire checks only, tensors as numpy arrays."""
     raw = _raw_contents(message)
-    inputs = [_decode_input(tensor, buffer, message.model_name)
-              for tensor, buffer in zip(message.inputs, raw)]
+    inputs = [
+        _decode_input(tensor, buffer, message.model_name)
+        for tensor, buffer in zip(message.inputs, raw, strict=False)
+    ]
     outputs = [_decode_output(o) for o in message.outputs] if message.outputs else None
     return InferRequest(
         model_name=message.model_name,
@@ -242,22 +274,27 @@ def _raw_bytes(tensor: Tensor) -> bytes:
 
 def encode_infer_response(response: InferResponse, request_id: str = "") -> pb.ModelInferResponse:
     """InferResponse -> ModelInferResponse with every output in raw_output_contents."""
-    message = pb.ModelInferResponse(model_name=response.model_name,
-                                    model_version=response.model_version,
-                                    id=response.id or request_id)
+    message = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id or request_id,
+    )
     for tensor in response.outputs:
-        output = message.outputs.add(name=tensor.name, datatype=tensor.datatype,
-                                     shape=[int(d) for d in tensor.shape])
+        output = message.outputs.add(
+            name=tensor.name, datatype=tensor.datatype, shape=[int(d) for d in tensor.shape]
+        )
         encode_parameters(output.parameters, tensor.parameters)
     # index-aligned with `outputs`: an output written to shared memory has an empty entry
-    message.raw_output_contents.extend([
-        b"" if shared_memory.REGION in t.parameters else _raw_bytes(t) for t in response.outputs])
+    message.raw_output_contents.extend(
+        [b"" if shared_memory.REGION in t.parameters else _raw_bytes(t) for t in response.outputs]
+    )
     encode_parameters(message.parameters, response.parameters)
     return message
 
 
-def stream_response(response: pb.ModelInferResponse, final: bool = True
-                    ) -> pb.ModelStreamInferResponse:
+def stream_response(
+    response: pb.ModelInferResponse, final: bool = True
+) -> pb.ModelStreamInferResponse:
     """A stream answer; `triton_final_response` tells the client this request is complete."""
     message = pb.ModelStreamInferResponse(infer_response=response)
     message.infer_response.parameters["triton_final_response"].bool_param = final
@@ -279,20 +316,30 @@ def stream_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:
 
 # ----- metadata, config, index --------------------------------------------------------------
 def encode_server_metadata(metadata: Mapping[str, Any]) -> pb.ServerMetadataResponse:
-    return pb.ServerMetadataResponse(name=metadata["name"], version=metadata["version"],
-                                     extensions=list(metadata["extensions"]))
+    return pb.ServerMetadataResponse(
+        name=metadata["name"], version=metadata["version"], extensions=list(metadata["extensions"])
+    )
 
 
-def _tensor_metadata(items: Sequence[TensorMetadata]
-                     ) -> list[pb.ModelMetadataResponse.TensorMetadata]:
-    return [pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype,
-                                                    shape=list(t.shape)) for t in items]
+def _tensor_metadata(
+    items: Sequence[TensorMetadata],
+) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    return [
+        pb.ModelMetadataResponse.TensorMetadata(
+            name=t.name, datatype=t.datatype, shape=list(t.shape)
+        )
+        for t in items
+    ]
 
 
 def encode_model_metadata(meta: ModelMetadata) -> pb.ModelMetadataResponse:
-    return pb.ModelMetadataResponse(name=meta.name, versions=list(meta.versions),
-                                    platform=meta.platform, inputs=_tensor_metadata(meta.inputs),
-                                    outputs=_tensor_metadata(meta.outputs))
+    return pb.ModelMetadataResponse(
+        name=meta.name,
+        versions=list(meta.versions),
+        platform=meta.platform,
+        inputs=_tensor_metadata(meta.inputs),
+        outputs=_tensor_metadata(meta.outputs),
+    )
 
 
 def encode_model_config(config: Any) -> pb.ModelConfigResponse:
@@ -303,9 +350,14 @@ def encode_model_config(config: Any) -> pb.ModelConfigResponse:
 
 def encode_repository_index(entries: Iterable[IndexEntry]) -> pb.RepositoryIndexResponse:
     """Missing version/state/reason are "" on gRPC, as in Triton."""
-    return pb.RepositoryIndexResponse(models=[
-        pb.RepositoryIndexResponse.ModelIndex(name=e.name, version=e.version, state=e.state,
-                                              reason=e.reason) for e in entries])
+    return pb.RepositoryIndexResponse(
+        models=[
+            pb.RepositoryIndexResponse.ModelIndex(
+                name=e.name, version=e.version, state=e.state, reason=e.reason
+            )
+            for e in entries
+        ]
+    )
 
 
 # ----- statistics ---------------------------------------------------------------------------
@@ -333,37 +385,43 @@ def encode_statistics(stats: StatisticsSnapshot) -> pb.ModelStatistics:
             cache_miss=_duration(stats.cache_miss),
         ),
         batch_stats=[
-            pb.InferBatchStatistics(batch_size=b.batch_size,
-                                    compute_input=_duration(b.compute_input),
-                                    compute_infer=_duration(b.compute_infer),
-                                    compute_output=_duration(b.compute_output))
-            for b in stats.batch_stats],
+            pb.InferBatchStatistics(
+                batch_size=b.batch_size,
+                compute_input=_duration(b.compute_input),
+                compute_infer=_duration(b.compute_infer),
+                compute_output=_duration(b.compute_output),
+            )
+            for b in stats.batch_stats
+        ],
     )
 
 
-def encode_statistics_response(items: Iterable[StatisticsSnapshot]
-                               ) -> pb.ModelStatisticsResponse:
+def encode_statistics_response(items: Iterable[StatisticsSnapshot]) -> pb.ModelStatisticsResponse:
     return pb.ModelStatisticsResponse(model_stats=[encode_statistics(s) for s in items])
 
 
 # ----- repository load parameters -----------------------------------------------------------
-def decode_load_parameters(name: str, parameters: Mapping[str, pb.ModelRepositoryParameter]
-                           ) -> tuple[Optional[str], dict[str, bytes]]:
+def decode_load_parameters(
+    name: str, parameters: Mapping[str, pb.ModelRepositoryParameter]
+) -> tuple[str | None, dict[str, bytes]]:
     """`config` (a JSON string) and `file:<path>` (bytes) from a RepositoryModelLoad request."""
-    config: Optional[str] = None
+    config: str | None = None
     files: dict[str, bytes] = {}
     for key, parameter in parameters.items():
         kind = parameter.WhichOneof("parameter_choice")
         if key == "config":
             if kind != "string_param":
-                raise InvalidArgument(f"load failed for model '{name}': parameter 'config' "
-                                      f"must be a string_param")
+                raise InvalidArgument(
+                    f"load failed for model '{name}': parameter 'config' must be a string_param"
+                )
             config = parameter.string_param
         elif key.startswith("file:"):
             if kind != "bytes_param":
-                raise InvalidArgument(f"load failed for model '{name}': file content for "
-                                      f"'{key}' must be a bytes_param")
-            files[key[len("file:"):]] = parameter.bytes_param
+                raise InvalidArgument(
+                    f"load failed for model '{name}': file content for "
+                    f"'{key}' must be a bytes_param"
+                )
+            files[key[len("file:") :]] = parameter.bytes_param
     return config, files
 
 
@@ -377,19 +435,22 @@ def decode_unload_dependents(parameters: Mapping[str, pb.ModelRepositoryParamete
 
 
 # ----- shared memory --------------------------------------------------------------------------
-def encode_system_shm_status(regions: Iterable[Mapping[str, Any]]
-                             ) -> pb.SystemSharedMemoryStatusResponse:
+def encode_system_shm_status(
+    regions: Iterable[Mapping[str, Any]],
+) -> pb.SystemSharedMemoryStatusResponse:
     """The registry's status rows, keyed by region name as Triton's map is."""
     response = pb.SystemSharedMemoryStatusResponse()
     for region in regions:
         response.regions[region["name"]].CopyFrom(
-            pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+            pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+        )
     return response
 
 
 # ----- trace and log settings ---------------------------------------------------------------
-def decode_trace_settings(settings: Mapping[str, pb.TraceSettingRequest.SettingValue]
-                          ) -> dict[str, Optional[list[str]]]:
+def decode_trace_settings(
+    settings: Mapping[str, pb.TraceSettingRequest.SettingValue],
+) -> dict[str, list[str] | None]:
     """Each key's list of strings; an empty list means "reset to the global value" (None)."""
     return {key: (list(value.value) or None) for key, value in settings.items()}
 
@@ -401,8 +462,9 @@ def encode_trace_settings(settings: Mapping[str, list[str]]) -> pb.TraceSettingR
     return response
 
 
-def decode_log_settings(settings: Mapping[str, pb.LogSettingsRequest.SettingValue]
-                        ) -> dict[str, Any]:
+def decode_log_settings(
+    settings: Mapping[str, pb.LogSettingsRequest.SettingValue],
+) -> dict[str, Any]:
     return {key: parameter_value(key, value) for key, value in settings.items()}
 
 

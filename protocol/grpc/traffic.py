@@ -3,6 +3,7 @@
 A SetTraffic message becomes the same document a PUT body is, so protocol/traffic.py checks
 both with the same error texts; the GET document becomes a TrafficPolicy message.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +17,10 @@ def policy_document(message: pb.TrafficPolicy) -> dict[str, Any]:
     if message.weights:
         document["weights"] = dict(message.weights)
     if message.HasField("shadow"):
-        document["shadow"] = {"version": message.shadow.version,
-                              "fraction": message.shadow.fraction}
+        document["shadow"] = {
+            "version": message.shadow.version,
+            "fraction": message.shadow.fraction,
+        }
     if message.HasField("canary"):
         document["canary"] = _canary_document(message.canary)
     return document
@@ -47,15 +50,23 @@ def encode_policy(body: dict[str, Any]) -> pb.TrafficPolicy:
     message = pb.TrafficPolicy(model=body["model"], weights=body["weights"] or {})
     shadow = body["shadow"]
     if shadow is not None:
-        message.shadow.CopyFrom(pb.Shadow(version=shadow["version"],
-                                          fraction=shadow["fraction"]))
+        message.shadow.CopyFrom(pb.Shadow(version=shadow["version"], fraction=shadow["fraction"]))
     canary = body["canary"]
     if canary is not None:
         p99 = canary["max_p99_ms"]
-        message.canary.CopyFrom(pb.Canary(
-            baseline=canary["baseline"], candidate=canary["candidate"], steps=canary["steps"],
-            step_seconds=canary["step_seconds"], min_requests=canary["min_requests"],
-            max_error_rate=canary["max_error_rate"], max_p99_ms=p99,
-            no_latency_gate=p99 is None, state=canary["state"], step=canary["step"],
-            reason=canary["reason"]))
+        message.canary.CopyFrom(
+            pb.Canary(
+                baseline=canary["baseline"],
+                candidate=canary["candidate"],
+                steps=canary["steps"],
+                step_seconds=canary["step_seconds"],
+                min_requests=canary["min_requests"],
+                max_error_rate=canary["max_error_rate"],
+                max_p99_ms=p99,
+                no_latency_gate=p99 is None,
+                state=canary["state"],
+                step=canary["step"],
+                reason=canary["reason"],
+            )
+        )
     return message

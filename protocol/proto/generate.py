@@ -44,9 +44,7 @@ GRPCIO_MIN = (1, 81, 1)
 PROTOBUF_MAJOR = 6
 
 _MODULES = tuple(name[: -len(".proto")] + "_pb2" for name in PROTO_FILES)
-_SIBLING_IMPORT = re.compile(
-    r"^import (" + "|".join(_MODULES) + r") as (\w+)$", flags=re.MULTILINE
-)
+_SIBLING_IMPORT = re.compile(r"^import (" + "|".join(_MODULES) + r") as (\w+)$", flags=re.MULTILINE)
 _GRPC_GUARD = re.compile(r"^GRPC_GENERATED_VERSION = '([0-9.]+)'$", flags=re.MULTILINE)
 _PROTOBUF_GUARD = re.compile(
     r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,"

@@ -1,5 +1,6 @@
 """What the REST request modules (rest_decode, rest_inputs) and the encoder share, in a module of
 its own so that neither direction imports the other."""
+
 from __future__ import annotations
 
 from typing import Any, Union

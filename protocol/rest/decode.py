@@ -7,12 +7,13 @@ anything is sized from it (protocol/rest/inputs.py). Error texts follow Triton's
 match on them keep working; Triton answers 500 for some of these (negative dims, element counts),
 we answer 400 (InvalidArgument) for every malformed request.
 """
+
 from __future__ import annotations
 
 import base64
 import binascii
 import re
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import orjson
@@ -32,7 +33,7 @@ DEFAULT_MAX_JSON_DEPTH = 100
 _HEADER_LENGTH_RE = re.compile(r"-?[0-9]{1,20}")
 
 
-def parse_header_length(value: Optional[str]) -> Optional[int]:
+def parse_header_length(value: str | None) -> int | None:
     """The Inference-Header-Content-Length header as an int (None when absent).
 
     Only plain decimal digits are accepted: Triton's atoi turns text into 0, which would make a
@@ -52,7 +53,8 @@ def check_header_length(header_length: int, body_size: int) -> None:
     """A header length must lie within the (decompressed) body."""
     if header_length < 0 or header_length > body_size:
         raise InvalidArgument(
-            f"inference header size should be in range (0, {body_size}), got: {header_length}")
+            f"inference header size should be in range (0, {body_size}), got: {header_length}"
+        )
 
 
 # --------------------------------------------------------------------------- JSON depth
@@ -83,7 +85,7 @@ def check_json_depth(text: bytes, limit: int = DEFAULT_MAX_JSON_DEPTH) -> None:
     structure = text.translate(None, _KEEP_STRUCTURE)
     if structure.count(b'"') & 1:  # an unterminated string: brackets after it still count
         last = structure.rfind(b'"')
-        structure = structure[:last] + structure[last + 1:]
+        structure = structure[:last] + structure[last + 1 :]
     depth = 0
     in_string = 0  # quotes seen so far, mod 2
     for start in range(0, len(structure), _DEPTH_CHUNK):
@@ -128,9 +130,16 @@ def _parse_json(text: Buffer) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- request
 
-def decode_infer_request(body: Buffer, header_length: Optional[int], model_name: str,
-                         model_version: str, *, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
-                         max_bytes: Optional[int] = None) -> InferRequest:
+
+def decode_infer_request(
+    body: Buffer,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+    *,
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    max_bytes: int | None = None,
+) -> InferRequest:
     """Decode a JSON or JSON+binary infer body (decompressed) into an InferRequest.
 
     `header_length` is the parsed Inference-Header-Content-Length, None when absent (the whole
@@ -202,16 +211,20 @@ def _parse_request_parameters(document: dict[str, Any]) -> dict[str, Any]:
         elif key.startswith("triton_"):
             raise InvalidArgument(
                 "parameter keys starting with 'triton_' are reserved for Triton usage "
-                "and should not be specified.")
+                "and should not be specified."
+            )
         elif not isinstance(value, _CUSTOM_PARAMETER_TYPES):
-            raise InvalidArgument(f"parameter '{key}' has invalid type. It should be either "
-                                  "'int', 'bool', or 'string'.")
+            raise InvalidArgument(
+                f"parameter '{key}' has invalid type. It should be either "
+                "'int', 'bool', or 'string'."
+            )
     return parameters
 
 
 # --------------------------------------------------------------------------- outputs
 
-def _parse_outputs(document: dict[str, Any]) -> Optional[list[RequestedOutput]]:
+
+def _parse_outputs(document: dict[str, Any]) -> list[RequestedOutput] | None:
     """Requested outputs; None (every output) when the list is absent or empty, as in Triton."""
     entries = document.get("outputs")
     if entries is None:
@@ -240,7 +253,8 @@ def _parse_output(entry: Any, index: int) -> RequestedOutput:
         parameters = {}
     elif not isinstance(parameters, dict):
         raise InvalidArgument(
-            f"Unable to parse 'parameters' for output '{name}': expected a JSON object")
+            f"Unable to parse 'parameters' for output '{name}': expected a JSON object"
+        )
     binary = parameters.get("binary_data")
     if binary is not None and not is_bool(binary):
         raise InvalidArgument(f"Unable to parse 'binary_data' for output '{name}'")
@@ -249,21 +263,28 @@ def _parse_output(entry: Any, index: int) -> RequestedOutput:
         raise InvalidArgument(f"Unable to set 'classification' for output '{name}'")
     if shared_memory.in_shared_memory(parameters):
         if classification:
-            raise InvalidArgument(f"Output can't set both 'shared_memory_region' and "
-                                  f"'classification' (output '{name}')")
+            raise InvalidArgument(
+                f"Output can't set both 'shared_memory_region' and "
+                f"'classification' (output '{name}')"
+            )
         if binary:
-            raise InvalidArgument(f"Output can't set both 'shared_memory_region' and "
-                                  f"'binary_data' (output '{name}')")
-    return RequestedOutput(name=name, binary=binary, classification=classification,
-                           parameters=parameters)
+            raise InvalidArgument(
+                f"Output can't set both 'shared_memory_region' and 'binary_data' (output '{name}')"
+            )
+    return RequestedOutput(
+        name=name, binary=binary, classification=classification, parameters=parameters
+    )
 
 
 # --------------------------------------------------------------------------- raw request
 
+
 def raw_input_count_message(model_name: str, input_count: int) -> str:
     """Triton's text for a raw binary request to a model without exactly one input."""
-    return (f"Raw request must only have 1 input (found 1) to be deduced but got {input_count} "
-            f"inputs in '{model_name}' model configuration")
+    return (
+        f"Raw request must only have 1 input (found 1) to be deduced but got {input_count} "
+        f"inputs in '{model_name}' model configuration"
+    )
 
 
 def check_raw_input_count(model_name: str, input_count: int) -> None:
@@ -272,8 +293,15 @@ def check_raw_input_count(model_name: str, input_count: int) -> None:
         raise InvalidArgument(raw_input_count_message(model_name, input_count))
 
 
-def decode_raw_request(body: Buffer, model_name: str, model_version: str, input_name: str,
-                       datatype: str, dims: list[int], max_batch_size: int) -> InferRequest:
+def decode_raw_request(
+    body: Buffer,
+    model_name: str,
+    model_version: str,
+    input_name: str,
+    datatype: str,
+    dims: list[int],
+    max_batch_size: int,
+) -> InferRequest:
     """The whole body is the data of the model's single input (Inference-Header-Content-Length: 0).
 
     `datatype` may be a wire name ("FP32") or a config name ("TYPE_FP32"); `dims` are the
@@ -287,14 +315,19 @@ def decode_raw_request(body: Buffer, model_name: str, model_version: str, input_
     if len(variable) > 1:
         raise InvalidArgument(
             f"The shape of the raw input '{input_name}' can not be deduced because there are "
-            "more than one variable-sized dimension")
+            "more than one variable-sized dimension"
+        )
     if wire.name == "BYTES":
         data = _raw_bytes_input(input_name, shape, variable, view)
     else:
         data = _raw_fixed_input(input_name, wire, shape, variable, view, model_name)
     tensor = Tensor(name=input_name, datatype=wire.name, shape=tuple(data.shape), data=data)
-    return InferRequest(model_name=model_name, model_version=model_version, inputs=[tensor],
-                        parameters={"binary_data_output": True})
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=[tensor],
+        parameters={"binary_data_output": True},
+    )
 
 
 def _raw_datatype(datatype: str) -> DataType:
@@ -304,20 +337,28 @@ def _raw_datatype(datatype: str) -> DataType:
     return found
 
 
-def _raw_bytes_input(input_name: str, shape: list[int], variable: list[int],
-                     view: memoryview) -> np.ndarray:
+def _raw_bytes_input(
+    input_name: str, shape: list[int], variable: list[int], view: memoryview
+) -> np.ndarray:
     """A BYTES raw input is one element holding the whole body."""
     if variable or datatypes.element_count(shape) != 1:
         raise InvalidArgument(
-            f"For BYTE datatype raw input '{input_name}', the model must have input shape [1]")
+            f"For BYTE datatype raw input '{input_name}', the model must have input shape [1]"
+        )
     data = np.empty(1, dtype=object)
     whole = isinstance(view.obj, bytes) and view.nbytes == len(view.obj)
     data[0] = view.obj if whole else view.tobytes()
     return data.reshape(shape)
 
 
-def _raw_fixed_input(input_name: str, datatype: DataType, shape: list[int], variable: list[int],
-                     view: memoryview, model_name: str) -> np.ndarray:
+def _raw_fixed_input(
+    input_name: str,
+    datatype: DataType,
+    shape: list[int],
+    variable: list[int],
+    view: memoryview,
+    model_name: str,
+) -> np.ndarray:
     fixed = datatypes.element_count([d for d in shape if d != -1]) * datatype.itemsize
     if variable:
         shape[variable[0]] = view.nbytes // fixed if fixed else 0
@@ -325,11 +366,13 @@ def _raw_fixed_input(input_name: str, datatype: DataType, shape: list[int], vari
     if view.nbytes != expected:
         raise InvalidArgument(
             f"input byte size mismatch for input '{input_name}' for model '{model_name}'. "
-            f"Expected {expected}, got {view.nbytes}")
+            f"Expected {expected}, got {view.nbytes}"
+        )
     return np.frombuffer(view, dtype=datatype.numpy).reshape(shape)
 
 
 # --------------------------------------------------------------------------- repository
+
 
 def decode_index_ready(payload: Any) -> bool:
     """`ready` from a repository index request's parsed JSON body (None: an empty body)."""
@@ -343,23 +386,25 @@ def decode_index_ready(payload: Any) -> bool:
     return ready
 
 
-def decode_load_parameters(name: str, payload: Any) -> tuple[Optional[str], dict[str, bytes]]:
+def decode_load_parameters(name: str, payload: Any) -> tuple[str | None, dict[str, bytes]]:
     """`config` (a JSON string) and `file:<path>` (base64 text, decoded) from a repository load
     request's parsed JSON body; other parameters are ignored, as in Triton."""
-    config: Optional[str] = None
+    config: str | None = None
     files: dict[str, bytes] = {}
     for key, value in _repository_parameters(payload or {}).items():
         if not isinstance(value, str):
-            raise InvalidArgument(f"load failed for model '{name}': parameter '{key}' must be "
-                                  f"a string")
+            raise InvalidArgument(
+                f"load failed for model '{name}': parameter '{key}' must be a string"
+            )
         if key == "config":
             config = value
         elif key.startswith("file:"):
             try:
-                files[key[len("file:"):]] = base64.b64decode(value, validate=True)
+                files[key[len("file:") :]] = base64.b64decode(value, validate=True)
             except binascii.Error:
-                raise InvalidArgument(f"load failed for model '{name}': file content for '{key}' "
-                                      f"is not valid base64") from None
+                raise InvalidArgument(
+                    f"load failed for model '{name}': file content for '{key}' is not valid base64"
+                ) from None
     return config, files
 
 

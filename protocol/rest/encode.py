@@ -4,9 +4,11 @@ protocol.md 1.5-1.7 and Triton's extensions: an infer response as JSON or JSON p
 outputs, the error body, model metadata, statistics and the repository index. The non-infer
 encoders return the JSON document (a dict or list) the frontend serialises.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -15,16 +17,26 @@ from protocol import datatypes
 from protocol.errors import InternalError
 from protocol.rest.common import Buffer
 from protocol.shared_memory import in_shared_memory
-from protocol.types import (DurationSnapshot, IndexEntry, InferResponse, ModelMetadata,
-                            RequestedOutput, StatisticsSnapshot, Tensor, TensorMetadata)
+from protocol.types import (
+    DurationSnapshot,
+    IndexEntry,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    StatisticsSnapshot,
+    Tensor,
+    TensorMetadata,
+)
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
 # --------------------------------------------------------------------------- response
 
-def encode_infer_response(response: InferResponse, requested: Optional[list[RequestedOutput]],
-                          binary_default: bool) -> tuple[bytes, Optional[int]]:
+
+def encode_infer_response(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> tuple[bytes, int | None]:
     """The response body and its JSON length (None when nothing binary follows the JSON).
 
     An output is binary when its RequestedOutput says so, or says nothing and `binary_default`
@@ -36,8 +48,13 @@ def encode_infer_response(response: InferResponse, requested: Optional[list[Requ
     for tensor in response.outputs:
         choice = choices.get(tensor.name)
         if in_shared_memory(tensor.parameters):  # written to its region: no data here
-            entries.append({"name": tensor.name, "datatype": tensor.datatype,
-                            "shape": [int(dim) for dim in tensor.shape]})
+            entries.append(
+                {
+                    "name": tensor.name,
+                    "datatype": tensor.datatype,
+                    "shape": [int(dim) for dim in tensor.shape],
+                }
+            )
         elif binary_default if choice is None else choice:
             blob = datatypes.raw_from_tensor(_wire_array(tensor), tensor.datatype)
             entries.append(_output_entry(tensor, len(blob)))
@@ -69,7 +86,7 @@ def _response_document(response: InferResponse, outputs: list[dict[str, Any]]) -
     return document
 
 
-def _output_entry(tensor: Tensor, binary_size: Optional[int]) -> dict[str, Any]:
+def _output_entry(tensor: Tensor, binary_size: int | None) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": tensor.name,
         "datatype": tensor.datatype,
@@ -133,10 +150,16 @@ def _dumps(document: dict[str, Any]) -> bytes:
 
 # --------------------------------------------------------------------------- metadata, index
 
+
 def encode_model_metadata(meta: ModelMetadata) -> dict[str, Any]:
     """GET /v2/models/{model}: the model metadata document."""
-    return {"name": meta.name, "versions": meta.versions, "platform": meta.platform,
-            "inputs": _tensor_metadata(meta.inputs), "outputs": _tensor_metadata(meta.outputs)}
+    return {
+        "name": meta.name,
+        "versions": meta.versions,
+        "platform": meta.platform,
+        "inputs": _tensor_metadata(meta.inputs),
+        "outputs": _tensor_metadata(meta.outputs),
+    }
 
 
 def _tensor_metadata(items: Iterable[TensorMetadata]) -> list[dict[str, Any]]:
@@ -159,6 +182,7 @@ def encode_repository_index(entries: Iterable[IndexEntry]) -> list[dict[str, str
 
 
 # --------------------------------------------------------------------------- statistics
+
 
 def _duration(d: DurationSnapshot) -> dict[str, int]:
     return {"count": d.count, "ns": d.ns}
@@ -185,11 +209,14 @@ def encode_statistics(stats: StatisticsSnapshot) -> dict[str, Any]:
         },
         "response_stats": {},
         "batch_stats": [
-            {"batch_size": b.batch_size,
-             "compute_input": _duration(b.compute_input),
-             "compute_infer": _duration(b.compute_infer),
-             "compute_output": _duration(b.compute_output)}
-            for b in stats.batch_stats],
+            {
+                "batch_size": b.batch_size,
+                "compute_input": _duration(b.compute_input),
+                "compute_infer": _duration(b.compute_infer),
+                "compute_output": _duration(b.compute_output),
+            }
+            for b in stats.batch_stats
+        ],
         "memory_usage": [],
     }
 

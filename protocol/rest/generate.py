@@ -8,10 +8,12 @@ Response: `{"id"?, "model_name", "model_version", <output name>: value, ...}`, w
 one-element output is a scalar and any other a flat list. `/generate_stream` sends each answer
 as a server-sent event, `data: <json>\\n\\n`.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
@@ -22,8 +24,9 @@ from protocol.rest.inputs import _flatten, _tensor_from_json
 from protocol.types import InferRequest, InferResponse, Tensor
 
 SSE_MEDIA_TYPE = "text/event-stream; charset=utf-8"
-PARAMETER_TYPE_ERROR = ("parameter '{key}' has invalid type. It should be either 'int', 'bool', "
-                        "or 'string'.")
+PARAMETER_TYPE_ERROR = (
+    "parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
+)
 _NON_JSON = {"BYTES": "non-string as string", "BOOL": "non-boolean as boolean"}
 
 
@@ -73,10 +76,14 @@ def _shape_for(name: str, schema: InputSchema, count: int) -> tuple[int, ...]:
         return tuple(count // known if dim < 0 else dim for dim in schema.shape)
     if wildcards > 1 and known == 1:  # several open dims: the elements go on the last one
         last = max(index for index, dim in enumerate(schema.shape) if dim < 0)
-        return tuple(count if index == last else (1 if dim < 0 else dim)
-                     for index, dim in enumerate(schema.shape))
-    raise InvalidArgument(f"Unable to convert the value of '{name}' ({count} element(s)) to "
-                          f"the shape {list(schema.shape)} of the model's input")
+        return tuple(
+            count if index == last else (1 if dim < 0 else dim)
+            for index, dim in enumerate(schema.shape)
+        )
+    raise InvalidArgument(
+        f"Unable to convert the value of '{name}' ({count} element(s)) to "
+        f"the shape {list(schema.shape)} of the model's input"
+    )
 
 
 def _tensor(name: str, schema: InputSchema, value: Any) -> Tensor:
@@ -86,22 +93,26 @@ def _tensor(name: str, schema: InputSchema, value: Any) -> Tensor:
     data = value if isinstance(value, list) else [value]
     datatype = datatypes.BY_NAME.get(schema.datatype)
     if datatype is None:
-        raise InvalidArgument(f"input '{name}' has datatype {schema.datatype}, which the "
-                              f"generate extension cannot fill from JSON")
+        raise InvalidArgument(
+            f"input '{name}' has datatype {schema.datatype}, which the "
+            f"generate extension cannot fill from JSON"
+        )
     count = len(_flatten(data))
     try:
         flat = _tensor_from_json(name, datatype, (count,), count, data, True)
     except InvalidArgument as exc:
         if schema.datatype in _NON_JSON:
-            raise InvalidArgument(f"input '{name}': attempt to access JSON "
-                                  f"{_NON_JSON[schema.datatype]}") from exc
+            raise InvalidArgument(
+                f"input '{name}': attempt to access JSON {_NON_JSON[schema.datatype]}"
+            ) from exc
         raise
     shape = _shape_for(name, schema, flat.size)
     return Tensor(name, schema.datatype, shape, flat.reshape(shape))
 
 
-def decode_generate(body: bytes, model_name: str, model_version: str,
-                    inputs: Mapping[str, InputSchema]) -> InferRequest:
+def decode_generate(
+    body: bytes, model_name: str, model_version: str, inputs: Mapping[str, InputSchema]
+) -> InferRequest:
     """A generate body -> InferRequest (wire and schema checks only; the scheduler validates)."""
     try:
         document = json.loads(body or b"{}", object_pairs_hook=_no_duplicates)
@@ -148,6 +159,6 @@ def generate_body(response: InferResponse) -> bytes:
     return orjson.dumps(encode_generate(response))
 
 
-def sse_event(payload: Optional[Mapping[str, Any]]) -> bytes:
+def sse_event(payload: Mapping[str, Any] | None) -> bytes:
     """One server-sent event carrying a JSON object."""
     return b"data: " + orjson.dumps(payload) + b"\n\n"

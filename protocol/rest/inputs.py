@@ -6,10 +6,11 @@ No number from the wire is trusted before it is checked: shapes are checked for 
 against the size limit before anything is sized from them, binary inputs become zero-copy
 `np.frombuffer` views over the body, and JSON data is converted by numpy in C where it can be.
 """
+
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -39,18 +40,20 @@ class BinaryCursor:
     def take(self, name: str, size: int) -> memoryview:
         """The next `size` bytes, as a view (no copy)."""
         if size == 0:
-            return self.view[self.offset:self.offset]
+            return self.view[self.offset : self.offset]
         if not self.has_header:
             raise InvalidArgument(
                 f"must specify valid '{HEADER_LENGTH_HEADER}' in request header and "
-                "'binary_data_size' when passing inputs in binary data format")
+                "'binary_data_size' when passing inputs in binary data format"
+            )
         end = self.offset + size
         available = self.view.nbytes - self.offset
         if size > available:
             raise InvalidArgument(
                 f"unexpected size for input '{name}', expecting {size - available} additional "
-                f"bytes for model '{self.model_name}'")
-        segment = self.view[self.offset:end]
+                f"bytes for model '{self.model_name}'"
+            )
+        segment = self.view[self.offset : end]
         self.offset = end
         return segment
 
@@ -60,8 +63,9 @@ class BinaryCursor:
             raise InvalidArgument(f"unexpected additional input data for model '{self.model_name}'")
 
 
-def decode_inputs(document: dict[str, Any], cursor: BinaryCursor, max_bytes: Optional[int],
-                  may_hold_bools: bool) -> list[Tensor]:
+def decode_inputs(
+    document: dict[str, Any], cursor: BinaryCursor, max_bytes: int | None, may_hold_bools: bool
+) -> list[Tensor]:
     """The request's `inputs`, in order, each name once; `max_bytes` caps their decoded size
     together, and `may_hold_bools` says whether the JSON text holds `true`/`false` at all."""
     entries = document.get("inputs")
@@ -84,7 +88,7 @@ class _SizeBudget:
 
     __slots__ = ("limit", "used")
 
-    def __init__(self, limit: Optional[int]) -> None:
+    def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.used = 0
 
@@ -94,11 +98,13 @@ class _SizeBudget:
             raise TooLarge(
                 f"input '{name}' with shape {list(shape)} and datatype {datatype.name} brings "
                 f"the request's inputs to {self.used} bytes, which exceeds the maximum allowed "
-                f"input size of {self.limit} bytes. {_LIMIT_HINT}")
+                f"input size of {self.limit} bytes. {_LIMIT_HINT}"
+            )
 
 
-def _decode_input(entry: Any, index: int, cursor: BinaryCursor, budget: _SizeBudget,
-                  may_hold_bools: bool) -> Tensor:
+def _decode_input(
+    entry: Any, index: int, cursor: BinaryCursor, budget: _SizeBudget, may_hold_bools: bool
+) -> Tensor:
     """One input: its metadata, then its data from JSON or from the binary section."""
     if not isinstance(entry, dict):
         raise InvalidArgument(f"Unable to parse 'inputs': input {index} is not a JSON object")
@@ -111,8 +117,13 @@ def _decode_input(entry: Any, index: int, cursor: BinaryCursor, budget: _SizeBud
     shape = _parse_shape(name, entry.get("shape"))
     count = _checked_element_count(name, shape, datatype)
     if binary_size == SHARED_MEMORY:  # read where the regions are (server/core/client_shm.py)
-        return Tensor(name=name, datatype=datatype.name, shape=shape,
-                      data=shared_memory.placeholder(datatype.numpy), parameters=parameters)
+        return Tensor(
+            name=name,
+            datatype=datatype.name,
+            shape=shape,
+            data=shared_memory.placeholder(datatype.numpy),
+            parameters=parameters,
+        )
     budget.claim(name, shape, datatype, count)
     if binary_size is None:
         data = _tensor_from_json(name, datatype, shape, count, entry["data"], may_hold_bools)
@@ -130,32 +141,42 @@ def _input_parameters(name: str, entry: dict[str, Any]) -> dict[str, Any]:
         return {}
     if not isinstance(parameters, dict):
         raise InvalidArgument(
-            f"Unable to parse 'parameters' for input '{name}': expected a JSON object")
+            f"Unable to parse 'parameters' for input '{name}': expected a JSON object"
+        )
     return parameters
 
 
-def _input_source(name: str, entry: dict[str, Any], parameters: dict[str, Any]) -> Optional[int]:
+def _input_source(name: str, entry: dict[str, Any], parameters: dict[str, Any]) -> int | None:
     """The input's binary_data_size, None when its data is JSON, SHARED_MEMORY when it is in a
     region; exactly one source allowed."""
     has_data = "data" in entry
     has_binary = "binary_data_size" in parameters
     has_shm = "shared_memory_region" in parameters
     if has_data + has_binary + has_shm != 1:
-        found = [label for label, present in (("'data'", has_data),
-                                              ("'binary_data_size'", has_binary),
-                                              ("'shared_memory_region'", has_shm)) if present]
+        found = [
+            label
+            for label, present in (
+                ("'data'", has_data),
+                ("'binary_data_size'", has_binary),
+                ("'shared_memory_region'", has_shm),
+            )
+            if present
+        ]
         but = " set " + " ".join(found) if found else " no field is set"
         raise InvalidArgument(
             "Input must set only one of the following fields: 'data', 'binary_data_size' in "
-            f"'parameters', 'shared_memory_region' in 'parameters'. But{but} (input '{name}')")
+            f"'parameters', 'shared_memory_region' in 'parameters'. But{but} (input '{name}')"
+        )
     if has_shm:
         return SHARED_MEMORY
     if not has_binary:
         return None
     size = parameters["binary_data_size"]
     if not is_uint(size):
-        raise InvalidArgument(f"Unable to parse 'binary_data_size' for input '{name}': "
-                              "expected a non-negative integer")
+        raise InvalidArgument(
+            f"Unable to parse 'binary_data_size' for input '{name}': "
+            "expected a non-negative integer"
+        )
     return size
 
 
@@ -175,12 +196,14 @@ def _parse_shape(name: str, value: Any) -> tuple[int, ...]:
     if len(value) > MAX_DIMS:
         raise InvalidArgument(
             f"Unable to parse 'shape' for input '{name}': {len(value)} dimensions exceed the "
-            f"maximum of {MAX_DIMS}")
+            f"maximum of {MAX_DIMS}"
+        )
     for position, dim in enumerate(value):
         if type(dim) is not int or dim < 0 or dim > _INT64_MAX:
             raise InvalidArgument(
                 f"Unable to parse 'shape' for input '{name}': dimension {position} must be a "
-                f"non-negative integer, got {str(dim)[:32]}")
+                f"non-negative integer, got {str(dim)[:32]}"
+            )
     return tuple(value)
 
 
@@ -192,29 +215,45 @@ def _checked_element_count(name: str, shape: tuple[int, ...], datatype: DataType
 
 # --------------------------------------------------------------------------- input data
 
-def _tensor_from_binary(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
-                        segment: memoryview, model_name: str) -> np.ndarray:
+
+def _tensor_from_binary(
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    count: int,
+    segment: memoryview,
+    model_name: str,
+) -> np.ndarray:
     """A zero-copy view for fixed-size types; BYTES elements parsed from their length prefixes."""
     if datatype.itemsize:
         expected = count * datatype.itemsize
         if segment.nbytes != expected:
             raise InvalidArgument(
                 f"input byte size mismatch for input '{name}' for model '{model_name}'. "
-                f"Expected {expected}, got {segment.nbytes}")
+                f"Expected {expected}, got {segment.nbytes}"
+            )
     elif count * 4 > segment.nbytes:
         # Checked before deserialising, which allocates one slot per claimed element.
         raise InvalidArgument(
             f"incomplete string length indicator for inference input '{name}': {count} "
-            f"elements need at least {count * 4} bytes but only {segment.nbytes} bytes available")
+            f"elements need at least {count * 4} bytes but only {segment.nbytes} bytes available"
+        )
     return datatypes.tensor_from_raw(datatype, shape, segment, name)
 
 
-def _tensor_from_json(name: str, datatype: DataType, shape: tuple[int, ...], count: int,
-                      data: Any, may_hold_bools: bool) -> np.ndarray:
+def _tensor_from_json(
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    count: int,
+    data: Any,
+    may_hold_bools: bool,
+) -> np.ndarray:
     if not datatype.json_allowed:
         raise InvalidArgument(
             f"receiving {datatype.name} data via JSON is not supported. Please use the binary "
-            f"data format for input {name}")
+            f"data format for input {name}"
+        )
     if not isinstance(data, list):
         raise InvalidArgument(f"Unable to parse 'data' for input '{name}': expected a JSON array")
     if datatype.name == "BYTES":
@@ -225,7 +264,8 @@ def _tensor_from_json(name: str, datatype: DataType, shape: tuple[int, ...], cou
         raise InvalidArgument(
             "Unable to parse 'data': Shape does not match true shape of 'data' field: "
             f"unexpected number of elements for input '{name}': shape {list(shape)} needs "
-            f"{count}, 'data' holds {flat.size}")
+            f"{count}, 'data' holds {flat.size}"
+        )
     return flat.reshape(shape)
 
 
@@ -260,17 +300,23 @@ def _encode_strings(name: str, leaves: list) -> list[bytes]:
         return [item.encode("utf-8") for item in leaves]
     except AttributeError:
         raise InvalidArgument(
-            f"Unable to parse 'data' for input '{name}': BYTES expects JSON strings") from None
+            f"Unable to parse 'data' for input '{name}': BYTES expects JSON strings"
+        ) from None
 
 
-_KIND_NAMES = {"b": "JSON booleans", "i": "JSON integers", "u": "JSON integers",
-               "f": "JSON numbers"}
+_KIND_NAMES = {
+    "b": "JSON booleans",
+    "i": "JSON integers",
+    "u": "JSON integers",
+    "f": "JSON numbers",
+}
 # Element kinds numpy may infer from JSON values that each target kind accepts.
 _ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
-def _numbers_from_json(name: str, datatype: DataType, data: list,
-                       may_hold_bools: bool) -> np.ndarray:
+def _numbers_from_json(
+    name: str, datatype: DataType, data: list, may_hold_bools: bool
+) -> np.ndarray:
     """Numeric JSON values -> a flat array of the datatype, built by numpy in C.
 
     numpy infers the element kind of the whole (possibly nested) list in one pass; the kind
@@ -327,13 +373,15 @@ def _exact_ints(name: str, datatype: DataType, data: list, ndim: int) -> np.ndar
     except OverflowError:
         raise InvalidArgument(
             f"Unable to parse 'data' for input '{name}': a value is out of range for "
-            f"{datatype.name}") from None
+            f"{datatype.name}"
+        ) from None
 
 
 def _type_error(name: str, datatype: DataType) -> InvalidArgument:
     return InvalidArgument(
         f"Unable to parse 'data' for input '{name}': {datatype.name} expects "
-        f"{_KIND_NAMES[datatype.numpy.kind]}")
+        f"{_KIND_NAMES[datatype.numpy.kind]}"
+    )
 
 
 def _check_int_range(name: str, datatype: DataType, array: np.ndarray) -> None:
@@ -343,4 +391,5 @@ def _check_int_range(name: str, datatype: DataType, array: np.ndarray) -> None:
         bad = low if low < info.min else high
         raise InvalidArgument(
             f"Unable to parse 'data' for input '{name}': value {bad} is out of range for "
-            f"{datatype.name}")
+            f"{datatype.name}"
+        )

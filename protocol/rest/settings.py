@@ -3,20 +3,21 @@
 Trace values are strings, `trace_level` a list of strings, and `null` clears a model's override
 (or resets a global setting); log values are booleans, an unsigned verbose level and strings.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from protocol.errors import InvalidArgument
 
 
-def decode_trace_settings(document: Any) -> dict[str, Optional[list[str]]]:
+def decode_trace_settings(document: Any) -> dict[str, list[str] | None]:
     """`{"trace_rate": "10", "trace_level": ["TIMESTAMPS"], "trace_count": null, ...}`."""
     if document is None:
         return {}
     if not isinstance(document, dict):
         raise InvalidArgument("trace setting request must be a JSON object")
-    changes: dict[str, Optional[list[str]]] = {}
+    changes: dict[str, list[str] | None] = {}
     for key, value in document.items():
         if value is None:
             changes[key] = None
@@ -35,8 +36,10 @@ def decode_trace_settings(document: Any) -> dict[str, Optional[list[str]]]:
 
 def encode_trace_settings(settings: dict[str, list[str]]) -> dict[str, Any]:
     """Triton's JSON: `trace_level` as a list of strings, every other setting as a string."""
-    return {key: list(values) if key == "trace_level" else (values[0] if values else "")
-            for key, values in settings.items()}
+    return {
+        key: list(values) if key == "trace_level" else (values[0] if values else "")
+        for key, values in settings.items()
+    }
 
 
 def decode_log_settings(document: Any) -> dict[str, Any]:

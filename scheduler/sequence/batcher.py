@@ -9,10 +9,10 @@ slot, not-ready padding for empty direct slots, and the implicit state of each s
 previous request's state output fed back as this one's state input). Results come back through
 the queue scheduler's delivery, padding and state outputs removed.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import numpy as np
 
@@ -22,8 +22,13 @@ from scheduler.clock import Clock
 from scheduler.interface import VersionSpec
 from scheduler.pool import BatchRun, Instance, instance_specs
 from scheduler.queue_scheduler import QueueScheduler, _Batch
-from scheduler.sequence.config import (FLAG_END, FLAG_START, StateSpec,
-                                       parse_correlation_id, read_settings)
+from scheduler.sequence.config import (
+    FLAG_END,
+    FLAG_START,
+    StateSpec,
+    parse_correlation_id,
+    read_settings,
+)
 from scheduler.sequence.slots import Pair, SequenceQueue, Slot
 from scheduler.stats import FailureReason, RejectionReason, VersionStatistics
 
@@ -35,16 +40,16 @@ BACKLOG_TIMEOUT = "timeout of the corresponding sequence has been expired"  # Tr
 class SequenceBatcher(QueueScheduler):
     """One model version's sequences: slots per instance, direct or oldest batches."""
 
-    def __init__(self, spec: VersionSpec, stats: VersionStatistics, *,
-                 clock: Optional[Clock] = None) -> None:
+    def __init__(
+        self, spec: VersionSpec, stats: VersionStatistics, *, clock: Clock | None = None
+    ) -> None:
         self.settings = settings = read_settings(spec.config)
         # The pool is built by the base class; its instance list follows the config the same
         # way, so the lanes are known before it exists.
         lanes = [not passive for _, passive in instance_specs(spec.config, spec.name)]
         self._sequences = SequenceQueue(settings, lanes)
         super().__init__(spec, stats, self._sequences, clock=clock)
-        self._take = (self._sequences.take_oldest if settings.oldest
-                      else self._sequences.take_direct)
+        self._take = self._sequences.take_oldest if settings.oldest else self._sequences.take_direct
         self._state_outputs = frozenset(state.output_name for state in settings.states)
         self._active = -1
         self._drained = False  # after drain(): not even live sequences are admitted
@@ -55,15 +60,16 @@ class SequenceBatcher(QueueScheduler):
 
     # -- admission --------------------------------------------------------------------------
 
-    def _admit(self, request: InferRequest) -> "object":
+    def _admit(self, request: InferRequest) -> object:
         try:
             self._read_sequence(request)
             if not self._accepting and not self._admits_while_draining(request):
                 raise self._not_ready()  # retiring: only live sequences go on
             self._sequences.check(request)
         except InvalidArgument:
-            self._stats.record_failure(FailureReason.OTHER,
-                                       self._since_arrival(request, self._clock.now_ns()))
+            self._stats.record_failure(
+                FailureReason.OTHER, self._since_arrival(request, self._clock.now_ns())
+            )
             raise
         future = super()._admit(request)
         self._report_active()
@@ -75,22 +81,29 @@ class SequenceBatcher(QueueScheduler):
         parameters = request.parameters
         corrid = parse_correlation_id(parameters.get("sequence_id")) if parameters else 0
         if corrid == 0 or corrid == "":
-            raise InvalidArgument(f"inference request to model '{model}' must specify a "
-                                  f"non-zero or non-empty correlation ID")
+            raise InvalidArgument(
+                f"inference request to model '{model}' must specify a "
+                f"non-zero or non-empty correlation ID"
+            )
         if request.batch_size > 1:
-            raise InvalidArgument(f"inference request to model '{model}' must specify "
-                                  f"batch-size 1 due to requirements of sequence batcher")
+            raise InvalidArgument(
+                f"inference request to model '{model}' must specify "
+                f"batch-size 1 due to requirements of sequence batcher"
+            )
         control = self.settings.corrid
         if control is not None and control.wire != "BYTES" and isinstance(corrid, str):
-            raise InvalidArgument(f"inference request to model '{model}' has the string "
-                                  f"correlation ID '{corrid}', but its control input "
-                                  f"'{control.name}' takes {control.wire} correlation IDs")
+            raise InvalidArgument(
+                f"inference request to model '{model}' has the string "
+                f"correlation ID '{corrid}', but its control input "
+                f"'{control.name}' takes {control.wire} correlation IDs"
+            )
         request.correlation_id = corrid
         # Triton applies a request's `timeout` to a sequence waiting for a slot (validated by
         # the queue policy, which leaves it unset for models without dynamic_batching).
         request.timeout_us = int(parameters.get("timeout") or 0)
-        request.sequence_flags = (FLAG_START if parameters.get("sequence_start") else 0) | \
-            (FLAG_END if parameters.get("sequence_end") else 0)
+        request.sequence_flags = (FLAG_START if parameters.get("sequence_start") else 0) | (
+            FLAG_END if parameters.get("sequence_end") else 0
+        )
 
     # -- draining: live sequences finish ---------------------------------------------------
 
@@ -104,8 +117,11 @@ class SequenceBatcher(QueueScheduler):
         return self._sequences.active_sequences()
 
     def _admits_while_draining(self, request: InferRequest) -> bool:
-        return not self._drained and not request.sequence_flags & FLAG_START and \
-            self._sequences.knows(request.correlation_id)
+        return (
+            not self._drained
+            and not request.sequence_flags & FLAG_START
+            and self._sequences.knows(request.correlation_id)
+        )
 
     def _busy(self) -> bool:
         """Draining waits for live sequences to end (or be released as idle) too."""
@@ -123,21 +139,29 @@ class SequenceBatcher(QueueScheduler):
 
     # -- dispatch -------------------------------------------------------------------------
 
-    def _dispatch(self, arriving: bool = False) -> Optional[int]:
+    def _dispatch(self, arriving: bool = False) -> int | None:
         """Release idle sequences, then give each free instance its slots' next batch."""
         now = self._clock.now_ns()
         sequences = self._sequences
         released = sequences.reap(now)
         if released:
             for corrid in released:
-                logger.info("sequence %s of model '%s' was idle longer than %d us: its slot "
-                            "is released", corrid, self.settings.model,
-                            self.settings.idle_ns // 1000)
+                logger.info(
+                    "sequence %s of model '%s' was idle longer than %d us: its slot is released",
+                    corrid,
+                    self.settings.model,
+                    self.settings.idle_ns // 1000,
+                )
             self._stats.sequences_idle_released(len(released))
             self._report_active()
         for entry in sequences.expire_backlogs(now):
-            self._fail_waiting(entry, Unavailable(BACKLOG_TIMEOUT), FailureReason.REJECTED, now,
-                               RejectionReason.QUEUE_TIMEOUT)
+            self._fail_waiting(
+                entry,
+                Unavailable(BACKLOG_TIMEOUT),
+                FailureReason.REJECTED,
+                now,
+                RejectionReason.QUEUE_TIMEOUT,
+            )
         wake_at = sequences.next_reap()
         if self._hold:  # TRITONSERVER_DELAY_SCHEDULER, as the queue scheduler honours it
             if len(sequences) < self._hold and self._accepting:
@@ -172,7 +196,7 @@ class SequenceBatcher(QueueScheduler):
         self._report_active()
         instance.execute(requests, [1] * len(requests), self._slots_finished, (batch, pairs))
 
-    def _with_controls(self, request: InferRequest, state: Optional[dict]) -> InferRequest:
+    def _with_controls(self, request: InferRequest, state: dict | None) -> InferRequest:
         """The request as the model sees it: its inputs, the slot's controls, the sequence's
         state (initial values at START)."""
         settings = self.settings
@@ -180,12 +204,22 @@ class SequenceBatcher(QueueScheduler):
         inputs = request.inputs + settings.control_tensors(flags, request.correlation_id, True)
         if settings.states:
             state = state or {}
-            inputs += [_state_tensor(spec, state.get(spec.input_name), settings.batching)
-                       for spec in settings.states]
-        return InferRequest(request.model_name, request.model_version, request.id, inputs,
-                            request.outputs, request.parameters, batch_size=1,
-                            correlation_id=request.correlation_id, sequence_flags=flags,
-                            arrival_ns=request.arrival_ns)
+            inputs += [
+                _state_tensor(spec, state.get(spec.input_name), settings.batching)
+                for spec in settings.states
+            ]
+        return InferRequest(
+            request.model_name,
+            request.model_version,
+            request.id,
+            inputs,
+            request.outputs,
+            request.parameters,
+            batch_size=1,
+            correlation_id=request.correlation_id,
+            sequence_flags=flags,
+            arrival_ns=request.arrival_ns,
+        )
 
     def _padding(self, like: InferRequest) -> InferRequest:
         """A padding request for an empty direct slot: zeros shaped like a real request,
@@ -194,15 +228,22 @@ class SequenceBatcher(QueueScheduler):
         inputs = [Tensor(t.name, t.datatype, t.shape, _zeros_like(t.data)) for t in like.inputs]
         inputs += settings.control_tensors(0, 0, False)
         inputs += [_state_tensor(state, None, settings.batching) for state in settings.states]
-        return InferRequest(like.model_name, like.model_version, "", inputs, like.outputs,
-                            batch_size=1, arrival_ns=like.arrival_ns)
+        return InferRequest(
+            like.model_name,
+            like.model_version,
+            "",
+            inputs,
+            like.outputs,
+            batch_size=1,
+            arrival_ns=like.arrival_ns,
+        )
 
     def _slots_finished(self, tag: tuple[_Batch, list[Pair]], result: BatchRun) -> None:
         """On the loop, once per batch: keep each sequence's new state, drop the padding's
         answers, then deliver as any batch is delivered."""
         batch, pairs = tag
         outcomes = []
-        for (slot, entry, _), outcome in zip(pairs, result.outcomes):
+        for (slot, entry, _), outcome in zip(pairs, result.outcomes, strict=False):
             if entry is None:
                 continue
             if self._state_outputs and isinstance(outcome, InferResponse):
@@ -240,7 +281,7 @@ def _zeros_like(data: np.ndarray) -> np.ndarray:
     return np.zeros_like(data)
 
 
-def _state_tensor(state: StateSpec, value: Optional[np.ndarray], batching: bool) -> Tensor:
+def _state_tensor(state: StateSpec, value: np.ndarray | None, batching: bool) -> Tensor:
     """A state input of one request: the sequence's last state, else its initial value."""
     if value is None:
         if state.initial is not None:

@@ -12,13 +12,14 @@ empty slots padded with not-ready requests); `take_oldest` forms dynamic batches
 sequences that have no request in flight. Both return (slot, entry or None) pairs; the
 scheduler adds control inputs and state. Pure bookkeeping on the event loop: no asyncio here.
 """
+
 from __future__ import annotations
 
 import heapq
 import logging
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
 
 import numpy as np
 
@@ -36,18 +37,18 @@ class Slot:
 
     lane: int
     index: int
-    owner: Optional[CorrelationId] = None
+    owner: CorrelationId | None = None
     queue: deque = field(default_factory=deque)
     in_flight: bool = False  # oldest strategy: a request of this slot is running
     releasing: bool = False  # idle-released: freed once what it queued has left
-    state: Optional[dict[str, np.ndarray]] = None  # implicit state between requests
+    state: dict[str, np.ndarray] | None = None  # implicit state between requests
 
 
 @dataclass(slots=True, eq=False)
 class _Backlog:
     corrid: CorrelationId
     entries: deque = field(default_factory=deque)
-    expires_ns: Optional[int] = None  # the earliest request `timeout` of its requests
+    expires_ns: int | None = None  # the earliest request `timeout` of its requests
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)
@@ -60,7 +61,7 @@ class _Backlog:
 
 # A batch position: the slot, its request (None: a not-ready padding slot) and the sequence's
 # implicit state as the request must see it (read before an END frees the slot).
-Pair = tuple[Slot, Optional[Entry], Optional[dict]]
+Pair = tuple[Slot, Entry | None, dict | None]
 
 
 class SequenceQueue(RequestQueue):
@@ -71,16 +72,21 @@ class SequenceQueue(RequestQueue):
         self._settings = settings
         self.lanes: list[list[Slot]] = [
             [Slot(lane, index) for index in range(settings.slots_per_instance)]
-            for lane in range(len(lanes))]
+            for lane in range(len(lanes))
+        ]
         # Lowest slot index first, across instances: new sequences spread over instances.
-        self._free: list[tuple[int, int]] = [(slot.index, slot.lane) for lane, active
-                                             in zip(self.lanes, lanes) if active for slot in lane]
+        self._free: list[tuple[int, int]] = [
+            (slot.index, slot.lane)
+            for lane, active in zip(self.lanes, lanes, strict=False)
+            if active
+            for slot in lane
+        ]
         heapq.heapify(self._free)
         self._slot_of: dict[CorrelationId, Slot] = {}
         self._backlog_of: dict[CorrelationId, _Backlog] = {}
         self._backlogs: deque[_Backlog] = deque()
         self._last_seen: dict[CorrelationId, int] = {}
-        self._next_reap: Optional[int] = None
+        self._next_reap: int | None = None
         self._count = 0
         self._now = 0  # the latest time a caller gave (push, reap, take)
 
@@ -92,7 +98,8 @@ class SequenceQueue(RequestQueue):
         if not request.sequence_flags & FLAG_START and not self.knows(corrid):
             raise InvalidArgument(
                 f"inference request for sequence {corrid} to model '{self._settings.model}' "
-                f"must specify the START flag on the first request of the sequence")
+                f"must specify the START flag on the first request of the sequence"
+            )
 
     def push(self, entry: Entry) -> None:
         request = entry.request
@@ -103,9 +110,13 @@ class SequenceQueue(RequestQueue):
         slot = self._slot_of.get(corrid)
         backlog = self._backlog_of.get(corrid)
         if flags & FLAG_START and (slot is not None or backlog is not None):
-            logger.warning("sequence %s for model '%s' has a conflict. The previous sequence "
-                           "did not end before this sequence start. Previous sequence will be "
-                           "terminated early.", corrid, self._settings.model)
+            logger.warning(
+                "sequence %s for model '%s' has a conflict. The previous sequence "
+                "did not end before this sequence start. Previous sequence will be "
+                "terminated early.",
+                corrid,
+                self._settings.model,
+            )
         self._count += 1
         if end:
             self._last_seen.pop(corrid, None)
@@ -165,7 +176,7 @@ class SequenceQueue(RequestQueue):
         self._next_reap = min(self._last_seen.values()) + idle_ns if self._last_seen else None
         return released
 
-    def next_reap(self) -> Optional[int]:
+    def next_reap(self) -> int | None:
         """When idle sequences or backlog timeouts are next due (None: nothing to watch)."""
         due = self._next_reap
         for backlog in self._backlogs:
@@ -210,8 +221,7 @@ class SequenceQueue(RequestQueue):
 
     # -- forming batches ----------------------------------------------------------------------
 
-    def take_direct(self, lane: int, now_ns: int, flush: bool
-                    ) -> tuple[list[Pair], Optional[int]]:
+    def take_direct(self, lane: int, now_ns: int, flush: bool) -> tuple[list[Pair], int | None]:
         """Triton's direct batch for one instance: slots 0..highest busy slot, one request
         each, empty (or shape-incompatible) slots as None; or ([], when to look again)."""
         settings = self._settings
@@ -219,8 +229,8 @@ class SequenceQueue(RequestQueue):
         slots = self.lanes[lane]
         highest = -1
         ready = 0
-        earliest: Optional[int] = None
-        shape: Optional[tuple] = None
+        earliest: int | None = None
+        shape: tuple | None = None
         for slot in slots:
             head = self._head(slot)
             if head is not None:
@@ -232,11 +242,13 @@ class SequenceQueue(RequestQueue):
             return [], None
         if settings.delay_ns and settings.minimum_slot_utilization and not flush:
             assert earliest is not None
-            if now_ns - earliest <= settings.delay_ns and \
-                    ready / settings.max_batch < settings.minimum_slot_utilization:
+            if (
+                now_ns - earliest <= settings.delay_ns
+                and ready / settings.max_batch < settings.minimum_slot_utilization
+            ):
                 return [], earliest + settings.delay_ns + 1
         pairs: list[Pair] = []
-        for slot in slots[:highest + 1]:
+        for slot in slots[: highest + 1]:
             head = slot.queue[0] if slot.queue else None
             if head is not None and settings.batching:
                 key = _shape_key(head.request)
@@ -247,8 +259,7 @@ class SequenceQueue(RequestQueue):
             pairs.append(self._pop(slot) if head is not None else (slot, None, None))
         return pairs, None
 
-    def take_oldest(self, lane: int, now_ns: int, flush: bool
-                    ) -> tuple[list[Pair], Optional[int]]:
+    def take_oldest(self, lane: int, now_ns: int, flush: bool) -> tuple[list[Pair], int | None]:
         """A dynamic batch from the sequences of one instance with nothing in flight, oldest
         head first, by preferred_batch_size and max_queue_delay_microseconds."""
         settings = self._settings
@@ -268,8 +279,12 @@ class SequenceQueue(RequestQueue):
             heads = [item for item in heads if _shape_key(item[2].queue[0].request) == shape]
         count = min(len(heads), settings.max_batch)
         oldest = heads[0][0]
-        due = settings.delay_ns == 0 or flush or now_ns - oldest >= settings.delay_ns \
+        due = (
+            settings.delay_ns == 0
+            or flush
+            or now_ns - oldest >= settings.delay_ns
             or count >= max(settings.preferred)
+        )
         if not due:
             fitting = [size for size in settings.preferred if size <= count]
             if not fitting:
@@ -286,7 +301,7 @@ class SequenceQueue(RequestQueue):
         for slot in slots:
             slot.in_flight = False
 
-    def _head(self, slot: Slot) -> Optional[Entry]:
+    def _head(self, slot: Slot) -> Entry | None:
         """The slot's next live request, dropping cancelled ones (an END among them still
         ends the sequence)."""
         queue = slot.queue
@@ -339,8 +354,9 @@ class SequenceQueue(RequestQueue):
                 self._slot_of[backlog.corrid] = slot
                 # Idle time counts from when the sequence could run, not from its wait.
                 if backlog.corrid in self._last_seen:
-                    self._last_seen[backlog.corrid] = max(self._last_seen[backlog.corrid],
-                                                          self._now)
+                    self._last_seen[backlog.corrid] = max(
+                        self._last_seen[backlog.corrid], self._now
+                    )
             return
         heapq.heappush(self._free, (slot.index, slot.lane))
 

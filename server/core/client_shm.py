@@ -11,13 +11,14 @@ server's own segments cannot be registered, and every offset and size is checked
 region before it is touched. An unregister only forgets the name: the mapping lives as long as a
 request (or a numpy view over it) still uses it, so nothing is ever unmapped under a request.
 """
+
 from __future__ import annotations
 
 import mmap
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -53,27 +54,36 @@ class Region:
         if byte_size > SIZE_MAX - offset:
             raise InvalidArgument(
                 f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) "
-                f"exceeds maximum value ({SIZE_MAX}) for region '{self.name}'")
+                f"exceeds maximum value ({SIZE_MAX}) for region '{self.name}'"
+            )
         if offset + byte_size > self.byte_size:
             raise InvalidArgument(
-                f"Invalid offset + byte size for shared memory region: '{self.name}'")
-        return self.view[offset:offset + byte_size]
+                f"Invalid offset + byte size for shared memory region: '{self.name}'"
+            )
+        return self.view[offset : offset + byte_size]
 
     def status(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "offset": self.offset,
-                "byte_size": self.byte_size}
+        return {
+            "name": self.name,
+            "key": self.key,
+            "offset": self.offset,
+            "byte_size": self.byte_size,
+        }
 
 
 def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
     """Map [offset, offset + byte_size) of /dev/shm/<key>, read-write, at any offset."""
     base = key.lstrip("/")  # as shm_open reads it
     if not base:
-        raise InvalidArgument(f"cannot register shared memory region '{name}' - invalid shm key "
-                              f"'{key}'")
+        raise InvalidArgument(
+            f"cannot register shared memory region '{name}' - invalid shm key '{key}'"
+        )
     for prefix in RESERVED_PREFIXES:
         if base.startswith(prefix):
-            raise InvalidArgument(f"cannot register shared memory region '{name}' with key "
-                                  f"'{key}' as the key contains the reserved prefix '{prefix}'")
+            raise InvalidArgument(
+                f"cannot register shared memory region '{name}' with key "
+                f"'{key}' as the key contains the reserved prefix '{prefix}'"
+            )
     if "/" in base or base in (".", "..") or "\0" in base:
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -86,16 +96,16 @@ def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
         if not stat.S_ISREG(info.st_mode):
             raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
         if byte_size == 0 or offset + byte_size > info.st_size:
-            raise InvalidArgument(f"failed to register shared memory region '{name}': "
-                                  f"invalid args")
+            raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
         start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap wants an aligned offset
         mapping = mmap.mmap(fd, byte_size + offset - start, offset=start)
     except OSError as exc:
-        raise InvalidArgument(f"failed to register shared memory region '{name}': "
-                              f"{exc.strerror or exc}") from None
+        raise InvalidArgument(
+            f"failed to register shared memory region '{name}': {exc.strerror or exc}"
+        ) from None
     finally:
         os.close(fd)  # the mapping keeps what it needs
-    view = memoryview(mapping)[offset - start:]
+    view = memoryview(mapping)[offset - start :]
     return Region(name, key, offset, byte_size, view)
 
 
@@ -109,13 +119,16 @@ class SharedMemoryRegistry:
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if not name:
             raise InvalidArgument(
-                "'region name' is necessary to register system shared memory region")
+                "'region name' is necessary to register system shared memory region"
+            )
         if name in self.regions:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
         if len(self.regions) >= self.max_regions:
-            raise Unavailable(f"failed to register shared memory region '{name}': "
-                              f"{self.max_regions} regions are registered already "
-                              f"(--max-shared-memory-regions)")
+            raise Unavailable(
+                f"failed to register shared memory region '{name}': "
+                f"{self.max_regions} regions are registered already "
+                f"(--max-shared-memory-regions)"
+            )
         self.regions[name] = _open_region(name, key, offset, byte_size)
 
     def status(self, name: str = "") -> list[dict[str, Any]]:
@@ -130,8 +143,13 @@ class SharedMemoryRegistry:
         """Unregister one region (unknown names are no error, as in Triton) or all of them. A
         region in use stays (listed, and usable) until its last request is done, as in Triton;
         the mapping itself lives as long as any tensor view over it."""
-        for region in [self.regions[name]] if name in self.regions else \
-                [] if name else list(self.regions.values()):
+        for region in (
+            [self.regions[name]]
+            if name in self.regions
+            else []
+            if name
+            else list(self.regions.values())
+        ):
             if region.users:
                 region.retiring = True
             else:
@@ -149,12 +167,12 @@ class SharedMemoryRegistry:
         return region
 
     # ----- requests ----------------------------------------------------------------------
-    def bind(self, request: InferRequest) -> Optional[Binding]:
+    def bind(self, request: InferRequest) -> Binding | None:
         """Read `request`'s shared-memory inputs in place and check its shared-memory outputs;
         None when it uses no shared memory (the common case: a dict lookup per tensor). The
         returned binding writes the outputs once the response is there, and must be released
         however the request ends."""
-        binding: Optional[Binding] = None
+        binding: Binding | None = None
         try:
             for tensor in request.inputs:
                 if REGION in tensor.parameters:
@@ -166,8 +184,11 @@ class SharedMemoryRegistry:
                     name, offset, byte_size = _location(parameters, f"output '{output.name}'")
                     binding = binding or Binding(self)
                     region = binding.hold(self.get(name))
-                    binding.targets[output.name] = (region.slice(offset, byte_size), name,
-                                                    byte_size)
+                    binding.targets[output.name] = (
+                        region.slice(offset, byte_size),
+                        name,
+                        byte_size,
+                    )
         except BaseException:
             if binding is not None:
                 binding.release()
@@ -179,14 +200,17 @@ class SharedMemoryRegistry:
         raw = binding.hold(self.get(name)).slice(offset, byte_size)
         datatype = datatypes.lookup(tensor.datatype)
         if datatype.name != "BYTES":
-            expected = datatypes.checked_element_count(tensor.name, tensor.shape, datatype) * \
-                datatype.itemsize
+            expected = (
+                datatypes.checked_element_count(tensor.name, tensor.shape, datatype)
+                * datatype.itemsize
+            )
             if expected != byte_size:
-                raise InvalidArgument(f"input byte size mismatch for input '{tensor.name}' for "
-                                      f"model '{model}'. Expected {expected}, got {byte_size}")
+                raise InvalidArgument(
+                    f"input byte size mismatch for input '{tensor.name}' for "
+                    f"model '{model}'. Expected {expected}, got {byte_size}"
+                )
         tensor.data = datatypes.tensor_from_raw(datatype, tensor.shape, raw, tensor.name)
-        tensor.parameters = {k: v for k, v in tensor.parameters.items()
-                             if k not in PARAMETERS}
+        tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in PARAMETERS}
 
 
 class Binding:
@@ -196,7 +220,7 @@ class Binding:
     __slots__ = ("registry", "held", "targets")
 
     def __init__(self, registry: SharedMemoryRegistry) -> None:
-        self.registry: Optional[SharedMemoryRegistry] = registry
+        self.registry: SharedMemoryRegistry | None = registry
         self.held: list[Region] = []
         self.targets: dict[str, tuple[memoryview, str, int]] = {}
 
@@ -230,11 +254,18 @@ class Binding:
                 raise InvalidArgument(
                     f"shared memory size specified with the request for output "
                     f"'{tensor.name}' ({byte_size} bytes) should be at least {raw.nbytes} "
-                    f"bytes to hold the results")
-            view[:raw.nbytes] = raw
-            outputs.append(Tensor(tensor.name, tensor.datatype, tensor.shape,
-                                  np.empty(0, dtype=np.uint8),
-                                  {REGION: region, BYTE_SIZE: raw.nbytes}))
+                    f"bytes to hold the results"
+                )
+            view[: raw.nbytes] = raw
+            outputs.append(
+                Tensor(
+                    tensor.name,
+                    tensor.datatype,
+                    tensor.shape,
+                    np.empty(0, dtype=np.uint8),
+                    {REGION: region, BYTE_SIZE: raw.nbytes},
+                )
+            )
         response.outputs = outputs
         return response
 
@@ -247,10 +278,10 @@ def _location(parameters: dict[str, Any], what: str) -> tuple[str, int, int]:
     if not isinstance(region, str):
         raise InvalidArgument(f"'{REGION}' of {what} must be a string")
     if byte_size is None:
-        raise InvalidArgument(f"'{BYTE_SIZE}' is missing for {what}, which uses shared "
-                              f"memory region '{region}'")
+        raise InvalidArgument(
+            f"'{BYTE_SIZE}' is missing for {what}, which uses shared memory region '{region}'"
+        )
     for key, value in ((OFFSET, offset), (BYTE_SIZE, byte_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidArgument(f"'{key}' of {what} must be a non-negative integer")
     return region, offset, byte_size
-

@@ -3,30 +3,42 @@
 Everything here speaks the internal types and raises ServerError subclasses; each frontend maps
 them to its wire form through protocol/errors.py.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Callable, Optional
+from collections.abc import AsyncIterator, Callable
 
-from protocol.config_json import ConfigJsonError, config_from_json
-from protocol.errors import (HTTP_ENDPOINT, InvalidArgument, NotFound, PermissionDenied,
-                             ServerError, Unavailable)
-from protocol.stream import StreamItem
-from protocol.proto.model_config_pb2 import ModelConfig
-from protocol.traffic import TrafficSpec
-from protocol.types import (IndexEntry, InferRequest, InferResponse, ModelMetadata,
-                            StatisticsSnapshot, TensorMetadata)
 from protocol import datatypes
+from protocol.config_json import ConfigJsonError, config_from_json
+from protocol.errors import (
+    HTTP_ENDPOINT,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ServerError,
+    Unavailable,
+)
+from protocol.proto.model_config_pb2 import ModelConfig
+from protocol.stream import StreamItem
+from protocol.traffic import TrafficSpec
+from protocol.types import (
+    IndexEntry,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    StatisticsSnapshot,
+    TensorMetadata,
+)
 from repository.manager import UNLOADED, ModelManager
-from repository.registry import (ModelRecord, ModelRegistry, ModelState, VersionRecord,
-                                 parse_version)
+from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord, parse_version
 from scheduler.interface import LoadError
+from server.core.client_shm import Binding, SharedMemoryRegistry
 from server.core.inference_path import InferencePath
 from server.observability.runtime_settings import RuntimeSettings
-from server.settings import ServerSettings
-from server.core.client_shm import Binding, SharedMemoryRegistry
 from server.observability.tracing import Trace, Tracer, may_trace
+from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +65,13 @@ FILE_OVERRIDE_FLAG = "--allow-model-load-file-override"
 
 
 class InferenceCore:
-    def __init__(self, settings: ServerSettings, registry: ModelRegistry,
-                 manager: ModelManager, path: InferencePath) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        registry: ModelRegistry,
+        manager: ModelManager,
+        path: InferencePath,
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.manager = manager
@@ -66,7 +83,9 @@ class InferenceCore:
         self.shared_memory = SharedMemoryRegistry(settings.max_shared_memory_regions)
         # Trace and log settings: one state, read and changed over both protocols.
         self.runtime = RuntimeSettings.create(settings.log_verbose, settings.trace_config)
-        self.tracer = _tracer(settings, self.runtime)  # server/observability/tracing.py, otel_tracing.py
+        self.tracer = _tracer(
+            settings, self.runtime
+        )  # server/observability/tracing.py, otel_tracing.py
         # OpenTelemetry mode: the frontends read each request's W3C traceparent.
         self.propagates_trace = settings.trace_config.get("trace_mode") == ["opentelemetry"]
         # Whether a request may ever be traced (a trace file, or OpenTelemetry, at startup):
@@ -106,8 +125,11 @@ class InferenceCore:
 
     # ----- metadata and config -----------------------------------------------------------
     def server_metadata(self) -> dict:
-        return {"name": self.settings.server_id, "version": SERVER_VERSION,
-                "extensions": list(EXTENSIONS)}
+        return {
+            "name": self.settings.server_id,
+            "version": SERVER_VERSION,
+            "extensions": list(EXTENSIONS),
+        }
 
     def _config_for(self, name: str, version: str) -> tuple[ModelConfig, list[str]]:
         model = self.registry.get(name)
@@ -126,11 +148,19 @@ class InferenceCore:
         batch = [-1] if config.max_batch_size > 0 else []
 
         def describe(tensors) -> list[TensorMetadata]:  # type: ignore[no-untyped-def]
-            return [TensorMetadata(t.name, datatypes.config_to_wire(_type_name(t.data_type)),
-                                   batch + [int(d) for d in t.dims]) for t in tensors]
+            return [
+                TensorMetadata(
+                    t.name,
+                    datatypes.config_to_wire(_type_name(t.data_type)),
+                    batch + [int(d) for d in t.dims],
+                )
+                for t in tensors
+            ]
 
         platform = config.platform or config.backend
-        return ModelMetadata(name, versions, platform, describe(config.input), describe(config.output))
+        return ModelMetadata(
+            name, versions, platform, describe(config.input), describe(config.output)
+        )
 
     def model_config(self, name: str, version: str = "") -> ModelConfig:
         return self._config_for(name, version)[0]
@@ -142,15 +172,20 @@ class InferenceCore:
     def statistics(self, name: str = "", version: str = "") -> list[StatisticsSnapshot]:
         """A consistent copy of each serving version's counters (all models when no name)."""
         if not name:
-            return [r.scheduler.statistics.snapshot()  # type: ignore[union-attr]
-                    for _, r in self.registry.serving_versions()]
+            return [
+                r.scheduler.statistics.snapshot()  # type: ignore[union-attr]
+                for _, r in self.registry.serving_versions()
+            ]
         try:
             model = self.registry.get(name)
             number = parse_version(version, name)
         except ServerError:
             raise InvalidArgument(f"requested model '{name}' is not available") from None
-        records = [r for v, r in sorted(model.versions.items())
-                   if r.serving and (number == -1 or v == number)]
+        records = [
+            r
+            for v, r in sorted(model.versions.items())
+            if r.serving and (number == -1 or v == number)
+        ]
         if not records:
             raise InvalidArgument(f"requested model '{name}' is not available")
         return [r.scheduler.statistics.snapshot() for r in records]  # type: ignore[union-attr]
@@ -184,17 +219,20 @@ class InferenceCore:
         if self.settings.model_control_mode != "explicit":
             raise Unavailable(POLLING_REFUSAL)
 
-    async def load_model(self, name: str, config_json: Optional[str] = None,
-                         files: Optional[dict[str, bytes]] = None) -> None:
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
         """Load or hot-reload `name`; `config_json` replaces config.pbtxt, and `files` (which
         need it) make up the whole model directory, written to a private temporary one.
         Files are refused unless the server was started with --allow-model-load-file-override:
         they are code the server would run (a Python model) sent by any network client."""
         self._check_explicit()
         if files and not self.settings.allow_model_load_file_override:
-            raise PermissionDenied(f"load failed for model '{name}': file overrides ('file:' "
-                                   f"parameters) are not allowed; start the server with "
-                                   f"{FILE_OVERRIDE_FLAG} to allow them")
+            raise PermissionDenied(
+                f"load failed for model '{name}': file overrides ('file:' "
+                f"parameters) are not allowed; start the server with "
+                f"{FILE_OVERRIDE_FLAG} to allow them"
+            )
         override = None
         if config_json is not None:
             try:
@@ -211,8 +249,9 @@ class InferenceCore:
         await self.manager.unload_model(name, unload_dependents)
 
     # ----- shared memory (server/core/client_shm.py) ------------------------------------------
-    def register_system_shared_memory(self, name: str, key: str, offset: int,
-                                      byte_size: int) -> None:
+    def register_system_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int
+    ) -> None:
         self.shared_memory.register(name, key, offset, byte_size)
 
     def system_shared_memory_status(self, name: str = "") -> list[dict]:
@@ -228,9 +267,9 @@ class InferenceCore:
         return []
 
     # ----- trace and log settings (server/observability/runtime_settings.py) -------------------------------
-    def trace_settings(self, model: str = "",
-                       changes: Optional[dict[str, Optional[list[str]]]] = None
-                       ) -> dict[str, list[str]]:
+    def trace_settings(
+        self, model: str = "", changes: dict[str, list[str] | None] | None = None
+    ) -> dict[str, list[str]]:
         """The settings of `model` (or the global ones), after applying `changes` if any."""
         if model and not self.registry.is_ready(model, ""):  # Triton's check, code and text
             raise InvalidArgument(f"Request for unknown model : {model}")
@@ -238,7 +277,7 @@ class InferenceCore:
             self.runtime.trace.update(changes, model)
         return self.runtime.trace.current(model)
 
-    def log_settings(self, changes: Optional[dict] = None) -> dict:
+    def log_settings(self, changes: dict | None = None) -> dict:
         """The log settings, after applying `changes` (all or nothing) if any."""
         if changes:
             self.runtime.log.update(changes)
@@ -249,8 +288,12 @@ class InferenceCore:
         """The version an inference request for (name, version) goes to."""
         return self.path.resolve(name, version)
 
-    async def infer(self, request: InferRequest, record: Optional[VersionRecord] = None,
-                    endpoint: str = HTTP_ENDPOINT) -> InferResponse:
+    async def infer(
+        self,
+        request: InferRequest,
+        record: VersionRecord | None = None,
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> InferResponse:
         """The one in-process infer (server/core/inference_path.py); `record` when already resolved;
         `endpoint` names the caller when a decoupled model must be refused. Tensors in
         registered shared memory are read and written here, where the regions are, and
@@ -270,8 +313,9 @@ class InferenceCore:
             if binding is not None:
                 binding.release()
 
-    def infer_stream(self, request: InferRequest, record: Optional[VersionRecord] = None
-                     ) -> AsyncIterator[StreamItem]:
+    def infer_stream(
+        self, request: InferRequest, record: VersionRecord | None = None
+    ) -> AsyncIterator[StreamItem]:
         """Every answer to a client's request (any number for a decoupled model); each answer
         with outputs in shared memory writes them there (the next one overwrites them)."""
         binding = self.shared_memory.bind(request)
@@ -285,10 +329,14 @@ class InferenceCore:
             raise
         return self._bound_answers(request, answers, binding, trace)
 
-    async def _bound_answers(self, request: InferRequest, answers: AsyncIterator[StreamItem],
-                             binding: Optional[Binding], trace: Optional[Trace]
-                             ) -> AsyncIterator[StreamItem]:
-        last: Optional[InferResponse] = None
+    async def _bound_answers(
+        self,
+        request: InferRequest,
+        answers: AsyncIterator[StreamItem],
+        binding: Binding | None,
+        trace: Trace | None,
+    ) -> AsyncIterator[StreamItem]:
+        last: InferResponse | None = None
         try:
             async for item in answers:
                 if item.response is not None:
@@ -299,17 +347,26 @@ class InferenceCore:
         finally:
             self._end(request, last, binding, trace)
 
-    def _end(self, request: InferRequest, response: Optional[InferResponse],
-             binding: Optional[Binding], trace: Optional[Trace]) -> None:
+    def _end(
+        self,
+        request: InferRequest,
+        response: InferResponse | None,
+        binding: Binding | None,
+        trace: Trace | None,
+    ) -> None:
         if trace is not None and not trace.finished:
-            self.tracer.finish(trace, response, response.model_version if response
-                               else request.model_version)
+            self.tracer.finish(
+                trace, response, response.model_version if response else request.model_version
+            )
         if binding is not None:
             binding.release()
 
-    def infer_nowait(self, request: InferRequest, on_done: Callable[
-            [Optional[InferResponse], Optional[BaseException]], None],
-            endpoint: str = HTTP_ENDPOINT) -> Optional[asyncio.Future]:
+    def infer_nowait(
+        self,
+        request: InferRequest,
+        on_done: Callable[[InferResponse | None, BaseException | None], None],
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> asyncio.Future | None:
         """`infer` for the owner answering a frontend process (InferencePath.infer_nowait:
         no task per request). Raises at once for a bad shared-memory reference."""
         binding = self.shared_memory.bind(request)
@@ -317,11 +374,11 @@ class InferenceCore:
         if binding is None and trace is None:
             return self.path.infer_nowait(request, on_done, endpoint)
 
-        def done(response: Optional[InferResponse], error: Optional[BaseException]) -> None:
+        def done(response: InferResponse | None, error: BaseException | None) -> None:
             if error is None and response is not None:
                 try:
                     response = self._finish(response, binding, trace)
-                except Exception as exc:  # noqa: BLE001 - the caller answers with it
+                except Exception as exc:
                     response, error = None, exc
             self._end(request, None, binding, trace)
             on_done(response, error)
@@ -331,8 +388,9 @@ class InferenceCore:
             future.add_done_callback(lambda _: binding.release())
         return future
 
-    def _finish(self, response: InferResponse, binding: Optional[Binding],
-                trace: Optional[Trace]) -> InferResponse:
+    def _finish(
+        self, response: InferResponse, binding: Binding | None, trace: Trace | None
+    ) -> InferResponse:
         if trace is not None:
             self.tracer.finish(trace, response, response.model_version)
         return response if binding is None else binding.finish(response)
@@ -375,8 +433,10 @@ def _model_counts_as_ready(model: ModelRecord) -> bool:
         return False
     if model.ready_versions() or model.reason == UNLOADED:
         # UNAVAILABLE versions are failed loads the policy wants, or retired ("unloaded") ones.
-        return not any(record.state is ModelState.UNAVAILABLE and record.reason != UNLOADED
-                       for record in model.versions.values())
+        return not any(
+            record.state is ModelState.UNAVAILABLE and record.reason != UNLOADED
+            for record in model.versions.values()
+        )
     if not model.versions:
         return model.state is ModelState.UNKNOWN
     return all(record.state is ModelState.LOADING for record in model.versions.values())

@@ -18,11 +18,12 @@ to the gRPC stream, generate_stream and BLS; `infer` refuses them as Triton does
 `infer_admitted` (ensemble steps) takes their one answer. The path is also the BackendHost
 (backends/base.py) Python models make their BLS calls through.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Callable, Optional
+from collections.abc import AsyncIterator, Callable
 
 from protocol.classification import classify
 from protocol.errors import HTTP_ENDPOINT, InternalError, decoupled_unsupported, server_exiting
@@ -32,8 +33,10 @@ from repository.registry import ModelRegistry, VersionRecord
 from server.core import streaming
 from server.traffic.policy import NAMED, TrafficControl
 
-ONE_ANSWER_ERROR = ("model '{model}' is decoupled and gave {count}; a caller that expects one "
-                    "answer needs exactly 1 response")
+ONE_ANSWER_ERROR = (
+    "model '{model}' is decoupled and gave {count}; a caller that expects one "
+    "answer needs exactly 1 response"
+)
 
 
 # How often shutdown looks again whether the live sequences have ended (only while exiting).
@@ -41,9 +44,12 @@ SEQUENCE_POLL_S = 0.05
 
 
 class InferencePath:
-    def __init__(self, registry: ModelRegistry,
-                 traffic: Optional[TrafficControl] = None,
-                 custom_metric: Optional[Callable[[dict], None]] = None) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        traffic: TrafficControl | None = None,
+        custom_metric: Callable[[dict], None] | None = None,
+    ) -> None:
         self.registry = registry
         self.traffic = traffic if traffic is not None else TrafficControl(registry)
         self._policies = self.traffic.policies  # model -> policy in force (gray release)
@@ -51,7 +57,7 @@ class InferencePath:
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self.loop: Optional[asyncio.AbstractEventLoop] = None  # set by attach_loop
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by attach_loop
         self._custom_metric = custom_metric
 
     # ----- what Python models' backends use (BackendHost) --------------------------------
@@ -76,8 +82,12 @@ class InferencePath:
             return self.traffic.resolve(policy, name, version, count=False)
         return self.registry.resolve(name, version)
 
-    async def infer(self, request: InferRequest, record: Optional[VersionRecord] = None,
-                    endpoint: str = HTTP_ENDPOINT) -> InferResponse:
+    async def infer(
+        self,
+        request: InferRequest,
+        record: VersionRecord | None = None,
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> InferResponse:
         """A request from a client; refused once the server is exiting, and for a decoupled
         model (`endpoint` names the caller in Triton's text). `record` is the version when the
         caller already resolved it (to decode a raw binary body)."""
@@ -85,21 +95,25 @@ class InferencePath:
             raise server_exiting()
         return await self.infer_admitted(request, record, refuse_decoupled=endpoint)
 
-    def stream(self, request: InferRequest, record: Optional[VersionRecord] = None,
-               admitted: bool = True) -> AsyncIterator[StreamItem]:
+    def stream(
+        self, request: InferRequest, record: VersionRecord | None = None, admitted: bool = True
+    ) -> AsyncIterator[StreamItem]:
         """Every answer to `request`, in order, the last one `final` (one answer for a model
         that is not decoupled, routed by infer_admitted). With `admitted=False` (a client's
         request) it is refused once the server is exiting. A decoupled model's version is
         picked uncounted by a traffic policy (its streams take no part in canaries)."""
         if not admitted and self.exiting and not self._continues_sequence(request):
             raise server_exiting()
-        picked = record if record is not None else \
-            self.resolve(request.model_name, request.model_version)
+        picked = (
+            record
+            if record is not None
+            else self.resolve(request.model_name, request.model_version)
+        )
         return streaming.answers(self, request, picked, record)
 
-    async def infer_admitted(self, request: InferRequest,
-                             record: Optional[VersionRecord] = None,
-                             refuse_decoupled: str = "") -> InferResponse:
+    async def infer_admitted(
+        self, request: InferRequest, record: VersionRecord | None = None, refuse_decoupled: str = ""
+    ) -> InferResponse:
         """`infer` without the exiting check: work on behalf of a request already admitted
         (an ensemble's steps), which must finish during the drain. Under a traffic policy the
         answer (or failure) is reported to it: the canary's outcomes, the shadow copy. A
@@ -114,8 +128,9 @@ class InferencePath:
             started = 0
         else:
             # A live sequence stays on its version whatever the split says.
-            record = self.registry.sequence_home(request) or \
-                self.traffic.route(policy, request, record)
+            record = self.registry.sequence_home(request) or self.traffic.route(
+                policy, request, record
+            )
             started = time.perf_counter_ns()
         scheduler = record.scheduler
         assert scheduler is not None
@@ -147,15 +162,18 @@ class InferencePath:
             self.traffic.answered(policy, request, record, started, True)
         return _select_outputs(response, request.outputs, record)
 
-    def infer_nowait(self, request: InferRequest, on_done: Callable[
-            [Optional[InferResponse], Optional[BaseException]], None],
-            endpoint: str = HTTP_ENDPOINT) -> Optional[asyncio.Future]:
+    def infer_nowait(
+        self,
+        request: InferRequest,
+        on_done: Callable[[InferResponse | None, BaseException | None], None],
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> asyncio.Future | None:
         """`infer` without a coroutine, for a caller that keeps no task per request (the model
         owner answering a frontend process): `on_done(response, error)` runs on the loop once
         the answer is in. Returns the scheduler's future (cancelling it drops the request if
         it has not run), or None when the request was refused at once (on_done has run)."""
         policy = self._policies.get(request.model_name)
-        record: Optional[VersionRecord] = None
+        record: VersionRecord | None = None
         started = 0
         try:
             if self.exiting and not self._continues_sequence(request):
@@ -166,13 +184,14 @@ class InferencePath:
                 if version and version != "-1":
                     self.traffic.count(request.model_name, record.version, NAMED)
             else:
-                record = self.registry.sequence_home(request) or \
-                    self.traffic.route(policy, request, None)
+                record = self.registry.sequence_home(request) or self.traffic.route(
+                    policy, request, None
+                )
                 started = time.perf_counter_ns()
             if record.scheduler.rules.decoupled:  # type: ignore[union-attr]
                 raise decoupled_unsupported(endpoint)
             future = record.scheduler.submit(request)  # type: ignore[union-attr]
-        except Exception as exc:  # noqa: BLE001 - the caller answers with it
+        except Exception as exc:
             if policy is not None and record is not None:  # refused by the version picked
                 self.traffic.answered(policy, request, record, started, False)
             on_done(None, exc)
@@ -193,15 +212,16 @@ class InferencePath:
                 try:
                     on_done(_select_outputs(done.result(), request.outputs, record), None)
                     return
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     error = exc
             on_done(None, error)
 
         future.add_done_callback(finished)
         return future
 
-    async def one_answer(self, request: InferRequest, record: VersionRecord,
-                         error_text: str) -> InferResponse:
+    async def one_answer(
+        self, request: InferRequest, record: VersionRecord, error_text: str
+    ) -> InferResponse:
         """The single answer of a decoupled model; `error_text` (with {model} and {count})
         when it gives none or more than one. A second answer ends the call at once (the
         request is cancelled), so a model that streams on is never buffered here."""
@@ -245,16 +265,22 @@ class InferencePath:
             await asyncio.sleep(SEQUENCE_POLL_S)
 
     def _live_sequences(self) -> int:
-        return sum(record.scheduler.live_sequences()  # type: ignore[union-attr]
-                   for _, record in self.registry.serving_versions())
+        return sum(
+            record.scheduler.live_sequences()  # type: ignore[union-attr]
+            for _, record in self.registry.serving_versions()
+        )
 
     def _continues_sequence(self, request: InferRequest) -> bool:
         """While exiting: a request that continues a live sequence is still served."""
         return self.registry.sequence_home(request) is not None
 
 
-def _select_outputs(response: InferResponse, requested: Optional[list[RequestedOutput]],
-                    record: VersionRecord, lenient: bool = False) -> InferResponse:
+def _select_outputs(
+    response: InferResponse,
+    requested: list[RequestedOutput] | None,
+    record: VersionRecord,
+    lenient: bool = False,
+) -> InferResponse:
     """Keep the outputs asked for, in the order asked, classified where asked (`lenient`: a
     decoupled model's answer may leave some out)."""
     if requested is None:
@@ -267,11 +293,14 @@ def _select_outputs(response: InferResponse, requested: Optional[list[RequestedO
         if tensor is None:
             if lenient:
                 continue
-            raise InternalError(f"model '{response.model_name}' did not produce the requested "
-                                f"output '{wanted.name}'")
+            raise InternalError(
+                f"model '{response.model_name}' did not produce the requested "
+                f"output '{wanted.name}'"
+            )
         if wanted.classification > 0:
-            tensor = classify(tensor, wanted.classification, batching,
-                              record.labels.get(wanted.name, []))
+            tensor = classify(
+                tensor, wanted.classification, batching, record.labels.get(wanted.name, [])
+            )
         outputs.append(tensor)
     response.outputs = outputs
     return response

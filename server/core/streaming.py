@@ -8,10 +8,12 @@ not decoupled gives its one answer as a final item, and its failure as an except
 request refused before it ran. When the consumer stops early (a client cancelled, a stream closed), the request is
 cancelled: dropped if still queued, `is_cancelled()` for the model if it runs.
 """
+
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from protocol.errors import as_server_error
 from protocol.stream import ResponseStream, StreamItem
@@ -22,8 +24,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from server.core.inference_path import InferencePath
 
 
-async def answers(path: "InferencePath", request: InferRequest, record: "VersionRecord",
-                  routed: Optional["VersionRecord"] = None) -> AsyncIterator[StreamItem]:
+async def answers(
+    path: InferencePath,
+    request: InferRequest,
+    record: VersionRecord,
+    routed: VersionRecord | None = None,
+) -> AsyncIterator[StreamItem]:
     """`record`: the version picked; `routed`: the one the caller resolved itself, if any (a
     model that is not decoupled is routed again, and counted, by infer_admitted)."""
     scheduler = record.scheduler
@@ -47,8 +53,9 @@ async def answers(path: "InferencePath", request: InferRequest, record: "Version
         while True:
             item = await stream.next()
             if item.response is not None:
-                item.response = _select_outputs(item.response, request.outputs, record,
-                                                lenient=True)
+                item.response = _select_outputs(
+                    item.response, request.outputs, record, lenient=True
+                )
             yield item
             if item.final:
                 return

@@ -1,19 +1,27 @@
 """The gRPC listener: grpc.aio server options (limits, keepalive, connections), the
 grpc.health.v1 service for Kubernetes probes, and start/stop around server/grpc/services.py's services."""
+
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
-from server.net.connections import descriptor_limit, resolve_max_connections
 from server.core.inference_core import InferenceCore
-from server.grpc.services import HEALTH_POLL_SECONDS, InferenceServicer, Undecodable, abort, add_service
+from server.grpc.services import (
+    HEALTH_POLL_SECONDS,
+    InferenceServicer,
+    Undecodable,
+    abort,
+    add_service,
+)
 from server.grpc.traffic import TrafficServicer
+from server.net.connections import descriptor_limit, resolve_max_connections
 from server.net.listeners import bind_failure
 from server.settings import ServerSettings
 
@@ -30,21 +38,26 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         self.closing = asyncio.Event()
 
     def status(self) -> int:
-        return health_pb2.HealthCheckResponse.SERVING if self.core.ready() else \
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        return (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.core.ready()
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
 
-    async def Check(self, request: health_pb2.HealthCheckRequest, context: Any
-                    ) -> health_pb2.HealthCheckResponse:
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: Any
+    ) -> health_pb2.HealthCheckResponse:
         if type(request) is Undecodable:
             await abort(context, request.error)
         return health_pb2.HealthCheckResponse(status=self.status())
 
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Any
-                    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: Any
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         """The current status at once, then each change; ends (NOT_SERVING) at shutdown."""
         if type(request) is Undecodable:
             await abort(context, request.error)
-        last: Optional[int] = None
+        last: int | None = None
         while not self.closing.is_set():
             status = self.status()
             if status != last:
@@ -93,22 +106,32 @@ def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
         ("grpc.max_send_message_length", size),
         # Off, so that a port in use is an error, unless frontend processes share the port.
         ("grpc.so_reuseport", int(settings.frontend_processes > 1)),
-        ("grpc.default_compression_level",
-         COMPRESSION_LEVELS[settings.grpc_infer_response_compression_level]),
+        (
+            "grpc.default_compression_level",
+            COMPRESSION_LEVELS[settings.grpc_infer_response_compression_level],
+        ),
         ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls",
-         int(settings.grpc_keepalive_permit_without_calls)),
+        ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
         ("grpc.http2.max_pings_without_data", settings.grpc_http2_max_pings_without_data),
-        ("grpc.http2.min_ping_interval_without_data_ms",
-         settings.grpc_http2_min_recv_ping_interval_without_data_ms),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            settings.grpc_http2_min_recv_ping_interval_without_data_ms,
+        ),
         ("grpc.http2.max_ping_strikes", settings.grpc_http2_max_ping_strikes),
         ("grpc.max_connection_idle_ms", settings.grpc_max_connection_idle_ms),
         ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
-        ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections
-         or resolve_max_connections(None, 0, descriptor_limit(),
-                                    share=2 if settings.allow_http else 1,
-                                    flag="--grpc-max-connections")),
+        (
+            "grpc.max_allowed_incoming_connections",
+            settings.grpc_max_connections
+            or resolve_max_connections(
+                None,
+                0,
+                descriptor_limit(),
+                share=2 if settings.allow_http else 1,
+                flag="--grpc-max-connections",
+            ),
+        ),
         ("grpc.server_handshake_timeout_ms", settings.grpc_handshake_timeout_ms),
     ]
 
@@ -124,8 +147,9 @@ class GrpcFrontend:
 
     def __init__(self, core: InferenceCore, settings: ServerSettings) -> None:
         self.settings = settings
-        self.server = grpc.aio.server(options=server_options(settings),
-                                      interceptors=_interceptors(settings))
+        self.server = grpc.aio.server(
+            options=server_options(settings), interceptors=_interceptors(settings)
+        )
         self.inference = InferenceServicer(core, settings.grpc_offload_threshold)
         self.health = HealthServicer(core)
         add_service(self.server, add_GRPCInferenceServiceServicer_to_server, self.inference)
@@ -143,7 +167,7 @@ class GrpcFrontend:
             raise bind_failure("GRPC", self.settings.grpc_address, self.settings.grpc_port)
         await self.server.start()
 
-    async def stop(self, grace: Optional[float]) -> None:
+    async def stop(self, grace: float | None) -> None:
         self.health.close()
         self.inference.close()
         await self.server.stop(grace)

@@ -2,9 +2,11 @@
 when --grpc-restricted-protocol names a category, that answers a call in a restricted category
 without its `triton-grpc-protocol-<key>` metadata UNAVAILABLE, as Triton does, before any
 handler (or request parsing) runs."""
+
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Mapping, Optional
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import grpc
 
@@ -20,8 +22,10 @@ class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):
         self.restrictions = dict(restrictions)
 
     async def intercept_service(
-            self, continuation: Callable[[Any], Awaitable[Optional[grpc.RpcMethodHandler]]],
-            details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+        self,
+        continuation: Callable[[Any], Awaitable[grpc.RpcMethodHandler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         category = grpc_category(details.method)
         restriction = self.restrictions.get(category) if category else None
         if restriction is None:
@@ -37,6 +41,7 @@ class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):
 
 def _refusing(handler: grpc.RpcMethodHandler, text: str) -> grpc.RpcMethodHandler:
     """A handler of the same shape that only aborts (the request is never parsed)."""
+
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(grpc.StatusCode.UNAVAILABLE, text)
 

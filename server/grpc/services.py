@@ -7,22 +7,31 @@ matching status code. Handlers run as tasks on the server's event loop: when a c
 or its deadline passes, grpc.aio cancels the task, which cancels the awaited scheduler future,
 so a queued request is dropped (and counted CANCELED) instead of executed.
 """
+
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, NoReturn, Optional
+from typing import Any, NoReturn
 
 import grpc
 
+from protocol import shared_memory
+from protocol.errors import (
+    GRPC_INFER_RPC,
+    InvalidArgument,
+    Overloaded,
+    ServerError,
+    Unsupported,
+    client_error,
+    server_exiting,
+)
 from protocol.grpc import codec
 from protocol.proto import grpc_service_pb2 as pb
-from protocol import shared_memory
-from protocol.errors import (GRPC_INFER_RPC, InvalidArgument, Overloaded, ServerError,
-                             Unsupported, client_error, server_exiting)
 from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
 from protocol.types import InferRequest, InferResponse
 from server.core.inference_core import InferenceCore
@@ -43,8 +52,9 @@ async def abort(context: grpc.aio.ServicerContext, error: ServerError) -> NoRetu
     also says when to retry, in whole seconds, as `retry-after` trailing metadata."""
     code = grpc.StatusCode[error.grpc_status_name()]
     if isinstance(error, Overloaded):
-        await context.abort(code, error.message,
-                            trailing_metadata=((RETRY_AFTER_KEY, str(error.retry_after)),))
+        await context.abort(
+            code, error.message, trailing_metadata=((RETRY_AFTER_KEY, str(error.retry_after)),)
+        )
     await context.abort(code, error.message)
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
@@ -68,7 +78,7 @@ def guarded(handler: Unary) -> Unary:
             return await handler(self, request, context)
         except grpc.aio.AbortError:
             raise
-        except Exception as exc:  # noqa: BLE001 - never let a request take the server down
+        except Exception as exc:
             error = rpc_error(exc, handler.__name__)
         await abort(context, error)
 
@@ -96,7 +106,7 @@ def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def deserialize(data: bytes) -> Any:
         try:
             return parse(data)
-        except Exception as exc:  # noqa: BLE001 - DecodeError, or anything a parser raises
+        except Exception as exc:
             return Undecodable(InvalidArgument(f"malformed request message: {exc}"))
 
     return deserialize
@@ -125,10 +135,12 @@ def add_service(server: Any, add_to_server: Callable[[Any, Any], None], servicer
         server.add_generic_rpc_handlers(tuple(capture.generic))
         return
     for service, handlers in capture.registered.items():
-        lenient = {name: handler._replace(
-                       request_deserializer=_lenient(handler.request_deserializer))
-                   if handler.request_deserializer is not None else handler
-                   for name, handler in handlers.items()}
+        lenient = {
+            name: handler._replace(request_deserializer=_lenient(handler.request_deserializer))
+            if handler.request_deserializer is not None
+            else handler
+            for name, handler in handlers.items()
+        }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, lenient),))
         server.add_registered_method_handlers(service, lenient)
 
@@ -148,23 +160,30 @@ class _Failure:
 _END = object()
 
 
-async def _infer(core: InferenceCore, message: pb.ModelInferRequest, traceparent: str = "",
-                 offload_threshold: Optional[int] = None) -> pb.ModelInferResponse:
+async def _infer(
+    core: InferenceCore,
+    message: pb.ModelInferRequest,
+    traceparent: str = "",
+    offload_threshold: int | None = None,
+) -> pb.ModelInferResponse:
     """One inference, wire to wire (ModelInfer): a decoupled model is refused."""
     request = await _decode(core, message, traceparent, offload_threshold)
     response = await core.infer(request, endpoint=GRPC_INFER_RPC)
     return await _encode(response, message.id, offload_threshold)
 
 
-async def _decode(core: InferenceCore, message: pb.ModelInferRequest, traceparent: str,
-                  offload_threshold: Optional[int]) -> InferRequest:
+async def _decode(
+    core: InferenceCore,
+    message: pb.ModelInferRequest,
+    traceparent: str,
+    offload_threshold: int | None,
+) -> InferRequest:
     """The request, with what tracing reads where it is possible: the client's traceparent
     (OpenTelemetry mode) and when the message arrived (grpc.aio hands it over already read,
     so the wait/read itself is not seen). Converting over `offload_threshold` bytes element by
     element (BYTES, typed contents) happens in a thread, in steps that let the loop run."""
     now = time.monotonic_ns() if core.may_trace else 0
-    if offload_threshold is not None and \
-            codec.per_element_input_bytes(message) > offload_threshold:
+    if offload_threshold is not None and codec.per_element_input_bytes(message) > offload_threshold:
         request = await asyncio.to_thread(codec.decode_infer_request, message)
     else:
         request = codec.decode_infer_request(message)
@@ -174,11 +193,14 @@ async def _decode(core: InferenceCore, message: pb.ModelInferRequest, traceparen
     return request
 
 
-async def _encode(response: InferResponse, request_id: str, offload_threshold: Optional[int]
-                  ) -> pb.ModelInferResponse:
+async def _encode(
+    response: InferResponse, request_id: str, offload_threshold: int | None
+) -> pb.ModelInferResponse:
     """The answer on the wire; large BYTES outputs are serialized in a thread, as above."""
-    if offload_threshold is not None and \
-            codec.per_element_output_bytes(response) > offload_threshold:
+    if (
+        offload_threshold is not None
+        and codec.per_element_output_bytes(response) > offload_threshold
+    ):
         return await asyncio.to_thread(codec.encode_infer_response, response, request_id)
     return codec.encode_infer_response(response, request_id)
 
@@ -193,9 +215,12 @@ def _traceparent(core: InferenceCore, context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
-async def _stream_answers(core: InferenceCore, message: pb.ModelInferRequest,
-                          traceparent: str = "", offload_threshold: Optional[int] = None
-                          ) -> AsyncIterator[Any]:
+async def _stream_answers(
+    core: InferenceCore,
+    message: pb.ModelInferRequest,
+    traceparent: str = "",
+    offload_threshold: int | None = None,
+) -> AsyncIterator[Any]:
     """Every answer to one ModelStreamInfer request, wire to wire: each model answer with
     `triton_final_response`, a failed one as a _Failure; a decoupled model's flag-only final
     answer only when the request asked for empty final responses."""
@@ -210,7 +235,8 @@ async def _stream_answers(core: InferenceCore, message: pb.ModelInferRequest,
                 yield codec.stream_empty_final(request.model_name, message.id)
         elif item.response is not None:
             yield codec.stream_response(
-                await _encode(item.response, message.id, offload_threshold), item.final)
+                await _encode(item.response, message.id, offload_threshold), item.final
+            )
         elif empty_final:
             yield codec.stream_empty_final(request.model_name, message.id)
 
@@ -227,8 +253,12 @@ class InferStream:
     at once; answers go out in completion order, each carrying its request's id. The stream
     ends once reading has stopped and every request has been answered."""
 
-    def __init__(self, core: InferenceCore, context: grpc.aio.ServicerContext,
-                 offload_threshold: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        core: InferenceCore,
+        context: grpc.aio.ServicerContext,
+        offload_threshold: int | None = None,
+    ) -> None:
         self.core = core
         self.context = context
         self.offload_threshold = offload_threshold
@@ -238,13 +268,14 @@ class InferStream:
         # its answers stay unread, so its sender blocks (backends/python/worker/bridge.py).
         self.outbox: asyncio.Queue[Any] = asyncio.Queue(STREAM_OUTBOX_SIZE)
         self.tasks: set[asyncio.Task] = set()
-        self.reader: Optional[asyncio.Task] = None
+        self.reader: asyncio.Task | None = None
         self.closing = False
         self.cut_short = False  # shutdown stopped reading before the client finished
         self._ended = False
 
-    async def responses(self, requests: AsyncIterator[pb.ModelInferRequest]
-                        ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    async def responses(
+        self, requests: AsyncIterator[pb.ModelInferRequest]
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         if self.closing:  # the call arrived while the server was closing
             await abort(self.context, server_exiting())
         self.reader = asyncio.create_task(self._read(requests))
@@ -273,7 +304,7 @@ class InferStream:
         try:
             async for message in requests:
                 self._spawn(message)
-        except Exception as exc:  # noqa: BLE001 - the call broke; still end the stream cleanly
+        except Exception as exc:
             log.debug("stream read ended: %s", exc)
 
     def _spawn(self, message: pb.ModelInferRequest) -> None:
@@ -296,10 +327,11 @@ class InferStream:
 
     async def _answer(self, message: pb.ModelInferRequest) -> None:
         try:
-            async for item in _stream_answers(self.core, message, self.traceparent,
-                                              self.offload_threshold):
+            async for item in _stream_answers(
+                self.core, message, self.traceparent, self.offload_threshold
+            ):
                 await self.outbox.put(item)
-        except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
+        except Exception as exc:
             await self.outbox.put(_Failure(rpc_error(exc, "a streamed inference"), message.id))
 
     def _cancel_all(self) -> None:
@@ -312,7 +344,7 @@ class InferStream:
 
 # ----- the inference service ----------------------------------------------------------------
 class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, core: InferenceCore, offload_threshold: Optional[int] = None) -> None:
+    def __init__(self, core: InferenceCore, offload_threshold: int | None = None) -> None:
         """`offload_threshold`: --grpc-offload-threshold (None: every conversion on the loop)."""
         self.core = core
         self.offload_threshold = offload_threshold
@@ -332,53 +364,64 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             raise server_exiting()
 
     @guarded
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Any
+    ) -> pb.ServerLiveResponse:
         self._not_exiting()
         return pb.ServerLiveResponse(live=self.core.live())
 
     @guarded
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any
-                          ) -> pb.ServerReadyResponse:
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: Any
+    ) -> pb.ServerReadyResponse:
         self._not_exiting()
         return pb.ServerReadyResponse(ready=self.core.ready())
 
     @guarded
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any
-                         ) -> pb.ModelReadyResponse:
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Any
+    ) -> pb.ModelReadyResponse:
         """Unknown models and versions are not ready, never an error (tritonclient raises)."""
         return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
 
     @guarded
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any
-                             ) -> pb.ServerMetadataResponse:
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
         return codec.encode_server_metadata(self.core.server_metadata())
 
     @guarded
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any
-                            ) -> pb.ModelMetadataResponse:
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
         return codec.encode_model_metadata(self.core.model_metadata(request.name, request.version))
 
     @guarded
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any
-                          ) -> pb.ModelConfigResponse:
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Any
+    ) -> pb.ModelConfigResponse:
         return codec.encode_model_config(self.core.model_config(request.name, request.version))
 
     @guarded
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any
-                              ) -> pb.ModelStatisticsResponse:
-        return codec.encode_statistics_response(
-            self.core.statistics(request.name, request.version))
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        return codec.encode_statistics_response(self.core.statistics(request.name, request.version))
 
     # ----- inference ----------------------------------------------------------------------
     @guarded
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
-                         ) -> pb.ModelInferResponse:
-        return await _infer(self.core, request, _traceparent(self.core, context),
-                            self.offload_threshold)
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        return await _infer(
+            self.core, request, _traceparent(self.core, context), self.offload_threshold
+        )
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
-                               context: grpc.aio.ServicerContext
-                               ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    async def ModelStreamInfer(
+        self,
+        request_iterator: AsyncIterator[pb.ModelInferRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         stream = InferStream(self.core, context, self.offload_threshold)
         if self.closing:
             stream.close()
@@ -391,22 +434,25 @@ class InferenceServicer(GRPCInferenceServiceServicer):
 
     # ----- repository ---------------------------------------------------------------------
     @guarded
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any
-                              ) -> pb.RepositoryIndexResponse:
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
         _no_repository_name(request.repository_name)
         return codec.encode_repository_index(self.core.repository_index(request.ready))
 
     @guarded
-    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any
-                                  ) -> pb.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
         _no_repository_name(request.repository_name)
         config, files = codec.decode_load_parameters(request.model_name, request.parameters)
         await self.core.load_model(request.model_name, config, files or None)
         return pb.RepositoryModelLoadResponse()
 
     @guarded
-    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any
-                                    ) -> pb.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
         _no_repository_name(request.repository_name)
         dependents = codec.decode_unload_dependents(request.parameters)
         await self.core.unload_model(request.model_name, dependents)
@@ -414,50 +460,57 @@ class InferenceServicer(GRPCInferenceServiceServicer):
 
     # ----- shared memory (server/core/client_shm.py; CUDA: none on this server) ----------------
     @guarded
-    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
-                                       context: Any) -> pb.SystemSharedMemoryStatusResponse:
-        return codec.encode_system_shm_status(
-            self.core.system_shared_memory_status(request.name))
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        return codec.encode_system_shm_status(self.core.system_shared_memory_status(request.name))
 
     @guarded
-    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
-                                         context: Any) -> pb.SystemSharedMemoryRegisterResponse:
-        self.core.register_system_shared_memory(request.name, request.key, request.offset,
-                                                request.byte_size)
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.core.register_system_shared_memory(
+            request.name, request.key, request.offset, request.byte_size
+        )
         return pb.SystemSharedMemoryRegisterResponse()
 
     @guarded
-    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
-                                           context: Any
-                                           ) -> pb.SystemSharedMemoryUnregisterResponse:
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
         self.core.unregister_system_shared_memory(request.name)  # "" means all
         return pb.SystemSharedMemoryUnregisterResponse()
 
     @guarded
-    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
-                                     context: Any) -> pb.CudaSharedMemoryStatusResponse:
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
         self.core.cuda_shared_memory_status(request.name)  # always empty, or NOT_FOUND
         return pb.CudaSharedMemoryStatusResponse()
 
     @guarded
-    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
-                                       context: Any) -> pb.CudaSharedMemoryRegisterResponse:
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
         raise shared_memory.cuda_unsupported(request.name)
 
     @guarded
-    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
-                                         context: Any) -> pb.CudaSharedMemoryUnregisterResponse:
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ----- trace and logging --------------------------------------------------------------
     @guarded
-    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any
-                           ) -> pb.TraceSettingResponse:
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: Any
+    ) -> pb.TraceSettingResponse:
         changes = codec.decode_trace_settings(request.settings) if request.settings else None
         return codec.encode_trace_settings(self.core.trace_settings(request.model_name, changes))
 
     @guarded
-    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any
-                          ) -> pb.LogSettingsResponse:
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: Any
+    ) -> pb.LogSettingsResponse:
         changes = codec.decode_log_settings(request.settings) if request.settings else None
         return codec.encode_log_settings(self.core.log_settings(changes))

@@ -3,14 +3,15 @@
 Each RPC converts through protocol/grpc/traffic.py and calls the same core methods as the HTTP
 routes, so policies, checks and error texts are one; errors map through the one error table.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-from protocol.proto import traffic_service_pb2 as pb
 from protocol.grpc.traffic import encode_policy, policy_document
-from protocol.traffic import decode_traffic
+from protocol.proto import traffic_service_pb2 as pb
 from protocol.proto.traffic_service_pb2_grpc import TrafficServiceServicer
+from protocol.traffic import decode_traffic
 from server.core.inference_core import InferenceCore
 from server.grpc.services import guarded
 
@@ -24,8 +25,7 @@ class TrafficServicer(TrafficServiceServicer):
         return encode_policy(self.core.traffic_policy(request.model))
 
     @guarded
-    async def SetTraffic(self, request: pb.SetTrafficRequest, context: Any
-                         ) -> pb.TrafficPolicy:
+    async def SetTraffic(self, request: pb.SetTrafficRequest, context: Any) -> pb.TrafficPolicy:
         self.core.traffic_policy(request.model)  # an unknown model first, as over HTTP
         spec = decode_traffic(policy_document(request.policy))
         return encode_policy(self.core.set_traffic_policy(request.model, spec))

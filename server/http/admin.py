@@ -2,17 +2,19 @@
 and log settings. Each one decodes its body through protocol/, calls the core (so a frontend
 process answers from the model owner's state, server/multiprocess/remote_core.py) and encodes the answer.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from protocol import shared_memory
-from protocol.rest import settings as rest_settings
 from protocol.errors import InvalidArgument
+from protocol.rest import settings as rest_settings
 
 if TYPE_CHECKING:
     from server.http.routes import HttpFrontend
@@ -40,9 +42,11 @@ class AdminRoutes:
         name = request.path_params.get("region", "")
         if not name:
             raise InvalidArgument(
-                "'region name' is necessary to register system shared memory region")
+                "'region name' is necessary to register system shared memory region"
+            )
         key, offset, byte_size = await self.frontend.json_document(
-            request, shared_memory.decode_register)
+            request, shared_memory.decode_register
+        )
         self.core.register_system_shared_memory(name, key, offset, byte_size)
         return Response(b"", status_code=200)
 
@@ -52,8 +56,9 @@ class AdminRoutes:
 
     # ----- CUDA shared memory: none on this server --------------------------------------------
     async def cuda_status(self, request: Request) -> Response:
-        return self._json(self.core.cuda_shared_memory_status(
-            request.path_params.get("region", "")))
+        return self._json(
+            self.core.cuda_shared_memory_status(request.path_params.get("region", ""))
+        )
 
     async def cuda_register(self, request: Request) -> Response:
         raise shared_memory.cuda_unsupported(request.path_params.get("region", ""))
@@ -63,13 +68,19 @@ class AdminRoutes:
 
     # ----- trace and logging -------------------------------------------------------------
     async def trace_get(self, request: Request) -> Response:
-        return self._json(rest_settings.encode_trace_settings(
-            self.core.trace_settings(request.path_params.get("model", ""))))
+        return self._json(
+            rest_settings.encode_trace_settings(
+                self.core.trace_settings(request.path_params.get("model", ""))
+            )
+        )
 
     async def trace_post(self, request: Request) -> Response:
         changes = await self.frontend.json_document(request, rest_settings.decode_trace_settings)
-        return self._json(rest_settings.encode_trace_settings(
-            self.core.trace_settings(request.path_params.get("model", ""), changes or None)))
+        return self._json(
+            rest_settings.encode_trace_settings(
+                self.core.trace_settings(request.path_params.get("model", ""), changes or None)
+            )
+        )
 
     async def log_get(self, request: Request) -> Response:
         return self._json(self.core.log_settings())
@@ -89,10 +100,13 @@ class AdminRoutes:
             ("/v2/logging", self.log_post, "POST"),
         ]
         for kind, status, register, unregister in (
-                ("system", self.system_status, self.system_register, self.system_unregister),
-                ("cuda", self.cuda_status, self.cuda_register, self.cuda_unregister)):
+            ("system", self.system_status, self.system_register, self.system_unregister),
+            ("cuda", self.cuda_status, self.cuda_register, self.cuda_unregister),
+        ):
             for prefix in (f"/v2/{kind}sharedmemory", f"/v2/{kind}sharedmemory/region/{{region}}"):
-                routes += [(prefix + "/status", status, "GET"),
-                           (prefix + "/register", register, "POST"),
-                           (prefix + "/unregister", unregister, "POST")]
+                routes += [
+                    (prefix + "/status", status, "GET"),
+                    (prefix + "/register", register, "POST"),
+                    (prefix + "/unregister", unregister, "POST"),
+                ]
         return routes

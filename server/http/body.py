@@ -5,9 +5,11 @@ direct infer path in server/http/fast_path.py), and both must refuse the same bo
 a declared Content-Length over the limit before anything is read, and a running total over the
 limit as chunks arrive, so an oversized body is never buffered.
 """
+
 from __future__ import annotations
 
-from typing import AsyncIterator, Mapping, Union
+from collections.abc import AsyncIterator, Mapping
+from typing import Union
 
 from protocol.errors import InvalidArgument, TooLarge
 
@@ -23,8 +25,10 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     def too_large(self) -> TooLarge:
-        return TooLarge(f"request body size exceeds the maximum allowed input size of "
-                        f"{self.max_bytes} bytes. Use --http-max-input-size to increase the limit.")
+        return TooLarge(
+            f"request body size exceeds the maximum allowed input size of "
+            f"{self.max_bytes} bytes. Use --http-max-input-size to increase the limit."
+        )
 
     def check_declared(self, headers: Mapping[str, str]) -> None:
         """Refuse a Content-Length over the limit before reading the body."""

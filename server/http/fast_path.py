@@ -15,70 +15,110 @@ half-closes (shuts down its sending side) counts as gone: at the TCP level that 
 same as a client that closed, and dropping the abandoned request is the case worth having.
 Every other request goes to the ASGI (FastAPI) app unchanged.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
 import time
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import (STATUS_LINE, HttpToolsProtocol,
-                                                    RequestResponseCycle)
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from protocol.errors import Cancelled
-from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
-from server.http.routes import JSON, http_error
 from server.http.body import BodyBuffer
+from server.http.routes import JSON, http_error
+from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
 
 log = logging.getLogger(__name__)
 
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 # The request headers the infer path reads (uvicorn gives names in lower case).
-_WANTED_HEADERS = {name.encode("latin-1"): name for name in (
-    "content-length", "content-encoding", "inference-header-content-length", "accept-encoding",
-    "traceparent")}
+_WANTED_HEADERS = {
+    name.encode("latin-1"): name
+    for name in (
+        "content-length",
+        "content-encoding",
+        "inference-header-content-length",
+        "accept-encoding",
+        "traceparent",
+    )
+}
 # Above this size the payload is written on its own rather than joined to the headers (a copy).
 _JOIN_LIMIT = 64 * 1024
 
 
 def fast_path_supported() -> bool:
     """The uvicorn internals the fast path hooks into (stable since uvicorn 0.29)."""
-    cycle_fields = ("body", "more_body", "message_event", "disconnected", "keep_alive",
-                    "waiting_for_100_continue", "flow", "on_response", "response_complete")
+    cycle_fields = (
+        "body",
+        "more_body",
+        "message_event",
+        "disconnected",
+        "keep_alive",
+        "waiting_for_100_continue",
+        "flow",
+        "on_response",
+        "response_complete",
+    )
     init = RequestResponseCycle.__init__.__code__.co_names
-    return (hasattr(HttpToolsProtocol, "_start_asgi_task")
-            and all(name in init for name in cycle_fields))
+    return hasattr(HttpToolsProtocol, "_start_asgi_task") and all(
+        name in init for name in cycle_fields
+    )
 
 
-def protocol_class(frontend: Any,
-                   limits: Optional[ConnectionLimits] = None) -> type[HttpToolsProtocol]:
+def protocol_class(
+    frontend: Any, limits: ConnectionLimits | None = None
+) -> type[HttpToolsProtocol]:
     """A protocol class bound to one HttpFrontend (uvicorn builds one protocol per connection)
     and to the connection limits (server/net/connections.py)."""
-    bound = {"frontend": frontend, "limits": limits or ConnectionLimits(),
-             "_refusals": RateLimitedLog(log)}
+    bound = {
+        "frontend": frontend,
+        "limits": limits or ConnectionLimits(),
+        "_refusals": RateLimitedLog(log),
+    }
     if not fast_path_supported():
-        log.warning("this uvicorn version lacks the hooks of the direct inference path; "
-                    "inference requests go through ASGI")
+        log.warning(
+            "this uvicorn version lacks the hooks of the direct inference path; "
+            "inference requests go through ASGI"
+        )
         return type("BoundedHttpProtocol", (BoundedHttpProtocol,), bound)
     return type("InferHttpProtocol", (InferHttpProtocol,), bound)
 
 
 def bounded_protocol_class(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     """uvicorn's protocol with the connection limits alone (the metrics listener)."""
-    return type("BoundedHttpProtocol", (BoundedHttpProtocol,),
-                {"limits": limits, "_refusals": RateLimitedLog(log)})
+    return type(
+        "BoundedHttpProtocol",
+        (BoundedHttpProtocol,),
+        {"limits": limits, "_refusals": RateLimitedLog(log)},
+    )
 
 
 async def _health_only(scope: Any, receive: Any, send: Any) -> None:
     """The answer on a connection past --http-max-connections to anything but a health check."""
-    body = (b'{"error":"too many open connections (--http-max-connections); this connection '
-            b'only answers /v2/health/live and /v2/health/ready"}')
-    await send({"type": "http.response.start", "status": 503,
-                "headers": [(b"content-type", JSON.encode("latin-1")),
-                            (b"content-length", str(len(body)).encode("latin-1")),
-                            (b"connection", b"close")]})
+    body = (
+        b'{"error":"too many open connections (--http-max-connections); this connection '
+        b'only answers /v2/health/live and /v2/health/ready"}'
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", JSON.encode("latin-1")),
+                (b"content-length", str(len(body)).encode("latin-1")),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -103,7 +143,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     _refusals: RateLimitedLog = RateLimitedLog(log)
     # (waiting for a request's headers?, loop time by which the wait must end); None while a
     # request is being served (class defaults: no per-connection cost to set them up).
-    _wait: Optional[tuple[bool, float]] = None
+    _wait: tuple[bool, float] | None = None
     _health_only: bool = False  # admitted from the health-check reserve
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
@@ -116,8 +156,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 self._refusals.warning(
                     "HTTP connection from %s closed at once: %d connections are open, the limit "
                     "is %d (--http-max-connections) plus %d reserved for health checks",
-                    self.client[0] if self.client else "?", len(self.connections) - 1,
-                    limits.max_connections, limits.health_reserve)
+                    self.client[0] if self.client else "?",
+                    len(self.connections) - 1,
+                    limits.max_connections,
+                    limits.health_reserve,
+                )
                 transport.close()
                 return
             self._health_only = True
@@ -145,13 +188,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             if self._health_only:
                 timeout = min(timeout, _HEALTH_ONLY_IDLE)
             wait = self._wait = (in_headers, now + timeout)
-        self.timeout_keep_alive_task = self.loop.call_later(max(wait[1] - now, 0.0),
-                                                            self.timeout_keep_alive_handler)
+        self.timeout_keep_alive_task = self.loop.call_later(
+            max(wait[1] - now, 0.0), self.timeout_keep_alive_handler
+        )
 
     def timeout_keep_alive_handler(self) -> None:
         if self._wait is not None and not self.transport.is_closing():
-            log.debug("closing HTTP connection from %s: no complete request headers in time",
-                      self.client[0] if self.client else "?")
+            log.debug(
+                "closing HTTP connection from %s: no complete request headers in time",
+                self.client[0] if self.client else "?",
+            )
         super().timeout_keep_alive_handler()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
@@ -170,7 +216,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._infer_task: Optional[asyncio.Task] = None
+        self._infer_task: asyncio.Task | None = None
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._wait = None
@@ -179,17 +225,19 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if scope["method"] == "POST" and app is self.app and not self._health_only:
             match = INFER_PATH.fullmatch(scope["path"])
             guard = self.frontend.guard  # a refused request goes on to ASGI, which refuses it
-            if match is not None and (guard is None
-                                      or guard.refusal(scope["path"], scope["headers"]) is None):
+            if match is not None and (
+                guard is None or guard.refusal(scope["path"], scope["headers"]) is None
+            ):
                 task = self.loop.create_task(
-                    self._serve_infer(cycle, match.group(1), match.group(2) or ""))
+                    self._serve_infer(cycle, match.group(1), match.group(2) or "")
+                )
                 self._infer_task = task
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)
                 return
         super()._start_asgi_task(cycle, app)
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         task = self._infer_task
         if task is not None and not task.done():
@@ -197,14 +245,21 @@ class InferHttpProtocol(BoundedHttpProtocol):
 
     async def _serve_infer(self, cycle: RequestResponseCycle, name: str, version: str) -> None:
         start = time.monotonic_ns() if self.frontend.core.may_trace else 0
-        headers = {_WANTED_HEADERS[key]: value.decode("latin-1")
-                   for key, value in cycle.scope["headers"] if key in _WANTED_HEADERS}
+        headers = {
+            _WANTED_HEADERS[key]: value.decode("latin-1")
+            for key, value in cycle.scope["headers"]
+            if key in _WANTED_HEADERS
+        }
         try:
             body = await self._read_body(cycle, headers)
-            received = (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns())) \
-                if start else ()
-            payload, extra, media_type = await self.frontend.infer_body(name, version, headers,
-                                                                         body, received)
+            received = (
+                (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns()))
+                if start
+                else ()
+            )
+            payload, extra, media_type = await self.frontend.infer_body(
+                name, version, headers, body, received
+            )
             status = 200
         except asyncio.CancelledError:
             if not cycle.disconnected:
@@ -213,7 +268,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
             if task is not None and hasattr(task, "uncancel"):  # handled: the client is gone
                 task.uncancel()
             return
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a JSON error
+        except Exception as exc:
             if cycle.disconnected:
                 return
             status, extra, payload = http_error(exc, cycle.scope["path"])
@@ -258,8 +313,14 @@ class InferHttpProtocol(BoundedHttpProtocol):
         # A large body stays in its chunks: it goes to a parser process (server/http/parsers.py).
         return buffer.parts if self.frontend.offload.wants(buffer.total) else buffer.join()
 
-    async def _respond(self, cycle: RequestResponseCycle, status: int, media_type: str,
-                       payload: bytes, extra: Mapping[str, str]) -> None:
+    async def _respond(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        media_type: str,
+        payload: bytes,
+        extra: Mapping[str, str],
+    ) -> None:
         """Status line, headers and a small body in a single write; then uvicorn's bookkeeping."""
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
@@ -268,8 +329,13 @@ class InferHttpProtocol(BoundedHttpProtocol):
         head = [STATUS_LINE[status]]
         for key, value in cycle.default_headers:  # server, date
             head += [key, b": ", value, b"\r\n"]
-        head += [b"content-type: ", media_type.encode("latin-1"),
-                 b"\r\ncontent-length: ", str(len(payload)).encode("latin-1"), b"\r\n"]
+        head += [
+            b"content-type: ",
+            media_type.encode("latin-1"),
+            b"\r\ncontent-length: ",
+            str(len(payload)).encode("latin-1"),
+            b"\r\n",
+        ]
         for key, value in extra.items():  # our own names and values: no CR/LF in them
             head += [key.lower().encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
         if not cycle.keep_alive:
@@ -282,9 +348,14 @@ class InferHttpProtocol(BoundedHttpProtocol):
             self.transport.write(b"".join(head))
             self.transport.write(payload)
         if cycle.access_log:
-            cycle.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(cycle.scope),
-                                     "POST", get_path_with_query_string(cycle.scope),
-                                     cycle.scope["http_version"], status)
+            cycle.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(cycle.scope),
+                "POST",
+                get_path_with_query_string(cycle.scope),
+                cycle.scope["http_version"],
+                status,
+            )
         cycle.response_started = cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:

@@ -10,19 +10,27 @@ error. Events are written only as fast as the client reads them: an unread answe
 model's bounded buffer, so a slow client holds the model's sender back (see
 backends/python/worker/bridge.py) instead of growing the server's memory.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Optional
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from protocol import compression
-from protocol.rest import decode as rest_decode
 from protocol.errors import InvalidArgument, ServerError, client_error
-from protocol.rest.generate import (SSE_MEDIA_TYPE, InputSchema, decode_generate,
-                                    encode_generate, generate_body, sse_event)
+from protocol.rest import decode as rest_decode
+from protocol.rest.generate import (
+    SSE_MEDIA_TYPE,
+    InputSchema,
+    decode_generate,
+    encode_generate,
+    generate_body,
+    sse_event,
+)
 from protocol.stream import StreamItem
 from protocol.types import InferRequest
 from repository.registry import VersionRecord
@@ -33,8 +41,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-ONE_RESPONSE_ERROR = ("generate expects model to produce exactly 1 response, use generate "
-                      "stream for model that generates various number of responses")
+ONE_RESPONSE_ERROR = (
+    "generate expects model to produce exactly 1 response, use generate "
+    "stream for model that generates various number of responses"
+)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -46,13 +56,15 @@ def input_schemas(record: VersionRecord) -> dict[str, InputSchema]:
 
 
 class GenerateEndpoints:
-    def __init__(self, frontend: "HttpFrontend") -> None:
+    def __init__(self, frontend: HttpFrontend) -> None:
         self.frontend = frontend
         self.core = frontend.core
 
     def routes(self, prefix: str) -> list[tuple[str, Handler, str]]:
-        return [(prefix + "/generate", self.generate, "POST"),
-                (prefix + "/generate_stream", self.generate_stream, "POST")]
+        return [
+            (prefix + "/generate", self.generate, "POST"),
+            (prefix + "/generate_stream", self.generate_stream, "POST"),
+        ]
 
     async def _request(self, request: Request) -> tuple[InferRequest, VersionRecord]:
         params = request.path_params
@@ -65,8 +77,9 @@ class GenerateEndpoints:
         buffer = BodyBuffer(limit)
         async for chunk in request.stream():
             buffer.add(chunk)
-        body = compression.decompress(buffer.join(), request.headers.get("content-encoding"),
-                                      settings.http_max_input_size)
+        body = compression.decompress(
+            buffer.join(), request.headers.get("content-encoding"), settings.http_max_input_size
+        )
         rest_decode.check_json_depth(bytes(body), settings.json_max_depth)
         return decode_generate(bytes(body), name, version, input_schemas(record)), record
 
@@ -95,11 +108,12 @@ class GenerateEndpoints:
         status = 200
         if first is not None and first.error is not None:
             status = first.error.http_status()
-        return StreamingResponse(_events(first, answers), status_code=status,
-                                 media_type=SSE_MEDIA_TYPE)
+        return StreamingResponse(
+            _events(first, answers), status_code=status, media_type=SSE_MEDIA_TYPE
+        )
 
 
-async def _next_event(answers: AsyncIterator[StreamItem]) -> Optional[StreamItem]:
+async def _next_event(answers: AsyncIterator[StreamItem]) -> StreamItem | None:
     """The next answer that makes an event (a flag-only final makes none); None at the end."""
     async for item in answers:
         if item.error is not None or item.response is not None:
@@ -114,8 +128,9 @@ def _event(item: StreamItem) -> bytes:
     return sse_event(encode_generate(item.response))
 
 
-async def _events(first: Optional[StreamItem], answers: AsyncIterator[StreamItem]
-                  ) -> AsyncIterator[bytes]:
+async def _events(
+    first: StreamItem | None, answers: AsyncIterator[StreamItem]
+) -> AsyncIterator[bytes]:
     try:
         if first is None:
             return
@@ -127,7 +142,7 @@ async def _events(first: Optional[StreamItem], answers: AsyncIterator[StreamItem
                 yield _event(item)
     except ServerError as exc:
         yield sse_event({"error": exc.message})
-    except Exception as exc:  # noqa: BLE001 - the status line is gone: report in the stream
+    except Exception as exc:
         yield sse_event({"error": client_error(exc, log, "generate_stream").message})
     finally:
         await answers.aclose()  # type: ignore[attr-defined]

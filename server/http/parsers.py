@@ -18,6 +18,7 @@ go to a small pool of forkserver processes (`--http-parser-processes`, started o
 The loop itself does O(number of tensors) work per offloaded request. Workers run at a lower
 CPU priority (`os.nice`) so a stream of hostile bodies cannot starve the loop of CPU either.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,16 +30,17 @@ import os
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
 
 from protocol import compression
+from protocol.errors import InternalError, InvalidArgument, TooLarge
 from protocol.rest import decode as rest_decode
 from protocol.rest import encode as rest_encode
-from protocol.errors import InternalError, InvalidArgument, TooLarge
 from protocol.types import InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ Parts = Sequence[Any]  # the body as it arrived: bytes-like chunks, in order
 
 # --------------------------------------------------------------------------- worker side
 
+
 def _worker_init(nice: int) -> None:
     try:
         os.nice(nice)
@@ -60,9 +63,15 @@ def _worker_init(nice: int) -> None:
     try:  # die with the forkserver, which dies with the server
         import ctypes
         import signal
+
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                   ctypes.c_ulong(0))  # PR_SET_PDEATHSIG
+        libc.prctl(
+            1,
+            ctypes.c_ulong(signal.SIGKILL),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        )  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -78,8 +87,9 @@ def _take(path: str) -> bytes:
     return data
 
 
-def parse_json_document(body: Any, content_encoding: Optional[str], max_size: int,
-                        max_depth: int) -> Any:
+def parse_json_document(
+    body: Any, content_encoding: str | None, max_size: int, max_depth: int
+) -> Any:
     """A repository route's JSON body, decompressed and parsed (None when blank): the one
     parse, inline for small bodies and in a parser process for large ones."""
     body = compression.decompress(body, content_encoding, max_size)
@@ -92,8 +102,14 @@ def parse_json_document(body: Any, content_encoding: Optional[str], max_size: in
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
 
 
-def _json_job(path: str, content_encoding: Optional[str], max_size: int, max_depth: int,
-              decoder: Callable[..., Any], args: tuple) -> Any:
+def _json_job(
+    path: str,
+    content_encoding: str | None,
+    max_size: int,
+    max_depth: int,
+    decoder: Callable[..., Any],
+    args: tuple,
+) -> Any:
     document = parse_json_document(_take(path), content_encoding, max_size, max_depth)
     return decoder(*args, document)
 
@@ -103,7 +119,7 @@ class _PackedBytes:
 
     __slots__ = ("lengths", "blob", "shape")
 
-    def __init__(self, array: np.ndarray, step: Optional[int] = None) -> None:
+    def __init__(self, array: np.ndarray, step: int | None = None) -> None:
         """`step`: pack that many elements at a time (on a thread beside the loop, so that no
         single C call holds the GIL for long); None: all at once (in a parser process)."""
         flat_array = array.reshape(-1)
@@ -111,7 +127,7 @@ class _PackedBytes:
         step = step or max(count, 1)
         lengths, blobs = [], []
         for first in range(0, count, step):
-            flat = [_as_bytes(item) for item in flat_array[first:first + step].tolist()]
+            flat = [_as_bytes(item) for item in flat_array[first : first + step].tolist()]
             lengths.append(np.fromiter(map(len, flat), dtype=np.int64, count=len(flat)))
             blobs.append(b"".join(flat))
         self.lengths = np.concatenate(lengths) if lengths else np.empty(0, dtype=np.int64)
@@ -132,12 +148,12 @@ class _PackedBytes:
         blob = self.blob
         start = 0
         for first in range(0, count, _UNPACK_CHUNK):
-            stops = ends[first:first + _UNPACK_CHUNK].tolist()
+            stops = ends[first : first + _UNPACK_CHUNK].tolist()
             items = []
             for stop in stops:
                 items.append(blob[start:stop])
                 start = stop
-            out[first:first + len(items)] = items
+            out[first : first + len(items)] = items
         return out.reshape(self.shape)
 
 
@@ -154,23 +170,30 @@ def _pack(request: InferRequest) -> InferRequest:
     return request
 
 
-def _infer_job(path: str, content_encoding: Optional[str], max_size: int,
-               header_length: Optional[int], model_name: str, model_version: str,
-               max_depth: int) -> InferRequest:
+def _infer_job(
+    path: str,
+    content_encoding: str | None,
+    max_size: int,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+    max_depth: int,
+) -> InferRequest:
     body = compression.decompress(_take(path), content_encoding, max_size)
-    request = rest_decode.decode_infer_request(body, header_length, model_name, model_version,
-                                               max_json_depth=max_depth, max_bytes=max_size)
+    request = rest_decode.decode_infer_request(
+        body, header_length, model_name, model_version, max_json_depth=max_depth, max_bytes=max_size
+    )
     return _pack(request)
 
 
-def _raw_job(path: str, content_encoding: Optional[str], max_size: int, args: tuple
-             ) -> InferRequest:
+def _raw_job(path: str, content_encoding: str | None, max_size: int, args: tuple) -> InferRequest:
     body = compression.decompress(_take(path), content_encoding, max_size)
     return _pack(rest_decode.decode_raw_request(body, *args))
 
 
-def _encode_job(response: InferResponse, requested: Optional[list[RequestedOutput]],
-                binary_default: bool) -> tuple[bytes, Optional[int]]:
+def _encode_job(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> tuple[bytes, int | None]:
     for tensor in response.outputs:
         if isinstance(tensor.data, _PackedBytes):
             tensor.data = tensor.data.unpack()
@@ -196,6 +219,7 @@ def _noop() -> None:
 
 
 # --------------------------------------------------------------------------- loop side
+
 
 def _spill(parts: Parts) -> str:
     """Write the body's chunks to a fresh file in /dev/shm (os.write releases the GIL)."""
@@ -241,7 +265,7 @@ class BodyOffload:
         self.processes = processes
         self.enabled = processes > 0
         self._nice = nice
-        self._pool: Optional[concurrent.futures.ProcessPoolExecutor] = None
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def wants(self, size: int) -> bool:
@@ -257,12 +281,16 @@ class BodyOffload:
                 # and everything it imports); each worker forks from it ready to parse.
                 context.set_forkserver_preload(["server.http.parsers"])
                 self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=self.processes, mp_context=context,
-                    initializer=_worker_init, initargs=(self._nice,))
+                    max_workers=self.processes,
+                    mp_context=context,
+                    initializer=_worker_init,
+                    initargs=(self._nice,),
+                )
             return self._pool
 
-    def _submit(self, parts: Optional[Parts], job: Callable[..., Any], *args: Any
-                ) -> tuple[concurrent.futures.Future, Optional[str]]:
+    def _submit(
+        self, parts: Parts | None, job: Callable[..., Any], *args: Any
+    ) -> tuple[concurrent.futures.Future, str | None]:
         """Spill the body (if any) and submit; runs in a thread, since starting a worker
         (first use, or after one died) waits for the forkserver."""
         path = _spill(parts) if parts is not None else None
@@ -275,7 +303,7 @@ class BodyOffload:
                 _unlink(path)
             raise
 
-    async def _run(self, parts: Optional[Parts], job: Callable[..., Any], *args: Any) -> Any:
+    async def _run(self, parts: Parts | None, job: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
         future, path = await loop.run_in_executor(None, self._submit, parts, job, *args)
         try:
@@ -305,30 +333,52 @@ class BodyOffload:
             pool.shutdown(wait=False, cancel_futures=True)
 
     # ----- jobs ---------------------------------------------------------------------------
-    async def json_document(self, parts: Parts, content_encoding: Optional[str],
-                            max_size: int, max_depth: int,
-                            decoder: Callable[..., Any], *args: Any) -> Any:
+    async def json_document(
+        self,
+        parts: Parts,
+        content_encoding: str | None,
+        max_size: int,
+        max_depth: int,
+        decoder: Callable[..., Any],
+        *args: Any,
+    ) -> Any:
         """`decoder(*args, document)` of a large repository-route body, run in a worker."""
-        return await self._run(parts, _json_job, content_encoding, max_size, max_depth,
-                               decoder, args)
+        return await self._run(
+            parts, _json_job, content_encoding, max_size, max_depth, decoder, args
+        )
 
-    async def infer_request(self, parts: Parts, content_encoding: Optional[str],
-                            max_size: int, header_length: Optional[int], model_name: str,
-                            model_version: str, max_depth: int) -> InferRequest:
-        request = await self._run(parts, _infer_job, content_encoding, max_size, header_length,
-                                  model_name, model_version, max_depth)
+    async def infer_request(
+        self,
+        parts: Parts,
+        content_encoding: str | None,
+        max_size: int,
+        header_length: int | None,
+        model_name: str,
+        model_version: str,
+        max_depth: int,
+    ) -> InferRequest:
+        request = await self._run(
+            parts,
+            _infer_job,
+            content_encoding,
+            max_size,
+            header_length,
+            model_name,
+            model_version,
+            max_depth,
+        )
         return await self._unpacked(request)
 
-    async def raw_request(self, parts: Parts, content_encoding: Optional[str], max_size: int,
-                          *args: Any) -> InferRequest:
+    async def raw_request(
+        self, parts: Parts, content_encoding: str | None, max_size: int, *args: Any
+    ) -> InferRequest:
         request = await self._run(parts, _raw_job, content_encoding, max_size, args)
         return await self._unpacked(request)
 
-    async def encode_response(self, response: InferResponse,
-                              requested: Optional[list[RequestedOutput]],
-                              binary_default: bool) -> tuple[bytes, Optional[int]]:
-        if any(isinstance(t.data, np.ndarray) and t.data.dtype == object
-               for t in response.outputs):
+    async def encode_response(
+        self, response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+    ) -> tuple[bytes, int | None]:
+        if any(isinstance(t.data, np.ndarray) and t.data.dtype == object for t in response.outputs):
             response = await asyncio.to_thread(_pack_outputs, response)
         return await self._run(None, _encode_job, response, requested, binary_default)
 
@@ -338,8 +388,9 @@ class BodyOffload:
         return request
 
 
-def inflate_small(body: Any, content_encoding: Optional[str], max_size: int,
-                  threshold: int) -> Optional[Any]:
+def inflate_small(
+    body: Any, content_encoding: str | None, max_size: int, threshold: int
+) -> Any | None:
     """The body decompressed inline when that yields at most `threshold` bytes (the usual small
     request); None when it would inflate past it (then the parser process does it, bounded by
     `max_size`). Inline inflation stops at the threshold, so it never costs more."""
@@ -351,23 +402,29 @@ def inflate_small(body: Any, content_encoding: Optional[str], max_size: int,
         return None
 
 
-def json_output_size(response: InferResponse, requested: Optional[list[RequestedOutput]],
-                     binary_default: bool) -> int:
+def json_output_size(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> int:
     """About how many bytes of the response go out as JSON (BYTES elements count 8 each);
     O(number of outputs)."""
     return _output_size(response, requested, binary_default, as_binary=False)
 
 
-def binary_bytes_output_size(response: InferResponse,
-                             requested: Optional[list[RequestedOutput]],
-                             binary_default: bool) -> int:
+def binary_bytes_output_size(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> int:
     """The same for BYTES outputs that go out binary: serialized element by element (numeric
     binary outputs are one copy and do not count); O(number of outputs)."""
     return _output_size(response, requested, binary_default, as_binary=True, only_objects=True)
 
 
-def _output_size(response: InferResponse, requested: Optional[list[RequestedOutput]],
-                 binary_default: bool, as_binary: bool, only_objects: bool = False) -> int:
+def _output_size(
+    response: InferResponse,
+    requested: list[RequestedOutput] | None,
+    binary_default: bool,
+    as_binary: bool,
+    only_objects: bool = False,
+) -> int:
     choices = {output.name: output.binary for output in requested} if requested else {}
     total = 0
     for tensor in response.outputs:

@@ -5,12 +5,14 @@ path), convert once through protocol/rest/decode.py and protocol/rest/encode.py,
 server/core/inference_core.py, and map every error through protocol/errors.py to `{"error": "..."}` with
 Triton's status codes.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 import orjson
 from fastapi import FastAPI
@@ -19,21 +21,32 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from protocol import compression
-from protocol.rest import decode as rest_decode
-from protocol.rest import encode as rest_encode
 from protocol import traffic as traffic_json
 from protocol.config_json import config_to_json
-from protocol.errors import (InvalidArgument, Overloaded, ServerError, Unsupported,
-                             client_error, server_exiting)
+from protocol.errors import (
+    InvalidArgument,
+    Overloaded,
+    ServerError,
+    Unsupported,
+    client_error,
+    server_exiting,
+)
+from protocol.rest import decode as rest_decode
+from protocol.rest import encode as rest_encode
 from protocol.types import InferRequest
 from repository.registry import VersionRecord
 from server.core.inference_core import InferenceCore
 from server.http.admin import AdminRoutes
 from server.http.body import BodyBuffer, BodyLimit
 from server.http.generate import GenerateEndpoints
+from server.http.parsers import (
+    BodyOffload,
+    binary_bytes_output_size,
+    inflate_small,
+    json_output_size,
+    parse_json_document,
+)
 from server.restricted import HttpGuard, RestrictionMiddleware
-from server.http.parsers import (BodyOffload, binary_bytes_output_size, inflate_small,
-                            json_output_size, parse_json_document)
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +94,7 @@ def guarded(handler: Handler) -> Handler:
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
-        except Exception as exc:  # noqa: BLE001 - never let a request take the server down
+        except Exception as exc:
             return error_response(exc, request.url.path)
 
     endpoint.__name__ = handler.__name__
@@ -95,14 +108,14 @@ class HttpFrontend:
         self.body_limit = BodyLimit(self.settings.http_max_input_size)
         # --http-restricted-api (server/restricted.py); None when nothing is restricted.
         restricted = self.settings.http_restricted_api
-        self.guard: Optional[HttpGuard] = HttpGuard(restricted) if restricted else None
+        self.guard: HttpGuard | None = HttpGuard(restricted) if restricted else None
         # Large bodies and responses are worked on in parser processes (server/http/parsers.py).
-        self.offload = BodyOffload(self.settings.http_offload_threshold,
-                                   self.settings.http_parser_processes)
+        self.offload = BodyOffload(
+            self.settings.http_offload_threshold, self.settings.http_parser_processes
+        )
 
     # ----- body handling ------------------------------------------------------------------
-    async def json_document(self, request: Request, decoder: Callable[..., Any],
-                            *args: Any) -> Any:
+    async def json_document(self, request: Request, decoder: Callable[..., Any], *args: Any) -> Any:
         """`decoder(*args, document)` of a repository route's JSON body (None when blank).
 
         Small bodies are decompressed and parsed here; larger ones (over
@@ -120,14 +133,19 @@ class HttpFrontend:
         if not offload.wants(buffer.total):
             body = buffer.join()
             if not encoding or not offload.enabled:
-                return decoder(*args, parse_json_document(body, encoding, max_size,
-                                                          self.settings.json_max_depth))
+                return decoder(
+                    *args,
+                    parse_json_document(body, encoding, max_size, self.settings.json_max_depth),
+                )
             inflated = inflate_small(body, encoding, max_size, offload.threshold)
             if inflated is not None:
-                return decoder(*args, parse_json_document(inflated, None, max_size,
-                                                          self.settings.json_max_depth))
-        return await offload.json_document(buffer.parts, encoding, max_size,
-                                           self.settings.json_max_depth, decoder, *args)
+                return decoder(
+                    *args,
+                    parse_json_document(inflated, None, max_size, self.settings.json_max_depth),
+                )
+        return await offload.json_document(
+            buffer.parts, encoding, max_size, self.settings.json_max_depth, decoder, *args
+        )
 
     # ----- health and metadata ------------------------------------------------------------
     async def live(self, request: Request) -> Response:
@@ -160,12 +178,12 @@ class HttpFrontend:
 
     async def model_stats(self, request: Request) -> Response:
         name, version = _model_path(request)
-        return json_response(rest_encode.encode_statistics_response(
-            self.core.statistics(name, version)))
+        return json_response(
+            rest_encode.encode_statistics_response(self.core.statistics(name, version))
+        )
 
     async def all_stats(self, request: Request) -> Response:
-        return json_response(rest_encode.encode_statistics_response(
-            self.core.statistics()))
+        return json_response(rest_encode.encode_statistics_response(self.core.statistics()))
 
     # ----- inference ----------------------------------------------------------------------
     async def infer(self, request: Request) -> Response:
@@ -173,11 +191,13 @@ class HttpFrontend:
         server/http/fast_path.py without ASGI."""
         name, version = _model_path(request)
         payload, headers, media_type = await self.infer_reply(
-            name, version, request.headers, request.stream())
+            name, version, request.headers, request.stream()
+        )
         return Response(payload, status_code=200, headers=headers, media_type=media_type)
 
-    async def infer_reply(self, name: str, version: str, headers: Mapping[str, str],
-                          chunks: AsyncIterator[bytes]) -> tuple[bytes, dict[str, str], str]:
+    async def infer_reply(
+        self, name: str, version: str, headers: Mapping[str, str], chunks: AsyncIterator[bytes]
+    ) -> tuple[bytes, dict[str, str], str]:
         """Body in, (payload, extra headers, content type) out: decode once, infer, encode once."""
         start = time.monotonic_ns() if self.core.may_trace else 0
         self.body_limit.check_declared(headers)
@@ -185,12 +205,14 @@ class HttpFrontend:
         async for chunk in chunks:
             buffer.add(chunk)
         body = buffer.parts if self.offload.wants(buffer.total) else buffer.join()
-        received = (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns())) \
-            if start else ()
+        received = (
+            (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns())) if start else ()
+        )
         return await self.infer_body(name, version, headers, body, received)
 
-    async def infer_body(self, name: str, version: str, headers: Mapping[str, str],
-                         body: Any, received: tuple = ()) -> tuple[bytes, dict[str, str], str]:
+    async def infer_body(
+        self, name: str, version: str, headers: Mapping[str, str], body: Any, received: tuple = ()
+    ) -> tuple[bytes, dict[str, str], str]:
         """infer_reply for a body already read (and within the size limit): one buffer, or the
         list of its chunks when it is over --http-offload-threshold."""
         if type(body) is list or (len(body) > self.offload.threshold and self.offload.enabled):
@@ -198,11 +220,11 @@ class HttpFrontend:
         else:
             encoding = headers.get("content-encoding")
             if encoding and self.offload.enabled:
-                inflated = inflate_small(body, encoding, self.settings.http_max_input_size,
-                                         self.offload.threshold)
+                inflated = inflate_small(
+                    body, encoding, self.settings.http_max_input_size, self.offload.threshold
+                )
             else:
-                inflated = compression.decompress(body, encoding,
-                                                  self.settings.http_max_input_size)
+                inflated = compression.decompress(body, encoding, self.settings.http_max_input_size)
             if inflated is None:  # a small body that inflates past the threshold
                 infer_request, record = await self._decode_large(name, version, headers, [body])
             else:
@@ -214,20 +236,24 @@ class HttpFrontend:
         binary_default = bool(infer_request.parameters.get("binary_data_output", False))
         response = await self.core.infer(infer_request, record)
         offload = self.offload
-        if offload.enabled and offload.wants(json_output_size(response, infer_request.outputs,
-                                                              binary_default)):
+        if offload.enabled and offload.wants(
+            json_output_size(response, infer_request.outputs, binary_default)
+        ):
             payload, json_length = await offload.encode_response(
-                response, infer_request.outputs, binary_default)
-        elif offload.wants(binary_bytes_output_size(response, infer_request.outputs,
-                                                    binary_default)):
+                response, infer_request.outputs, binary_default
+            )
+        elif offload.wants(
+            binary_bytes_output_size(response, infer_request.outputs, binary_default)
+        ):
             # large binary BYTES outputs: serialized in steps (protocol/datatypes.py), so a
             # thread lets the loop run between them
             payload, json_length = await asyncio.to_thread(
-                rest_encode.encode_infer_response, response, infer_request.outputs,
-                binary_default)
+                rest_encode.encode_infer_response, response, infer_request.outputs, binary_default
+            )
         else:
             payload, json_length = rest_encode.encode_infer_response(
-                response, infer_request.outputs, binary_default)
+                response, infer_request.outputs, binary_default
+            )
         extra: dict[str, str] = {}
         media_type = JSON
         if json_length is not None:
@@ -242,18 +268,25 @@ class HttpFrontend:
             extra["Content-Encoding"] = encoding
         return payload, extra, media_type
 
-    def _decode(self, name: str, version: str, headers: Mapping[str, str], body: Any
-                ) -> tuple[InferRequest, Optional[VersionRecord]]:
+    def _decode(
+        self, name: str, version: str, headers: Mapping[str, str], body: Any
+    ) -> tuple[InferRequest, VersionRecord | None]:
         """A small (decompressed) body, decoded here on the loop."""
         header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
         if header_length == 0:
             return self._decode_raw(body, name, version)
         return rest_decode.decode_infer_request(
-            body, header_length, name, version, max_json_depth=self.settings.json_max_depth,
-            max_bytes=self.settings.http_max_input_size), None
+            body,
+            header_length,
+            name,
+            version,
+            max_json_depth=self.settings.json_max_depth,
+            max_bytes=self.settings.http_max_input_size,
+        ), None
 
-    async def _decode_large(self, name: str, version: str, headers: Mapping[str, str],
-                            body: Any) -> tuple[InferRequest, Optional[VersionRecord]]:
+    async def _decode_large(
+        self, name: str, version: str, headers: Mapping[str, str], body: Any
+    ) -> tuple[InferRequest, VersionRecord | None]:
         """A body over --http-offload-threshold (or one that inflates past it).
 
         Uncompressed JSON+binary bodies whose JSON part is small and holds no BYTES tensor, and
@@ -263,7 +296,8 @@ class HttpFrontend:
         parts = body if type(body) is list else [body]
         encoding = headers.get("content-encoding")
         compressed = bool(encoding) and any(
-            token.strip().lower() not in ("", "identity") for token in encoding.split(","))
+            token.strip().lower() not in ("", "identity") for token in encoding.split(",")
+        )
         header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
         max_size = self.settings.http_max_input_size
         if header_length == 0:
@@ -271,17 +305,24 @@ class HttpFrontend:
             if not compressed and "BYTES" not in str(rule.wire):
                 return self._decode_raw(_joined(parts), name, version, resolved)
             request = await self.offload.raw_request(
-                parts, encoding, max_size, name, version, input_name, rule.wire, list(rule.dims),
-                record.scheduler.rules.max_batch_size)  # type: ignore[union-attr]
+                parts,
+                encoding,
+                max_size,
+                name,
+                version,
+                input_name,
+                rule.wire,
+                list(rule.dims),
+                record.scheduler.rules.max_batch_size,
+            )  # type: ignore[union-attr]
             return request, record
-        if (not compressed and header_length is not None
-                and header_length <= self.offload.threshold):
+        if not compressed and header_length is not None and header_length <= self.offload.threshold:
             head = _prefix(parts, header_length)
             if b'"BYTES"' not in head:
                 return self._decode(name, version, headers, _joined(parts))
         request = await self.offload.infer_request(
-            parts, encoding, max_size, header_length, name, version,
-            self.settings.json_max_depth)
+            parts, encoding, max_size, header_length, name, version, self.settings.json_max_depth
+        )
         return request, None
 
     def _raw_input(self, name: str, version: str) -> tuple[VersionRecord, str, Any]:
@@ -295,13 +336,18 @@ class HttpFrontend:
         ((input_name, rule),) = rules.inputs.items()
         return record, input_name, rule
 
-    def _decode_raw(self, body: Any, name: str, version: str,
-                    resolved: Optional[tuple[VersionRecord, str, Any]] = None
-                    ) -> tuple[InferRequest, VersionRecord]:
+    def _decode_raw(
+        self,
+        body: Any,
+        name: str,
+        version: str,
+        resolved: tuple[VersionRecord, str, Any] | None = None,
+    ) -> tuple[InferRequest, VersionRecord]:
         record, input_name, rule = resolved or self._raw_input(name, version)
         max_batch_size = record.scheduler.rules.max_batch_size  # type: ignore[union-attr]
-        request = rest_decode.decode_raw_request(body, name, version, input_name, rule.wire,
-                                                 list(rule.dims), max_batch_size)
+        request = rest_decode.decode_raw_request(
+            body, name, version, input_name, rule.wire, list(rule.dims), max_batch_size
+        )
         return request, record
 
     # ----- repository ---------------------------------------------------------------------
@@ -311,8 +357,7 @@ class HttpFrontend:
 
     async def repository_load(self, request: Request) -> Response:
         name = request.path_params["model"]
-        config, files = await self.json_document(request, rest_decode.decode_load_parameters,
-                                                 name)
+        config, files = await self.json_document(request, rest_decode.decode_load_parameters, name)
         await self.core.load_model(name, config, files or None)
         return empty()
 
@@ -374,11 +419,12 @@ class HttpFrontend:
 
         @app.exception_handler(StarletteHTTPException)
         async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-            text = {404: "Not Found", 405: "Method Not Allowed"}.get(exc.status_code, str(exc.detail))
+            text = {404: "Not Found", 405: "Method Not Allowed"}.get(
+                exc.status_code, str(exc.detail)
+            )
             return json_response({"error": text}, exc.status_code)
 
         return app
-
 
 
 def _joined(parts: list) -> Any:
@@ -401,4 +447,3 @@ def _model_path(request: Request) -> tuple[str, str]:
     params = request.path_params
     version = params.get("version")
     return params["model"], "" if version is None else str(version)
-

@@ -8,12 +8,12 @@ The arena is a memfd (an anonymous file that lives only as long as some process 
 to the frontend process as an inherited descriptor: nothing is left in /dev/shm when a process is
 killed, and no other process can open it by name.
 """
+
 from __future__ import annotations
 
 import mmap
 import os
 from collections import OrderedDict
-from typing import Optional
 
 ALIGN = 64  # every region starts on a cache line (and on any numpy dtype's alignment)
 
@@ -37,7 +37,7 @@ class RingAllocator:
         self.live: OrderedDict[int, int] = OrderedDict()  # start -> end, oldest first
         self.released: set[int] = set()
 
-    def allocate(self, size: int) -> Optional[int]:
+    def allocate(self, size: int) -> int | None:
         size = _aligned(size)
         if size > self.capacity:
             return None
@@ -82,7 +82,7 @@ class RingAllocator:
 class Arena:
     """One mapped memfd; `fd` is what a child process inherits to map the same pages."""
 
-    def __init__(self, size: int, fd: Optional[int] = None) -> None:
+    def __init__(self, size: int, fd: int | None = None) -> None:
         if fd is None:
             fd = os.memfd_create("ascend-serve-frontend", os.MFD_CLOEXEC)
             os.ftruncate(fd, size)

@@ -5,6 +5,7 @@ over a RemoteCore (server/multiprocess/remote_core.py) that hands every inferenc
 model and serves no metrics. It ends when the owner sends SIGTERM (closing its listeners after
 what it is writing) and dies with the owner however that goes (the parent-death signal).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,33 +16,43 @@ import signal
 import socket
 import sys
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Any
 
+from server.multiprocess.arena import Arena
 from server.multiprocess.link import HandoverLink
 from server.multiprocess.remote_core import ControlClient, RemoteCore
 from server.settings import ServerSettings
-from server.multiprocess.arena import Arena
 
 log = logging.getLogger("ascend_serve.frontend")
 
 
-async def serve(settings: ServerSettings, index: int, fds: list[int], shm_bytes: int,
-                quick: ControlClient, slow: ControlClient) -> int:
+async def serve(
+    settings: ServerSettings,
+    index: int,
+    fds: list[int],
+    shm_bytes: int,
+    quick: ControlClient,
+    slow: ControlClient,
+) -> int:
     from server.grpc.listener import start_grpc_server
     from server.net.listeners import http_frontend_listener, wait_started
 
     loop = asyncio.get_running_loop()
     infer_fd, _, _, from_owner_fd, to_owner_fd = fds
     core = RemoteCore(settings, quick, slow, loop)
-    link = HandoverLink(Arena(shm_bytes, to_owner_fd), Arena(shm_bytes, from_owner_fd),
-                        core.on_message, core.on_lost)
+    link = HandoverLink(
+        Arena(shm_bytes, to_owner_fd),
+        Arena(shm_bytes, from_owner_fd),
+        core.on_message,
+        core.on_lost,
+    )
     core.link = link
     stop = asyncio.Event()
     await loop.connect_accepted_socket(lambda: link, socket.socket(fileno=infer_fd))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     listeners, tasks, offloads = [], [], []
-    grpc_server: Optional[Any] = None
+    grpc_server: Any | None = None
     try:
         if settings.allow_http:
             listener, offload = http_frontend_listener(core, settings)
@@ -52,7 +63,7 @@ async def serve(settings: ServerSettings, index: int, fds: list[int], shm_bytes:
             grpc_server = await start_grpc_server(core, settings)
         if not await wait_started(listeners, tasks):
             raise OSError("the HTTP listener did not start")
-    except Exception as exc:  # noqa: BLE001 - the owner reports it and stops
+    except Exception as exc:
         await asyncio.to_thread(quick.call, "start_failed", f"{type(exc).__name__}: {exc}")
         return 1
     core.started = True
@@ -82,7 +93,7 @@ async def _owner_gone(link: HandoverLink, stop: asyncio.Event) -> None:
     stop.set()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ascend-serve frontend process")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
@@ -95,17 +106,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     fds = [int(fd) for fd in args.fds.split(",")]
     quick_connection = Connection(fds[1])
     settings: ServerSettings = quick_connection.recv()
-    logging.basicConfig(level=logging.DEBUG if settings.log_verbose > 1 else logging.INFO,
-                        format=f"%(asctime)s %(levelname)s frontend-{args.index} %(name)s: "
-                               "%(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if settings.log_verbose > 1 else logging.INFO,
+        format=f"%(asctime)s %(levelname)s frontend-{args.index} %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     from server.cli import _new_loop
 
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     try:
-        return loop.run_until_complete(serve(
-            settings, args.index, fds, args.shm_bytes, ControlClient(quick_connection),
-            ControlClient(Connection(fds[2]))))
+        return loop.run_until_complete(
+            serve(
+                settings,
+                args.index,
+                fds,
+                args.shm_bytes,
+                ControlClient(quick_connection),
+                ControlClient(Connection(fds[2])),
+            )
+        )
     finally:
         with contextlib.suppress(Exception):
             loop.close()

@@ -14,6 +14,7 @@ release message.
 Frame: HEAD (length of the rest, pickle length, arena offset or -1 for inline, buffer count),
 the buffer lengths (u64 each), the pickle, then the buffers themselves when inline.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,8 @@ import pickle
 import struct
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,15 +50,20 @@ class HandoverLink(asyncio.Protocol):
     """One end of a frontend link. `on_message(message)` gets every message but RELEASE;
     `on_lost(exc)` is called once when the socket closes."""
 
-    def __init__(self, outgoing: Arena, incoming: Arena, on_message: Callable[[tuple], None],
-                 on_lost: Callable[[Optional[Exception]], None]) -> None:
+    def __init__(
+        self,
+        outgoing: Arena,
+        incoming: Arena,
+        on_message: Callable[[tuple], None],
+        on_lost: Callable[[Exception | None], None],
+    ) -> None:
         self.outgoing = outgoing
         self.incoming = incoming
         self.allocator = RingAllocator(outgoing.size)
         self.on_message = on_message
         self.on_lost = on_lost
-        self.transport: Optional[asyncio.Transport] = None
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = 0
         self.closed = False
         self._buffer = bytearray()
@@ -70,7 +77,7 @@ class HandoverLink(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.thread = threading.get_ident()
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed:
             self.closed = True
             self.on_lost(exc)
@@ -112,8 +119,8 @@ class HandoverLink(asyncio.Protocol):
             if start is not None:
                 offset = start
                 view = self.outgoing.view
-                for raw, n in zip(raws, sizes):
-                    view[start:start + n] = raw
+                for raw, n in zip(raws, sizes, strict=False):
+                    view[start : start + n] = raw
                     start += _span(n)
         lengths = struct.pack(f"<{len(sizes)}Q", *sizes)
         inline = sum(sizes) if offset < 0 else 0
@@ -144,24 +151,23 @@ class HandoverLink(asyncio.Protocol):
         pos = HEAD.size
         sizes = struct.unpack_from(f"<{count}Q", frame, pos) if count else ()
         pos += 8 * count
-        data = frame[pos:pos + pickle_length]
+        data = frame[pos : pos + pickle_length]
         pos += pickle_length
         if not count:
             message = pickle.loads(data)
         elif offset >= 0:
-            base = np.frombuffer(self.incoming.map, np.uint8, sum(_span(n) for n in sizes),
-                                 offset)
+            base = np.frombuffer(self.incoming.map, np.uint8, sum(_span(n) for n in sizes), offset)
             weakref.finalize(base, self._released, offset)
             buffers, start = [], 0
             for n in sizes:
-                buffers.append(base[start:start + n])
+                buffers.append(base[start : start + n])
                 start += _span(n)
             message = pickle.loads(data, buffers=buffers)
             del base, buffers
         else:
             buffers = []
             for n in sizes:
-                buffers.append(frame[pos:pos + n])
+                buffers.append(frame[pos : pos + n])
                 pos += n
             message = pickle.loads(data, buffers=buffers)
         if message[0] == RELEASE:

@@ -9,6 +9,7 @@ other request, so it joins the same dynamic batcher, and statistics and metrics 
 (served by this process alone). A child that dies is started again; its open connections are
 lost, as they would be with any process.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,14 +23,14 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from protocol.errors import InternalError, as_server_error
 from protocol.link_codec import pack_response, unpack_request
+from server.multiprocess.arena import Arena
 from server.multiprocess.link import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
 from server.multiprocess.remote_core import RemoteRules
 from server.settings import ServerSettings
-from server.multiprocess.arena import Arena
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +38,29 @@ START_TIMEOUT_S = 60.0  # a frontend process must have its listeners bound by th
 RESTART_DELAY_S = 1.0
 ROOT = Path(__file__).resolve().parents[2]
 # The control calls a frontend process may make: the InferenceCore API, nothing else.
-CONTROL_METHODS = frozenset({"ready", "server_metadata", "model_metadata", "model_config",
-                             "model_ready", "statistics", "repository_index", "load_model",
-                             "unload_model", "resolve_rules", "traffic_policy",
-                             "set_traffic_policy", "delete_traffic_policy",
-                             "register_system_shared_memory", "system_shared_memory_status",
-                             "unregister_system_shared_memory", "cuda_shared_memory_status",
-                             "trace_settings", "log_settings"})
+CONTROL_METHODS = frozenset(
+    {
+        "ready",
+        "server_metadata",
+        "model_metadata",
+        "model_config",
+        "model_ready",
+        "statistics",
+        "repository_index",
+        "load_model",
+        "unload_model",
+        "resolve_rules",
+        "traffic_policy",
+        "set_traffic_policy",
+        "delete_traffic_policy",
+        "register_system_shared_memory",
+        "system_shared_memory_status",
+        "unregister_system_shared_memory",
+        "cuda_shared_memory_status",
+        "trace_settings",
+        "log_settings",
+    }
+)
 
 
 class FrontendProcess:
@@ -53,13 +70,13 @@ class FrontendProcess:
         self.index = index
         self.settings = settings
         self.core = core
-        self.process: Optional[subprocess.Popen] = None
-        self.link: Optional[HandoverLink] = None
+        self.process: subprocess.Popen | None = None
+        self.link: HandoverLink | None = None
         self.path = core.path  # the one infer path (server/core/inference_path.py)
         self.inflight: dict[int, asyncio.Future] = {}  # handed over, not yet answered
         self.stopping = False
         self.ready = asyncio.Event()
-        self.failed: Optional[str] = None
+        self.failed: str | None = None
         self.loop = asyncio.get_running_loop()
 
     async def start(self) -> None:
@@ -71,12 +88,23 @@ class FrontendProcess:
         slow_here, slow_there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         there = [infer_there, quick_there, slow_there]
         fds = [s.fileno() for s in there] + [to_frontend.fd, to_owner.fd]
-        args = [sys.executable, "-m", "server.multiprocess.child", "--index", str(self.index),
-                "--parent", str(os.getpid()), "--fds", ",".join(map(str, fds)),
-                "--shm-bytes", str(size)]
+        args = [
+            sys.executable,
+            "-m",
+            "server.multiprocess.child",
+            "--index",
+            str(self.index),
+            "--parent",
+            str(os.getpid()),
+            "--fds",
+            ",".join(map(str, fds)),
+            "--shm-bytes",
+            str(size),
+        ]
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]]
-                                                            if env.get("PYTHONPATH") else []))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        )
         self.process = subprocess.Popen(args, pass_fds=fds, env=env, cwd=str(ROOT))
         for sock in there:
             sock.close()
@@ -88,8 +116,12 @@ class FrontendProcess:
         slow = Connection(slow_here.detach())
         quick.send(self.settings)  # the child's first read
         for connection, name in ((quick, "quick"), (slow, "slow")):
-            threading.Thread(target=self._serve_control, args=(connection,), daemon=True,
-                             name=f"frontend-{self.index}-{name}-control").start()
+            threading.Thread(
+                target=self._serve_control,
+                args=(connection,),
+                daemon=True,
+                name=f"frontend-{self.index}-{name}-control",
+            ).start()
         try:
             await asyncio.wait_for(self.ready.wait(), START_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -104,7 +136,7 @@ class FrontendProcess:
             ident = message[1]
             link = self.link
 
-            def answer(response: Any, error: Optional[BaseException]) -> None:
+            def answer(response: Any, error: BaseException | None) -> None:
                 self.inflight.pop(ident, None)
                 if error is None:
                     link.send((RESULT, ident, pack_response(response)))  # type: ignore[union-attr]
@@ -115,9 +147,8 @@ class FrontendProcess:
             # reads shared-memory inputs and traces, as for a request received here.
             # message[3], when there: the endpoint a decoupled model's refusal names.
             try:
-                future = self.core.infer_nowait(unpack_request(message[2]), answer,
-                                                *message[3:])
-            except Exception as exc:  # noqa: BLE001 - a bad region answers this request only
+                future = self.core.infer_nowait(unpack_request(message[2]), answer, *message[3:])
+            except Exception as exc:
                 link.send((ERROR, ident, as_server_error(exc)))  # type: ignore[union-attr]
                 return
             if future is not None and not future.done():
@@ -127,7 +158,7 @@ class FrontendProcess:
             if future is not None:
                 future.cancel()
 
-    def _on_lost(self, exc: Optional[Exception]) -> None:
+    def _on_lost(self, exc: Exception | None) -> None:
         for future in list(self.inflight.values()):
             future.cancel()  # nobody is left to answer
         self.inflight.clear()
@@ -157,15 +188,20 @@ class FrontendProcess:
                 future = asyncio.run_coroutine_threadsafe(self._call(method, args), self.loop)
                 try:
                     reply = (ident, True, future.result())
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     reply = (ident, False, as_server_error(exc))
             try:
                 connection.send(reply)
             except (OSError, ValueError):
                 return
-            except Exception as exc:  # noqa: BLE001 - an answer that does not pickle
-                connection.send((ident, False, InternalError(
-                    f"control call '{method}' could not be answered: {exc}")))
+            except Exception as exc:
+                connection.send(
+                    (
+                        ident,
+                        False,
+                        InternalError(f"control call '{method}' could not be answered: {exc}"),
+                    )
+                )
 
     async def _call(self, method: str, args: tuple) -> Any:
         if method == "resolve_rules":
@@ -207,12 +243,13 @@ class FrontendPool:
         self.core = core
         self.children: list[FrontendProcess] = []
         self.stopping = False
-        self._watch: Optional[asyncio.Task] = None
+        self._watch: asyncio.Task | None = None
 
     async def start(self) -> None:
         count = self.settings.frontend_processes - 1
-        self.children = [FrontendProcess(index, self.settings, self.core)
-                         for index in range(1, count + 1)]
+        self.children = [
+            FrontendProcess(index, self.settings, self.core) for index in range(1, count + 1)
+        ]
         await asyncio.gather(*(child.start() for child in self.children))
         if self.children:
             self._watch = asyncio.create_task(self._supervise())
@@ -224,8 +261,11 @@ class FrontendPool:
             for position, child in enumerate(self.children):
                 if self.stopping or child.process is None or child.process.poll() is None:
                     continue
-                log.error("frontend process %d exited (code %s); starting it again",
-                          child.index, child.process.returncode)
+                log.error(
+                    "frontend process %d exited (code %s); starting it again",
+                    child.index,
+                    child.process.returncode,
+                )
                 if child.link is not None:
                     child.link.close()
                 fresh = FrontendProcess(child.index, self.settings, self.core)

@@ -9,24 +9,26 @@ the owner answers them on its event loop, so what a frontend process reports is 
 the owner knows. Loads and unloads, which take seconds, use a second control socket from a
 thread, so that a health check answered meanwhile never waits behind them.
 """
+
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 from multiprocessing.connection import Connection
 from types import SimpleNamespace
-from typing import Any, AsyncIterator, Optional
+from typing import Any
 
 from protocol.errors import HTTP_ENDPOINT, Unavailable, server_exiting
-from protocol.stream import StreamItem
 from protocol.link_codec import pack_request, unpack_response
 from protocol.proto.model_config_pb2 import ModelConfig
+from protocol.stream import StreamItem
 from protocol.types import InferRequest, InferResponse
 from server.multiprocess.link import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
 from server.observability.runtime_settings import apply_log_settings
-from server.settings import ServerSettings
 from server.observability.tracing import may_trace
+from server.settings import ServerSettings
 
 OWNER_GONE = "the model owner process is gone; the server is restarting or stopping"
 CONTROL_TIMEOUT_S = 30.0  # the longest a frontend waits for the owner to answer a control call
@@ -53,8 +55,10 @@ class ControlClient:
                 self.connection.send((ident, method, args))
                 while True:  # an answer to an earlier call that timed out is skipped
                     if not self.connection.poll(max(0.0, deadline - time.monotonic())):
-                        raise Unavailable(f"the model owner process did not answer '{method}' "
-                                          f"within {self.timeout:g} s")
+                        raise Unavailable(
+                            f"the model owner process did not answer '{method}' "
+                            f"within {self.timeout:g} s"
+                        )
                     answer, ok, value = self.connection.recv()
                     if answer == ident:
                         break
@@ -68,13 +72,18 @@ class ControlClient:
 class RemoteCore:
     """server/core/inference_core.py's InferenceCore API, in a frontend process."""
 
-    def __init__(self, settings: ServerSettings, quick: ControlClient, slow: ControlClient,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        quick: ControlClient,
+        slow: ControlClient,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.settings = settings
         self.quick = quick
         self.slow = slow
         self.loop = loop
-        self.link: Optional[HandoverLink] = None
+        self.link: HandoverLink | None = None
         self.started = False
         self.exiting = False
         self.inflight = 0
@@ -100,7 +109,7 @@ class RemoteCore:
         elif tag == EXITING:
             self.exiting = True
 
-    def on_lost(self, exc: Optional[Exception]) -> None:
+    def on_lost(self, exc: Exception | None) -> None:
         self.exiting = True
         pending, self._pending = self._pending, {}
         for future in pending.values():
@@ -132,8 +141,9 @@ class RemoteCore:
     def repository_index(self, ready_only: bool = False) -> list:
         return self.quick.call("repository_index", ready_only)
 
-    async def load_model(self, name: str, config_json: Optional[str] = None,
-                         files: Optional[dict[str, bytes]] = None) -> None:
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
         await asyncio.to_thread(self.slow.call, "load_model", name, config_json, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
@@ -150,17 +160,18 @@ class RemoteCore:
         return self.quick.call("delete_traffic_policy", name)
 
     # ----- trace and log settings: the owner's, applied to this process's logging too ----
-    def trace_settings(self, model: str = "", changes: Optional[dict] = None) -> dict:
+    def trace_settings(self, model: str = "", changes: dict | None = None) -> dict:
         return self.quick.call("trace_settings", model, changes)
 
-    def log_settings(self, changes: Optional[dict] = None) -> dict:
+    def log_settings(self, changes: dict | None = None) -> dict:
         values = self.quick.call("log_settings", changes)
         apply_log_settings(values)
         return values
 
     # ----- shared memory: the regions live in the owner, which reads and writes them ----
-    def register_system_shared_memory(self, name: str, key: str, offset: int,
-                                      byte_size: int) -> None:
+    def register_system_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int
+    ) -> None:
         self.quick.call("register_system_shared_memory", name, key, offset, byte_size)
 
     def system_shared_memory_status(self, name: str = "") -> list[dict]:
@@ -185,15 +196,18 @@ class RemoteCore:
             cached = self._rules[key] = (now, self.quick.call("resolve_rules", name, version))
         return SimpleNamespace(scheduler=SimpleNamespace(rules=cached[1]))
 
-    async def infer_stream(self, request: InferRequest, record: Any = None
-                           ) -> AsyncIterator[StreamItem]:
+    async def infer_stream(
+        self, request: InferRequest, record: Any = None
+    ) -> AsyncIterator[StreamItem]:
         """The one answer of a model that is not decoupled; decoupled models stream only from
         the model owner's own listeners (the link carries one answer per request)."""
-        yield StreamItem(final=True,
-                         response=await self.infer(request, record, FRONTEND_STREAM_ENDPOINT))
+        yield StreamItem(
+            final=True, response=await self.infer(request, record, FRONTEND_STREAM_ENDPOINT)
+        )
 
-    async def infer(self, request: InferRequest, record: Any = None,
-                    endpoint: str = HTTP_ENDPOINT) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, record: Any = None, endpoint: str = HTTP_ENDPOINT
+    ) -> InferResponse:
         if self.exiting:
             raise server_exiting()
         link = self.link
@@ -203,8 +217,11 @@ class RemoteCore:
         ident = self._next_id
         future = self.loop.create_future()
         self._pending[ident] = future
-        link.send((INFER, ident, pack_request(request)) if endpoint == HTTP_ENDPOINT
-                  else (INFER, ident, pack_request(request), endpoint))
+        link.send(
+            (INFER, ident, pack_request(request))
+            if endpoint == HTTP_ENDPOINT
+            else (INFER, ident, pack_request(request), endpoint)
+        )
         self.inflight += 1
         self._idle.clear()
         try:

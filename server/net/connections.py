@@ -13,13 +13,13 @@ to exhaust the process's descriptor limit and lock out HTTP and gRPC alike. The 
   liveness probes keep answering while the limit is hit; past those, new connections are closed
   at once and the refusals are logged at most once every few seconds.
 """
+
 from __future__ import annotations
 
 import logging
 import resource
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class ConnectionLimits:
     header_timeout: float = 30.0
 
 
-def descriptor_limit(raise_soft: bool = True) -> Optional[int]:
+def descriptor_limit(raise_soft: bool = True) -> int | None:
     """RLIMIT_NOFILE's soft limit, first raised to the hard limit (as Go does) where allowed."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -60,9 +60,13 @@ def descriptor_margin(nofile: int) -> int:
     return max(MIN_DESCRIPTOR_MARGIN, nofile // 4)
 
 
-def resolve_max_connections(requested: Optional[int], health_reserve: int,
-                            nofile: Optional[int], share: int = 1,
-                            flag: str = "--http-max-connections") -> int:
+def resolve_max_connections(
+    requested: int | None,
+    health_reserve: int,
+    nofile: int | None,
+    share: int = 1,
+    flag: str = "--http-max-connections",
+) -> int:
     """The connection limit to use: `requested`, or by default DEFAULT_MAX_CONNECTIONS capped so
     that the limit, the health reserve and a margin for everything else fit in the descriptors,
     `share` listeners (HTTP, gRPC) each taking as many."""
@@ -71,14 +75,25 @@ def resolve_max_connections(requested: Optional[int], health_reserve: int,
     room = (nofile - descriptor_margin(nofile)) // max(share, 1) - health_reserve
     if requested:
         if requested > room:
-            log.warning("%s %d (+%d reserved for health checks) leaves fewer than %d of the %d "
-                        "descriptors (ulimit -n) for everything else", flag, requested,
-                        health_reserve, descriptor_margin(nofile), nofile)
+            log.warning(
+                "%s %d (+%d reserved for health checks) leaves fewer than %d of the %d "
+                "descriptors (ulimit -n) for everything else",
+                flag,
+                requested,
+                health_reserve,
+                descriptor_margin(nofile),
+                nofile,
+            )
         return requested
     limit = max(1, min(DEFAULT_MAX_CONNECTIONS, room))
     if limit < 1000:
-        log.warning("the descriptor limit (ulimit -n %d) allows only %d connections by default "
-                    "(%s); raise it for more", nofile, limit, flag)
+        log.warning(
+            "the descriptor limit (ulimit -n %d) allows only %d connections by default "
+            "(%s); raise it for more",
+            nofile,
+            limit,
+            flag,
+        )
     return limit
 
 

@@ -3,13 +3,15 @@
 With --frontend-processes above 1 every frontend process binds its own socket to the same HTTP
 and gRPC ports with SO_REUSEPORT, and the kernel spreads new connections across them.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import errno
 import socket
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -22,13 +24,13 @@ METRICS_MAX_CONNECTIONS = 64
 class Listener(uvicorn.Server):
     """A uvicorn server that leaves signal handling to the application."""
 
-    sockets: Optional[list[socket.socket]] = None
+    sockets: list[socket.socket] | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
-    async def serve(self, sockets: Optional[list[socket.socket]] = None) -> None:
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         await super().serve(sockets or self.sockets)
 
 
@@ -39,31 +41,47 @@ class ServiceStartError(OSError):
 
     def __init__(self, service: str, host: str, port: int, cause: OSError) -> None:
         where = f"Socket '{host}:{port}'"
-        reason = (f"{where} already in use" if cause.errno == errno.EADDRINUSE
-                  else f"{where}: {cause.strerror or cause}")
+        reason = (
+            f"{where} already in use"
+            if cause.errno == errno.EADDRINUSE
+            else f"{where}: {cause.strerror or cause}"
+        )
         super().__init__(cause.errno, f"failed to start {service} service: Unavailable - {reason}")
 
     def __str__(self) -> str:
         return str(self.strerror)
 
 
-def uvicorn_listener(app: Any, host: str, port: int, verbose: int, http: Any = "httptools",
-                     keep_alive: float = 60.0, reuse_port: bool = False,
-                     service: str = "HTTP") -> Listener:
+def uvicorn_listener(
+    app: Any,
+    host: str,
+    port: int,
+    verbose: int,
+    http: Any = "httptools",
+    keep_alive: float = 60.0,
+    reuse_port: bool = False,
+    service: str = "HTTP",
+) -> Listener:
     """A uvicorn server for `app` on a socket bound here, now (ServiceStartError when it cannot
     be), with SO_REUSEPORT where frontend processes share the port."""
-    config = uvicorn.Config(app, host=host, port=port, loop="none", http=http,
-                            lifespan="off", access_log=verbose > 1,
-                            log_level="info" if verbose else "warning",
-                            timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="none",
+        http=http,
+        lifespan="off",
+        access_log=verbose > 1,
+        log_level="info" if verbose else "warning",
+        timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=5,
+    )
     listener = Listener(config)
     listener.sockets = [listening_socket(service, host, port, reuse_port)]
     return listener
 
 
-def listening_socket(service: str, host: str, port: int, reuse_port: bool = False
-                     ) -> socket.socket:
+def listening_socket(service: str, host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to (host, port); with `reuse_port` other processes of this server may
     bind it too."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -92,35 +110,47 @@ def http_limits(s: ServerSettings) -> ConnectionLimits:
     """The HTTP connection limits (server/net/connections.py), counted by each process for its own
     connections; the default connection limit fits the descriptor limit, raised to its hard
     limit first."""
-    limit = resolve_max_connections(s.http_max_connections, s.http_health_reserved_connections,
-                                    descriptor_limit(), share=2 if s.allow_grpc else 1)
-    return ConnectionLimits(max_connections=limit,
-                            health_reserve=s.http_health_reserved_connections,
-                            idle_timeout=s.http_idle_timeout_secs,
-                            header_timeout=s.http_header_timeout_secs)
+    limit = resolve_max_connections(
+        s.http_max_connections,
+        s.http_health_reserved_connections,
+        descriptor_limit(),
+        share=2 if s.allow_grpc else 1,
+    )
+    return ConnectionLimits(
+        max_connections=limit,
+        health_reserve=s.http_health_reserved_connections,
+        idle_timeout=s.http_idle_timeout_secs,
+        header_timeout=s.http_header_timeout_secs,
+    )
 
 
 def metrics_limits(limits: ConnectionLimits) -> ConnectionLimits:
     """The metrics listener: the same timeouts, room for a few scrapers, no health reserve."""
-    return dataclasses.replace(limits, max_connections=min(limits.max_connections,
-                                                           METRICS_MAX_CONNECTIONS),
-                               health_reserve=0)
+    return dataclasses.replace(
+        limits,
+        max_connections=min(limits.max_connections, METRICS_MAX_CONNECTIONS),
+        health_reserve=0,
+    )
 
 
-def http_frontend_listener(core: Any, settings: ServerSettings
-                           ) -> tuple[Listener, Any]:
+def http_frontend_listener(core: Any, settings: ServerSettings) -> tuple[Listener, Any]:
     """The HTTP frontend over `core` (the model owner's InferenceCore, or a frontend process's
     RemoteCore) and its uvicorn listener; also returns the frontend's parser-process pool,
     which the caller closes at shutdown."""
-    from server.http.routes import HttpFrontend
     from server.http.fast_path import protocol_class
+    from server.http.routes import HttpFrontend
 
     s = settings
     frontend = HttpFrontend(core)
-    listener = uvicorn_listener(frontend.build_app(), s.http_address, s.http_port, s.log_verbose,
-                                protocol_class(frontend, http_limits(s)),
-                                s.http_keep_alive_timeout_secs,
-                                reuse_port=s.frontend_processes > 1)
+    listener = uvicorn_listener(
+        frontend.build_app(),
+        s.http_address,
+        s.http_port,
+        s.log_verbose,
+        protocol_class(frontend, http_limits(s)),
+        s.http_keep_alive_timeout_secs,
+        reuse_port=s.frontend_processes > 1,
+    )
     return listener, frontend.offload
 
 

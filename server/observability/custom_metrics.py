@@ -7,12 +7,13 @@ server (a model reloaded keeps counting where it was, as its instances all repor
 family). The number of families and of series per family is bounded by named limits; updates
 past them are dropped and logged once.
 """
+
 from __future__ import annotations
 
 import logging
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from prometheus_client.core import Metric
 
@@ -43,8 +44,9 @@ class _Family:
 class CustomMetrics:
     """A prometheus Collector (`collect`) fed by `apply` on the loop."""
 
-    def __init__(self, max_families: int = MAX_CUSTOM_FAMILIES,
-                 max_series: int = MAX_SERIES_PER_FAMILY) -> None:
+    def __init__(
+        self, max_families: int = MAX_CUSTOM_FAMILIES, max_series: int = MAX_SERIES_PER_FAMILY
+    ) -> None:
         self.max_families = max_families
         self.max_series = max_series
         self._families: dict[str, _Family] = {}
@@ -57,8 +59,9 @@ class CustomMetrics:
                 if len(self._families) >= self.max_families:
                     self._warn(name, f"more than {self.max_families} custom metric families")
                     return
-                self._families[name] = _Family(name, str(update.get("description", "")),
-                                               str(update.get("kind", "gauge")))
+                self._families[name] = _Family(
+                    name, str(update.get("description", "")), str(update.get("kind", "gauge"))
+                )
             return
         family = self._families.get(name)
         if family is None:
@@ -71,8 +74,9 @@ class CustomMetrics:
                 self._warn(name, f"more than {self.max_series} series")
                 return
             buckets = [float(b) for b in update.get("buckets") or ()]
-            series = family.series[key] = _Series(labels, buckets=buckets,
-                                                  counts=[0] * (len(buckets) + 1))
+            series = family.series[key] = _Series(
+                labels, buckets=buckets, counts=[0] * (len(buckets) + 1)
+            )
         value = float(update.get("value", 0.0))
         action = update.get("action")
         if action == "increment":
@@ -97,11 +101,12 @@ class CustomMetrics:
                     metric.add_sample(family.name, series.labels, series.value)
                     continue
                 running = 0
-                for bound, count in zip(series.buckets + [float("inf")], series.counts):
+                for bound, count in zip(
+                    series.buckets + [float("inf")], series.counts, strict=False
+                ):
                     running += count
                     le = "+Inf" if bound == float("inf") else repr(bound)
-                    metric.add_sample(f"{family.name}_bucket", {**series.labels, "le": le},
-                                      running)
+                    metric.add_sample(f"{family.name}_bucket", {**series.labels, "le": le}, running)
                 metric.add_sample(f"{family.name}_count", series.labels, series.observations)
                 metric.add_sample(f"{family.name}_sum", series.labels, series.total)
             yield metric

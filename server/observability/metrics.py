@@ -5,12 +5,14 @@ prometheus_client's own text writer would rename, so families are rendered here 
 text format. Per-version series are bound once when a version loads (at 0) and removed when it
 unloads; updates happen once per request and once per batch.
 """
+
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Optional
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
@@ -21,29 +23,86 @@ from scheduler.stats import REJECTION_REASONS, FailureReason
 if TYPE_CHECKING:  # pragma: no cover
     from repository.registry import ModelRegistry
 
-FAILURE_REASONS = (FailureReason.REJECTED, FailureReason.CANCELED, FailureReason.BACKEND,
-                   FailureReason.OTHER)
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                   5.0, 10.0)
+FAILURE_REASONS = (
+    FailureReason.REJECTED,
+    FailureReason.CANCELED,
+    FailureReason.BACKEND,
+    FailureReason.OTHER,
+)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 # name -> (type, help); HELP texts describe the same meaning as Triton's.
 _FAMILIES: dict[str, tuple[str, str]] = {
-    "nv_inference_request_success": ("counter", "Number of successful inference requests, all batch sizes"),
-    "nv_inference_request_failure": ("counter", "Number of failed inference requests, all batch sizes"),
-    "nv_inference_count": ("counter", "Number of inferences performed (does not include cached requests)"),
-    "nv_inference_exec_count": ("counter", "Number of model executions performed (does not include cached requests)"),
-    "nv_inference_request_duration_us": ("counter", "Cumulative inference request duration in microseconds (includes cached requests)"),
-    "nv_inference_queue_duration_us": ("counter", "Cumulative inference queuing duration in microseconds (includes cached requests)"),
-    "nv_inference_compute_input_duration_us": ("counter", "Cumulative compute input duration in microseconds (does not include cached requests)"),
-    "nv_inference_compute_infer_duration_us": ("counter", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
-    "nv_inference_compute_output_duration_us": ("counter", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
-    "nv_inference_pending_request_count": ("gauge", "Instantaneous number of pending requests awaiting execution per-model."),
+    "nv_inference_request_success": (
+        "counter",
+        "Number of successful inference requests, all batch sizes",
+    ),
+    "nv_inference_request_failure": (
+        "counter",
+        "Number of failed inference requests, all batch sizes",
+    ),
+    "nv_inference_count": (
+        "counter",
+        "Number of inferences performed (does not include cached requests)",
+    ),
+    "nv_inference_exec_count": (
+        "counter",
+        "Number of model executions performed (does not include cached requests)",
+    ),
+    "nv_inference_request_duration_us": (
+        "counter",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+    ),
+    "nv_inference_queue_duration_us": (
+        "counter",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+    ),
+    "nv_inference_compute_input_duration_us": (
+        "counter",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+    ),
+    "nv_inference_compute_infer_duration_us": (
+        "counter",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+    ),
+    "nv_inference_compute_output_duration_us": (
+        "counter",
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+    ),
+    "nv_inference_pending_request_count": (
+        "gauge",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+    ),
     "nv_model_load_duration_secs": ("gauge", "Model load time in seconds"),
     # Beyond Triton: nv_inference_request_failure{reason="REJECTED"} split by why.
-    "ascend_sequence_active": ("gauge", "Sequences of a sequence-batched model version that started and have neither ended nor been released (holding a slot or waiting for one)"),
-    "ascend_sequence_idle_released_total": ("counter", "Sequences released after max_sequence_idle_microseconds without a request; their next request needs the START flag"),
-    "ascend_inference_rejected_total": ("counter", "Number of inference requests refused for overload, by reason: queue_full (max_queue_size reached, answered at once with a retry hint), queue_timeout (queue timeout expired under timeout_action REJECT)"),
+    "ascend_sequence_active": (
+        "gauge",
+        "Sequences of a sequence-batched model version that started and have neither ended nor been released (holding a slot or waiting for one)",
+    ),
+    "ascend_sequence_idle_released_total": (
+        "counter",
+        "Sequences released after max_sequence_idle_microseconds without a request; their next request needs the START flag",
+    ),
+    "ascend_inference_rejected_total": (
+        "counter",
+        "Number of inference requests refused for overload, by reason: queue_full (max_queue_size reached, answered at once with a retry hint), queue_timeout (queue timeout expired under timeout_action REJECT)",
+    ),
 }
 
 
@@ -53,7 +112,7 @@ class VersionMetrics:
 
     model: str
     version: str
-    histograms: "ServerMetrics"
+    histograms: ServerMetrics
     load_seconds: float = 0.0
     success: int = 0
     failure: dict[str, int] = field(default_factory=lambda: {r: 0 for r in FAILURE_REASONS})
@@ -66,7 +125,7 @@ class VersionMetrics:
     output_us: float = 0.0
     pending: int = 0
     rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REJECTION_REASONS})
-    sequences: Optional[int] = None  # active sequences; None for a model without them
+    sequences: int | None = None  # active sequences; None for a model without them
     sequences_idle: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -74,8 +133,9 @@ class VersionMetrics:
         self._latency = self.histograms.latency.labels(self.model, self.version)
         self._batch = self.histograms.batch_size.labels(self.model, self.version)
 
-    def request_succeeded(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
-                          output_ns: int) -> None:
+    def request_succeeded(
+        self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
         with self._lock:
             self.success += 1
             self.request_us += total_ns / 1000
@@ -142,7 +202,7 @@ WorkerRestarts = Callable[[], Iterable[tuple[str, str, int]]]
 WORKER_RESTARTS = "ascend_python_worker_restarts_total"
 
 
-def worker_restarts(registry: "ModelRegistry") -> list[tuple[str, str, int]]:
+def worker_restarts(registry: ModelRegistry) -> list[tuple[str, str, int]]:
     """Worker restarts per serving version whose backend counts them (`restarts`, the Python
     backend), summed over its instances. Backends only count; this side reads at scrape time,
     on the event loop like every registry change, so the series lives and dies with the
@@ -152,8 +212,10 @@ def worker_restarts(registry: "ModelRegistry") -> list[tuple[str, str, int]]:
         pool = getattr(record.scheduler, "pool", None)
         if pool is None:
             continue
-        restarts = [getattr(getattr(instance, "backend", None), "restarts", None)
-                    for instance in pool.instances]
+        restarts = [
+            getattr(getattr(instance, "backend", None), "restarts", None)
+            for instance in pool.instances
+        ]
         numbers = [count for count in restarts if isinstance(count, int)]
         if numbers:
             counts.append((name, str(record.version), sum(numbers)))
@@ -163,15 +225,23 @@ def worker_restarts(registry: "ModelRegistry") -> list[tuple[str, str, int]]:
 class ServerMetrics:
     """Every metric the server exposes; also the repository manager's VersionHooks."""
 
-    def __init__(self, restarts: Optional[WorkerRestarts] = None) -> None:
+    def __init__(self, restarts: WorkerRestarts | None = None) -> None:
         self._restarts = restarts
         self.registry = CollectorRegistry(auto_describe=False)
-        self.latency = Histogram("ascend_inference_request_latency_seconds",
-                                 "End-to-end inference request latency per model version",
-                                 ["model", "version"], registry=self.registry, buckets=LATENCY_BUCKETS)
-        self.batch_size = Histogram("ascend_inference_batch_size",
-                                    "Batch size of each model execution per model version",
-                                    ["model", "version"], registry=self.registry, buckets=BATCH_BUCKETS)
+        self.latency = Histogram(
+            "ascend_inference_request_latency_seconds",
+            "End-to-end inference request latency per model version",
+            ["model", "version"],
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.batch_size = Histogram(
+            "ascend_inference_batch_size",
+            "Batch size of each model execution per model version",
+            ["model", "version"],
+            registry=self.registry,
+            buckets=BATCH_BUCKETS,
+        )
         self.versions: dict[tuple[str, str], VersionMetrics] = {}
         self._extra: list[Collector] = []
         self._cpu_last = _cpu_times() if os.path.exists("/proc/stat") else (0, 0)
@@ -205,7 +275,9 @@ class ServerMetrics:
     def _triton_families(self) -> Iterable[Metric]:
         with self._lock:
             versions = list(self.versions.values())
-        families = {name: Metric(name, help_text, kind) for name, (kind, help_text) in _FAMILIES.items()}
+        families = {
+            name: Metric(name, help_text, kind) for name, (kind, help_text) in _FAMILIES.items()
+        }
 
         def add(name: str, labels: dict[str, str], value: float) -> None:
             families[name].add_sample(name, labels, value)
@@ -235,8 +307,11 @@ class ServerMetrics:
     def _worker_families(self) -> Iterable[Metric]:
         if self._restarts is None:
             return
-        family = Metric(WORKER_RESTARTS, "Restarts of Python model worker processes that died, "
-                        "per model version", "counter")
+        family = Metric(
+            WORKER_RESTARTS,
+            "Restarts of Python model worker processes that died, per model version",
+            "counter",
+        )
         for model, version, count in self._restarts():
             family.add_sample(WORKER_RESTARTS, {"model": model, "version": version}, count)
         yield family
@@ -251,9 +326,14 @@ class ServerMetrics:
             self._cpu_last = (total, idle)
         memory_total, memory_used = _memory()
         for name, help_text, value in (
-                ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", round(self._cpu_utilization, 6)),
-                ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", memory_total),
-                ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", memory_used)):
+            (
+                "nv_cpu_utilization",
+                "CPU utilization rate [0.0 - 1.0]",
+                round(self._cpu_utilization, 6),
+            ),
+            ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", memory_total),
+            ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", memory_used),
+        ):
             family = Metric(name, help_text, "gauge")
             family.add_sample(name, {}, value)
             yield family
@@ -261,8 +341,11 @@ class ServerMetrics:
     def render(self) -> bytes:
         lines: list[str] = []
         sources: list[Callable[[], Iterable[Metric]]] = [
-            self._triton_families, self._worker_families, self._cpu_families,
-            self.registry.collect]
+            self._triton_families,
+            self._worker_families,
+            self._cpu_families,
+            self.registry.collect,
+        ]
         sources.extend(c.collect for c in self._extra)
         for source in sources:
             for family in source():
@@ -290,7 +373,9 @@ def _render_family(family: Metric, lines: list[str]) -> None:
     lines.append(f"# TYPE {family.name} {family.type}")
     for sample in samples:
         if sample.labels:
-            label_text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(sample.labels.items()))
+            label_text = ",".join(
+                f'{k}="{_escape(str(v))}"' for k, v in sorted(sample.labels.items())
+            )
             lines.append(f"{sample.name}{{{label_text}}} {_format_value(sample.value)}")
         else:
             lines.append(f"{sample.name} {_format_value(sample.value)}")

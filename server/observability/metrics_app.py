@@ -1,4 +1,5 @@
 """The metrics listener (:8002): GET /metrics in Prometheus text format 0.0.4."""
+
 from __future__ import annotations
 
 from starlette.applications import Starlette
@@ -20,5 +21,8 @@ def build_metrics_app(metrics: ServerMetrics) -> Starlette:
         text = {404: "Not Found", 405: "Method Not Allowed"}.get(status, "error")
         return Response(f'{{"error":"{text}"}}', status_code=status, media_type="application/json")
 
-    routes = [Route("/metrics", scrape, methods=["GET"]), Route("/metrics/", scrape, methods=["GET"])]
+    routes = [
+        Route("/metrics", scrape, methods=["GET"]),
+        Route("/metrics/", scrape, methods=["GET"]),
+    ]
     return Starlette(routes=routes, exception_handlers={404: not_allowed, 405: not_allowed})

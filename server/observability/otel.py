@@ -10,10 +10,11 @@ execution of the batch the request ran in, with its `batch_size`), which holds `
 model's own run); an ensemble's steps are `InferRequest` spans under the ensemble's. The SDK is imported only in this
 mode: it is an optional extra (`ascend-serve[otel]`).
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 from protocol.types import InferRequest, InferResponse
 from server.observability.runtime_settings import TraceSettings
@@ -23,9 +24,11 @@ DEFAULT_URL = "http://localhost:4318/v1/traces"
 SERVICE_NAME = "ascend-serve"
 # --trace-config opentelemetry,<key>=<value> settings of the batch span processor, as Triton
 # names them, and the SDK's argument each sets.
-BSP_SETTINGS = {"bsp_max_queue_size": "max_queue_size",
-                "bsp_schedule_delay": "schedule_delay_millis",
-                "bsp_max_export_batch_size": "max_export_batch_size"}
+BSP_SETTINGS = {
+    "bsp_max_queue_size": "max_queue_size",
+    "bsp_schedule_delay": "schedule_delay_millis",
+    "bsp_max_export_batch_size": "max_export_batch_size",
+}
 
 
 def build_provider(config: dict[str, Any], processor: Any = None) -> Any:
@@ -41,8 +44,9 @@ def build_provider(config: dict[str, Any], processor: Any = None) -> Any:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         options = {BSP_SETTINGS[k]: int(v) for k, v in config.items() if k in BSP_SETTINGS}
-        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=config.get("url", DEFAULT_URL)),
-                                       **options)
+        processor = BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=config.get("url", DEFAULT_URL)), **options
+        )
     provider.add_span_processor(processor)
     return provider
 
@@ -52,16 +56,16 @@ class OtelTrace(Trace):
 
     __slots__ = ("parent", "batch_size", "span", "shift")
 
-    def __init__(self, ident: int, request: InferRequest, settings: dict[str, list[str]]
-                 ) -> None:
+    def __init__(self, ident: int, request: InferRequest, settings: dict[str, list[str]]) -> None:
         super().__init__(ident, request, settings)
         self.parent = request.traceparent
         self.batch_size = 0
         self.span: Any = None
         self.shift = time.time_ns() - time.monotonic_ns()  # monotonic stamps -> epoch
 
-    def computed(self, start_ns: int, input_ns: int, infer_ns: int, output_ns: int,
-                 batch_size: int = 0) -> None:
+    def computed(
+        self, start_ns: int, input_ns: int, infer_ns: int, output_ns: int, batch_size: int = 0
+    ) -> None:
         super().computed(start_ns, input_ns, infer_ns, output_ns, batch_size)
         self.batch_size = batch_size
 
@@ -84,22 +88,30 @@ class OtelTracer(Tracer):
     def wants(self, settings: dict[str, list[str]]) -> bool:
         return settings["trace_level"] != ["OFF"]
 
-    def started(self, trace: Trace, parent: Optional[Trace]) -> None:
+    def started(self, trace: Trace, parent: Trace | None) -> None:
         from opentelemetry.trace import SpanKind, set_span_in_context
 
         assert isinstance(trace, OtelTrace)
         if isinstance(parent, OtelTrace) and parent.span is not None:
             context = set_span_in_context(parent.span)
         else:
-            context = self.propagator.extract({"traceparent": trace.parent}) \
-                if trace.parent else None
+            context = (
+                self.propagator.extract({"traceparent": trace.parent}) if trace.parent else None
+            )
         start = dict(trace.stamps)["REQUEST_START"] + trace.shift
         trace.span = self.tracer.start_span(
-            "InferRequest", context=context, kind=SpanKind.SERVER, start_time=start,
-            attributes={"triton.model_name": trace.model, "triton.trace_id": trace.id,
-                        "triton.request_id": trace.request_id})
+            "InferRequest",
+            context=context,
+            kind=SpanKind.SERVER,
+            start_time=start,
+            attributes={
+                "triton.model_name": trace.model,
+                "triton.trace_id": trace.id,
+                "triton.request_id": trace.request_id,
+            },
+        )
 
-    def finish(self, trace: Trace, response: Optional[InferResponse], version: str) -> None:
+    def finish(self, trace: Trace, response: InferResponse | None, version: str) -> None:
         from opentelemetry.trace import set_span_in_context
 
         assert isinstance(trace, OtelTrace)
@@ -110,14 +122,20 @@ class OtelTracer(Tracer):
         root.set_attribute("triton.model_version", version)
         inside = set_span_in_context(root)
         if "COMPUTE_START" in stamps:
-            self.tracer.start_span("queue", context=inside, start_time=stamps["QUEUE_START"]
-                                   ).end(end_time=stamps["COMPUTE_START"])
+            self.tracer.start_span("queue", context=inside, start_time=stamps["QUEUE_START"]).end(
+                end_time=stamps["COMPUTE_START"]
+            )
             batch = self.tracer.start_span(
-                "batch", context=inside, start_time=stamps["COMPUTE_START"],
-                attributes={"triton.batch_size": trace.batch_size})
+                "batch",
+                context=inside,
+                start_time=stamps["COMPUTE_START"],
+                attributes={"triton.batch_size": trace.batch_size},
+            )
             compute = self.tracer.start_span(
-                "compute", context=set_span_in_context(batch),
-                start_time=stamps["COMPUTE_INPUT_END"])
+                "compute",
+                context=set_span_in_context(batch),
+                start_time=stamps["COMPUTE_INPUT_END"],
+            )
             compute.end(end_time=stamps["COMPUTE_OUTPUT_START"])
             batch.end(end_time=stamps["COMPUTE_END"])
         if response is None:

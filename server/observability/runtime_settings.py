@@ -5,19 +5,24 @@ HTTP's /v2/trace/setting and /v2/logging), so the state lives in one object the 
 (server/core/inference_core.py; frontend processes ask it through server/multiprocess/remote_core.py): a change made over
 one protocol, on any connection, reads back over the other.
 """
+
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from protocol.errors import InvalidArgument, Unsupported
 
 TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 TRACE_DEFAULTS: dict[str, list[str]] = {
-    "trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"],
-    "log_frequency": ["0"], "trace_file": [""], "trace_mode": ["triton"],
+    "trace_level": ["OFF"],
+    "trace_rate": ["1000"],
+    "trace_count": ["-1"],
+    "log_frequency": ["0"],
+    "trace_file": [""],
+    "trace_mode": ["triton"],
 }
 
 
@@ -26,7 +31,7 @@ class TraceSettings:
     ones; null clears them), starting from --trace-config. `active` says whether any level is
     on anywhere: while it is false, a request pays one attribute read for tracing."""
 
-    def __init__(self, initial: Optional[dict[str, list[str]]] = None) -> None:
+    def __init__(self, initial: dict[str, list[str]] | None = None) -> None:
         self.defaults = {k: list(v) for k, v in {**TRACE_DEFAULTS, **(initial or {})}.items()}
         self.global_settings = {k: list(v) for k, v in self.defaults.items()}
         self.models: dict[str, dict[str, list[str]]] = {}
@@ -34,19 +39,24 @@ class TraceSettings:
         self.version = 0  # bumped by every update: readers may cache what they derived
 
     def current(self, model: str = "") -> dict[str, list[str]]:
-        return {**self.global_settings, **self.models.get(model, {})} if model else \
-            dict(self.global_settings)
+        return (
+            {**self.global_settings, **self.models.get(model, {})}
+            if model
+            else dict(self.global_settings)
+        )
 
-    def update(self, changes: dict[str, Optional[list[str]]], model: str = "") -> None:
+    def update(self, changes: dict[str, list[str] | None], model: str = "") -> None:
         """All or nothing: every change is checked before any applies."""
         for key, values in changes.items():
             if key not in TRACE_DEFAULTS:  # also when its value is empty (a reset)
                 raise InvalidArgument(f"unknown trace setting '{key}'")
             if key == "trace_file":  # a network client must not choose where the server writes
-                raise Unsupported("trace file location can not be updated through network "
-                                  "protocol")
-            if key == "trace_mode" and values is not None and values != \
-                    self.global_settings["trace_mode"]:
+                raise Unsupported("trace file location can not be updated through network protocol")
+            if (
+                key == "trace_mode"
+                and values is not None
+                and values != self.global_settings["trace_mode"]
+            ):
                 raise Unsupported("trace mode can not be updated through network protocol")
             if values is not None:
                 _check_trace_value(key, values)
@@ -74,8 +84,11 @@ class TraceSettings:
         return True
 
     def _any_on(self) -> bool:
-        return any(level != "OFF" for settings in (self.global_settings, *self.models.values())
-                   for level in settings.get("trace_level", ()))
+        return any(
+            level != "OFF"
+            for settings in (self.global_settings, *self.models.values())
+            for level in settings.get("trace_level", ())
+        )
 
 
 def _check_trace_value(key: str, values: list[str]) -> None:
@@ -100,8 +113,12 @@ class LogSettings:
 
     def __init__(self, verbose: int) -> None:
         self.values: dict[str, Any] = {
-            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
-            "log_verbose_level": verbose, "log_format": "default",
+            "log_file": "",
+            "log_info": True,
+            "log_warning": True,
+            "log_error": True,
+            "log_verbose_level": verbose,
+            "log_format": "default",
         }
 
     def update(self, changes: dict[str, Any]) -> None:
@@ -121,8 +138,9 @@ class LogSettings:
                 raise InvalidArgument("log_verbose_level must be a non-negative integer")
         elif key == "log_format":
             if value not in self.FORMATS:
-                raise InvalidArgument(f"invalid log_format '{value}': expected one of "
-                                      f"{list(self.FORMATS)}")
+                raise InvalidArgument(
+                    f"invalid log_format '{value}': expected one of {list(self.FORMATS)}"
+                )
         elif not isinstance(value, bool):
             raise InvalidArgument(f"log setting '{key}' must be a boolean")
 
@@ -137,8 +155,12 @@ class _LevelSwitches(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.values: dict[str, Any] = {"log_info": True, "log_warning": True,
-                                       "log_error": True, "log_verbose_level": 0}
+        self.values: dict[str, Any] = {
+            "log_info": True,
+            "log_warning": True,
+            "log_error": True,
+            "log_verbose_level": 0,
+        }
 
     def filter(self, record: logging.LogRecord) -> bool:
         level = record.levelno
@@ -178,8 +200,7 @@ class RuntimeSettings:
     log: LogSettings
 
     @classmethod
-    def create(cls, log_verbose: int,
-               trace: Optional[dict[str, list[str]]] = None) -> RuntimeSettings:
+    def create(cls, log_verbose: int, trace: dict[str, list[str]] | None = None) -> RuntimeSettings:
         """Defaults, with the log verbosity the server was started with (--log-verbose) and
         the trace settings of --trace-config."""
         return cls(TraceSettings(trace), LogSettings(log_verbose))

@@ -7,12 +7,14 @@ a request pays one attribute read; when one is, it pays one sampling decision, a
 requests build anything. Files are written as Triton writes them: with log_frequency 0 all traces
 go to `trace_file` at shutdown, otherwise every log_frequency traces go to `trace_file.<n>`.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import time
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import orjson
 
@@ -22,8 +24,11 @@ from server.observability.runtime_settings import TRACE_LEVELS, TraceSettings
 log = logging.getLogger(__name__)
 
 TRACE_CONFIG_KEYS = {  # --trace-config [<mode>,]<setting>=<value> -> a trace setting
-    ("", "rate"): "trace_rate", ("", "level"): "trace_level", ("", "count"): "trace_count",
-    ("", "mode"): "trace_mode", ("triton", "file"): "trace_file",
+    ("", "rate"): "trace_rate",
+    ("", "level"): "trace_level",
+    ("", "count"): "trace_count",
+    ("", "mode"): "trace_mode",
+    ("triton", "file"): "trace_file",
     ("triton", "log-frequency"): "log_frequency",
 }
 TRACE_MODES = ("triton", "opentelemetry")
@@ -47,8 +52,7 @@ def parse_trace_config(specs: Iterable[str]) -> tuple[dict[str, list[str]], dict
             if key == "resource":
                 name, has_value, text = value.partition("=")
                 if not has_value or not name:
-                    raise ValueError(f"--trace-config: expected resource=<key>=<value> in "
-                                     f"'{spec}'")
+                    raise ValueError(f"--trace-config: expected resource=<key>=<value> in '{spec}'")
                 otel.setdefault("resource", {})[name] = text
                 continue
             if key == "url" or (key in OTEL_BATCH_KEYS and value.isdigit()):
@@ -63,8 +67,9 @@ def parse_trace_config(specs: Iterable[str]) -> tuple[dict[str, list[str]], dict
             levels.append(value)
             continue
         if name == "trace_mode" and value not in TRACE_MODES:
-            raise ValueError(f"--trace-config: invalid mode '{value}'; expected one of "
-                             f"{', '.join(TRACE_MODES)}")
+            raise ValueError(
+                f"--trace-config: invalid mode '{value}'; expected one of {', '.join(TRACE_MODES)}"
+            )
         if name != "trace_file" and name != "trace_mode":
             low = {"trace_count": -1, "trace_rate": 1}.get(name, 0)
             if not value.lstrip("-").isdigit() or int(value) < low:
@@ -72,8 +77,9 @@ def parse_trace_config(specs: Iterable[str]) -> tuple[dict[str, list[str]], dict
         settings[name] = [value]
     if levels:
         settings["trace_level"] = [lv for lv in dict.fromkeys(levels) if lv != "OFF"] or ["OFF"]
-    if settings.get("trace_mode") == ["opentelemetry"] and \
-            "TENSORS" in settings.get("trace_level", ()):
+    if settings.get("trace_mode") == ["opentelemetry"] and "TENSORS" in settings.get(
+        "trace_level", ()
+    ):
         raise ValueError("--trace-config: level TENSORS is not supported in opentelemetry mode")
     return settings, otel
 
@@ -89,11 +95,21 @@ def may_trace(settings: Any) -> bool:
 class Trace:
     """One sampled request's record: its timestamps and, at level TENSORS, its tensors."""
 
-    __slots__ = ("id", "model", "request_id", "tensors", "timestamps", "stamps", "activities",
-                 "settings", "finished", "tracer", "parent_id")
+    __slots__ = (
+        "id",
+        "model",
+        "request_id",
+        "tensors",
+        "timestamps",
+        "stamps",
+        "activities",
+        "settings",
+        "finished",
+        "tracer",
+        "parent_id",
+    )
 
-    def __init__(self, ident: int, request: InferRequest, settings: dict[str, list[str]]
-                 ) -> None:
+    def __init__(self, ident: int, request: InferRequest, settings: dict[str, list[str]]) -> None:
         self.id = ident
         self.model = request.model_name
         self.request_id = request.id
@@ -101,16 +117,17 @@ class Trace:
         self.tensors = "TENSORS" in settings["trace_level"]
         self.timestamps = "TIMESTAMPS" in settings["trace_level"]
         self.finished = False
-        self.tracer: Optional[Tracer] = None  # set by the tracer that made it
+        self.tracer: Tracer | None = None  # set by the tracer that made it
         self.parent_id = 0  # an ensemble step's: the ensemble request's trace id
         self.stamps: list[tuple[str, int]] = []
         self.activities: list[tuple[str, Tensor]] = []
 
-    def stamp(self, name: str, ns: Optional[int] = None) -> None:
+    def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
 
-    def computed(self, start_ns: int, input_ns: int, infer_ns: int, output_ns: int,
-                 batch_size: int = 0) -> None:
+    def computed(
+        self, start_ns: int, input_ns: int, infer_ns: int, output_ns: int, batch_size: int = 0
+    ) -> None:
         """The scheduler's part: when the batch this request ran in started, and its phases."""
         self.stamp("COMPUTE_START", start_ns)
         self.stamp("COMPUTE_INPUT_END", start_ns + input_ns)
@@ -122,15 +139,18 @@ class Trace:
         assert self.tracer is not None
         return self.tracer.child(self, request)
 
-    def end(self, response: Optional[InferResponse]) -> None:
+    def end(self, response: InferResponse | None) -> None:
         """A step's record is done (the ensemble calls it; the core ends its own)."""
         if not self.finished and self.tracer is not None:
             self.tracer.finish(self, response, response.model_version if response else "")
 
     def entries(self, version: str) -> list[dict[str, Any]]:
         """Triton's trace JSON objects for this request."""
-        head: dict[str, Any] = {"id": self.id, "model_name": self.model,
-                                "model_version": int(version) if version.isdigit() else -1}
+        head: dict[str, Any] = {
+            "id": self.id,
+            "model_name": self.model,
+            "model_version": int(version) if version.isdigit() else -1,
+        }
         if self.request_id:
             head["request_id"] = self.request_id
         if self.parent_id:
@@ -152,8 +172,12 @@ def _tensor_json(tensor: Tensor) -> dict[str, str]:
         text = ",".join(str(v) for v in items.tolist())
     if data.size > TENSOR_TEXT_LIMIT:
         text += ",..."
-    return {"name": tensor.name, "data": text,
-            "shape": ",".join(str(d) for d in tensor.shape), "dtype": tensor.datatype}
+    return {
+        "name": tensor.name,
+        "data": text,
+        "shape": ",".join(str(d) for d in tensor.shape),
+        "dtype": tensor.datatype,
+    }
 
 
 class Tracer:
@@ -172,7 +196,7 @@ class Tracer:
         self.written: dict[str, int] = {}  # trace file -> traces collected since last write
         self.files: dict[str, int] = {}  # trace file -> index of its next `.n` file
 
-    def sample(self, request: InferRequest) -> Optional[Trace]:
+    def sample(self, request: InferRequest) -> Trace | None:
         """The one sampling decision: every trace_rate-th request of a model, while its
         trace_count lasts and a trace file is set."""
         model = request.model_name
@@ -194,8 +218,9 @@ class Tracer:
         """The record of an ensemble step of a traced request (no sampling: it is traced)."""
         return self._begin(request, parent.settings, parent)
 
-    def _begin(self, request: InferRequest, settings: dict[str, list[str]],
-               parent: Optional[Trace]) -> Trace:
+    def _begin(
+        self, request: InferRequest, settings: dict[str, list[str]], parent: Trace | None
+    ) -> Trace:
         self.next_id += 1
         trace = self.record_type(self.next_id, request, settings)
         trace.tracer = self
@@ -210,14 +235,14 @@ class Tracer:
         self.started(trace, parent)
         return trace
 
-    def started(self, trace: Trace, parent: Optional[Trace]) -> None:
+    def started(self, trace: Trace, parent: Trace | None) -> None:
         """A hook for the OpenTelemetry tracer, which opens the request's span here."""
 
     def wants(self, settings: dict[str, list[str]]) -> bool:
         """Whether requests under these settings are traced at all."""
         return settings["trace_level"] != ["OFF"] and bool(settings["trace_file"][0])
 
-    def finish(self, trace: Trace, response: Optional[InferResponse], version: str) -> None:
+    def finish(self, trace: Trace, response: InferResponse | None, version: str) -> None:
         trace.finished = True
         trace.stamp("REQUEST_END")
         if response is not None and trace.tensors:

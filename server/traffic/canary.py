@@ -9,11 +9,11 @@ at least `min_requests` in it within the error-rate and p99 thresholds; after th
 candidate is promoted. Whenever the candidate has answered `min_requests` in the current step
 and breaches a threshold, it is rolled back at once.
 """
+
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Optional
 
 from protocol.traffic import CanarySpec
 
@@ -87,7 +87,7 @@ class Canary:
         if self.state == RUNNING:
             self.window.add(latency_ms, ok)
 
-    def evaluate(self, now: float) -> Optional[str]:
+    def evaluate(self, now: float) -> str | None:
         """Move the state machine; returns the transition made ("step", "promoted",
         "rolled_back") or None."""
         if self.state != RUNNING:
@@ -102,9 +102,11 @@ class Canary:
             return None
         if self.step == len(spec.steps) - 1:
             self.state = PROMOTED
-            self.reason = (f"passed all {len(spec.steps)} steps; last step: {window.served} "
-                           f"requests, error rate {window.error_rate:.4f}, p99 "
-                           f"{window.p99_ms():.1f} ms")
+            self.reason = (
+                f"passed all {len(spec.steps)} steps; last step: {window.served} "
+                f"requests, error rate {window.error_rate:.4f}, p99 "
+                f"{window.p99_ms():.1f} ms"
+            )
             return PROMOTED
         self.step += 1
         self.step_started = now
@@ -121,11 +123,15 @@ class Canary:
         window, spec = self.window, self.spec
         rate = window.error_rate
         if rate > spec.max_error_rate:
-            return (f"error rate {rate:.4f} > max_error_rate {spec.max_error_rate} "
-                    f"({window.failed} of {window.served} requests failed in step {self.step})")
+            return (
+                f"error rate {rate:.4f} > max_error_rate {spec.max_error_rate} "
+                f"({window.failed} of {window.served} requests failed in step {self.step})"
+            )
         if spec.max_p99_ms is not None:
             p99 = window.p99_ms()
             if p99 > spec.max_p99_ms:
-                return (f"p99 latency {p99:.1f} ms > max_p99_ms {spec.max_p99_ms} "
-                        f"({window.served} requests in step {self.step})")
+                return (
+                    f"p99 latency {p99:.1f} ms > max_p99_ms {spec.max_p99_ms} "
+                    f"({window.served} requests in step {self.step})"
+                )
         return ""

@@ -11,14 +11,16 @@ that stops serving drops out of the policy (weights, shadow, canary), a model wi
 version loses its policy, and a model that starts serving picks up `traffic.json` from its
 directory when no policy is in force.
 """
+
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 import orjson
 from prometheus_client.core import CounterMetricFamily
@@ -26,10 +28,10 @@ from prometheus_client.core import CounterMetricFamily
 from protocol.errors import InvalidArgument, ServerError
 from protocol.traffic import ShadowSpec, TrafficSpec, decode_traffic, encode_traffic
 from protocol.types import InferRequest
-from server.traffic.canary import DEFAULT_WINDOW, ROLLED_BACK, STEP, Canary
 from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord
-from server.traffic.split import WeightTable
+from server.traffic.canary import DEFAULT_WINDOW, ROLLED_BACK, STEP, Canary
 from server.traffic.shadow import DEFAULT_MAX_INFLIGHT, ShadowSender
+from server.traffic.split import WeightTable
 
 log = logging.getLogger("ascend_serve.traffic")
 
@@ -50,14 +52,14 @@ class Policy:
 
     __slots__ = ("weights", "table", "shadow", "canary")
 
-    def __init__(self, spec: TrafficSpec, canary: Optional[Canary]) -> None:
-        self.shadow: Optional[ShadowSpec] = spec.shadow
+    def __init__(self, spec: TrafficSpec, canary: Canary | None) -> None:
+        self.shadow: ShadowSpec | None = spec.shadow
         self.canary = canary
-        self.weights: Optional[dict[str, int]] = None
-        self.table: Optional[WeightTable] = None
+        self.weights: dict[str, int] | None = None
+        self.table: WeightTable | None = None
         self.set_weights(canary.weights() if canary is not None else spec.weights)
 
-    def set_weights(self, weights: Optional[dict[str, int]]) -> None:
+    def set_weights(self, weights: dict[str, int] | None) -> None:
         self.weights = weights
         if not weights:
             self.weights = self.table = None
@@ -74,13 +76,18 @@ class Policy:
         canary = self.canary
         if canary is None:
             return encode_traffic(model, self.weights, self.shadow, None)
-        return encode_traffic(model, self.weights, self.shadow, canary.spec, canary.state,
-                              canary.step, canary.reason)
+        return encode_traffic(
+            model, self.weights, self.shadow, canary.spec, canary.state, canary.step, canary.reason
+        )
 
 
 class TrafficControl:
-    def __init__(self, registry: ModelRegistry, settings: TrafficSettings = TrafficSettings(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        settings: TrafficSettings = TrafficSettings(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = registry
         self.settings = settings
         self.clock = clock
@@ -88,7 +95,7 @@ class TrafficControl:
         self.counts: dict[tuple[str, int, str], int] = {}  # (model, version, route)
         self.transitions: dict[tuple[str, str], int] = {}  # (model, to)
         self.shadow = ShadowSender(registry, self.count, settings.shadow_max_inflight)
-        self._gate: Optional[asyncio.Task] = None
+        self._gate: asyncio.Task | None = None
         self._closed = False
         self._pending: set[str] = set()  # models with a version event to settle
         self._file_seen: set[str] = set()  # traffic.json looked at since the model came up
@@ -107,13 +114,17 @@ class TrafficControl:
             record = model.versions.get(int(version))
             if record is None or not record.serving:
                 state = "unknown" if record is None else record.state.value
-                raise InvalidArgument(f"traffic policy for model '{name}': version '{version}' "
-                                      f"is not READY ({state})")
+                raise InvalidArgument(
+                    f"traffic policy for model '{name}': version '{version}' is not READY ({state})"
+                )
         if spec.empty:
             self.policies.pop(name, None)
         else:
-            canary = None if spec.canary is None else \
-                Canary(spec.canary, self.clock(), self.settings.canary_window)
+            canary = (
+                None
+                if spec.canary is None
+                else Canary(spec.canary, self.clock(), self.settings.canary_window)
+            )
             self.policies[name] = Policy(spec, canary)
             if canary is not None:
                 self._start_gate()
@@ -129,8 +140,9 @@ class TrafficControl:
         key = (name, version, route)
         self.counts[key] = self.counts.get(key, 0) + 1
 
-    def resolve(self, policy: Policy, name: str, version: str, key: Optional[str] = None,
-                count: bool = True) -> VersionRecord:
+    def resolve(
+        self, policy: Policy, name: str, version: str, key: str | None = None, count: bool = True
+    ) -> VersionRecord:
         """The version a request goes to under `policy`, counted by route (unless `count` is
         false: a raw body's version resolved for its decoding, counted when inferred)."""
         if version and version != "-1":
@@ -154,22 +166,30 @@ class TrafficControl:
             self.count(name, record.version, SPLIT if key is None else STICKY)
         return record
 
-    def route(self, policy: Policy, request: InferRequest,
-              record: Optional[VersionRecord]) -> VersionRecord:
+    def route(
+        self, policy: Policy, request: InferRequest, record: VersionRecord | None
+    ) -> VersionRecord:
         """The version `request` goes to, counted; `record` when the frontend already
         resolved it (uncounted, to decode a raw body, which has no key: a split)."""
         version = request.model_version
         if record is None:
             key = request.parameters.get(KEY_PARAMETER) if request.parameters else None
-            return self.resolve(policy, request.model_name, version,
-                                None if key is None else str(key))
+            return self.resolve(
+                policy, request.model_name, version, None if key is None else str(key)
+            )
         named = bool(version) and version != "-1"
         if named or policy.table is not None:
             self.count(request.model_name, record.version, NAMED if named else SPLIT)
         return record
 
-    def answered(self, policy: Policy, request: InferRequest, record: VersionRecord,
-                 started_ns: int, ok: bool) -> None:
+    def answered(
+        self,
+        policy: Policy,
+        request: InferRequest,
+        record: VersionRecord,
+        started_ns: int,
+        ok: bool,
+    ) -> None:
         """A routed request's answer is in (`ok`: not an error): the canary counts the
         candidate's answers, and a successful request that named no version may be shadowed
         (the copy starts on the next loop turn, after the caller has the answer)."""
@@ -192,7 +212,7 @@ class TrafficControl:
             await asyncio.sleep(self.settings.gate_interval_s)
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - one bad evaluation must not stop every canary
+            except Exception:
                 log.exception("canary gate")
 
     def tick(self) -> None:
@@ -213,14 +233,27 @@ class TrafficControl:
         policy.set_weights(canary.weights())
         spec = canary.spec
         if to == STEP:
-            log.info("model '%s': canary step %d: candidate version %s now gets %d%%", name,
-                     canary.step, spec.candidate, spec.steps[canary.step])
+            log.info(
+                "model '%s': canary step %d: candidate version %s now gets %d%%",
+                name,
+                canary.step,
+                spec.candidate,
+                spec.steps[canary.step],
+            )
         elif to == ROLLED_BACK:
-            log.warning("model '%s': canary rolled back: all traffic back on version %s: %s",
-                        name, spec.baseline, canary.reason)
+            log.warning(
+                "model '%s': canary rolled back: all traffic back on version %s: %s",
+                name,
+                spec.baseline,
+                canary.reason,
+            )
         else:
-            log.warning("model '%s': canary promoted: version %s now takes all traffic (%s)",
-                        name, spec.candidate, canary.reason)
+            log.warning(
+                "model '%s': canary promoted: version %s now takes all traffic (%s)",
+                name,
+                spec.candidate,
+                canary.reason,
+            )
 
     async def stop(self) -> None:
         """Cancel the gate (server shutdown); it does not start again."""
@@ -248,8 +281,9 @@ class TrafficControl:
         if not serving:
             self._file_seen.discard(name)
             if self.policies.pop(name, None) is not None:
-                log.warning("model '%s' has no serving version: its traffic policy is dropped",
-                            name)
+                log.warning(
+                    "model '%s' has no serving version: its traffic policy is dropped", name
+                )
             return
         policy = self.policies.get(name)
         if policy is not None:
@@ -267,12 +301,18 @@ class TrafficControl:
         if policy.weights is not None:
             kept = {v: w for v, w in policy.weights.items() if int(v) in serving}
             if kept != policy.weights:
-                log.warning("model '%s': traffic weights of version(s) %s dropped: no longer "
-                            "serving", name, ", ".join(sorted(set(policy.weights) - set(kept))))
+                log.warning(
+                    "model '%s': traffic weights of version(s) %s dropped: no longer serving",
+                    name,
+                    ", ".join(sorted(set(policy.weights) - set(kept))),
+                )
                 policy.set_weights(kept if any(kept.values()) else None)
         if policy.shadow is not None and int(policy.shadow.version) not in serving:
-            log.warning("model '%s': shadow to version %s dropped: no longer serving", name,
-                        policy.shadow.version)
+            log.warning(
+                "model '%s': shadow to version %s dropped: no longer serving",
+                name,
+                policy.shadow.version,
+            )
             policy.shadow = None
         if policy.empty:
             self.policies.pop(name, None)
@@ -290,8 +330,9 @@ class TrafficControl:
             self.replace(name, spec)
         except (OSError, orjson.JSONDecodeError, ServerError) as exc:
             self._file_seen.add(name)
-            log.error("model '%s': %s ignored: %s", name, path,
-                      getattr(exc, "message", None) or exc)
+            log.error(
+                "model '%s': %s ignored: %s", name, path, getattr(exc, "message", None) or exc
+            )
             return
         self._file_seen.add(name)
         log.info("model '%s': traffic policy from %s in force", name, path)
@@ -300,19 +341,25 @@ class TrafficControl:
     def collect(self) -> Iterable[CounterMetricFamily]:
         """ascend_traffic_requests_total, ascend_canary_transitions_total,
         ascend_shadow_errors_total (the metrics port renders these after Triton's)."""
-        requests = CounterMetricFamily("ascend_traffic_requests",
-                                       "Inference requests by how their version was chosen",
-                                       labels=["model", "version", "route"])
+        requests = CounterMetricFamily(
+            "ascend_traffic_requests",
+            "Inference requests by how their version was chosen",
+            labels=["model", "version", "route"],
+        )
         for (model, version, route), value in list(self.counts.items()):
             requests.add_metric([model, str(version), route], value)
-        transitions = CounterMetricFamily("ascend_canary_transitions",
-                                          "Canary steps, promotions and rollbacks",
-                                          labels=["model", "to"])
+        transitions = CounterMetricFamily(
+            "ascend_canary_transitions",
+            "Canary steps, promotions and rollbacks",
+            labels=["model", "to"],
+        )
         for (model, to), value in list(self.transitions.items()):
             transitions.add_metric([model, to], value)
-        errors = CounterMetricFamily("ascend_shadow_errors",
-                                     "Shadow requests that failed or were dropped",
-                                     labels=["model", "version"])
+        errors = CounterMetricFamily(
+            "ascend_shadow_errors",
+            "Shadow requests that failed or were dropped",
+            labels=["model", "version"],
+        )
         for (model, version), value in list(self.shadow.errors.items()):
             errors.add_metric([model, str(version)], value)
         return [requests, transitions, errors]

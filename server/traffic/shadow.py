@@ -5,12 +5,13 @@ The copy is submitted on the next turn of the event loop after the primary answe
 scheduler. It never waits: a shadow refused by a full queue, or over the in-flight limit, is
 dropped and counted, so it can neither delay nor fail the request it copies.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from protocol.traffic import ShadowSpec
 from protocol.types import InferRequest
@@ -24,8 +25,9 @@ Count = Callable[[str, int, str], None]
 
 
 class ShadowSender:
-    def __init__(self, registry: ModelRegistry, count: Count,
-                 max_inflight: int = DEFAULT_MAX_INFLIGHT) -> None:
+    def __init__(
+        self, registry: ModelRegistry, count: Count, max_inflight: int = DEFAULT_MAX_INFLIGHT
+    ) -> None:
         self.registry = registry
         self._count = count  # the route counter (route "shadow")
         self.max_inflight = max_inflight
@@ -48,11 +50,12 @@ class ShadowSender:
         if record is None or not record.serving:
             self._error(name, version)
             return
-        copy = InferRequest(name, str(version), id=request.id, inputs=request.inputs,
-                            parameters=request.parameters)
+        copy = InferRequest(
+            name, str(version), id=request.id, inputs=request.inputs, parameters=request.parameters
+        )
         try:
             future = record.scheduler.submit(copy)  # type: ignore[union-attr]
-        except Exception:  # noqa: BLE001 - refused (queue full, invalid for V): dropped
+        except Exception:
             self._error(name, version)
             return
         self._count(name, version, "shadow")

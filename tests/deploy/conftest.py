@@ -1,11 +1,12 @@
 """tests/deploy: the deployment files checked offline (no cluster, no docker daemon), and one
 real server started the way the image and the chart start it."""
+
 from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -13,12 +14,13 @@ import pytest
 # om_fixtures (the pyACL emulator's model files) lives with the NPU tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "npu"))
 
-import om_fixtures as omf  # noqa: E402
-from entrypoint import console_script, entrypoint_env, fake_cann, start_entrypoint  # noqa: E402
-from examples.build_repository import build_simple  # noqa: E402
-from manifests import chart_manifests, chart_values, one  # noqa: E402
-from procutil import wait_for  # noqa: E402
-from serverproc import ServerProcess, free_port  # noqa: E402
+import om_fixtures as omf
+from entrypoint import console_script, entrypoint_env, fake_cann, start_entrypoint
+from manifests import chart_manifests, chart_values, one
+from procutil import wait_for
+from serverproc import ServerProcess, free_port
+
+from examples.build_repository import build_simple
 
 CHART_PORTS = {"--http-port": "http", "--grpc-port": "grpc", "--metrics-port": "metrics"}
 
@@ -36,15 +38,27 @@ def chart_args(repository: Path, ports: dict[str, int]) -> list[str]:
         elif flag in CHART_PORTS:
             arg = f"{flag}={ports[CHART_PORTS[flag]]}"
         args.append(arg)
-    return args + ["--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
-                   "--metrics-address=127.0.0.1", "--traffic-shadow-max-inflight=0"]
+    return args + [
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--traffic-shadow-max-inflight=0",
+    ]
 
 
-SIMPLE_INPUTS = [{"name": f"INPUT{i}", "shape": [1, 16], "datatype": "INT32",
-                  "data": list(range(16))} for i in (0, 1)]
+SIMPLE_INPUTS = [
+    {"name": f"INPUT{i}", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+    for i in (0, 1)
+]
 # No latency gate: a loaded machine must not roll the canary back.
-CANARY = {"baseline": "1", "candidate": "2", "steps": [50, 100], "step_seconds": 0.05,
-          "min_requests": 1, "max_p99_ms": None}
+CANARY = {
+    "baseline": "1",
+    "candidate": "2",
+    "steps": [50, 100],
+    "step_seconds": 0.05,
+    "min_requests": 1,
+    "max_p99_ms": None,
+}
 
 
 def infer(base: str, model: str, inputs: list[dict]) -> None:
@@ -93,8 +107,9 @@ def entrypoint_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
     env = entrypoint_env(bin_dir, "ascend", fake_cann(root / "Ascend"))
     ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
     process = start_entrypoint(chart_args(repo, ports), env, root / "server.log")
-    server = ServerProcess(process, ports["http"], ports["grpc"], ports["metrics"],
-                           root / "server.log")
+    server = ServerProcess(
+        process, ports["http"], ports["grpc"], ports["metrics"], root / "server.log"
+    )
 
     def ready() -> bool:
         assert server.alive(), f"server exited:\n{server.log()}"
@@ -106,8 +121,13 @@ def entrypoint_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
     try:
         wait_for(ready, "the entrypoint's server to be ready", timeout=60, interval=0.1)
         exercise_gray_release(server.base)
-        for model, inputs in (("simple", SIMPLE_INPUTS), ("npu_scale", [
-                {"name": "INPUT0", "shape": [2, 4], "datatype": "FP32", "data": [1.0] * 8}])):
+        for model, inputs in (
+            ("simple", SIMPLE_INPUTS),
+            (
+                "npu_scale",
+                [{"name": "INPUT0", "shape": [2, 4], "datatype": "FP32", "data": [1.0] * 8}],
+            ),
+        ):
             infer(server.base, model, inputs)
         yield server
     finally:

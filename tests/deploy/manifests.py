@@ -5,13 +5,15 @@ library: no helm binary is installable here); built-in kinds are validated with
 `kubernetes-validate`'s strict schemas, custom resources (KServe, Prometheus Operator) against
 the CRD schemas committed in tests/deploy/crds (SOURCES.json says where each comes from).
 """
+
 from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
+from collections.abc import Iterable, Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 import helm_python as helm
 import jsonschema
@@ -48,14 +50,14 @@ def _merge(into: dict[str, Any], more: Mapping[str, Any]) -> None:
             into[key] = copy.deepcopy(value)
 
 
-def render_chart(values: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+def render_chart(values: Mapping[str, Any] | None = None) -> dict[str, str]:
     """`helm template demo deploy/helm/ascend-serve -n inference` with these user values:
     template path -> rendered text."""
     with helm.Chart.load(str(CHART)) as chart:
         return chart.render(dict(values or {}), name=RELEASE, namespace=NAMESPACE)
 
 
-def chart_manifests(values: Optional[Mapping[str, Any]] = None) -> list[Manifest]:
+def chart_manifests(values: Mapping[str, Any] | None = None) -> list[Manifest]:
     """Every Kubernetes object the chart renders (NOTES.txt and empty documents left out)."""
     documents: list[Manifest] = []
     for path, text in sorted(render_chart(values).items()):
@@ -93,7 +95,7 @@ def validation_errors(manifest: Manifest, kubernetes_version: str) -> list[str]:
     return []
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) -> the served version's openAPIV3Schema, made strict."""
     schemas: dict[tuple[str, str], dict[str, Any]] = {}
@@ -107,7 +109,7 @@ def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     return schemas
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd_groups() -> frozenset[str]:
     return frozenset(api_version.split("/")[0] for api_version, _ in crd_schemas())
 
@@ -118,8 +120,11 @@ def _strict(schema: Any) -> Any:
     if isinstance(schema, dict):
         for value in schema.values():
             _strict(value)
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             # metadata is validated by the API server's ObjectMeta, not the CRD schema.
             schema["additionalProperties"] = False
     elif isinstance(schema, list):
@@ -134,8 +139,10 @@ def _crd_errors(manifest: Manifest) -> list[str]:
     if schema is None:
         return [f"{describe(manifest)}: no CRD schema for {key} in {CRDS}"]
     validator = jsonschema.Draft7Validator(schema)
-    return [f"{describe(manifest)}: {error.message} at /{'/'.join(map(str, error.path))}"
-            for error in sorted(validator.iter_errors(manifest), key=lambda e: list(e.path))]
+    return [
+        f"{describe(manifest)}: {error.message} at /{'/'.join(map(str, error.path))}"
+        for error in sorted(validator.iter_errors(manifest), key=lambda e: list(e.path))
+    ]
 
 
 def crd_sources() -> dict[str, Any]:

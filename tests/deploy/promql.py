@@ -4,19 +4,23 @@ metric names each one reads. Parsing is promql-parser's (a port of Prometheus' o
 Grafana's variables ($__rate_interval, "$model", ...) and the Prometheus Adapter's Go-template
 placeholders (<<.Series>>, ...) are filled in with what Grafana and the adapter substitute at
 query time before an expression is parsed."""
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import promql_parser
 import yaml
 
 # Grafana's interval variables become durations; any other variable sits inside a label matcher.
-_GRAFANA_INTERVAL = re.compile(r"\$__(rate_interval|interval|range)\b|\$\{__(rate_interval|"
-                               r"interval|range)\}")
+_GRAFANA_INTERVAL = re.compile(
+    r"\$__(rate_interval|interval|range)\b|\$\{__(rate_interval|"
+    r"interval|range)\}"
+)
 _GRAFANA_VARIABLE = re.compile(r"\$\{?\w+\}?")
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
 
@@ -38,8 +42,11 @@ def exposed_names(exposition: str) -> set[str]:
     """Series names in a Prometheus text exposition, exactly as Prometheus stores them
     (prometheus_client's parser would rename counters to <name>_total, which Prometheus does
     not)."""
-    return {re.split(r"[{\s]", line, 1)[0] for line in exposition.splitlines()
-            if line.strip() and not line.startswith("#")}
+    return {
+        re.split(r"[{\s]", line, 1)[0]
+        for line in exposition.splitlines()
+        if line.strip() and not line.startswith("#")
+    }
 
 
 def grafana_query(expression: str) -> str:
@@ -67,9 +74,12 @@ def adapter_expressions(path: Path) -> Iterator[tuple[str, str]]:
         series = rule["seriesQuery"]
         yield f"rule {index} seriesQuery", series
         name = metric_names(series).pop()
-        query = (rule["metricsQuery"].replace("<<.Series>>", name)
-                 .replace("<<.LabelMatchers>>", 'namespace="inference",pod=~"demo-.*"')
-                 .replace("<<.GroupBy>>", "pod"))
+        query = (
+            rule["metricsQuery"]
+            .replace("<<.Series>>", name)
+            .replace("<<.LabelMatchers>>", 'namespace="inference",pod=~"demo-.*"')
+            .replace("<<.GroupBy>>", "pod")
+        )
         assert "<<" not in query, f"rule {index}: unknown placeholder in {query!r}"
         yield f"rule {index} metricsQuery", query
 

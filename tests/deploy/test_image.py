@@ -1,6 +1,7 @@
 """The Dockerfile and the image's entrypoint, without a docker daemon: hadolint and shellcheck
 clean, the image's command line accepted by the server's own CLI with its defaults, nothing the
 build copies left out by .dockerignore, and the entrypoint run directly."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import grpc
 import httpx
+from entrypoint import ENTRYPOINT, ROOT, console_script, entrypoint_env, fake_cann, run_entrypoint
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from entrypoint import ENTRYPOINT, ROOT, console_script, entrypoint_env, fake_cann, run_entrypoint
 from server.cli import build_parser
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -32,8 +33,11 @@ def tool(name: str) -> str:
 def instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
     text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip())
-            for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip())
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def final_stage() -> list[tuple[str, str]]:
@@ -48,8 +52,9 @@ def exec_form(stage: list[tuple[str, str]], op: str) -> list[str]:
 
 
 def test_hadolint_finds_nothing():
-    result = subprocess.run([tool("hadolint"), "--no-color", str(DOCKERFILE)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [tool("hadolint"), "--no-color", str(DOCKERFILE)], capture_output=True, text=True
+    )
     assert (result.returncode, result.stdout) == (0, "")
 
 
@@ -80,12 +85,18 @@ def test_runs_as_a_numeric_non_root_user():
 def test_command_line_parses_with_the_servers_cli_and_ports_are_its_defaults():
     stage = final_stage()
     assert exec_form(stage, "ENTRYPOINT") == ["ascend-serve-entrypoint"]
-    assert ("COPY", f"{ENTRYPOINT.relative_to(ROOT)} /usr/local/bin/ascend-serve-entrypoint") in stage
+    assert (
+        "COPY",
+        f"{ENTRYPOINT.relative_to(ROOT)} /usr/local/bin/ascend-serve-entrypoint",
+    ) in stage
     args = build_parser().parse_args(exec_form(stage, "CMD"))
     assert [str(p) for p in args.model_repositories] == ["/models"]
     (exposed,) = [args for op, args in stage if op == "EXPOSE"]
-    assert [int(p) for p in exposed.split()] == [DEFAULTS.http_port, DEFAULTS.grpc_port,
-                                                 DEFAULTS.metrics_port]
+    assert [int(p) for p in exposed.split()] == [
+        DEFAULTS.http_port,
+        DEFAULTS.grpc_port,
+        DEFAULTS.metrics_port,
+    ]
     (check,) = [args for op, args in stage if op == "HEALTHCHECK"]
     assert f"http://127.0.0.1:{DEFAULTS.http_port}/v2/health/ready" in check
 
@@ -94,18 +105,30 @@ def test_build_copies_every_package_pyproject_installs():
     text = (ROOT / "pyproject.toml").read_text()
     packages = json.loads(re.search(r"^include = (\[.*\])$", text, re.M)[1])
     modules = json.loads(re.search(r"^py-modules = (\[.*\])$", text, re.M)[1])
-    copied = {src.rstrip("/") for op, args in instructions() if op == "COPY" and "--from" not in args
-              for src in args.split()[:-1]}
-    wanted = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()
-              and any(fnmatch.fnmatch(p.name, pattern) for pattern in packages)}
+    copied = {
+        src.rstrip("/")
+        for op, args in instructions()
+        if op == "COPY" and "--from" not in args
+        for src in args.split()[:-1]
+    }
+    wanted = {
+        p.name
+        for p in ROOT.iterdir()
+        if p.is_dir()
+        and (p / "__init__.py").exists()
+        and any(fnmatch.fnmatch(p.name, pattern) for pattern in packages)
+    }
     assert wanted and wanted <= copied
     assert {f"{m}.py" for m in modules} <= copied
     assert {"pyproject.toml", "README.md"} <= copied  # the build reads both
 
 
 def test_dockerignore_keeps_everything_the_build_copies():
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
     def ignored(path: str) -> bool:
         result = False
@@ -117,8 +140,12 @@ def test_dockerignore_keeps_everything_the_build_copies():
                 result = not negate
         return result
 
-    sources = [src for op, args in instructions() if op == "COPY" and "--from" not in args
-               for src in args.split()[:-1]]
+    sources = [
+        src
+        for op, args in instructions()
+        if op == "COPY" and "--from" not in args
+        for src in args.split()[:-1]
+    ]
     assert "deploy/docker/entrypoint.sh" in sources
     for source in sources:
         assert (ROOT / source).exists(), source
@@ -135,26 +162,31 @@ def test_entrypoint_runs_the_console_script(tmp_path):
 
 
 def test_entrypoint_runs_another_command_when_given_one(tmp_path):
-    result = run_entrypoint(["sh", "-c", "echo $ASCEND_SERVE_VARIANT"],
-                            entrypoint_env(tmp_path, "cpu"))
+    result = run_entrypoint(
+        ["sh", "-c", "echo $ASCEND_SERVE_VARIANT"], entrypoint_env(tmp_path, "cpu")
+    )
     assert (result.returncode, result.stdout) == (0, "cpu\n")
 
 
 def test_ascend_entrypoint_sources_set_env(tmp_path):
     set_env = fake_cann(tmp_path / "Ascend")
-    result = run_entrypoint(["sh", "-c", 'echo "$ASCEND_TOOLKIT_HOME"'],
-                            entrypoint_env(tmp_path, "ascend", set_env))
+    result = run_entrypoint(
+        ["sh", "-c", 'echo "$ASCEND_TOOLKIT_HOME"'], entrypoint_env(tmp_path, "ascend", set_env)
+    )
     assert (result.returncode, result.stdout) == (0, f"{set_env.parent}\n")
 
 
 def test_ascend_entrypoint_without_cann_says_so(tmp_path):
     missing = tmp_path / "nowhere" / "set_env.sh"
     console_script(tmp_path)
-    result = run_entrypoint(["--model-repository", "/models"],
-                            entrypoint_env(tmp_path, "ascend", missing))
+    result = run_entrypoint(
+        ["--model-repository", "/models"], entrypoint_env(tmp_path, "ascend", missing)
+    )
     assert result.returncode == 1
-    assert result.stderr == (f"ascend-serve: CANN environment script {missing} not found; build "
-                             "on a CANN base image or set ASCEND_SET_ENV\n")
+    assert result.stderr == (
+        f"ascend-serve: CANN environment script {missing} not found; build "
+        "on a CANN base image or set ASCEND_SET_ENV\n"
+    )
 
 
 def test_the_ascend_image_start_serves_npu_models_with_the_charts_probes(entrypoint_server):
@@ -165,8 +197,11 @@ def test_the_ascend_image_start_serves_npu_models_with_the_charts_probes(entrypo
     assert httpx.get(f"{base}/v2/health/live").status_code == 200
     assert httpx.get(f"{base}/v2/health/ready").status_code == 200
     with grpc.insecure_channel(entrypoint_server.grpc_url) as channel:
-        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                           timeout=5).status
+        status = (
+            health_pb2_grpc.HealthStub(channel)
+            .Check(health_pb2.HealthCheckRequest(), timeout=5)
+            .status
+        )
     assert status == health_pb2.HealthCheckResponse.SERVING
     # bash and the console script exec'd: the server itself holds the pid (PID 1 in a
     # container), so SIGTERM reaches it and starts the drain.

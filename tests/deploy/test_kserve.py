@@ -1,12 +1,13 @@
 """The KServe ClusterServingRuntime and example InferenceServices: valid against KServe's CRD
 schemas (v0.20.0, committed in tests/deploy/crds), and a command line the server accepts."""
+
 from __future__ import annotations
 
 import hashlib
 
 import pytest
-
 from manifests import CRDS, KSERVE, crd_sources, file_manifests, one, validation_errors
+
 from server.cli import build_parser
 
 RUNTIME = KSERVE / "cluster-serving-runtime.yaml"
@@ -38,7 +39,8 @@ def test_runtime_serves_the_three_formats_over_v2():
     assert {f["name"] for f in spec["supportedModelFormats"]} == {"onnx", "triton", "ascend-om"}
     assert spec["protocolVersions"] == ["v2", "grpc-v2"]
     assert spec["annotations"]["prometheus.kserve.io/port"] == str(
-        build_parser().parse_args(["--model-repository", "/m"]).metrics_port)
+        build_parser().parse_args(["--model-repository", "/m"]).metrics_port
+    )
 
 
 def test_runtime_command_line_parses_with_the_servers_cli():
@@ -60,15 +62,23 @@ def test_an_example_for_each_format_and_a_canary():
         assert model["runtime"] == runtime()["metadata"]["name"]
         assert model["protocolVersion"] in runtime()["spec"]["protocolVersions"]
         # KServe appends the model's args to the runtime's: the whole line must parse.
-        build_parser().parse_args(runtime()["spec"]["containers"][0]["args"] + model.get("args", []))
+        build_parser().parse_args(
+            runtime()["spec"]["containers"][0]["args"] + model.get("args", [])
+        )
     canary = [s for s in services if "canaryTrafficPercent" in s["spec"]["predictor"]]
     assert len(canary) == 1 and canary[0]["spec"]["predictor"]["canaryTrafficPercent"] == 10
-    stable = [s for s in services if s["metadata"]["name"] == canary[0]["metadata"]["name"]
-              and s is not canary[0]]
+    stable = [
+        s
+        for s in services
+        if s["metadata"]["name"] == canary[0]["metadata"]["name"] and s is not canary[0]
+    ]
     assert len(stable) == 1  # the canary updates an example above it
     mode = "serving.kserve.io/deploymentMode"
-    assert stable[0]["metadata"]["annotations"][mode] == canary[0]["metadata"]["annotations"][mode] \
-        == "Serverless"  # canaryTrafficPercent needs Knative revisions
+    assert (
+        stable[0]["metadata"]["annotations"][mode]
+        == canary[0]["metadata"]["annotations"][mode]
+        == "Serverless"
+    )  # canaryTrafficPercent needs Knative revisions
 
 
 def test_ascend_example_requests_an_npu_and_mounts_the_driver():

@@ -2,16 +2,22 @@
 parses, and every metric it names is one a real server exports (scraped from the server the
 Ascend image's entrypoint started, with an ONNX model under a gray release and an emulated NPU
 model)."""
+
 from __future__ import annotations
 
 import json
 
 import httpx
 import pytest
-
 from manifests import CHART, DASHBOARD, chart_manifests, one
-from promql import (adapter_expressions, alert_expressions, dashboard_expressions,
-                    exposed_names, grafana_query, metric_names)
+from promql import (
+    adapter_expressions,
+    alert_expressions,
+    dashboard_expressions,
+    exposed_names,
+    grafana_query,
+    metric_names,
+)
 
 ADAPTER_RULES = CHART / "prometheus-adapter-values.yaml"
 # Series Prometheus itself writes for every scrape target, not the server.
@@ -24,17 +30,25 @@ def exported(entrypoint_server) -> set[str]:
 
 
 def all_expressions() -> list[tuple[str, str]]:
-    monitoring = chart_manifests({"serviceMonitor": {"enabled": True},
-                                  "prometheusRule": {"enabled": True}})
-    return [*dashboard_expressions(DASHBOARD), *adapter_expressions(ADAPTER_RULES),
-            *alert_expressions(monitoring)]
+    monitoring = chart_manifests(
+        {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    )
+    return [
+        *dashboard_expressions(DASHBOARD),
+        *adapter_expressions(ADAPTER_RULES),
+        *alert_expressions(monitoring),
+    ]
 
 
 def test_every_expression_parses():
     expressions = all_expressions()
     sources = [where.split()[0] for where, _ in expressions]
     assert {source: sources.count(source) for source in set(sources)} == {
-        "panel": 20, "variable": 2, "rule": 2, "alert": 3}
+        "panel": 20,
+        "variable": 2,
+        "rule": 2,
+        "alert": 3,
+    }
     failures = []
     for where, expression in expressions:
         try:
@@ -54,10 +68,15 @@ def test_every_named_metric_is_exported_by_a_running_server(exported):
     named = {name for _, expression in all_expressions() for name in metric_names(expression)}
     assert named - exported - PROMETHEUS_OWN == set()
     # The scrape really covered the NPU, histogram and gray release series the dashboard reads.
-    assert {"ascend_npu_memory_used_bytes", "ascend_npu_utilization",
-            "ascend_inference_batch_size_bucket", "ascend_traffic_requests_total",
-            "ascend_canary_transitions_total", "ascend_shadow_errors_total",
-            "ascend_inference_request_latency_seconds_bucket"} <= named & exported
+    assert {
+        "ascend_npu_memory_used_bytes",
+        "ascend_npu_utilization",
+        "ascend_inference_batch_size_bucket",
+        "ascend_traffic_requests_total",
+        "ascend_canary_transitions_total",
+        "ascend_shadow_errors_total",
+        "ascend_inference_request_latency_seconds_bucket",
+    } <= named & exported
 
 
 def test_dashboard_covers_what_operators_asked_for():
@@ -88,8 +107,11 @@ def test_dashboard_covers_what_operators_asked_for():
 
 
 def test_hpa_metric_is_the_one_the_adapter_rule_serves(exported):
-    rule = next(expression for where, expression in adapter_expressions(ADAPTER_RULES)
-                if where.endswith("seriesQuery"))
+    rule = next(
+        expression
+        for where, expression in adapter_expressions(ADAPTER_RULES)
+        if where.endswith("seriesQuery")
+    )
     hpa = one(chart_manifests(), "HorizontalPodAutoscaler")
     served = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert metric_names(rule) == {served} == {"nv_inference_pending_request_count"}

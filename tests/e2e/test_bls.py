@@ -2,15 +2,15 @@
 and the errors a call gets back, verbatim; the calls go through the server's infer path, so the
 called model's statistics and metrics move.
 """
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-
 from procutil import wait_for
 from serverproc import ServerProcess, running_server
 from streamingmodels import build_streaming_repository
@@ -77,8 +77,7 @@ def test_errors_come_back_verbatim(server: ServerProcess) -> None:
     assert err.startswith("Model 'chatty' is decoupled: call it with exec(decoupled=True)")
 
 
-def test_async_exec_decoupled_gives_every_answer_then_an_empty_one(
-        server: ServerProcess) -> None:
+def test_async_exec_decoupled_gives_every_answer_then_an_empty_one(server: ServerProcess) -> None:
     out, note = _bls(server, "async_stream")
     assert out[0, :4].tolist() == [0, 1, 2, 0]
     assert note == "4 answers, last empty: True"
@@ -88,8 +87,11 @@ def test_cancelling_a_decoupled_call_reaches_the_called_model(server: ServerProc
     cancels = server.log().count("chatty cancelled at")
     out, err = _bls(server, "stop_early")
     assert out[0, :2].tolist() == [0, 1] and err == ""
-    wait_for(lambda: server.log().count("chatty cancelled at") > cancels,
-             "chatty to see the cancel", timeout=15)
+    wait_for(
+        lambda: server.log().count("chatty cancelled at") > cancels,
+        "chatty to see the cancel",
+        timeout=15,
+    )
 
 
 def test_exec_decoupled_iterates_every_response(server: ServerProcess) -> None:
@@ -103,12 +105,20 @@ def test_exec_decoupled_iterates_every_response(server: ServerProcess) -> None:
 
 def test_a_decoupled_step_that_answers_once_works_in_an_ensemble(server: ServerProcess) -> None:
     def words(text: bytes) -> httpx.Response:
-        return httpx.post(f"{server.base}/v2/models/words/infer", json={"inputs": [
-            {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [text.decode()]}]})
+        return httpx.post(
+            f"{server.base}/v2/models/words/infer",
+            json={
+                "inputs": [
+                    {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [text.decode()]}
+                ]
+            },
+        )
 
     one = words(b"single")
     assert one.status_code == 200
     assert one.json()["outputs"][0]["data"] == ["single"]
     two = words(b"two words")
     assert two.status_code == 500
-    assert "model 'token_stream' is decoupled and gave more than one response" in two.json()["error"]
+    assert (
+        "model 'token_stream' is decoupled and gave more than one response" in two.json()["error"]
+    )

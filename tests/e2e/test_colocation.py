@@ -1,5 +1,6 @@
 """The event loop stays on one CPU and a cheap model's instance threads join it; the flag turns
 that off (scheduler/affinity.py). Observed from outside, in /proc, as an operator would."""
+
 from __future__ import annotations
 
 import os
@@ -8,17 +9,24 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from examples.build_repository import build_simple
 from serverproc import running_server
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not hasattr(os, "sched_getaffinity")
-                                 or len(os.sched_getaffinity(0)) < 2,
-                                 reason="needs Linux CPU affinity and two CPUs")]
+from examples.build_repository import build_simple
 
-BODY = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
-                   {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [2] * 16}]}
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+        reason="needs Linux CPU affinity and two CPUs",
+    ),
+]
+
+BODY = {
+    "inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [2] * 16},
+    ]
+}
 
 
 def allowed_cpus(pid: int) -> dict[int, str]:
@@ -62,8 +70,9 @@ def test_cheap_instances_join_the_pinned_event_loop(repository: Path, tmp_path: 
 
 
 def test_the_flag_turns_colocation_off(repository: Path, tmp_path: Path) -> None:
-    with running_server([repository], ["--colocate-cheap-instances=false"],
-                        log_dir=tmp_path) as server:
+    with running_server(
+        [repository], ["--colocate-cheap-instances=false"], log_dir=tmp_path
+    ) as server:
         with httpx.Client(base_url=server.base, timeout=10) as http:
             for _ in range(40):
                 assert http.post("/v2/models/simple/infer", json=BODY).status_code == 200

@@ -8,23 +8,24 @@ once and the refusals logged rate-limited, while the health-check reserve still 
 the handshake timeout, an idle channel gets GOAWAY, and a gzip request that would inflate past
 --grpc-max-input-size is refused while the server's resident memory stays small.
 """
+
 from __future__ import annotations
 
 import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from serverproc import ServerProcess, running_server
 from tritonclient.grpc import service_pb2
 
 from examples.build_repository import build_simple
-from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -44,26 +45,43 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def timeouts(repository: Path, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[ServerProcess]:
+def timeouts(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     secs = str(TIMEOUT_SECS)
-    with running_server([repository], [
-            "--http-idle-timeout-secs", secs, "--http-header-timeout-secs", secs,
-            "--http-keep-alive-timeout-secs", secs,
-            "--grpc-handshake-timeout", "500", "--grpc-max-connection-idle", "500",
-            "--grpc-max-input-size", str(GRPC_INPUT_LIMIT)],
-            log_dir=tmp_path_factory.mktemp("logs")) as proc:
+    with running_server(
+        [repository],
+        [
+            "--http-idle-timeout-secs",
+            secs,
+            "--http-header-timeout-secs",
+            secs,
+            "--http-keep-alive-timeout-secs",
+            secs,
+            "--grpc-handshake-timeout",
+            "500",
+            "--grpc-max-connection-idle",
+            "500",
+            "--grpc-max-input-size",
+            str(GRPC_INPUT_LIMIT),
+        ],
+        log_dir=tmp_path_factory.mktemp("logs"),
+    ) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
-def limited(repository: Path, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[ServerProcess]:
-    with running_server([repository], [
-            "--http-max-connections", str(MAX_CONNECTIONS),
-            "--http-health-reserved-connections", str(RESERVE),
-            "--grpc-max-connections", "2"],
-            log_dir=tmp_path_factory.mktemp("logs")) as proc:
+def limited(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(
+        [repository],
+        [
+            "--http-max-connections",
+            str(MAX_CONNECTIONS),
+            "--http-health-reserved-connections",
+            str(RESERVE),
+            "--grpc-max-connections",
+            "2",
+        ],
+        log_dir=tmp_path_factory.mktemp("logs"),
+    ) as proc:
         yield proc
 
 
@@ -71,8 +89,7 @@ def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10.0)
 
 
-def closed_after(sock: socket.socket, limit: float, drip: bytes = b"",
-                 every: float = 0.1) -> float:
+def closed_after(sock: socket.socket, limit: float, drip: bytes = b"", every: float = 0.1) -> float:
     """Seconds until the server closes `sock` (sending `drip` every `every` s meanwhile);
     fails if it is still open after `limit` s. Responses the server sends are skipped."""
     start = time.monotonic()
@@ -86,7 +103,7 @@ def closed_after(sock: socket.socket, limit: float, drip: bytes = b"",
         try:
             if sock.recv(65536) == b"":
                 return time.monotonic() - start
-        except socket.timeout:
+        except TimeoutError:
             continue
         except OSError:
             return time.monotonic() - start
@@ -112,6 +129,7 @@ def read_response(sock: socket.socket) -> tuple[int, bytes]:
 
 
 # ----- HTTP timeouts ----------------------------------------------------------------------
+
 
 def test_silent_client_is_closed(timeouts: ServerProcess) -> None:
     with connect(timeouts.http_port) as sock:
@@ -163,6 +181,7 @@ def test_metrics_listener_has_the_same_timeouts(timeouts: ServerProcess) -> None
 
 # ----- HTTP connection limit --------------------------------------------------------------
 
+
 def test_connection_limit_keeps_health_answering(limited: ServerProcess) -> None:
     held = []
     try:
@@ -205,6 +224,7 @@ def test_connection_limit_keeps_health_answering(limited: ServerProcess) -> None
 
 
 # ----- gRPC -------------------------------------------------------------------------------
+
 
 def test_grpc_connection_limit(limited: ServerProcess) -> None:
     """Two gRPC connections are served (their HTTP/2 settings arrive); the third is closed."""
@@ -267,10 +287,14 @@ def test_grpc_compressed_request_cannot_inflate_past_the_bound(timeouts: ServerP
     del request
     _reset_peak(timeouts.pid)
     before = _rss_peak_kib(timeouts.pid)
-    with grpc.insecure_channel(timeouts.grpc_url,
-                               options=[("grpc.max_send_message_length", -1)]) as channel:
-        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                                    request_serializer=None, response_deserializer=None)
+    with grpc.insecure_channel(
+        timeouts.grpc_url, options=[("grpc.max_send_message_length", -1)]
+    ) as channel:
+        infer = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=None,
+            response_deserializer=None,
+        )
         with pytest.raises(grpc.RpcError) as failure:
             infer(payload, compression=grpc.Compression.Gzip, timeout=30)
     assert failure.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, failure.value.details()
@@ -280,8 +304,10 @@ def test_grpc_compressed_request_cannot_inflate_past_the_bound(timeouts: ServerP
     # Under the bound, compressed requests are served as before.
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     with grpcclient.InferenceServerClient(timeouts.grpc_url) as client:
-        inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-                  grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs = [
+            grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+            grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+        ]
         inputs[0].set_data_from_numpy(a)
         inputs[1].set_data_from_numpy(a)
         result = client.infer("simple", inputs, compression_algorithm="gzip")

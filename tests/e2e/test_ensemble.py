@@ -5,13 +5,14 @@ the same answer as running its pieces by hand, with one request; every step goes
 own model's scheduler, so each member's statistics count it. Two slow (0.6 s) Python steps that do
 not depend on each other must overlap, and a failing step must fail the request and be named.
 """
+
 from __future__ import annotations
 
 import re
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import numpy as np
@@ -19,15 +20,15 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import CLASSIFIER_LABELS, build_classifier
 from examples.pipeline import build_pipeline, preprocess_reference
-from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
-SLOW_STEP_MODEL = '''
+SLOW_STEP_MODEL = """
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -41,9 +42,9 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * FACTOR)])
             for r in requests]
-'''
+"""
 
-PICKY_MODEL = '''
+PICKY_MODEL = """
 import triton_python_backend_utils as pb_utils
 
 
@@ -58,18 +59,18 @@ class TritonPythonModel:
             else:
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
         return responses
-'''
+"""
 
-STEP_CONFIG = '''
+STEP_CONFIG = """
 name: "%s"
 backend: "python"
 max_batch_size: 4
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+"""
 
-PARALLEL_ENSEMBLE = '''
+PARALLEL_ENSEMBLE = """
 name: "parallel"
 platform: "ensemble"
 max_batch_size: 4
@@ -84,9 +85,9 @@ ensemble_scheduling {
       input_map { key: "X" value: "IN" } output_map { key: "Y" value: "TRIPLE" } }
   ]
 }
-'''
+"""
 
-CHECKED_ENSEMBLE = '''
+CHECKED_ENSEMBLE = """
 name: "checked"
 platform: "ensemble"
 max_batch_size: 4
@@ -100,7 +101,7 @@ ensemble_scheduling {
       output_map { key: "Y" value: "OUT" } }
   ]
 }
-'''
+"""
 
 
 def write(path: Path, text: str) -> None:
@@ -126,8 +127,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server([repo], ["--exit-timeout-secs", "10"],
-                        log_dir=tmp_path_factory.mktemp("logs")) as process:
+    with running_server(
+        [repo], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
+    ) as process:
         yield process
 
 
@@ -136,8 +138,9 @@ def images(count: int, seed: int = 0) -> np.ndarray:
 
 
 def expected(repo: Path, batch: np.ndarray) -> tuple[list[bytes], np.ndarray]:
-    session = ort.InferenceSession(str(repo / "classifier" / "1" / "model.onnx"),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(repo / "classifier" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     probabilities = session.run(None, {"INPUT": preprocess_reference(batch)})[0]
     top = probabilities.argmax(axis=1)
     labels = [CLASSIFIER_LABELS[i].encode() for i in top]
@@ -155,10 +158,14 @@ def success_counts(server: ServerProcess, models: list[str]) -> dict[str, int]:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_pipeline_composes_preprocess_classifier_postprocess(
-        server: ServerProcess, repo: Path, protocol: str) -> None:
+    server: ServerProcess, repo: Path, protocol: str
+) -> None:
     module = httpclient if protocol == "http" else grpcclient
-    client = (httpclient.InferenceServerClient(server.http_url) if protocol == "http"
-              else grpcclient.InferenceServerClient(server.grpc_url))
+    client = (
+        httpclient.InferenceServerClient(server.http_url)
+        if protocol == "http"
+        else grpcclient.InferenceServerClient(server.grpc_url)
+    )
     members = ["pipeline", "preprocess", "classifier", "postprocess"]
     before = success_counts(server, members)
     batch = images(3, seed=1 if protocol == "http" else 2)
@@ -182,8 +189,9 @@ def test_statistics_and_metrics_count_every_step(server: ServerProcess) -> None:
     metrics = httpx.get(server.metrics_url).text
     counts = {}
     for model in ("pipeline", "preprocess", "classifier", "postprocess"):
-        match = re.search(rf'nv_inference_request_success{{model="{model}",version="1"}} (\d+)',
-                          metrics)
+        match = re.search(
+            rf'nv_inference_request_success{{model="{model}",version="1"}} (\d+)', metrics
+        )
         assert match, f"no success counter for '{model}'"
         counts[model] = int(match.group(1))
     assert len(set(counts.values())) == 1 and counts["pipeline"] >= 4
@@ -207,19 +215,23 @@ def test_independent_steps_run_concurrently(server: ServerProcess) -> None:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_failing_step_fails_the_request_and_is_named(server: ServerProcess,
-                                                       protocol: str) -> None:
+def test_a_failing_step_fails_the_request_and_is_named(
+    server: ServerProcess, protocol: str
+) -> None:
     module = httpclient if protocol == "http" else grpcclient
-    client = (httpclient.InferenceServerClient(server.http_url) if protocol == "http"
-              else grpcclient.InferenceServerClient(server.grpc_url))
+    client = (
+        httpclient.InferenceServerClient(server.http_url)
+        if protocol == "http"
+        else grpcclient.InferenceServerClient(server.grpc_url)
+    )
     tensor = module.InferInput("IN", [1, 2], "FP32")
     tensor.set_data_from_numpy(np.array([[1.0, -1.0]], dtype=np.float32))
     with pytest.raises(InferenceServerException) as caught:
         client.infer("checked", [tensor])
-    assert caught.value.message() == ("in ensemble 'checked', step 1 (model 'picky'): "
-                                      "negative values are not allowed")
-    assert caught.value.status() == ("400" if protocol == "http"
-                                     else "StatusCode.INVALID_ARGUMENT")
+    assert caught.value.message() == (
+        "in ensemble 'checked', step 1 (model 'picky'): negative values are not allowed"
+    )
+    assert caught.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
     tensor.set_data_from_numpy(np.array([[1.0, 2.0]], dtype=np.float32))
     assert np.array_equal(client.infer("checked", [tensor]).as_numpy("OUT"), [[2.0, 4.0]])
 
@@ -237,7 +249,8 @@ def test_ensemble_metadata_and_config(server: ServerProcess) -> None:
 
 
 def test_sigterm_lets_an_in_flight_ensemble_finish_its_later_steps(
-        repo: Path, tmp_path: Path) -> None:
+    repo: Path, tmp_path: Path
+) -> None:
     import signal
     import threading
 

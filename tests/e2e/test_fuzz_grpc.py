@@ -9,49 +9,91 @@ The property (tests/fuzzing.py): no INTERNAL / UNKNOWN answer (UNAVAILABLE and U
 only for the documented cases), the server stays alive, live after every case, no unexpected
 error in its log (which also catches a stream request answered with an error_message only).
 ASCEND_FUZZ=nightly (`make fuzz`) runs thousands of cases per test."""
+
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+from fuzzing import (
+    ALLOWED_501,
+    ALLOWED_503,
+    DATATYPES,
+    MODELS,
+    ODD_NAMES,
+    ODD_VERSIONS,
+    OUTPUTS,
+    Watch,
+    describe,
+    fuzz_settings,
+)
 from hypothesis import given
 from hypothesis import strategies as st
-
-from fuzzing import (ALLOWED_501, ALLOWED_503, DATATYPES, MODELS, ODD_NAMES, ODD_VERSIONS,
-                     OUTPUTS, Watch, describe, fuzz_settings)
-from protocol.proto import grpc_service_pb2 as pb
 from serverproc import running_server
+
+from protocol.proto import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.e2e
 
 SERVICE = "/inference.GRPCInferenceService/"
-INT64 = st.one_of(st.integers(-3, 70), st.sampled_from(
-    [2**31 - 1, 2**31, 2**32, 2**62, 2**63 - 1, -(2**63), 9223372036854775807]))
+INT64 = st.one_of(
+    st.integers(-3, 70),
+    st.sampled_from([2**31 - 1, 2**31, 2**32, 2**62, 2**63 - 1, -(2**63), 9223372036854775807]),
+)
 NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "INT32": np.int32, "FP32": np.float32}
-CONTENT_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-                  "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-                  "UINT16": "uint_contents", "UINT32": "uint_contents",
-                  "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
-                  "BYTES": "bytes_contents"}
+CONTENT_FIELDS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
 FIELD_VALUES = {
-    "bool_contents": st.booleans(), "int_contents": st.integers(-(2**31), 2**31 - 1),
-    "int64_contents": st.integers(-(2**63), 2**63 - 1), "uint_contents": st.integers(0, 2**32 - 1),
-    "uint64_contents": st.integers(0, 2**64 - 1), "fp32_contents": st.floats(width=32),
-    "fp64_contents": st.floats(), "bytes_contents": st.binary(max_size=12)}
-PARAM_KEYS = ["binary_data_size", "binary_data", "binary_data_output", "classification",
-              "timeout", "priority", "sequence_id", "sequence_start", "sequence_end",
-              "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset",
-              "triton_enable_empty_final_response", "custom", ""]
+    "bool_contents": st.booleans(),
+    "int_contents": st.integers(-(2**31), 2**31 - 1),
+    "int64_contents": st.integers(-(2**63), 2**63 - 1),
+    "uint_contents": st.integers(0, 2**32 - 1),
+    "uint64_contents": st.integers(0, 2**64 - 1),
+    "fp32_contents": st.floats(width=32),
+    "fp64_contents": st.floats(),
+    "bytes_contents": st.binary(max_size=12),
+}
+PARAM_KEYS = [
+    "binary_data_size",
+    "binary_data",
+    "binary_data_output",
+    "classification",
+    "timeout",
+    "priority",
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+    "shared_memory_region",
+    "shared_memory_byte_size",
+    "shared_memory_offset",
+    "triton_enable_empty_final_response",
+    "custom",
+    "",
+]
 
 
 @pytest.fixture(scope="module")
 def watch(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watch]:
-    with running_server([example_repository], ["--exit-timeout-secs", "10"],
-                        log_dir=tmp_path_factory.mktemp("logs")) as server:
+    with running_server(
+        [example_repository], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
+    ) as server:
         checker = Watch(server)
         checker.channel = grpc.insecure_channel(server.grpc_url)  # type: ignore[attr-defined]
         yield checker
@@ -86,7 +128,8 @@ def parameter_maps(draw: st.DrawFn) -> dict[str, dict]:
         st.builds(lambda v: {"int64_param": v}, INT64),
         st.builds(lambda v: {"uint64_param": v}, st.integers(0, 2**64 - 1)),
         st.builds(lambda v: {"double_param": v}, st.floats()),
-        st.builds(lambda v: {"string_param": v}, st.text(max_size=12)))
+        st.builds(lambda v: {"string_param": v}, st.text(max_size=12)),
+    )
     return draw(st.dictionaries(st.sampled_from(PARAM_KEYS), values, max_size=3))
 
 
@@ -132,16 +175,24 @@ def _tensor(draw, request):  # type: ignore[no-untyped-def]
 def m_datatype(draw, request, rng):  # type: ignore[no-untyped-def]
     tensor = _tensor(draw, request)
     if tensor is not None:
-        tensor.datatype = draw(st.one_of(st.sampled_from(DATATYPES + ["TYPE_FP32", "", "fp32"]),
-                                         st.text(max_size=6)))
+        tensor.datatype = draw(
+            st.one_of(st.sampled_from(DATATYPES + ["TYPE_FP32", "", "fp32"]), st.text(max_size=6))
+        )
 
 
 def m_shape(draw, request, rng):  # type: ignore[no-untyped-def]
     tensor = _tensor(draw, request)
     if tensor is not None:
         del tensor.shape[:]
-        tensor.shape.extend(draw(st.one_of(st.lists(INT64, max_size=6), st.just([1] * 65),
-                                           st.just([9223372036854775807, 0]))))
+        tensor.shape.extend(
+            draw(
+                st.one_of(
+                    st.lists(INT64, max_size=6),
+                    st.just([1] * 65),
+                    st.just([9223372036854775807, 0]),
+                )
+            )
+        )
 
 
 def m_contents(draw, request, rng):  # type: ignore[no-untyped-def]
@@ -161,7 +212,7 @@ def m_content_count(draw, request, rng):  # type: ignore[no-untyped-def]
             values = getattr(tensor.contents, field)
             if len(values):
                 if draw(st.booleans()):
-                    del values[-draw(st.integers(1, len(values))):]
+                    del values[-draw(st.integers(1, len(values))) :]
                 else:
                     values.extend(values[: draw(st.integers(1, len(values)))])
 
@@ -215,9 +266,21 @@ def m_id(draw, request, rng):  # type: ignore[no-untyped-def]
     request.id = draw(st.text(max_size=40))
 
 
-MUTATORS = {f.__name__[2:]: f for f in (m_names, m_datatype, m_shape, m_contents,
-                                        m_content_count, m_raw, m_inputs, m_parameters,
-                                        m_outputs, m_id)}
+MUTATORS = {
+    f.__name__[2:]: f
+    for f in (
+        m_names,
+        m_datatype,
+        m_shape,
+        m_contents,
+        m_content_count,
+        m_raw,
+        m_inputs,
+        m_parameters,
+        m_outputs,
+        m_id,
+    )
+}
 
 
 @st.composite
@@ -238,8 +301,11 @@ def wire_bytes(draw: st.DrawFn, message: Any) -> bytes:
 
 # ----- the properties ----------------------------------------------------------------------------
 def allowed(code: grpc.StatusCode, details: str) -> bool:
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                grpc.StatusCode.RESOURCE_EXHAUSTED):
+    if code in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ):
         return True
     if code is grpc.StatusCode.UNAVAILABLE:
         return bool(ALLOWED_503.search(details))
@@ -262,15 +328,17 @@ def call_unary(watch: Watch, method: str, payload: bytes) -> None:
 
 @fuzz_settings(2)
 @given(request=infer_requests(), data=st.data())
-def test_model_infer_mutated_never_answers_internal(watch: Watch, request: pb.ModelInferRequest,
-                                                   data: st.DataObject) -> None:
+def test_model_infer_mutated_never_answers_internal(
+    watch: Watch, request: pb.ModelInferRequest, data: st.DataObject
+) -> None:
     call_unary(watch, "ModelInfer", data.draw(wire_bytes(request)))
 
 
 @fuzz_settings(1)
 @given(requests=st.lists(infer_requests(), min_size=1, max_size=3), data=st.data())
 def test_model_stream_infer_mutated_never_answers_internal(
-        watch: Watch, requests: list[pb.ModelInferRequest], data: st.DataObject) -> None:
+    watch: Watch, requests: list[pb.ModelInferRequest], data: st.DataObject
+) -> None:
     payloads = [data.draw(wire_bytes(r)) for r in requests]
     status_errors = data.draw(st.integers(0, 2)) > 0
     metadata = (("triton_grpc_error", "true"),) if status_errors else ()
@@ -285,8 +353,9 @@ def test_model_stream_infer_mutated_never_answers_internal(
         outcome = error.code().name
         if not allowed(error.code(), error.details() or ""):
             problem = f"ModelStreamInfer answered {outcome}: {error.details()}"
-    watch.after(f"ModelStreamInfer status_errors={status_errors} {describe(payloads)}", problem,
-                outcome)
+    watch.after(
+        f"ModelStreamInfer status_errors={status_errors} {describe(payloads)}", problem, outcome
+    )
 
 
 def _other_rpcs() -> st.SearchStrategy:
@@ -294,56 +363,109 @@ def _other_rpcs() -> st.SearchStrategy:
     versions = st.sampled_from(ODD_VERSIONS)
     load_parameters = st.dictionaries(
         st.sampled_from(["config", "unload_dependents", "file:1/model.onnx", "file:../x", "x"]),
-        st.one_of(st.builds(lambda v: pb.ModelRepositoryParameter(bool_param=v), st.booleans()),
-                  st.builds(lambda v: pb.ModelRepositoryParameter(string_param=v),
-                            st.one_of(st.text(max_size=30), st.sampled_from(
-                                ['{"backend": "python"}', '{"max_batch_size": -1}', "{", "[]"]))),
-                  st.builds(lambda v: pb.ModelRepositoryParameter(bytes_param=v),
-                            st.binary(max_size=16)),
-                  st.builds(lambda v: pb.ModelRepositoryParameter(int64_param=v), INT64)),
-        max_size=2)
+        st.one_of(
+            st.builds(lambda v: pb.ModelRepositoryParameter(bool_param=v), st.booleans()),
+            st.builds(
+                lambda v: pb.ModelRepositoryParameter(string_param=v),
+                st.one_of(
+                    st.text(max_size=30),
+                    st.sampled_from(['{"backend": "python"}', '{"max_batch_size": -1}', "{", "[]"]),
+                ),
+            ),
+            st.builds(lambda v: pb.ModelRepositoryParameter(bytes_param=v), st.binary(max_size=16)),
+            st.builds(lambda v: pb.ModelRepositoryParameter(int64_param=v), INT64),
+        ),
+        max_size=2,
+    )
     return st.one_of(
         st.tuples(st.just("ServerLive"), st.just(pb.ServerLiveRequest())),
         st.tuples(st.just("ServerReady"), st.just(pb.ServerReadyRequest())),
         st.tuples(st.just("ServerMetadata"), st.just(pb.ServerMetadataRequest())),
-        st.tuples(st.just("ModelReady"), st.builds(pb.ModelReadyRequest, name=names,
-                                                   version=versions)),
-        st.tuples(st.just("ModelMetadata"), st.builds(pb.ModelMetadataRequest, name=names,
-                                                      version=versions)),
-        st.tuples(st.just("ModelConfig"), st.builds(pb.ModelConfigRequest, name=names,
-                                                    version=versions)),
-        st.tuples(st.just("ModelStatistics"), st.builds(pb.ModelStatisticsRequest, name=names,
-                                                        version=versions)),
-        st.tuples(st.just("RepositoryIndex"), st.builds(
-            pb.RepositoryIndexRequest, repository_name=st.sampled_from(["", "models", "x"]),
-            ready=st.booleans())),
-        st.tuples(st.just("RepositoryModelLoad"), st.builds(
-            pb.RepositoryModelLoadRequest, model_name=names, parameters=load_parameters)),
-        st.tuples(st.just("RepositoryModelUnload"), st.builds(
-            pb.RepositoryModelUnloadRequest, model_name=names, parameters=load_parameters)),
-        st.tuples(st.just("SystemSharedMemoryStatus"), st.builds(
-            pb.SystemSharedMemoryStatusRequest, name=st.text(max_size=8))),
-        st.tuples(st.just("TraceSetting"), st.builds(
-            pb.TraceSettingRequest, model_name=names, settings=st.dictionaries(
-                st.sampled_from(["trace_level", "trace_rate", "log_file", "trace_file", "x"]),
-                st.builds(lambda v: pb.TraceSettingRequest.SettingValue(value=v),
-                          st.lists(st.text(max_size=8), max_size=2)), max_size=2))),
-        st.tuples(st.just("LogSettings"), st.builds(
-            pb.LogSettingsRequest, settings=st.dictionaries(
-                st.sampled_from(["log_file", "log_info", "log_verbose_level", "log_format", "x"]),
-                st.one_of(st.builds(lambda v: pb.LogSettingsRequest.SettingValue(bool_param=v),
-                                    st.booleans()),
-                          st.builds(lambda v: pb.LogSettingsRequest.SettingValue(
-                              uint32_param=v), st.integers(0, 2**32 - 1)),
-                          st.builds(lambda v: pb.LogSettingsRequest.SettingValue(
-                              string_param=v), st.text(max_size=8))), max_size=2))),
+        st.tuples(
+            st.just("ModelReady"), st.builds(pb.ModelReadyRequest, name=names, version=versions)
+        ),
+        st.tuples(
+            st.just("ModelMetadata"),
+            st.builds(pb.ModelMetadataRequest, name=names, version=versions),
+        ),
+        st.tuples(
+            st.just("ModelConfig"), st.builds(pb.ModelConfigRequest, name=names, version=versions)
+        ),
+        st.tuples(
+            st.just("ModelStatistics"),
+            st.builds(pb.ModelStatisticsRequest, name=names, version=versions),
+        ),
+        st.tuples(
+            st.just("RepositoryIndex"),
+            st.builds(
+                pb.RepositoryIndexRequest,
+                repository_name=st.sampled_from(["", "models", "x"]),
+                ready=st.booleans(),
+            ),
+        ),
+        st.tuples(
+            st.just("RepositoryModelLoad"),
+            st.builds(pb.RepositoryModelLoadRequest, model_name=names, parameters=load_parameters),
+        ),
+        st.tuples(
+            st.just("RepositoryModelUnload"),
+            st.builds(
+                pb.RepositoryModelUnloadRequest, model_name=names, parameters=load_parameters
+            ),
+        ),
+        st.tuples(
+            st.just("SystemSharedMemoryStatus"),
+            st.builds(pb.SystemSharedMemoryStatusRequest, name=st.text(max_size=8)),
+        ),
+        st.tuples(
+            st.just("TraceSetting"),
+            st.builds(
+                pb.TraceSettingRequest,
+                model_name=names,
+                settings=st.dictionaries(
+                    st.sampled_from(["trace_level", "trace_rate", "log_file", "trace_file", "x"]),
+                    st.builds(
+                        lambda v: pb.TraceSettingRequest.SettingValue(value=v),
+                        st.lists(st.text(max_size=8), max_size=2),
+                    ),
+                    max_size=2,
+                ),
+            ),
+        ),
+        st.tuples(
+            st.just("LogSettings"),
+            st.builds(
+                pb.LogSettingsRequest,
+                settings=st.dictionaries(
+                    st.sampled_from(
+                        ["log_file", "log_info", "log_verbose_level", "log_format", "x"]
+                    ),
+                    st.one_of(
+                        st.builds(
+                            lambda v: pb.LogSettingsRequest.SettingValue(bool_param=v),
+                            st.booleans(),
+                        ),
+                        st.builds(
+                            lambda v: pb.LogSettingsRequest.SettingValue(uint32_param=v),
+                            st.integers(0, 2**32 - 1),
+                        ),
+                        st.builds(
+                            lambda v: pb.LogSettingsRequest.SettingValue(string_param=v),
+                            st.text(max_size=8),
+                        ),
+                    ),
+                    max_size=2,
+                ),
+            ),
+        ),
     )
 
 
 @fuzz_settings(1)
 @given(rpc=_other_rpcs(), data=st.data())
-def test_other_rpcs_mutated_never_answer_internal(watch: Watch, rpc: tuple[str, Any],
-                                                  data: st.DataObject) -> None:
+def test_other_rpcs_mutated_never_answer_internal(
+    watch: Watch, rpc: tuple[str, Any], data: st.DataObject
+) -> None:
     method, request = rpc
     call_unary(watch, method, data.draw(wire_bytes(request)))
 

@@ -7,19 +7,19 @@ The property (tests/fuzzing.py): no 5xx caused by input, the server stays alive,
 every case, no unexpected error in its log. ASCEND_FUZZ=nightly (`make fuzz`) runs thousands of
 cases per test; the default is a short run for `make test`. The request strategies are in
 tests/fuzzing_http.py."""
+
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
-from hypothesis import given, reject
-from hypothesis import strategies as st
-
 from fuzzing import Watch, describe, fuzz_settings
 from fuzzing_http import RELOADABLE, infer_requests, load_requests, other_requests
+from hypothesis import given, reject
+from hypothesis import strategies as st
 from serverproc import running_server
 
 pytestmark = pytest.mark.e2e
@@ -27,8 +27,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def watch(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watch]:
-    with running_server([example_repository], ["--exit-timeout-secs", "10"],
-                        log_dir=tmp_path_factory.mktemp("logs")) as server:
+    with running_server(
+        [example_repository], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
+    ) as server:
         checker = Watch(server)
         yield checker
         checker.close()
@@ -38,8 +39,9 @@ def watch(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def send(watch: Watch, case: dict) -> None:
     try:
         headers = {k: v.encode() for k, v in case["headers"].items()}  # non-ASCII too
-        reply = watch.client.request(case["method"], case["path"], headers=headers,
-                                     content=case["body"], timeout=30.0)
+        reply = watch.client.request(
+            case["method"], case["path"], headers=headers, content=case["body"], timeout=30.0
+        )
     except httpx.LocalProtocolError:  # httpx will not send it: the wire test covers such bytes
         reject()
     except httpx.HTTPError as exc:
@@ -64,8 +66,12 @@ def test_every_route_and_method_never_answers_5xx(watch: Watch, case: dict) -> N
 
 
 def render(case: dict) -> bytes:
-    lines = [f"{case['method']} {case['path']} HTTP/1.1", "Host: 127.0.0.1",
-             f"Content-Length: {len(case['body'])}", "Connection: close"]
+    lines = [
+        f"{case['method']} {case['path']} HTTP/1.1",
+        "Host: 127.0.0.1",
+        f"Content-Length: {len(case['body'])}",
+        "Connection: close",
+    ]
     lines += [f"{k}: {v}" for k, v in case["headers"].items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape") + case["body"]
 
@@ -106,23 +112,37 @@ def exchange(watch: Watch, wire: bytes) -> bytes:
 
 @fuzz_settings(0.5)  # up to 0.5 s a case: a cut request is waited for
 @given(case=infer_requests(), data=st.data())
-def test_requests_mutated_on_the_wire_never_answer_5xx(watch: Watch, case: dict,
-                                                       data: st.DataObject) -> None:
+def test_requests_mutated_on_the_wire_never_answer_5xx(
+    watch: Watch, case: dict, data: st.DataObject
+) -> None:
     wire = bytearray(render(case))
     head_end = wire.find(b"\r\n\r\n")
     for _ in range(data.draw(st.integers(1, 4))):
         kind = data.draw(st.integers(0, 4))
-        index = data.draw(st.integers(0, max(0, head_end if data.draw(st.booleans())
-                                                 else len(wire) - 1)))
+        index = data.draw(
+            st.integers(0, max(0, head_end if data.draw(st.booleans()) else len(wire) - 1))
+        )
         if kind == 0 and wire:
             wire[min(index, len(wire) - 1)] ^= 1 << data.draw(st.integers(0, 7))
         elif kind == 1:
-            wire[index:index] = data.draw(st.sampled_from(
-                [b"\r\n", b"\r\nContent-Length: 3", b"\r\nTransfer-Encoding: chunked",
-                 b"\r\nExpect: 100-continue", b"\x00", b" ", b":", b"\r\n\r\n",
-                 b"\r\nContent-Encoding: gzip", b"\r\nConnection: keep-alive"]))
+            wire[index:index] = data.draw(
+                st.sampled_from(
+                    [
+                        b"\r\n",
+                        b"\r\nContent-Length: 3",
+                        b"\r\nTransfer-Encoding: chunked",
+                        b"\r\nExpect: 100-continue",
+                        b"\x00",
+                        b" ",
+                        b":",
+                        b"\r\n\r\n",
+                        b"\r\nContent-Encoding: gzip",
+                        b"\r\nConnection: keep-alive",
+                    ]
+                )
+            )
         elif kind == 2:
-            del wire[index:index + data.draw(st.integers(1, 8))]
+            del wire[index : index + data.draw(st.integers(1, 8))]
         elif kind == 3:
             wire[index:index] = data.draw(st.binary(min_size=1, max_size=8))
         else:
@@ -142,16 +162,24 @@ def test_requests_mutated_on_the_wire_never_answer_5xx(watch: Watch, case: dict,
 
 # ----- the load API in explicit mode: config overrides mutated -----------------------------------
 @pytest.fixture(scope="module")
-def explicit(example_repository: Path, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[tuple[Watch, dict[str, dict]]]:
+def explicit(
+    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Watch, dict[str, dict]]]:
     """A second server, in explicit mode, and the config JSON each reloadable model has."""
-    args = ["--exit-timeout-secs", "10", "--model-control-mode", "explicit",
-            *[f"--load-model={name}" for name in RELOADABLE]]
-    with running_server([example_repository], args,
-                        log_dir=tmp_path_factory.mktemp("logs")) as server:
+    args = [
+        "--exit-timeout-secs",
+        "10",
+        "--model-control-mode",
+        "explicit",
+        *[f"--load-model={name}" for name in RELOADABLE],
+    ]
+    with running_server(
+        [example_repository], args, log_dir=tmp_path_factory.mktemp("logs")
+    ) as server:
         checker = Watch(server)
-        configs = {name: checker.client.get(f"/v2/models/{name}/config").json()
-                   for name in RELOADABLE}
+        configs = {
+            name: checker.client.get(f"/v2/models/{name}/config").json() for name in RELOADABLE
+        }
         yield checker, configs
         checker.close()
 
@@ -159,7 +187,8 @@ def explicit(example_repository: Path, tmp_path_factory: pytest.TempPathFactory
 @fuzz_settings(0.5)
 @given(data=st.data())
 def test_load_and_unload_with_mutated_config_overrides_never_answer_5xx(
-        explicit: tuple[Watch, dict[str, dict]], data: st.DataObject) -> None:
+    explicit: tuple[Watch, dict[str, dict]], data: st.DataObject
+) -> None:
     checker, configs = explicit
     send(checker, data.draw(load_requests(configs)))
     # a model left loaded (or not) by the case still answers (or refuses) an infer correctly

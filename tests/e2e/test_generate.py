@@ -2,6 +2,7 @@
 read line by line with httpx and with curl), Triton's mapping of JSON fields, its errors, and
 back-pressure: a client that stops reading holds the model's sender back.
 """
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,10 @@ import re
 import shutil
 import subprocess
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
-
 from procutil import wait_for
 from serverproc import ServerProcess, running_server
 from streamingmodels import build_streaming_repository
@@ -39,7 +39,7 @@ def _events(lines: Iterator[str]) -> list[dict]:
     for line in lines:
         if line.startswith("data: "):
             assert pending is None, "two data lines in one event"
-            pending = json.loads(line[len("data: "):])
+            pending = json.loads(line[len("data: ") :])
         else:
             assert line == "", f"unexpected SSE line {line!r}"
             if pending is not None:
@@ -51,41 +51,60 @@ def _events(lines: Iterator[str]) -> list[dict]:
 
 def test_generate_stream_sends_one_event_per_token(server: ServerProcess) -> None:
     body = {"text_input": "hello streaming world", "parameters": {"delay_ms": 5}}
-    with httpx.stream("POST", _url(server, "token_stream", "generate_stream"), json=body,
-                      timeout=30) as response:
+    with httpx.stream(
+        "POST", _url(server, "token_stream", "generate_stream"), json=body, timeout=30
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
         events = _events(response.iter_lines())
     assert [event["text_output"] for event in events] == ["hello", "streaming", "world"]
     assert [event["index"] for event in events] == [0, 1, 2]  # one-element outputs: scalars
-    assert all(event["model_name"] == "token_stream" and event["model_version"] == "1"
-               for event in events)
+    assert all(
+        event["model_name"] == "token_stream" and event["model_version"] == "1" for event in events
+    )
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_reads_the_event_stream(server: ServerProcess) -> None:
-    run = subprocess.run(["curl", "-sN", "-X", "POST", _url(server, "token_stream",
-                                                             "generate_stream"),
-                          "-d", '{"text_input": "one two", "id": "c1"}'],
-                         capture_output=True, text=True, timeout=30)
+    run = subprocess.run(
+        [
+            "curl",
+            "-sN",
+            "-X",
+            "POST",
+            _url(server, "token_stream", "generate_stream"),
+            "-d",
+            '{"text_input": "one two", "id": "c1"}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert run.returncode == 0
     assert run.stdout == (
         'data: {"id":"c1","model_name":"token_stream","model_version":"1",'
         '"text_output":"one","index":0}\n\n'
         'data: {"id":"c1","model_name":"token_stream","model_version":"1",'
-        '"text_output":"two","index":1}\n\n')
+        '"text_output":"two","index":1}\n\n'
+    )
 
 
 def test_generate_wants_exactly_one_response(server: ServerProcess) -> None:
     one = httpx.post(_url(server, "token_stream", "generate"), json={"text_input": "solo"})
     assert one.status_code == 200 and one.json() == {
-        "model_name": "token_stream", "model_version": "1", "text_output": "solo", "index": 0}
+        "model_name": "token_stream",
+        "model_version": "1",
+        "text_output": "solo",
+        "index": 0,
+    }
     for text in ("two words", ""):
         many = httpx.post(_url(server, "token_stream", "generate"), json={"text_input": text})
         assert many.status_code == 400
-        assert many.json() == {"error": "generate expects model to produce exactly 1 response, "
-                                        "use generate stream for model that generates various "
-                                        "number of responses"}
+        assert many.json() == {
+            "error": "generate expects model to produce exactly 1 response, "
+            "use generate stream for model that generates various "
+            "number of responses"
+        }
 
 
 def test_inputs_parameters_and_shapes_map_as_triton_does(server: ServerProcess) -> None:
@@ -95,24 +114,37 @@ def test_inputs_parameters_and_shapes_map_as_triton_does(server: ServerProcess) 
     assert answer.json()["OUTPUT0"] == list(range(1, 17)) and answer.json()["id"] == "7"
     stream = httpx.post(_url(server, "simple", "generate_stream"), json=body)
     assert _events(stream.text.split("\n")[:-1])[0]["OUTPUT1"] == list(range(-1, 15))
-    limited = httpx.post(_url(server, "token_stream", "generate_stream"),
-                         json={"text_input": ["a b c"], "max_tokens": 2})
+    limited = httpx.post(
+        _url(server, "token_stream", "generate_stream"),
+        json={"text_input": ["a b c"], "max_tokens": 2},
+    )
     assert [e["text_output"] for e in _events(limited.text.split("\n")[:-1])] == ["a", "b"]
 
 
 @pytest.mark.parametrize("route", ["generate", "generate_stream"])
-@pytest.mark.parametrize("body, message", [
-    ({"text_input": "a", "x": {"a": 1}},
-     "parameter 'x' has invalid type. It should be either 'int', 'bool', or 'string'."),
-    ({"text_input": "a", "parameters": {"p": [1]}},
-     "parameter 'p' has invalid type. It should be either 'int', 'bool', or 'string'."),
-    ({"text_input": {"a": 1}}, "input 'text_input': attempt to access JSON non-string as string"),
-    ({"max_tokens": 3}, "missing required input(s) ['text_input']"),
-    ({"text_input": "a", "max_tokens": [1, 2]},
-     "Unable to convert the value of 'max_tokens' (2 element(s)) to the shape [1]"),
-])
-def test_bad_requests_are_400(server: ServerProcess, route: str, body: dict,
-                              message: str) -> None:
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            {"text_input": "a", "x": {"a": 1}},
+            "parameter 'x' has invalid type. It should be either 'int', 'bool', or 'string'.",
+        ),
+        (
+            {"text_input": "a", "parameters": {"p": [1]}},
+            "parameter 'p' has invalid type. It should be either 'int', 'bool', or 'string'.",
+        ),
+        (
+            {"text_input": {"a": 1}},
+            "input 'text_input': attempt to access JSON non-string as string",
+        ),
+        ({"max_tokens": 3}, "missing required input(s) ['text_input']"),
+        (
+            {"text_input": "a", "max_tokens": [1, 2]},
+            "Unable to convert the value of 'max_tokens' (2 element(s)) to the shape [1]",
+        ),
+    ],
+)
+def test_bad_requests_are_400(server: ServerProcess, route: str, body: dict, message: str) -> None:
     answer = httpx.post(_url(server, "token_stream", route), json=body)
     assert answer.status_code == 400
     assert answer.headers["content-type"] == "application/json"
@@ -120,8 +152,9 @@ def test_bad_requests_are_400(server: ServerProcess, route: str, body: dict,
 
 
 def test_duplicate_fields_unknown_models_and_methods(server: ServerProcess) -> None:
-    dup = httpx.post(_url(server, "token_stream", "generate"),
-                     content=b'{"text_input": "a", "text_input": "b"}')
+    dup = httpx.post(
+        _url(server, "token_stream", "generate"), content=b'{"text_input": "a", "text_input": "b"}'
+    )
     assert dup.status_code == 400
     assert dup.json() == {"error": "input 'text_input' already exists in request"}
     unknown = httpx.post(_url(server, "nope", "generate"), json={})
@@ -132,14 +165,12 @@ def test_duplicate_fields_unknown_models_and_methods(server: ServerProcess) -> N
 
 
 def test_a_model_error_arrives_as_an_event(server: ServerProcess) -> None:
-    answer = httpx.post(_url(server, "chatty", "generate_stream"),
-                        json={"COUNT": 3, "error_at": 1})
+    answer = httpx.post(_url(server, "chatty", "generate_stream"), json={"COUNT": 3, "error_at": 1})
     assert answer.status_code == 200
     events = _events(answer.text.split("\n")[:-1])
     assert events[0]["OUT"] == 0 and events[2]["OUT"] == 2
     assert events[1] == {"error": "token 1 failed"}
-    first = httpx.post(_url(server, "chatty", "generate_stream"),
-                       json={"COUNT": 2, "error_at": 0})
+    first = httpx.post(_url(server, "chatty", "generate_stream"), json={"COUNT": 2, "error_at": 0})
     assert first.status_code == 500  # the first event's error sets the status
     assert _events(first.text.split("\n")[:-1])[0] == {"error": "token 0 failed"}
 
@@ -163,8 +194,9 @@ def test_a_slow_client_holds_the_model_back(server: ServerProcess) -> None:
     stream, and closing the connection cancels the request."""
     rss_before = _rss_kib(server.pid)
     with httpx.Client(timeout=30) as client:
-        with client.stream("POST", _url(server, "flood", "generate_stream"),
-                           json={"COUNT": 2000}) as response:
+        with client.stream(
+            "POST", _url(server, "flood", "generate_stream"), json={"COUNT": 2000}
+        ) as response:
             assert response.status_code == 200
             lines = response.iter_lines()
             first = next(lines)
@@ -176,8 +208,9 @@ def test_a_slow_client_holds_the_model_back(server: ServerProcess) -> None:
             assert _sent(server) == stalled, "the sender kept going while nobody read"
             assert stalled < 100, f"{stalled} answers sent to a client that read one"
             assert _rss_kib(server.pid) - rss_before < 200 * 1024
-    wait_for(lambda: "flood cancelled after" in server.log(), "the model to see the cancel",
-             timeout=15)
+    wait_for(
+        lambda: "flood cancelled after" in server.log(), "the model to see the cancel", timeout=15
+    )
     assert httpx.get(f"{server.base}/v2/health/live").status_code == 200
 
 
@@ -187,5 +220,8 @@ def test_generate_stops_a_model_that_keeps_answering(server: ServerProcess) -> N
     answer = httpx.post(_url(server, "flood", "generate"), json={"COUNT": 100_000}, timeout=30)
     assert answer.status_code == 400
     assert answer.json()["error"].startswith("generate expects model to produce exactly 1")
-    wait_for(lambda: server.log().count("flood cancelled after") > cancels,
-             "the model to see the cancel", timeout=15)
+    wait_for(
+        lambda: server.log().count("flood cancelled after") > cancels,
+        "the model to see the cancel",
+        timeout=15,
+    )

@@ -1,5 +1,6 @@
 """The gRPC frontend against a server subprocess, through the real tritonclient (sync, aio and
 streaming), the grpc.health.v1 stub and a raw stub for what tritonclient never sends."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,10 @@ def simple_arrays(seed: int, batch: int = 1) -> tuple[np.ndarray, np.ndarray]:
 
 
 def simple_inputs(a: np.ndarray, b: np.ndarray, module=grpcclient) -> list:
-    inputs = [module.InferInput("INPUT0", list(a.shape), "INT32"),
-              module.InferInput("INPUT1", list(b.shape), "INT32")]
+    inputs = [
+        module.InferInput("INPUT0", list(a.shape), "INT32"),
+        module.InferInput("INPUT1", list(b.shape), "INT32"),
+    ]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     return inputs
@@ -93,7 +96,9 @@ def test_server_and_model_metadata(client: grpcclient.InferenceServerClient) -> 
     meta = client.get_model_metadata("simple", as_json=True)
     assert meta["versions"] == ["1"] and meta["platform"] == "onnxruntime_onnx"
     assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [
-        ("INPUT0", "INT32", ["-1", "16"]), ("INPUT1", "INT32", ["-1", "16"])]
+        ("INPUT0", "INT32", ["-1", "16"]),
+        ("INPUT1", "INT32", ["-1", "16"]),
+    ]
     assert client.get_model_metadata("identity_bytes").inputs[0].shape == [-1]
 
 
@@ -101,7 +106,9 @@ def test_model_config(client: grpcclient.InferenceServerClient) -> None:
     config = client.get_model_config("simple_batching").config
     assert (config.name, config.max_batch_size) == ("simple_batching", 64)
     assert config.HasField("dynamic_batching") and [i.name for i in config.input] == [
-        "INPUT0", "INPUT1"]
+        "INPUT0",
+        "INPUT1",
+    ]
     assert not client.get_model_config("simple").config.HasField("dynamic_batching")
 
 
@@ -113,8 +120,10 @@ def test_repository_index_and_control(client: grpcclient.InferenceServerClient) 
         with pytest.raises(InferenceServerException) as error:
             call("simple")
         assert error.value.status() == "StatusCode.UNAVAILABLE"
-        assert "explicit model load / unload is not allowed if polling is enabled" in \
-            error.value.message()
+        assert (
+            "explicit model load / unload is not allowed if polling is enabled"
+            in error.value.message()
+        )
 
 
 # ----- inference ----------------------------------------------------------------------------
@@ -134,10 +143,15 @@ def test_aio_concurrent_infers(example_server) -> None:
         async with aioclient.InferenceServerClient(example_server.grpc_url) as triton:
             assert await triton.is_server_ready()
             pairs = [simple_arrays(seed) for seed in range(1, 9)]
-            results = await asyncio.gather(*[
-                triton.infer("simple_batching", simple_inputs(a, b, aioclient),
-                             request_id=str(i)) for i, (a, b) in enumerate(pairs)])
-            for i, ((a, b), result) in enumerate(zip(pairs, results)):
+            results = await asyncio.gather(
+                *[
+                    triton.infer(
+                        "simple_batching", simple_inputs(a, b, aioclient), request_id=str(i)
+                    )
+                    for i, (a, b) in enumerate(pairs)
+                ]
+            )
+            for i, ((a, b), result) in enumerate(zip(pairs, results, strict=False)):
                 assert result.get_response().id == str(i)
                 check_simple(result, a, b)
 
@@ -240,8 +254,11 @@ def test_aio_stream(example_server) -> None:
 
             async def requests():
                 for request_id, (a, b) in sent.items():
-                    yield {"model_name": "simple_batching", "request_id": request_id,
-                           "inputs": simple_inputs(a, b, aioclient)}
+                    yield {
+                        "model_name": "simple_batching",
+                        "request_id": request_id,
+                        "inputs": simple_inputs(a, b, aioclient),
+                    }
 
             answered = set()
             async for result, error in triton.stream_infer(requests()):
@@ -258,7 +275,8 @@ def test_aio_stream(example_server) -> None:
 
 # ----- statistics and metrics ---------------------------------------------------------------
 def test_statistics_and_metrics_move_with_grpc_requests(
-        client: grpcclient.InferenceServerClient, example_server) -> None:
+    client: grpcclient.InferenceServerClient, example_server
+) -> None:
     def success_metric() -> float:
         text = httpx.get(example_server.metrics_url, timeout=10).text
         return metric(text, "nv_inference_request_success", model="classifier", version="1")
@@ -267,8 +285,11 @@ def test_statistics_and_metrics_move_with_grpc_requests(
     image = grpcclient.InferInput("INPUT", [2, 3, 32, 32], "FP32")
     image.set_data_from_numpy(np.ones((2, 3, 32, 32), np.float32))
     for _ in range(3):
-        result = client.infer("classifier", [image], outputs=[
-            grpcclient.InferRequestedOutput("PROBABILITIES", class_count=2)])
+        result = client.infer(
+            "classifier",
+            [image],
+            outputs=[grpcclient.InferRequestedOutput("PROBABILITIES", class_count=2)],
+        )
     top = result.as_numpy("PROBABILITIES")
     assert top.shape == (2, 2) and top[0, 0].decode().count(":") == 2  # value:index:label
     after = stats_of(client, "classifier")
@@ -281,8 +302,16 @@ def test_statistics_and_metrics_move_with_grpc_requests(
     assert stats.compute_input.count == stats.compute_infer.count == stats.compute_output.count
     assert stats.success.ns > old.success.ns and after.last_inference >= before.last_inference
     assert {b.batch_size for b in after.batch_stats} >= {2}
-    for field in ("success", "fail", "queue", "compute_input", "compute_infer",
-                  "compute_output", "cache_hit", "cache_miss"):
+    for field in (
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+        "cache_hit",
+        "cache_miss",
+    ):
         assert stats.HasField(field)
     assert success_metric() - metric_before == 3
 
@@ -302,26 +331,58 @@ def test_grpc_health_check_and_watch(example_server) -> None:
         health = health_pb2_grpc.HealthStub(channel)
         serving = health_pb2.HealthCheckResponse.SERVING
         assert health.Check(health_pb2.HealthCheckRequest(service="")).status == serving
-        assert health.Check(health_pb2.HealthCheckRequest(
-            service="inference.GRPCInferenceService")).status == serving
+        assert (
+            health.Check(
+                health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService")
+            ).status
+            == serving
+        )
         watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=10)
         assert next(watch).status == serving
         watch.cancel()
 
 
 # ----- errors and the unsupported extensions ------------------------------------------------
-@pytest.mark.parametrize("model, version, inputs_of, status, fragment", [
-    ("no_such_model", "", lambda a, b: simple_inputs(a, b), "NOT_FOUND",
-     "Request for unknown model: 'no_such_model' is not found"),
-    ("simple", "7", lambda a, b: simple_inputs(a, b), "NOT_FOUND",
-     "Request for unknown model: 'simple' version 7 is not found"),
-    ("simple", "", lambda a, b: simple_inputs(a[:, :4], b[:, :4]), "INVALID_ARGUMENT",
-     "unexpected shape for input 'INPUT0' for model 'simple'"),
-    ("simple", "", lambda a, b: simple_inputs(a, b)[:1], "INVALID_ARGUMENT",
-     "expected 2 inputs but got 1 inputs"),
-    ("simple", "", lambda a, b: simple_inputs(np.tile(a, (9, 1)), np.tile(b, (9, 1))),
-     "INVALID_ARGUMENT", "inference request batch-size must be <= 8 for 'simple'"),
-])
+@pytest.mark.parametrize(
+    "model, version, inputs_of, status, fragment",
+    [
+        (
+            "no_such_model",
+            "",
+            lambda a, b: simple_inputs(a, b),
+            "NOT_FOUND",
+            "Request for unknown model: 'no_such_model' is not found",
+        ),
+        (
+            "simple",
+            "7",
+            lambda a, b: simple_inputs(a, b),
+            "NOT_FOUND",
+            "Request for unknown model: 'simple' version 7 is not found",
+        ),
+        (
+            "simple",
+            "",
+            lambda a, b: simple_inputs(a[:, :4], b[:, :4]),
+            "INVALID_ARGUMENT",
+            "unexpected shape for input 'INPUT0' for model 'simple'",
+        ),
+        (
+            "simple",
+            "",
+            lambda a, b: simple_inputs(a, b)[:1],
+            "INVALID_ARGUMENT",
+            "expected 2 inputs but got 1 inputs",
+        ),
+        (
+            "simple",
+            "",
+            lambda a, b: simple_inputs(np.tile(a, (9, 1)), np.tile(b, (9, 1))),
+            "INVALID_ARGUMENT",
+            "inference request batch-size must be <= 8 for 'simple'",
+        ),
+    ],
+)
 def test_inference_errors(client, model, version, inputs_of, status, fragment) -> None:
     a, b = simple_arrays(1)
     with pytest.raises(InferenceServerException) as error:
@@ -344,8 +405,10 @@ def test_shared_memory_answers(client: grpcclient.InferenceServerClient) -> None
     assert not client.get_cuda_shared_memory_status().regions
     client.unregister_system_shared_memory()  # "" means all: perf_analyzer calls it at startup
     client.unregister_cuda_shared_memory()
-    for register in (lambda: client.register_system_shared_memory("r", "/no_such_key", 64),
-                     lambda: client.register_cuda_shared_memory("r", b"\0" * 64, 0, 64)):
+    for register in (
+        lambda: client.register_system_shared_memory("r", "/no_such_key", 64),
+        lambda: client.register_cuda_shared_memory("r", b"\0" * 64, 0, 64),
+    ):
         with pytest.raises(InferenceServerException) as error:  # test_shared_memory.py: more
             register()
         assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
@@ -361,8 +424,9 @@ def test_trace_settings(client: grpcclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as error:
         client.update_trace_settings(settings={"trace_file": "/tmp/elsewhere.json"})
     assert error.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert error.value.message() == \
-        "trace file location can not be updated through network protocol"
+    assert (
+        error.value.message() == "trace file location can not be updated through network protocol"
+    )
     with pytest.raises(InferenceServerException) as error:
         client.get_trace_settings("no_such_model")
     assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
@@ -393,7 +457,7 @@ def test_many_clients_at_once(example_server) -> None:
                 for step in range(5):
                     a, b = simple_arrays(seed * 10 + step)
                     check_simple(triton.infer("simple_batching", simple_inputs(a, b)), a, b)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             failures.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]

@@ -2,6 +2,7 @@
 concurrency inside one stream, 50 MiB messages, the message size limit and shutdown with open
 streams. The `slow` model holds a lone request 2 s in its queue (it waits for a preferred batch
 of 64), long enough to cancel it before it could run."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,10 +26,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import TensorProto, helper
+from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import IR_VERSION, OPSET, make_dense_compute_model
-from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -60,9 +61,11 @@ output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 
 def _identity_fp32_model() -> onnx.ModelProto:
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"])], "identity_fp32",
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"])],
+        "identity_fp32",
         [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["n"])],
-        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["n"])])
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["n"])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
     return model
@@ -102,8 +105,9 @@ def dense_input(seed: int, module=grpcclient):
 
 
 def reference(data: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(make_dense_compute_model().SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        make_dense_compute_model().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     return session.run(None, {"INPUT": data})[0]
 
 
@@ -145,8 +149,9 @@ def _cancel_stream(server: ServerProcess) -> None:
         triton.stop_stream(cancel_requests=True)
 
 
-def test_cancelled_requests_never_execute(client: grpcclient.InferenceServerClient,
-                                          server: ServerProcess) -> None:
+def test_cancelled_requests_never_execute(
+    client: grpcclient.InferenceServerClient, server: ServerProcess
+) -> None:
     """A deadline, an aio cancel and a cancelled stream, each while the request waits in the
     queue: none runs, each counts as a failure with reason CANCELED."""
     before = client.get_inference_statistics("slow").model_stats[0]
@@ -165,8 +170,9 @@ def test_cancelled_requests_never_execute(client: grpcclient.InferenceServerClie
     assert canceled_metric(server) - metric_before == 3
 
 
-def test_stream_requests_run_concurrently(client: grpcclient.InferenceServerClient,
-                                          server: ServerProcess) -> None:
+def test_stream_requests_run_concurrently(
+    client: grpcclient.InferenceServerClient, server: ServerProcess
+) -> None:
     """Four requests on one stream wait in the queue together and run as one batch of 4 (one
     at a time they would take four queue delays); each answer matches its own input."""
     answers: queue.Queue = queue.Queue()
@@ -186,8 +192,9 @@ def test_stream_requests_run_concurrently(client: grpcclient.InferenceServerClie
     for result, error in got:
         assert error is None
         request_id = result.get_response().id
-        np.testing.assert_allclose(result.as_numpy("OUTPUT"), reference(sent[request_id]),
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            result.as_numpy("OUTPUT"), reference(sent[request_id]), rtol=1e-4, atol=1e-5
+        )
     after = client.get_inference_statistics("slow").model_stats[0]
     assert after.execution_count - before.execution_count == 1
     assert after.inference_count - before.inference_count == 4
@@ -222,10 +229,13 @@ class CountingRelay:
             while True:
                 client_side, _ = self.listener.accept()
                 server_side = socket.create_connection(("127.0.0.1", self.target_port))
-                for source, sink, counted in ((client_side, server_side, False),
-                                              (server_side, client_side, True)):
-                    threading.Thread(target=self._pipe, args=(source, sink, counted),
-                                     daemon=True).start()
+                for source, sink, counted in (
+                    (client_side, server_side, False),
+                    (server_side, client_side, True),
+                ):
+                    threading.Thread(
+                        target=self._pipe, args=(source, sink, counted), daemon=True
+                    ).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
         with contextlib.suppress(OSError), source, sink:
@@ -240,8 +250,9 @@ class CountingRelay:
 
 def test_responses_are_compressed(repository: Path, tmp_path: Path) -> None:
     """--grpc-infer-response-compression-level high: 4 MiB of zeros come back in far less."""
-    with running_server([repository], ["--grpc-infer-response-compression-level", "high"],
-                        log_dir=tmp_path) as compressing:
+    with running_server(
+        [repository], ["--grpc-infer-response-compression-level", "high"], log_dir=tmp_path
+    ) as compressing:
         relay = CountingRelay(compressing.grpc_port)
         try:
             with grpcclient.InferenceServerClient(f"127.0.0.1:{relay.port}") as triton:
@@ -260,12 +271,14 @@ def test_gzip_request(client: grpcclient.InferenceServerClient) -> None:
 
 
 def test_message_size_limit_is_configurable(repository: Path, tmp_path: Path) -> None:
-    with running_server([repository], ["--grpc-max-message-size", str(MIB)],
-                        log_dir=tmp_path) as small:
+    with running_server(
+        [repository], ["--grpc-max-message-size", str(MIB)], log_dir=tmp_path
+    ) as small:
         with grpcclient.InferenceServerClient(small.grpc_url) as triton:
             fits = np.ones(1024, np.float32)
             np.testing.assert_array_equal(
-                triton.infer("identity_fp32", [_identity_input(fits)]).as_numpy("OUTPUT"), fits)
+                triton.infer("identity_fp32", [_identity_input(fits)]).as_numpy("OUTPUT"), fits
+            )
             with pytest.raises(InferenceServerException) as error:
                 triton.infer("identity_fp32", [_identity_input(np.ones(MIB // 2, np.float32))])
             assert error.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
@@ -279,8 +292,9 @@ def test_shutdown_ends_watches_and_idle_streams(repository: Path, tmp_path: Path
     with running_server([repository], ["--exit-timeout-secs", "20"], log_dir=tmp_path) as proc:
         statuses: list[int] = []
         with grpc.insecure_channel(proc.grpc_url) as channel:
-            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(),
-                                                              timeout=30)
+            watch = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(), timeout=30
+            )
             statuses.append(next(watch).status)
             reader = threading.Thread(target=lambda: statuses.extend(m.status for m in watch))
             reader.start()

@@ -1,4 +1,5 @@
 """Limits, metrics and graceful shutdown against dedicated server subprocesses."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -9,11 +10,10 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
+from serverproc import running_server, start_server
 
 from examples.build_repository import build_simple
-from serverproc import running_server, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -31,9 +31,17 @@ dynamic_batching { preferred_batch_size: [ 64 ] max_queue_delay_microseconds: 15
 
 
 def _body(offset: int = 0) -> dict:
-    return {"inputs": [
-        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": [offset + i for i in range(16)]},
-        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}
+    return {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": [1, 16],
+                "datatype": "INT32",
+                "data": [offset + i for i in range(16)],
+            },
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+        ]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +54,9 @@ def small_repository(tmp_path_factory) -> Path:
 
 
 def test_body_limits(small_repository: Path, tmp_path: Path) -> None:
-    with running_server([small_repository], ["--http-max-input-size", "4096"], log_dir=tmp_path) as server:
+    with running_server(
+        [small_repository], ["--http-max-input-size", "4096"], log_dir=tmp_path
+    ) as server:
         with httpx.Client(base_url=server.base, timeout=30) as http:
             big = b'{"inputs": [' + b" " * 5000 + b"]}"
             reply = http.post("/v2/models/simple/infer", content=big)
@@ -61,7 +71,9 @@ def test_body_limits(small_repository: Path, tmp_path: Path) -> None:
             assert reply.status_code == 413
             bomb = gzip.compress(b'{"inputs": [' + b" " * 1_000_000 + b"]}")
             assert len(bomb) < 4096
-            reply = http.post("/v2/models/simple/infer", content=bomb, headers={"Content-Encoding": "gzip"})
+            reply = http.post(
+                "/v2/models/simple/infer", content=bomb, headers={"Content-Encoding": "gzip"}
+            )
             assert reply.status_code == 413
             assert http.post("/v2/models/simple/infer", json=_body()).status_code == 200
             assert http.get("/v2/health/live").status_code == 200
@@ -83,9 +95,12 @@ def test_metrics_move_by_exactly_the_requests_made(small_repository: Path, tmp_p
             assert _metric(before, "nv_inference_exec_count", **labels) == 0
             for i in range(5):
                 assert http.post("/v2/models/simple/infer", json=_body(i)).status_code == 200
-            batch = {"inputs": [
-                {"name": "INPUT0", "shape": [3, 16], "datatype": "INT32", "data": [1] * 48},
-                {"name": "INPUT1", "shape": [3, 16], "datatype": "INT32", "data": [1] * 48}]}
+            batch = {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [3, 16], "datatype": "INT32", "data": [1] * 48},
+                    {"name": "INPUT1", "shape": [3, 16], "datatype": "INT32", "data": [1] * 48},
+                ]
+            }
             assert http.post("/v2/models/simple/infer", json=batch).status_code == 200
             bad = _body()
             bad["inputs"][0]["datatype"] = "FP32"
@@ -109,8 +124,9 @@ def test_metrics_move_by_exactly_the_requests_made(small_repository: Path, tmp_p
             assert httpx.post(server.metrics_url).status_code == 405
 
 
-def test_a_client_that_disconnects_cancels_its_queued_request(small_repository: Path,
-                                                              tmp_path: Path) -> None:
+def test_a_client_that_disconnects_cancels_its_queued_request(
+    small_repository: Path, tmp_path: Path
+) -> None:
     with running_server([small_repository], log_dir=tmp_path) as server:
         with pytest.raises(httpx.TimeoutException):
             # waits 1.5 s in the batching queue; the client gives up after 0.3 s
@@ -136,8 +152,11 @@ def test_sigterm_drains_in_flight_requests(small_repository: Path, tmp_path: Pat
     server = start_server([small_repository], ["--exit-timeout-secs", "20"], log_dir=tmp_path)
     try:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
+
             def infer(i: int) -> httpx.Response:
-                return httpx.post(server.base + "/v2/models/slow_queue/infer", json=_body(i), timeout=30)
+                return httpx.post(
+                    server.base + "/v2/models/slow_queue/infer", json=_body(i), timeout=30
+                )
 
             futures = [pool.submit(infer, i) for i in range(8)]
             time.sleep(0.5)  # all eight now wait in the 1.5 s batching queue
@@ -162,8 +181,9 @@ def test_exit_timeout_bounds_shutdown(small_repository: Path, tmp_path: Path) ->
     server = start_server([small_repository], ["--exit-timeout-secs", "1"], log_dir=tmp_path)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            future = pool.submit(httpx.post, server.base + "/v2/models/slow_queue/infer",
-                                 json=_body(), timeout=30)
+            future = pool.submit(
+                httpx.post, server.base + "/v2/models/slow_queue/infer", json=_body(), timeout=30
+            )
             time.sleep(0.3)
             started = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
@@ -184,25 +204,33 @@ def test_a_broken_model_does_not_stop_the_others(small_repository: Path, tmp_pat
     broken = root / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "1" / "model.onnx").write_bytes(b"not an onnx file")
-    (broken / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 1\n'
-                                        'input [ { name: "x" data_type: TYPE_FP32 dims: [1] } ]\n'
-                                        'output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]\n')
+    (broken / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 1\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [1] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [1] } ]\n'
+    )
     syntax = root / "syntax"
     (syntax / "1").mkdir(parents=True)
     (syntax / "config.pbtxt").write_text("max_batch_size: [[[\n")
-    with running_server([root], ["--exit-on-error", "false"], wait_ready=False, log_dir=tmp_path) as server:
+    with running_server(
+        [root], ["--exit-on-error", "false"], wait_ready=False, log_dir=tmp_path
+    ) as server:
         with httpx.Client(base_url=server.base, timeout=30) as http:
             assert http.get("/v2/health/live").status_code == 200
             assert http.get("/v2/health/ready").status_code == 400  # strict readiness
             assert http.post("/v2/models/simple/infer", json=_body()).status_code == 200
             index = {e["name"]: e for e in http.post("/v2/repository/index").json()}
-            assert index["broken"]["state"] == "UNAVAILABLE" and "onnx" in index["broken"]["reason"].lower()
+            assert (
+                index["broken"]["state"] == "UNAVAILABLE"
+                and "onnx" in index["broken"]["reason"].lower()
+            )
             assert index["syntax"]["state"] == "UNAVAILABLE"
             assert "config.pbtxt:1:" in index["syntax"]["reason"]
             reply = http.post("/v2/models/broken/infer", json=_body())
             assert reply.status_code in (400, 503) and "broken" in reply.json()["error"]
-    with running_server([root], ["--exit-on-error", "false", "--strict-readiness", "false"],
-                        log_dir=tmp_path) as server:
+    with running_server(
+        [root], ["--exit-on-error", "false", "--strict-readiness", "false"], log_dir=tmp_path
+    ) as server:
         assert httpx.get(server.base + "/v2/health/ready").status_code == 200
 
 

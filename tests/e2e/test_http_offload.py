@@ -12,6 +12,7 @@ string tensor to and from Python objects holding the GIL (2 million strings: two
 0.12-0.24 s on this machine), which is the model's cost, not the frontend's, and made the bound
 a coin toss on a loaded CI machine (bench/FINDINGS.md, 9.14).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -20,18 +21,19 @@ import multiprocessing
 import os
 import struct
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 import httpx
 import numpy as np
 import pytest
+from serverproc import ServerProcess, running_server
+from testmodels import build_identity_fp32
 
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceStub
-from serverproc import ServerProcess, running_server
-from testmodels import build_identity_fp32
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +48,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("offload_models")
     build_identity_fp32(repo)
     _build_identity_bytes(repo)
-    with running_server([repo], [*os.environ.get("OFFLOAD_TEST_ARGS", "").split(),
-                                 "--http-max-input-size", str(MAX_INPUT),
-                                 "--exit-timeout-secs", "5"],
-                        log_dir=tmp_path_factory.mktemp("offload_logs")) as running:
+    with running_server(
+        [repo],
+        [
+            *os.environ.get("OFFLOAD_TEST_ARGS", "").split(),
+            "--http-max-input-size",
+            str(MAX_INPUT),
+            "--exit-timeout-secs",
+            "5",
+        ],
+        log_dir=tmp_path_factory.mktemp("offload_logs"),
+    ) as running:
         yield running
 
 
@@ -59,7 +68,8 @@ def _build_identity_bytes(repo: Path) -> None:
     (repo / "identity_bytes" / "config.pbtxt").write_text(
         'name: "identity_bytes"\nbackend: "identity"\nmax_batch_size: 0\n'
         'input [ { name: "INPUT" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT" data_type: TYPE_STRING dims: [ -1 ] } ]\n')
+        'output [ { name: "OUTPUT" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+    )
 
 
 def _poll_live(base: str, started: Any, done: Any, results: Any) -> None:
@@ -82,7 +92,7 @@ def _poll_live(base: str, started: Any, done: Any, results: Any) -> None:
                 waits.append(time.perf_counter() - began)
                 time.sleep(0.01)
         results.put((waits, None))
-    except BaseException as exc:  # noqa: BLE001 - reported by the test
+    except BaseException as exc:
         started.set()
         results.put((waits, repr(exc)))
 
@@ -91,8 +101,9 @@ def _worst_live_wait(server: ServerProcess, action: Callable[[], Any]) -> tuple[
     """Run `action` while polling live on its own connection; (its reply, longest poll, polls)."""
     context = multiprocessing.get_context("spawn")
     started, done, results = context.Event(), context.Event(), context.Queue()
-    poller = context.Process(target=_poll_live, args=(server.base, started, done, results),
-                             daemon=True)
+    poller = context.Process(
+        target=_poll_live, args=(server.base, started, done, results), daemon=True
+    )
     poller.start()
     started.wait(30)
     try:
@@ -106,8 +117,12 @@ def _worst_live_wait(server: ServerProcess, action: Callable[[], Any]) -> tuple[
 
 
 def _post(server: ServerProcess, path: str, body: bytes, **headers: str) -> httpx.Response:
-    return httpx.post(server.base + path, content=body, timeout=120,
-                      headers={key.replace("_", "-"): value for key, value in headers.items()})
+    return httpx.post(
+        server.base + path,
+        content=body,
+        timeout=120,
+        headers={key.replace("_", "-"): value for key, value in headers.items()},
+    )
 
 
 @pytest.mark.parametrize("path", ["/v2/repository/index", "/v2/models/identity_fp32/infer"])
@@ -122,8 +137,9 @@ def test_hostile_nested_body_gets_its_400_without_freezing_live(server, path) ->
 
 def test_hostile_gzip_body_inflating_past_the_threshold_is_parsed_off_the_loop(server) -> None:
     compressed = gzip.compress(HOSTILE, 1)  # small on the wire, 24 MiB inflated
-    reply, worst, _ = _worst_live_wait(server, lambda: _post(
-        server, "/v2/repository/index", compressed, content_encoding="gzip"))
+    reply, worst, _ = _worst_live_wait(
+        server, lambda: _post(server, "/v2/repository/index", compressed, content_encoding="gzip")
+    )
     assert reply.status_code == 400
     assert reply.json()["error"] == DEPTH_ERROR
     print(f"longest live poll {worst:.3f} s")
@@ -133,15 +149,25 @@ def test_hostile_gzip_body_inflating_past_the_threshold_is_parsed_off_the_loop(s
 def test_valid_5_million_element_json_request_is_answered_without_freezing_live(server) -> None:
     count = 5_000_000
     values = ((np.arange(count, dtype=np.float32) % 4096 - 2048) / 16).reshape(-1, 4)  # exact
-    body = json.dumps({"inputs": [{"name": "INPUT", "shape": list(values.shape),
-                                   "datatype": "FP32", "data": values.tolist()}]}).encode()
+    body = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT",
+                    "shape": list(values.shape),
+                    "datatype": "FP32",
+                    "data": values.tolist(),
+                }
+            ]
+        }
+    ).encode()
     reply, worst, _ = _worst_live_wait(
-        server, lambda: _post(server, "/v2/models/identity_fp32/infer", body))
+        server, lambda: _post(server, "/v2/models/identity_fp32/infer", body)
+    )
     assert reply.status_code == 200, reply.text[:200]
     (output,) = reply.json()["outputs"]
     assert output["shape"] == [count // 4, 4]
-    np.testing.assert_array_equal(np.asarray(output["data"], dtype=np.float32),
-                                  values.reshape(-1))
+    np.testing.assert_array_equal(np.asarray(output["data"], dtype=np.float32), values.reshape(-1))
     print(f"longest live poll {worst:.3f} s")
     assert worst < POLL_BOUND_S, f"live waited {worst:.3f} s"
 
@@ -149,10 +175,12 @@ def test_valid_5_million_element_json_request_is_answered_without_freezing_live(
 def test_valid_nested_bytes_request_is_answered_without_freezing_live(server) -> None:
     # Two million strings, nested four deep (Triton takes any nesting whose leaves fit the shape).
     rows = [[[[f"s{i}-{j}-{k}" for k in range(5)] for j in range(20)]] for i in range(20_000)]
-    body = json.dumps({"inputs": [{"name": "INPUT", "shape": [2_000_000], "datatype": "BYTES",
-                                   "data": rows}]}).encode()
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT", "shape": [2_000_000], "datatype": "BYTES", "data": rows}]}
+    ).encode()
     reply, worst, _ = _worst_live_wait(
-        server, lambda: _post(server, "/v2/models/identity_bytes/infer", body))
+        server, lambda: _post(server, "/v2/models/identity_bytes/infer", body)
+    )
     assert reply.status_code == 200, reply.text[:200]
     (output,) = reply.json()["outputs"]
     assert output["shape"] == [2_000_000]
@@ -172,17 +200,33 @@ def test_large_binary_bytes_answer_is_serialized_without_freezing_live(server) -
     of 4 million parts, on the loop) held live for 0.75 s; now it runs in a thread in steps."""
     count = 2_000_000
     raw = _strings(count)
-    header = json.dumps({
-        "inputs": [{"name": "INPUT", "shape": [count], "datatype": "BYTES",
-                    "parameters": {"binary_data_size": len(raw)}}],
-        "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}]}).encode()
-    reply, worst, _ = _worst_live_wait(server, lambda: _post(
-        server, "/v2/models/identity_bytes/infer", header + raw,
-        Inference_Header_Content_Length=str(len(header))))
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT",
+                    "shape": [count],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    reply, worst, _ = _worst_live_wait(
+        server,
+        lambda: _post(
+            server,
+            "/v2/models/identity_bytes/infer",
+            header + raw,
+            Inference_Header_Content_Length=str(len(header)),
+        ),
+    )
     assert reply.status_code == 200, reply.text[:200]
     json_length = int(reply.headers["Inference-Header-Content-Length"])
     assert json.loads(reply.content[:json_length])["outputs"][0]["parameters"] == {
-        "binary_data_size": len(raw)}
+        "binary_data_size": len(raw)
+    }
     assert reply.content[json_length:] == raw
     print(f"longest live poll {worst:.3f} s")
     assert worst < POLL_BOUND_S, f"live waited {worst:.3f} s"
@@ -199,8 +243,9 @@ def test_large_grpc_bytes_request_is_converted_without_freezing_live(server) -> 
     request.raw_input_contents.append(raw)
 
     def infer() -> pb.ModelInferResponse:
-        with grpc.insecure_channel(server.grpc_url, options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024)]) as channel:
+        with grpc.insecure_channel(
+            server.grpc_url, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        ) as channel:
             return GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=120)
 
     reply, worst, _ = _worst_live_wait(server, infer)
@@ -213,7 +258,9 @@ def test_large_grpc_bytes_request_is_converted_without_freezing_live(server) -> 
 def test_small_and_large_bodies_get_the_same_errors(server) -> None:
     """The parse moves, the messages do not: a malformed small body and the same malformed
     document padded past the threshold answer the same 400 text."""
-    small = b'{"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, "x"]}]}'
+    small = (
+        b'{"inputs": [{"name": "INPUT", "shape": [1, 2], "datatype": "FP32", "data": [1, "x"]}]}'
+    )
     padding = b" " * (1 << 20)
     for path in ("/v2/models/identity_fp32/infer",):
         first = _post(server, path, small)

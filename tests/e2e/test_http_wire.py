@@ -8,20 +8,22 @@ behind other requests, disconnects), and ordinary clients such as httpx never ex
 those. So these tests talk raw HTTP over sockets and check exactly what a client would see:
 status lines, headers, output values, error text and whether the connection stays open.
 """
+
 from __future__ import annotations
 
 import json
 import socket
 import struct
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any
 
 import pytest
+from serverproc import ServerProcess, running_server
 
 from examples.build_repository import build_identity_bytes, build_simple
-from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -32,6 +34,7 @@ TIMEOUT = 10.0  # seconds any single socket read may take before the test fails
 
 
 # ----- servers ----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -52,23 +55,31 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def limited(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server that refuses bodies over LIMIT bytes."""
-    with running_server([repository], ["--http-max-input-size", str(LIMIT)],
-                        log_dir=tmp_path_factory.mktemp("logs")) as proc:
+    with running_server(
+        [repository], ["--http-max-input-size", str(LIMIT)], log_dir=tmp_path_factory.mktemp("logs")
+    ) as proc:
         yield proc
 
 
 # ----- requests ---------------------------------------------------------------------------
 
-def request(path: str, body: bytes = b"", method: str = "POST",
-            headers: Optional[Mapping[str, str]] = None, version: str = "HTTP/1.1",
-            content_length: Optional[int] = None) -> bytes:
+
+def request(
+    path: str,
+    body: bytes = b"",
+    method: str = "POST",
+    headers: Mapping[str, str] | None = None,
+    version: str = "HTTP/1.1",
+    content_length: int | None = None,
+) -> bytes:
     """One raw HTTP request. Content-Length is the body's unless given (or chunked is asked)."""
     lines = [f"{method} {path} {version}", "Host: 127.0.0.1"]
     fields = dict(headers or {})
     chunked = fields.get("Transfer-Encoding", "").lower() == "chunked"
     if not chunked and (method == "POST" or content_length is not None):
-        fields.setdefault("Content-Length",
-                          str(len(body) if content_length is None else content_length))
+        fields.setdefault(
+            "Content-Length", str(len(body) if content_length is None else content_length)
+        )
     lines += [f"{key}: {value}" for key, value in fields.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
@@ -82,9 +93,12 @@ def simple_inputs(offset: int, batch: int = 1) -> tuple[list[int], list[int]]:
 def simple_body(offset: int, batch: int = 1, binary_output: bool = False) -> bytes:
     """A JSON infer request for `simple`; outputs in the binary extension when asked."""
     in0, in1 = simple_inputs(offset, batch)
-    payload: dict[str, Any] = {"inputs": [
-        {"name": "INPUT0", "shape": [batch, 16], "datatype": "INT32", "data": in0},
-        {"name": "INPUT1", "shape": [batch, 16], "datatype": "INT32", "data": in1}]}
+    payload: dict[str, Any] = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [batch, 16], "datatype": "INT32", "data": in0},
+            {"name": "INPUT1", "shape": [batch, 16], "datatype": "INT32", "data": in1},
+        ]
+    }
     if binary_output:
         payload["parameters"] = {"binary_data_output": True}
     return json.dumps(payload).encode()
@@ -96,6 +110,7 @@ def chunked(pieces: Sequence[bytes]) -> list[bytes]:
 
 
 # ----- responses --------------------------------------------------------------------------
+
 
 @dataclass
 class Response:
@@ -115,7 +130,7 @@ class Connection:
         self.sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT)
         self.buffer = b""
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -174,7 +189,7 @@ class Connection:
             return self.sock.recv(1) == b""
         except ConnectionResetError:
             return True
-        except socket.timeout:
+        except TimeoutError:
             return False
         finally:
             self.sock.settimeout(TIMEOUT)
@@ -186,8 +201,8 @@ def assert_simple(response: Response, offset: int, batch: int = 1) -> None:
     assert response.status == 200, response.body[:500]
     in0, in1 = simple_inputs(offset, batch)
     outputs = decode_outputs(response)
-    assert outputs["OUTPUT0"] == [a + b for a, b in zip(in0, in1)]
-    assert outputs["OUTPUT1"] == [a - b for a, b in zip(in0, in1)]
+    assert outputs["OUTPUT0"] == [a + b for a, b in zip(in0, in1, strict=False)]
+    assert outputs["OUTPUT1"] == [a - b for a, b in zip(in0, in1, strict=False)]
 
 
 def assert_simple_roundtrip(conn: Connection, offset: int) -> None:
@@ -199,8 +214,8 @@ def assert_simple_roundtrip(conn: Connection, offset: int) -> None:
 def decode_outputs(response: Response) -> dict[str, Any]:
     """name -> flat data, reading binary INT32 / BYTES outputs after the JSON header."""
     length = response.headers.get("inference-header-content-length")
-    header = json.loads(response.body[:int(length)] if length else response.body)
-    blob = memoryview(response.body)[int(length) if length else len(response.body):]
+    header = json.loads(response.body[: int(length)] if length else response.body)
+    blob = memoryview(response.body)[int(length) if length else len(response.body) :]
     outputs: dict[str, Any] = {}
     for entry in header["outputs"]:
         size = entry.get("parameters", {}).get("binary_data_size")
@@ -215,7 +230,7 @@ def decode_outputs(response: Response) -> dict[str, Any]:
             items, at = [], 0
             while at < len(raw):
                 (n,) = struct.unpack_from("<I", raw, at)
-                items.append(raw[at + 4:at + 4 + n])
+                items.append(raw[at + 4 : at + 4 + n])
                 at += 4 + n
             outputs[entry["name"]] = items
     assert not blob, "bytes left after the binary outputs"
@@ -226,22 +241,33 @@ def identity_body(value: bytes) -> tuple[bytes, int]:
     """A binary-extension request for identity_bytes carrying one BYTES element; the body and
     its JSON header's length (Inference-Header-Content-Length)."""
     element = struct.pack("<I", len(value)) + value
-    header = json.dumps({
-        "inputs": [{"name": "INPUT", "shape": [1], "datatype": "BYTES",
-                    "parameters": {"binary_data_size": len(element)}}],
-        "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT",
+                    "shape": [1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(element)},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     return header + element, len(header)
 
 
 # ----- 1. pipelining ----------------------------------------------------------------------
+
 
 def test_pipelined_infers_come_back_in_order(server: ServerProcess) -> None:
     """Three infers in one write: each answer matches its own request, in request order (the
     second and third wait in uvicorn's pipeline queue, and the versioned path is direct too)."""
     paths = [SIMPLE, "/v2/models/simple/versions/1/infer", SIMPLE]
     with Connection(server) as conn:
-        conn.send(b"".join(request(path, simple_body(10 * (i + 1)))
-                           for i, path in enumerate(paths)))
+        conn.send(
+            b"".join(request(path, simple_body(10 * (i + 1))) for i, path in enumerate(paths))
+        )
         for i in range(len(paths)):
             assert_simple(conn.read(), 10 * (i + 1))
         assert_simple_roundtrip(conn, 99)  # and the connection is still usable
@@ -250,10 +276,12 @@ def test_pipelined_infers_come_back_in_order(server: ServerProcess) -> None:
 def test_pipelined_infers_mixed_with_routed_requests(server: ServerProcess) -> None:
     """Direct infers and FastAPI routes share one pipeline: infer, ready, infer, metadata."""
     with Connection(server) as conn:
-        conn.send(request(SIMPLE, simple_body(1))
-                  + request("/v2/health/ready", method="GET")
-                  + request(SIMPLE, simple_body(2, batch=3, binary_output=True))
-                  + request("/v2/models/simple", method="GET"))
+        conn.send(
+            request(SIMPLE, simple_body(1))
+            + request("/v2/health/ready", method="GET")
+            + request(SIMPLE, simple_body(2, batch=3, binary_output=True))
+            + request("/v2/models/simple", method="GET")
+        )
         assert_simple(conn.read(), 1)
         ready = conn.read()
         assert (ready.status, ready.body) == (200, b"")
@@ -263,6 +291,7 @@ def test_pipelined_infers_mixed_with_routed_requests(server: ServerProcess) -> N
 
 
 # ----- 2. Expect: 100-continue ------------------------------------------------------------
+
 
 def test_expect_100_continue(server: ServerProcess) -> None:
     """The server sends `100 Continue` before the body exists, then answers the full request."""
@@ -277,7 +306,8 @@ def test_expect_100_continue(server: ServerProcess) -> None:
 
 
 def test_expect_100_continue_over_the_limit_is_refused_without_continue(
-        limited: ServerProcess) -> None:
+    limited: ServerProcess,
+) -> None:
     """A declared size over the limit answers 413 at once, never inviting the body, and closes
     (the body the client may still send would otherwise be read as the next request)."""
     with Connection(limited) as conn:
@@ -291,10 +321,11 @@ def test_expect_100_continue_over_the_limit_is_refused_without_continue(
 
 # ----- 3. chunked request body ------------------------------------------------------------
 
+
 def test_chunked_request_body(server: ServerProcess) -> None:
     """A chunked body sent piece by piece (separate writes, small pauses) is reassembled."""
     body = simple_body(5, batch=2)
-    pieces = [body[i:i + 50] for i in range(0, len(body), 50)]
+    pieces = [body[i : i + 50] for i in range(0, len(body), 50)]
     with Connection(server) as conn:
         conn.send(request(SIMPLE, headers={"Transfer-Encoding": "chunked"}))
         for frame in chunked(pieces):
@@ -306,10 +337,15 @@ def test_chunked_request_body(server: ServerProcess) -> None:
 
 # ----- 4. large bodies --------------------------------------------------------------------
 
-@pytest.mark.parametrize("size, piece, pause", [
-    (300 * 1024, 16 * 1024, 0.005),  # many separate reads, each waking the body loop
-    (4 * 1024 * 1024, 4 * 1024 * 1024, 0.0),  # past uvicorn's 64 KiB mark: reading pauses
-], ids=["300KiB-in-16KiB-pieces", "4MiB-in-one-write"])
+
+@pytest.mark.parametrize(
+    "size, piece, pause",
+    [
+        (300 * 1024, 16 * 1024, 0.005),  # many separate reads, each waking the body loop
+        (4 * 1024 * 1024, 4 * 1024 * 1024, 0.0),  # past uvicorn's 64 KiB mark: reading pauses
+    ],
+    ids=["300KiB-in-16KiB-pieces", "4MiB-in-one-write"],
+)
 def test_large_binary_body(server: ServerProcess, size: int, piece: int, pause: float) -> None:
     """A binary-extension body far larger than one socket read comes back byte for byte.
 
@@ -317,10 +353,15 @@ def test_large_binary_body(server: ServerProcess, size: int, piece: int, pause: 
     value = bytes(range(32, 127)) * (size // 95) + b"!" * (size % 95)
     body, header_length = identity_body(value)
     with Connection(server) as conn:
-        conn.send(request(IDENTITY, headers={"Inference-Header-Content-Length": str(header_length)},
-                          content_length=len(body)))
+        conn.send(
+            request(
+                IDENTITY,
+                headers={"Inference-Header-Content-Length": str(header_length)},
+                content_length=len(body),
+            )
+        )
         for start in range(0, len(body), piece):
-            conn.send(body[start:start + piece])
+            conn.send(body[start : start + piece])
             if pause:
                 time.sleep(pause)
         reply = conn.read()
@@ -332,15 +373,19 @@ def test_large_binary_body(server: ServerProcess, size: int, piece: int, pause: 
 
 # ----- 5. body size limit -----------------------------------------------------------------
 
+
 def test_declared_length_over_the_limit(limited: ServerProcess) -> None:
     """Content-Length over --http-max-input-size: 413 before any body is read, then close."""
     with Connection(limited) as conn:
         conn.send(request(SIMPLE, content_length=100_000))
         reply = conn.read()
         assert reply.status == 413
-        assert reply.json() == {"error": (
-            "request body size exceeds the maximum allowed input size of 4096 bytes. "
-            "Use --http-max-input-size to increase the limit.")}
+        assert reply.json() == {
+            "error": (
+                "request body size exceeds the maximum allowed input size of 4096 bytes. "
+                "Use --http-max-input-size to increase the limit."
+            )
+        }
         assert reply.headers.get("connection") == "close"
         assert conn.closed_by_server()
 
@@ -375,6 +420,7 @@ def test_oversize_body_read_in_full_keeps_the_connection(limited: ServerProcess)
 
 # ----- 6. connection close ----------------------------------------------------------------
 
+
 def test_connection_close_request(server: ServerProcess) -> None:
     """`Connection: close` gets its answer with `connection: close`, then the socket closes."""
     with Connection(server) as conn:
@@ -396,6 +442,7 @@ def test_http10_request_is_answered_then_closed(server: ServerProcess) -> None:
 
 
 # ----- 7. keep-alive ----------------------------------------------------------------------
+
 
 def test_fifty_sequential_infers_on_one_connection(server: ServerProcess) -> None:
     """One keep-alive socket serves 50 infers; every answer is framed and labelled correctly."""
@@ -419,6 +466,7 @@ def test_fifty_sequential_infers_on_one_connection(server: ServerProcess) -> Non
 
 # ----- 8. errors keep the connection ------------------------------------------------------
 
+
 def test_malformed_json_is_400_and_the_connection_survives(server: ServerProcess) -> None:
     """A 400 for a bad body that was read in full leaves the connection usable (and so does a
     404 for an unknown model)."""
@@ -438,6 +486,7 @@ def test_malformed_json_is_400_and_the_connection_survives(server: ServerProcess
 
 # ----- 9. disconnects ---------------------------------------------------------------------
 
+
 def test_client_disconnect_mid_body(server: ServerProcess) -> None:
     """A client that leaves in the middle of its body does not hurt the server: the next
     connection is served, and nothing unexpected is logged."""
@@ -455,19 +504,21 @@ def test_client_disconnect_mid_body(server: ServerProcess) -> None:
 
 # ----- 10. text the model cannot take ------------------------------------
 
-def test_bytes_that_are_not_utf8_are_a_400_for_an_onnx_string_input(
-        server: ServerProcess) -> None:
+
+def test_bytes_that_are_not_utf8_are_a_400_for_an_onnx_string_input(server: ServerProcess) -> None:
     """ONNX string tensors hold text: a non-UTF-8 BYTES element is the client's error (400,
     naming the input), not a server failure, and the model keeps serving."""
     body, header_length = identity_body(b"ok\x80")
     with Connection(server) as conn:
-        conn.send(request(IDENTITY, body,
-                          headers={"Inference-Header-Content-Length": str(header_length)}))
+        conn.send(
+            request(IDENTITY, body, headers={"Inference-Header-Content-Length": str(header_length)})
+        )
         response = conn.read()
         assert response.status == 400, response.body
         assert "input 'INPUT'" in response.json()["error"]
         assert "not valid UTF-8" in response.json()["error"]
         good, header_length = identity_body(b"fine")
-        conn.send(request(IDENTITY, good,
-                          headers={"Inference-Header-Content-Length": str(header_length)}))
+        conn.send(
+            request(IDENTITY, good, headers={"Inference-Header-Content-Length": str(header_length)})
+        )
         assert decode_outputs(conn.read())["OUTPUT"] == [b"fine"]

@@ -2,6 +2,7 @@
 (issue 13, item 5): zero-element tensors whose shapes numpy cannot hold, more dimensions than
 numpy allows, an unknown trace setting with an empty value, and gRPC messages that do not
 parse. Raw HTTP, tritonclient and a raw gRPC channel against the shared example server."""
+
 from __future__ import annotations
 
 import json
@@ -23,26 +24,51 @@ GARBAGE = b"\xff\xff\xff\xff"  # not a protobuf message of any type
 
 
 def _post(server, model: str, body: bytes, header_length: int | None = None) -> httpx.Response:
-    headers = {} if header_length is None else {"Inference-Header-Content-Length": str(header_length)}
-    return httpx.post(f"{server.base}/v2/models/{model}/infer", content=body, headers=headers,
-                      timeout=30)
+    headers = (
+        {} if header_length is None else {"Inference-Header-Content-Length": str(header_length)}
+    )
+    return httpx.post(
+        f"{server.base}/v2/models/{model}/infer", content=body, headers=headers, timeout=30
+    )
 
 
 def _simple_inputs(**fields) -> list[dict]:
-    return [{"name": name, "shape": [HUGE, 0], "datatype": "INT32", **fields}
-            for name in ("INPUT0", "INPUT1")]
+    return [
+        {"name": name, "shape": [HUGE, 0], "datatype": "INT32", **fields}
+        for name in ("INPUT0", "INPUT1")
+    ]
 
 
-@pytest.mark.parametrize("model, body, binary", [
-    ("simple", {"inputs": _simple_inputs(data=[])}, False),
-    ("simple", {"inputs": _simple_inputs(parameters={"binary_data_size": 0})}, True),
-    ("identity_bytes", {"inputs": [{"name": "INPUT", "shape": [HUGE, 0], "datatype": "BYTES",
-                                    "data": []}]}, False),
-    ("identity_bytes", {"inputs": [{"name": "INPUT", "shape": [0, 2**62], "datatype": "BYTES",
-                                    "parameters": {"binary_data_size": 0}}]}, True),
-], ids=["json", "binary", "bytes-json", "bytes-binary"])
-def test_zero_element_tensors_with_huge_shapes_are_400_over_http(example_server, model, body,
-                                                                 binary) -> None:
+@pytest.mark.parametrize(
+    "model, body, binary",
+    [
+        ("simple", {"inputs": _simple_inputs(data=[])}, False),
+        ("simple", {"inputs": _simple_inputs(parameters={"binary_data_size": 0})}, True),
+        (
+            "identity_bytes",
+            {"inputs": [{"name": "INPUT", "shape": [HUGE, 0], "datatype": "BYTES", "data": []}]},
+            False,
+        ),
+        (
+            "identity_bytes",
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT",
+                        "shape": [0, 2**62],
+                        "datatype": "BYTES",
+                        "parameters": {"binary_data_size": 0},
+                    }
+                ]
+            },
+            True,
+        ),
+    ],
+    ids=["json", "binary", "bytes-json", "bytes-binary"],
+)
+def test_zero_element_tensors_with_huge_shapes_are_400_over_http(
+    example_server, model, body, binary
+) -> None:
     payload = json.dumps(body).encode()
     reply = _post(example_server, model, payload, len(payload) if binary else None)
     assert reply.status_code == 400, reply.text
@@ -55,15 +81,17 @@ def _grpc_stub(server) -> tuple[grpc.Channel, GRPCInferenceServiceStub]:
     return channel, GRPCInferenceServiceStub(channel)
 
 
-def _infer_status(stub: GRPCInferenceServiceStub, request: pb.ModelInferRequest
-                  ) -> tuple[grpc.StatusCode, str]:
+def _infer_status(
+    stub: GRPCInferenceServiceStub, request: pb.ModelInferRequest
+) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as error:
         stub.ModelInfer(request, timeout=30)
     return error.value.code(), error.value.details()
 
 
-def _request(model: str, datatype: str, shape: list[int], names: tuple[str, ...]
-             ) -> pb.ModelInferRequest:
+def _request(
+    model: str, datatype: str, shape: list[int], names: tuple[str, ...]
+) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name=model)
     for name in names:
         request.inputs.add(name=name, datatype=datatype, shape=shape)
@@ -91,8 +119,10 @@ def test_shapes_numpy_cannot_hold_are_invalid_arguments_over_grpc(example_server
 
 
 SHORT_STRINGS = (struct.pack("<I", 2) + b"ab") * 3  # three strings, 18 bytes
-SHORT_STRINGS_ERROR = ("incomplete string length indicator for inference input 'INPUT', "
-                       "expecting 4 bytes but only 0 bytes available")
+SHORT_STRINGS_ERROR = (
+    "incomplete string length indicator for inference input 'INPUT', "
+    "expecting 4 bytes but only 0 bytes available"
+)
 
 
 def test_a_bytes_shape_far_beyond_its_data_is_refused_at_once(example_server) -> None:
@@ -107,8 +137,18 @@ def test_a_bytes_shape_far_beyond_its_data_is_refused_at_once(example_server) ->
         code, details = _infer_status(stub, request)
     assert code is grpc.StatusCode.INVALID_ARGUMENT
     assert details == SHORT_STRINGS_ERROR
-    header = json.dumps({"inputs": [{"name": "INPUT", "shape": [2**31 - 1], "datatype": "BYTES",
-                                     "parameters": {"binary_data_size": len(SHORT_STRINGS)}}]})
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT",
+                    "shape": [2**31 - 1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(SHORT_STRINGS)},
+                }
+            ]
+        }
+    )
     reply = _post(example_server, "identity_bytes", header.encode() + SHORT_STRINGS, len(header))
     assert reply.status_code == 413
     assert "exceeds the maximum allowed input size" in reply.json()["error"]
@@ -128,20 +168,27 @@ def test_undecodable_grpc_messages_are_invalid_arguments(example_server) -> None
     refuses what did not parse."""
     channel, stub = _grpc_stub(example_server)
     with channel:
-        for method in ("/inference.GRPCInferenceService/ModelInfer",
-                       "/inference.GRPCInferenceService/ServerLive",
-                       "/grpc.health.v1.Health/Check"):
-            call = channel.unary_unary(method, request_serializer=lambda data: data,
-                                       response_deserializer=lambda data: data)
+        for method in (
+            "/inference.GRPCInferenceService/ModelInfer",
+            "/inference.GRPCInferenceService/ServerLive",
+            "/grpc.health.v1.Health/Check",
+        ):
+            call = channel.unary_unary(
+                method,
+                request_serializer=lambda data: data,
+                response_deserializer=lambda data: data,
+            )
             with pytest.raises(grpc.RpcError) as error:
                 call(GARBAGE, timeout=30)
             assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT, method
             assert error.value.details().startswith("malformed request message: Error parsing")
 
         # in a stream, a malformed message is one failed request; the stream goes on
-        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
-                                       request_serializer=lambda data: data,
-                                       response_deserializer=pb.ModelStreamInferResponse.FromString)
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda data: data,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
         valid = pb.ModelInferRequest(model_name="simple", id="ok")
         for name in ("INPUT0", "INPUT1"):
             valid.inputs.add(name=name, datatype="INT32", shape=[1, 16])

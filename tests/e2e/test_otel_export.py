@@ -1,24 +1,23 @@
 """OpenTelemetry mode end to end: spans exported over OTLP/HTTP to a receiver the test runs,
 with the client's W3C traceparent (HTTP header, gRPC metadata) as their parent."""
+
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
 
 pytest.importorskip("opentelemetry.proto")
 
-import tritonclient.grpc as grpcclient  # noqa: E402
-import tritonclient.http as httpclient  # noqa: E402
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
-    ExportTraceServiceRequest)
-
-from serverproc import running_server  # noqa: E402
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from serverproc import running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +31,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 message = ExportTraceServiceRequest.FromString(body)
                 for resource_spans in message.resource_spans:
@@ -67,32 +66,47 @@ def receiver() -> Iterator[Receiver]:
 
 
 def _inputs(mod):  # type: ignore[no-untyped-def]
-    inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"), mod.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [
+        mod.InferInput("INPUT0", [1, 16], "INT32"),
+        mod.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
     for tensor in inputs:
         tensor.set_data_from_numpy(np.ones((1, 16), np.int32))
     return inputs
 
 
-def test_spans_reach_an_otlp_receiver_under_the_clients_trace(example_repository: Path,
-                                                             receiver: Receiver,
-                                                             tmp_path: Path) -> None:
-    args = ["--trace-config", "mode=opentelemetry", "--trace-config", "rate=1",
-            "--trace-config", "level=TIMESTAMPS",
-            "--trace-config", f"opentelemetry,url={receiver.url}",
-            "--trace-config", "opentelemetry,resource=cluster=test-a",
-            "--trace-config", "opentelemetry,bsp_schedule_delay=100",
-            "--frontend-processes", "2"]
+def test_spans_reach_an_otlp_receiver_under_the_clients_trace(
+    example_repository: Path, receiver: Receiver, tmp_path: Path
+) -> None:
+    args = [
+        "--trace-config",
+        "mode=opentelemetry",
+        "--trace-config",
+        "rate=1",
+        "--trace-config",
+        "level=TIMESTAMPS",
+        "--trace-config",
+        f"opentelemetry,url={receiver.url}",
+        "--trace-config",
+        "opentelemetry,resource=cluster=test-a",
+        "--trace-config",
+        "opentelemetry,bsp_schedule_delay=100",
+        "--frontend-processes",
+        "2",
+    ]
     http_trace, grpc_trace = "a" * 32, "b" * 32
     with running_server([example_repository], args, log_dir=tmp_path) as server:
         httpclient.InferenceServerClient(server.http_url).infer(
-            "simple", _inputs(httpclient),
-            headers={"traceparent": f"00-{http_trace}-{'1' * 16}-01"})
+            "simple", _inputs(httpclient), headers={"traceparent": f"00-{http_trace}-{'1' * 16}-01"}
+        )
         grpcclient.InferenceServerClient(server.grpc_url).infer(
-            "simple", _inputs(grpcclient),
-            headers={"traceparent": f"00-{grpc_trace}-{'2' * 16}-01"})
+            "simple", _inputs(grpcclient), headers={"traceparent": f"00-{grpc_trace}-{'2' * 16}-01"}
+        )
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and \
-                sum(s.name == "InferRequest" for s in receiver.spans) < 2:
+        while (
+            time.monotonic() < deadline
+            and sum(s.name == "InferRequest" for s in receiver.spans) < 2
+        ):
             time.sleep(0.1)
     roots = {s.trace_id.hex(): s for s in receiver.spans if s.name == "InferRequest"}
     assert set(roots) >= {http_trace, grpc_trace}

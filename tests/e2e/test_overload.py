@@ -1,6 +1,7 @@
 """A full queue says when to come back (issue 13, item 10): HTTP 503 (or 429 with
 --overload-status=429) with Retry-After, gRPC UNAVAILABLE with `retry-after` trailing metadata,
 and ascend_inference_rejected_total counts the refusals by reason."""
+
 from __future__ import annotations
 
 import re
@@ -14,12 +15,12 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from serverproc import ServerProcess, running_server
+from testmodels import write_queued_model
 from tritonclient.utils import InferenceServerException
 
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceStub
-from serverproc import ServerProcess, running_server
-from testmodels import write_queued_model
 
 pytestmark = pytest.mark.e2e
 
@@ -61,8 +62,12 @@ def _grpc_refusal(server: ServerProcess) -> grpc.RpcError:
 
 def _rejected(server: ServerProcess, reason: str) -> int:
     text = httpx.get(server.metrics_url, timeout=10).text
-    found = re.search(r'^ascend_inference_rejected_total\{model="queued",reason="%s",'
-                      r'version="1"\} (\d+)$' % reason, text, re.M)
+    found = re.search(
+        r'^ascend_inference_rejected_total\{model="queued",reason="%s",'
+        r'version="1"\} (\d+)$' % reason,
+        text,
+        re.M,
+    )
     assert found, text
     return int(found.group(1))
 
@@ -72,8 +77,9 @@ def _retry_after_seconds(value: str) -> int:
     return int(value)
 
 
-def test_a_full_queue_answers_503_with_retry_after_and_counts_it(queued_repository: Path,
-                                                                 tmp_path: Path) -> None:
+def test_a_full_queue_answers_503_with_retry_after_and_counts_it(
+    queued_repository: Path, tmp_path: Path
+) -> None:
     with running_server([queued_repository], log_dir=tmp_path) as server:
         assert _rejected(server, "queue_full") == 0
         assert _rejected(server, "queue_timeout") == 0
@@ -103,15 +109,19 @@ def test_a_full_queue_answers_503_with_retry_after_and_counts_it(queued_reposito
         assert http_hint == _retry_after_seconds(trailing["retry-after"]) == 10
         assert answers["tritonclient"].status() == "StatusCode.UNAVAILABLE"
         assert _rejected(server, "queue_full") == 3
-        failures = re.search(r'^nv_inference_request_failure\{model="queued",reason="REJECTED",'
-                             r'version="1"\} (\d+)$', httpx.get(server.metrics_url).text, re.M)
+        failures = re.search(
+            r'^nv_inference_request_failure\{model="queued",reason="REJECTED",'
+            r'version="1"\} (\d+)$',
+            httpx.get(server.metrics_url).text,
+            re.M,
+        )
         assert failures and int(failures.group(1)) == 3  # the same refusals, Triton's counter
 
 
-def test_overload_status_429_for_clients_that_retry_on_it(queued_repository: Path,
-                                                          tmp_path: Path) -> None:
-    with running_server([queued_repository], ["--overload-status=429"],
-                        log_dir=tmp_path) as server:
+def test_overload_status_429_for_clients_that_retry_on_it(
+    queued_repository: Path, tmp_path: Path
+) -> None:
+    with running_server([queued_repository], ["--overload-status=429"], log_dir=tmp_path) as server:
         answers: dict = {}
 
         def check() -> None:

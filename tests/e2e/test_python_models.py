@@ -5,24 +5,24 @@ BYTES tensors, per-request errors, dynamic batching, and the worker supervision:
 worker fails only its in-flight request, comes back, and after 3 crashes within 60 s the
 model stops being ready.
 """
+
 from __future__ import annotations
 
 import os
 import signal
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from procutil import wait_for
 from serverproc import ServerProcess, running_server
 from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
+from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
 
@@ -89,7 +89,7 @@ class TritonPythonModel:
         print("Cleaning up...")
 '''
 
-ADD_SUB_CONFIG = '''
+ADD_SUB_CONFIG = """
 name: "add_sub"
 backend: "python"
 
@@ -123,9 +123,9 @@ output [
 ]
 
 instance_group [{ kind: KIND_CPU }]
-'''
+"""
 
-UPPER_MODEL = '''
+UPPER_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -143,19 +143,19 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor("UPPER", upper.reshape(text.shape))]))
         return responses
-'''
+"""
 
-UPPER_CONFIG = '''
+UPPER_CONFIG = """
 name: "upper"
 backend: "python"
 max_batch_size: 0
 input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
 output [ { name: "UPPER" data_type: TYPE_STRING dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+"""
 
 # Doubles its input and reports how many requests the call to execute received.
-BATCHER_MODEL = '''
+BATCHER_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -169,9 +169,9 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("Y", x * 2), pb_utils.Tensor("REQUESTS", count)]))
         return responses
-'''
+"""
 
-BATCHER_CONFIG = '''
+BATCHER_CONFIG = """
 name: "batcher"
 backend: "python"
 max_batch_size: 8
@@ -180,7 +180,7 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] },
          { name: "REQUESTS" data_type: TYPE_INT32 dims: [ 1 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 200000 }
 instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+"""
 
 MODELS = {
     "add_sub": (ADD_SUB_MODEL, ADD_SUB_CONFIG),
@@ -196,8 +196,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("python_models")
     for name, (source, config) in MODELS.items():
         write_python_model(repo, name, source, config)
-    with running_server([repo], ["--exit-timeout-secs", "10"],
-                        log_dir=tmp_path_factory.mktemp("logs")) as process:
+    with running_server(
+        [repo], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
+    ) as process:
         yield process
 
 
@@ -217,15 +218,22 @@ def sleeper_pid(server: ServerProcess, model: str = "sleeper", seconds: float = 
 
 
 def wait_model_ready(server: ServerProcess, model: str, timeout: float = 10.0) -> None:
-    wait_for(lambda: httpx.get(f"{server.base}/v2/models/{model}/ready").status_code == 200,
-             f"model '{model}' to become ready again", timeout, interval=0.02)
+    wait_for(
+        lambda: httpx.get(f"{server.base}/v2/models/{model}/ready").status_code == 200,
+        f"model '{model}' to become ready again",
+        timeout,
+        interval=0.02,
+    )
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_documented_add_sub_model(server: ServerProcess, protocol: str) -> None:
     module = httpclient if protocol == "http" else grpcclient
-    client = (http_client(server) if protocol == "http"
-              else grpcclient.InferenceServerClient(server.grpc_url))
+    client = (
+        http_client(server)
+        if protocol == "http"
+        else grpcclient.InferenceServerClient(server.grpc_url)
+    )
     in0 = np.random.default_rng(0).random(4, dtype=np.float32)
     in1 = np.random.default_rng(1).random(4, dtype=np.float32)
     inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
@@ -249,8 +257,11 @@ def test_metadata_names_the_python_backend(server: ServerProcess) -> None:
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_bytes_tensors_and_model_errors(server: ServerProcess, protocol: str) -> None:
     module = httpclient if protocol == "http" else grpcclient
-    client = (http_client(server) if protocol == "http"
-              else grpcclient.InferenceServerClient(server.grpc_url))
+    client = (
+        http_client(server)
+        if protocol == "http"
+        else grpcclient.InferenceServerClient(server.grpc_url)
+    )
     text = module.InferInput("TEXT", [3], "BYTES")
     text.set_data_from_numpy(np.array([b"hello", b"", b"w\xc3\xb6rld"], dtype=np.object_))
     result = client.infer("upper", [text])
@@ -288,8 +299,7 @@ def test_dynamic_batching_hands_several_requests_to_execute(server: ServerProces
     assert int(stats["execution_count"]) < 6
 
 
-def test_killed_worker_fails_only_in_flight_requests_and_comes_back(
-        server: ServerProcess) -> None:
+def test_killed_worker_fails_only_in_flight_requests_and_comes_back(server: ServerProcess) -> None:
     pid = sleeper_pid(server)
     outcomes: dict[str, object] = {}
 
@@ -333,24 +343,30 @@ def test_killed_worker_fails_only_in_flight_requests_and_comes_back(
     assert server.alive()
 
 
-def test_three_crashes_within_a_minute_make_the_model_unavailable(
-        server: ServerProcess) -> None:
+def test_three_crashes_within_a_minute_make_the_model_unavailable(server: ServerProcess) -> None:
     for crash in range(3):
         wait_model_ready(server, "fragile")
         pid = sleeper_pid(server, "fragile")
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
-    wait_for(lambda: httpx.get(f"{server.base}/v2/models/fragile/ready").status_code != 200,
-             "the model to stop being ready after 3 crashes", timeout=10)
+    wait_for(
+        lambda: httpx.get(f"{server.base}/v2/models/fragile/ready").status_code != 200,
+        "the model to stop being ready after 3 crashes",
+        timeout=10,
+    )
     with pytest.raises(InferenceServerException) as caught:
         sleeper_pid(server, "fragile")
-    assert "crashed 3 times within 60 s" in caught.value.message() or \
-        "not at ready state" in caught.value.message()
+    assert (
+        "crashed 3 times within 60 s" in caught.value.message()
+        or "not at ready state" in caught.value.message()
+    )
     with pytest.raises(InferenceServerException) as again:
         sleeper_pid(server, "fragile")
     assert again.value.status() == "503"
-    index = {entry["name"]: entry for entry in
-             httpx.post(f"{server.base}/v2/repository/index", json={}).json()}
+    index = {
+        entry["name"]: entry
+        for entry in httpx.post(f"{server.base}/v2/repository/index", json={}).json()
+    }
     assert index["fragile"]["state"] == "UNAVAILABLE"
     assert "crashed 3 times within 60 s" in index["fragile"]["reason"]
     assert server.alive()

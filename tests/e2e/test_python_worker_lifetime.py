@@ -4,6 +4,7 @@ after the server is SIGKILLed. Restarts are counted in `ascend_python_worker_res
 
 Every test checks by pid that the worker is gone, and kills it if it is not, so nothing is left
 behind even when an assertion fails."""
+
 from __future__ import annotations
 
 import os
@@ -11,12 +12,11 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
-
 from procutil import gone, kill_quietly, wait_for, wait_gone
 from serverproc import ServerProcess, running_server, start_server
 from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
@@ -75,13 +75,15 @@ def nap_in_background(server: ServerProcess, seconds: float) -> tuple[threading.
 
 def restarts(server: ServerProcess) -> str:
     text = httpx.get(server.metrics_url, timeout=10).text
-    match = re.search(r'^ascend_python_worker_restarts_total\{model="napper",version="1"\} (\S+)$',
-                      text, re.M)
+    match = re.search(
+        r'^ascend_python_worker_restarts_total\{model="napper",version="1"\} (\S+)$', text, re.M
+    )
     return match.group(1) if match else ""
 
 
 def test_a_worker_busy_past_the_exit_deadline_is_killed_at_shutdown(
-        repo: Path, tmp_path: Path, pids: list[int]) -> None:
+    repo: Path, tmp_path: Path, pids: list[int]
+) -> None:
     server = start_server([repo], ["--exit-timeout-secs", "2"], log_dir=tmp_path)
     try:
         pid = worker_pid(repo)
@@ -96,13 +98,16 @@ def test_a_worker_busy_past_the_exit_deadline_is_killed_at_shutdown(
         thread.join(10)
         assert answers and isinstance(answers[0], httpx.Response), answers
         assert answers[0].status_code == 503, answers[0].text
-        assert "killed 1 model worker process(es) still running at the exit deadline" in server.log()
+        assert (
+            "killed 1 model worker process(es) still running at the exit deadline" in server.log()
+        )
     finally:
         server.stop()
 
 
 def test_a_busy_worker_dies_when_the_server_is_sigkilled(
-        repo: Path, tmp_path: Path, pids: list[int]) -> None:
+    repo: Path, tmp_path: Path, pids: list[int]
+) -> None:
     server = start_server([repo], log_dir=tmp_path)
     try:
         pid = worker_pid(repo)
@@ -117,7 +122,8 @@ def test_a_busy_worker_dies_when_the_server_is_sigkilled(
 
 
 def test_worker_restarts_are_counted_per_model_version(
-        repo: Path, tmp_path: Path, pids: list[int]) -> None:
+    repo: Path, tmp_path: Path, pids: list[int]
+) -> None:
     with running_server([repo], log_dir=tmp_path) as server:
         first = worker_pid(repo)
         pids.append(first)
@@ -127,7 +133,9 @@ def test_worker_restarts_are_counted_per_model_version(
         pids.append(second)
         wait_for(lambda: restarts(server) == "1", "the restart to be counted", timeout=10)
         assert nap(server, 0).status_code == 200
-        assert "# TYPE ascend_python_worker_restarts_total counter" in \
-            httpx.get(server.metrics_url).text
+        assert (
+            "# TYPE ascend_python_worker_restarts_total counter"
+            in httpx.get(server.metrics_url).text
+        )
         assert server.stop() == 0
     assert wait_gone(second, 5)

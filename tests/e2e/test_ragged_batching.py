@@ -2,6 +2,7 @@
 subprocess: requests of different lengths run as one batch, for an ONNX model that reads where
 each request ends from a batch input, and for a Python model. TRITONSERVER_DELAY_SCHEDULER=3
 holds the batcher until all three requests are queued, so the batch is known."""
+
 from __future__ import annotations
 
 import threading
@@ -12,7 +13,6 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-
 from serverproc import running_server
 from testmodels import write_python_model
 
@@ -33,7 +33,7 @@ batch_output [ { target_name: "OUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE
 dynamic_batching { max_queue_delay_microseconds: 2000000 }
 """
 
-ECHO_MODEL = '''
+ECHO_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -44,7 +44,7 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([
             pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() * 2),
             pb_utils.Tensor("TOGETHER", count)]) for r in requests]
-'''
+"""
 
 ECHO_CONFIG = """
 name: "echo"
@@ -65,13 +65,21 @@ def _ragged_onnx(directory: Path) -> None:
     axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
     two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["INPUT", "two"], ["OUT"]),
-         helper.make_node("Unsqueeze", ["INDEX", "axes"], ["END"])], "ragged",
-        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [-1]),
-         helper.make_tensor_value_info("INDEX", TensorProto.FLOAT, [-1])],
-        [helper.make_tensor_value_info("OUT", TensorProto.FLOAT, [-1]),
-         helper.make_tensor_value_info("END", TensorProto.FLOAT, [-1, 1])],
-        initializer=[axes, two])
+        [
+            helper.make_node("Mul", ["INPUT", "two"], ["OUT"]),
+            helper.make_node("Unsqueeze", ["INDEX", "axes"], ["END"]),
+        ],
+        "ragged",
+        [
+            helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [-1]),
+            helper.make_tensor_value_info("INDEX", TensorProto.FLOAT, [-1]),
+        ],
+        [
+            helper.make_tensor_value_info("OUT", TensorProto.FLOAT, [-1]),
+            helper.make_tensor_value_info("END", TensorProto.FLOAT, [-1, 1]),
+        ],
+        initializer=[axes, two],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     (directory / "1").mkdir(parents=True)
@@ -84,8 +92,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("ragged") / "repo"
     _ragged_onnx(root / "ragged")
     write_python_model(root, "echo", ECHO_MODEL, ECHO_CONFIG)
-    with running_server([root], env={"TRITONSERVER_DELAY_SCHEDULER": "3"},
-                        log_dir=root.parent) as process:
+    with running_server(
+        [root], env={"TRITONSERVER_DELAY_SCHEDULER": "3"}, log_dir=root.parent
+    ) as process:
         yield process
 
 
@@ -116,7 +125,7 @@ def test_onnx_requests_of_different_lengths_run_as_one_batch_with_batch_inputs(s
         assert out.shape == data.shape  # scattered back with the request's own input shape
         np.testing.assert_array_equal(out, data * 2)
         # INDEX, the accumulated element count, said where this request ended in the batch.
-        assert result.as_numpy("END").tolist() == [[float(sum(LENGTHS[:index + 1]))]]
+        assert result.as_numpy("END").tolist() == [[float(sum(LENGTHS[: index + 1]))]]
     stats = httpx.get(f"{server.base}/v2/models/ragged/stats").json()["model_stats"][0]
     assert stats["execution_count"] == 1 and stats["inference_count"] == 3
 

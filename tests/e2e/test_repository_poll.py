@@ -4,6 +4,7 @@ Four client threads send `simple` requests one after another for the whole test 
 answer; the offset (OUTPUT0 - (INPUT0 + INPUT1)) tells which model copy answered. Waits are
 bounded loops on what the server reports (index, answers), never assertions about time.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,24 +15,38 @@ from pathlib import Path
 
 import httpx
 import pytest
+from procutil import wait_for
+from serverproc import ServerProcess, running_server
 
 from examples.build_repository import build_simple, simple_config
 from examples.variants import write_version
-from procutil import wait_for
-from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
 # Settle time 0: act once two polls in a row see the same files (the settle time has its own
 # tests below).
-POLL = ["--model-control-mode", "poll", "--repository-poll-secs", "0.2",
-        "--repository-settle-secs", "0"]
+POLL = [
+    "--model-control-mode",
+    "poll",
+    "--repository-poll-secs",
+    "0.2",
+    "--repository-settle-secs",
+    "0",
+]
 
 
 def body(start: int) -> dict:
-    return {"inputs": [
-        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(start, start + 16))},
-        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}
+    return {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": [1, 16],
+                "datatype": "INT32",
+                "data": list(range(start, start + 16)),
+            },
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+        ]
+    }
 
 
 class Traffic:
@@ -41,8 +56,9 @@ class Traffic:
         self.url = f"{base}/v2/models/{model}/infer"
         self.answers: list[list[tuple[int, object]]] = [[] for _ in range(threads)]
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
-                         for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
+        ]
 
     def _run(self, index: int) -> None:
         with httpx.Client(timeout=30) as client:
@@ -60,7 +76,7 @@ class Traffic:
                 else:
                     self.answers[index].append((reply.status_code, reply.text))
 
-    def __enter__(self) -> "Traffic":
+    def __enter__(self) -> Traffic:
         for thread in self._threads:
             thread.start()
         wait_for(lambda: all(len(a) >= 3 for a in self.answers), "traffic to flow")
@@ -76,14 +92,23 @@ class Traffic:
 
     def wait_until_all_see(self, offset: int) -> None:
         marks = [len(a) for a in self.answers]
-        wait_for(lambda: all(any(v == offset for _, v in a[m:]) for a, m in zip(self.answers, marks)),
-                 f"every client to get answers with offset {offset}")
+        wait_for(
+            lambda: all(
+                any(v == offset for _, v in a[m:])
+                for a, m in zip(self.answers, marks, strict=False)
+            ),
+            f"every client to get answers with offset {offset}",
+        )
 
     def check(self) -> None:
         """Every request answered 200, and no client went back to an older copy after a newer
         one had answered it."""
-        failures = [(status, value) for answers in self.answers for status, value in answers
-                    if status != 200]
+        failures = [
+            (status, value)
+            for answers in self.answers
+            for status, value in answers
+            if status != 200
+        ]
         assert failures == [], f"{len(failures)} failed requests, e.g. {failures[:3]}"
         for answers in self.answers:
             order = [value for _, value in answers]
@@ -108,14 +133,19 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_a_new_version_swaps_in_and_the_old_one_leaves_without_a_failed_request(
-        repo: Path, tmp_path: Path) -> None:
+    repo: Path, tmp_path: Path
+) -> None:
     with running_server([repo], POLL, log_dir=tmp_path) as server:
         with Traffic(server.base) as traffic:
             write_version(repo / "simple", 2, offset=100, config=False)
             wait_for(lambda: state(server, "simple", "2") == "READY", "version 2 to be READY")
             traffic.wait_until_all_see(100)
-            assert index(server)[("simple", "1")] == {"name": "simple", "version": "1",
-                                                      "state": "UNAVAILABLE", "reason": "unloaded"}
+            assert index(server)[("simple", "1")] == {
+                "name": "simple",
+                "version": "1",
+                "state": "UNAVAILABLE",
+                "reason": "unloaded",
+            }
             shutil.rmtree(repo / "simple" / "1")
             wait_for(lambda: ("simple", "1") not in index(server), "version 1 to leave the index")
             traffic.wait_until_all_see(100)
@@ -124,7 +154,9 @@ def test_a_new_version_swaps_in_and_the_old_one_leaves_without_a_failed_request(
         assert state(server, "simple", "2") == "READY"
         # metrics and statistics follow the versions they describe
         metrics = httpx.get(server.metrics_url).text
-        assert re.search(r'^nv_inference_request_success\{model="simple",version="2"\} [1-9]', metrics, re.M)
+        assert re.search(
+            r'^nv_inference_request_success\{model="simple",version="2"\} [1-9]', metrics, re.M
+        )
         assert 'version="1"' not in metrics
         stats = httpx.get(server.base + "/v2/models/simple/stats").json()["model_stats"]
         assert [s["version"] for s in stats] == ["2"] and stats[0]["inference_count"] > 0
@@ -138,8 +170,10 @@ def test_a_corrupt_version_never_interrupts_the_serving_one(repo: Path, tmp_path
         with Traffic(server.base) as traffic:
             (repo / "simple" / "2").mkdir()
             (repo / "simple" / "2" / "model.onnx").write_bytes(b"this is not an onnx file")
-            wait_for(lambda: "reload failed" in index(server)[("simple", "1")].get("reason", ""),
-                     "the failure to show in the index")
+            wait_for(
+                lambda: "reload failed" in index(server)[("simple", "1")].get("reason", ""),
+                "the failure to show in the index",
+            )
             entry = index(server)[("simple", "1")]
             assert entry["state"] == "READY"
             assert "2/model.onnx" in entry["reason"]
@@ -165,13 +199,17 @@ def test_a_config_change_reloads_the_same_version_in_place(repo: Path, tmp_path:
         assert httpx.get(server.base + config_url).json()["max_batch_size"] == 8
         with Traffic(server.base) as traffic:
             (repo / "simple" / "config.pbtxt").write_text(simple_config("simple", 4))
-            wait_for(lambda: httpx.get(server.base + config_url).json()["max_batch_size"] == 4,
-                     "the new config to serve")
+            wait_for(
+                lambda: httpx.get(server.base + config_url).json()["max_batch_size"] == 4,
+                "the new config to serve",
+            )
             traffic.wait_until_all_see(0)
             # a config that does not parse keeps the running copy and says why
             (repo / "simple" / "config.pbtxt").write_text("max_batch_size: [[[\n")
-            wait_for(lambda: "config.pbtxt:1" in index(server)[("simple", "1")].get("reason", ""),
-                     "the parse error in the index")
+            wait_for(
+                lambda: "config.pbtxt:1" in index(server)[("simple", "1")].get("reason", ""),
+                "the parse error in the index",
+            )
             traffic.wait_until_all_see(0)
         traffic.check()
         assert index(server)[("simple", "1")]["state"] == "READY"
@@ -182,8 +220,18 @@ def test_a_model_copied_in_slowly_is_loaded_only_once_complete(repo: Path, tmp_p
     seen: list[dict] = []
     answers: list[int] = []
     done = threading.Event()
-    with running_server([repo], ["--model-control-mode", "poll", "--repository-poll-secs", "0.5",
-                                 "--repository-settle-secs", "0"], log_dir=tmp_path) as server:
+    with running_server(
+        [repo],
+        [
+            "--model-control-mode",
+            "poll",
+            "--repository-poll-secs",
+            "0.5",
+            "--repository-settle-secs",
+            "0",
+        ],
+        log_dir=tmp_path,
+    ) as server:
 
         def copy_slowly() -> None:
             (repo / "late").mkdir()
@@ -195,7 +243,9 @@ def test_a_model_copied_in_slowly_is_loaded_only_once_complete(repo: Path, tmp_p
         writer.start()
         while not done.is_set():
             seen.extend(e for (name, _), e in index(server).items() if name == "late")
-            answers.append(httpx.post(server.base + "/v2/models/late/infer", json=body(0)).status_code)
+            answers.append(
+                httpx.post(server.base + "/v2/models/late/infer", json=body(0)).status_code
+            )
             time.sleep(0.05)
         writer.join()
         assert seen and all(entry == {"name": "late"} for entry in seen), seen
@@ -215,8 +265,10 @@ def test_models_appear_and_leave_and_duplicates_are_named(repo: Path, tmp_path: 
         build_simple(other, name="simple")  # now in both repositories
         wait_for(lambda: ("simple", "") in index(server), "the duplicate to be reported")
         assert index(server)[("simple", "")] == {
-            "name": "simple", "state": "UNAVAILABLE",
-            "reason": "model appears in two or more repositories"}
+            "name": "simple",
+            "state": "UNAVAILABLE",
+            "reason": "model appears in two or more repositories",
+        }
         assert httpx.post(server.base + "/v2/models/simple/infer", json=body(0)).status_code == 503
         shutil.rmtree(other / "simple")
         wait_for(lambda: state(server, "simple", "1") == "READY", "simple to come back")
@@ -229,11 +281,12 @@ def test_models_appear_and_leave_and_duplicates_are_named(repo: Path, tmp_path: 
         # the control API is refused while polling, with Triton's message
         refused = httpx.post(server.base + "/v2/repository/models/simple/load")
         assert refused.status_code == 503 and refused.json() == {
-            "error": "explicit model load / unload is not allowed if polling is enabled"}
+            "error": "explicit model load / unload is not allowed if polling is enabled"
+        }
 
 
 # A Python model answering OUT = 1; the second half, appended later, redefines it to answer 2.
-FIRST_HALF = '''
+FIRST_HALF = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -244,34 +297,44 @@ class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "OUT", np.full((1,), self.answer, np.int32))]) for _ in requests]
-'''
-SECOND_HALF = '''
+"""
+SECOND_HALF = """
 
 class TritonPythonModel(TritonPythonModel):
     answer = 2
-'''
-HALVES_CONFIG = '''
+"""
+HALVES_CONFIG = """
 name: "halves"
 backend: "python"
 max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+"""
 
 
 def halves_answer(server: ServerProcess) -> object:
-    reply = httpx.post(server.base + "/v2/models/halves/infer", json={"inputs": [
-        {"name": "IN", "shape": [1], "datatype": "INT32", "data": [0]}]}, timeout=10)
+    reply = httpx.post(
+        server.base + "/v2/models/halves/infer",
+        json={"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [0]}]},
+        timeout=10,
+    )
     return reply.json()["outputs"][0]["data"][0] if reply.status_code == 200 else reply.status_code
 
 
 def test_a_model_py_copied_in_two_parts_loads_only_once_it_settled(
-        repo: Path, tmp_path: Path) -> None:
+    repo: Path, tmp_path: Path
+) -> None:
     """Issue #13 item 8: with two polls in a row as the only rule, the first half (valid
     Python) loaded and served until the second half arrived."""
-    args = ["--model-control-mode", "poll", "--repository-poll-secs", "0.2",
-            "--repository-settle-secs", "2.5"]
+    args = [
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "0.2",
+        "--repository-settle-secs",
+        "2.5",
+    ]
     answers: list[object] = []
     with running_server([repo], args, log_dir=tmp_path) as server:
         (repo / "halves").mkdir()
@@ -292,15 +355,23 @@ def test_a_model_py_copied_in_two_parts_loads_only_once_it_settled(
 
 
 def test_a_ready_marker_written_last_loads_without_waiting_for_the_settle_time(
-        repo: Path, tmp_path: Path) -> None:
-    args = ["--model-control-mode", "poll", "--repository-poll-secs", "0.2",
-            "--repository-settle-secs", "600"]
+    repo: Path, tmp_path: Path
+) -> None:
+    args = [
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "0.2",
+        "--repository-settle-secs",
+        "600",
+    ]
     with running_server([repo], args, log_dir=tmp_path) as server:
         write_version(repo / "simple", 2, offset=100, config=False)
         time.sleep(1.0)  # five polls: the settle time holds it back
         assert ("simple", "2") not in index(server)
         (repo / "simple" / "2" / ".ready").touch()
-        wait_for(lambda: state(server, "simple", "2") == "READY", "version 2 with its marker",
-                 timeout=10)
+        wait_for(
+            lambda: state(server, "simple", "2") == "READY", "version 2 with its marker", timeout=10
+        )
         reply = httpx.post(server.base + "/v2/models/simple/infer", json=body(0))
         assert reply.json()["outputs"][0]["data"][0] == 0 + 1 + 100

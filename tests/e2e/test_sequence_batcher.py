@@ -4,6 +4,7 @@ The accumulator models (examples/sequences.py) answer the running sum of each se
 every response of every interleaved sequence has one right value; the Python model also says
 which correlation ID (and of which Python type) it saw, and what CORRID input the batcher fed it.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,23 +12,25 @@ import queue
 import subprocess
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.sequences import build_accumulator_onnx, build_sequences, write_accumulator
-from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
 PERF_ANALYZER = os.environ.get("PERF_ANALYZER")
-START_ERROR = ("inference request for sequence {} to model '{}' must specify the START flag on "
-               "the first request of the sequence")
+START_ERROR = (
+    "inference request for sequence {} to model '{}' must specify the START flag on "
+    "the first request of the sequence"
+)
 
 
 PY_STATE_MODEL = """
@@ -64,8 +67,12 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("sequences")
     build_sequences(repo)
-    write_accumulator(repo, "accumulator_strid", corrid_type="TYPE_STRING",
-                      strategy="oldest { max_candidate_sequences: 8 }")
+    write_accumulator(
+        repo,
+        "accumulator_strid",
+        corrid_type="TYPE_STRING",
+        strategy="oldest { max_candidate_sequences: 8 }",
+    )
     write_accumulator(repo, "accumulator_idle", idle_us=300_000)
     build_accumulator_onnx(repo, "accumulator_onnx_idle", idle_us=300_000)
     (repo / "accumulator_py_state" / "1").mkdir(parents=True)
@@ -85,11 +92,17 @@ def _run_sequence(client, module, model: str, corrid, values: list[int]) -> list
     """Send one sequence; return (OUTPUT, SEQUENCE or None) of each response."""
     answers = []
     for step, value in enumerate(values):
-        result = client.infer(model, [_input(module, value)], sequence_id=corrid,
-                              sequence_start=step == 0, sequence_end=step == len(values) - 1)
+        result = client.infer(
+            model,
+            [_input(module, value)],
+            sequence_id=corrid,
+            sequence_start=step == 0,
+            sequence_end=step == len(values) - 1,
+        )
         label = result.as_numpy("SEQUENCE")
-        answers.append((int(result.as_numpy("OUTPUT")[0][0]),
-                        None if label is None else label[0][0].decode()))
+        answers.append(
+            (int(result.as_numpy("OUTPUT")[0][0]), None if label is None else label[0][0].decode())
+        )
     return answers
 
 
@@ -97,18 +110,32 @@ def _metric(server: ServerProcess, name: str, model: str) -> float:
     prefix = f'{name}{{model="{model}",version="1"}} '
     for line in httpx.get(server.metrics_url).text.splitlines():
         if line.startswith(prefix):
-            return float(line[len(prefix):])
+            return float(line[len(prefix) :])
     raise AssertionError(f"{prefix} not found")
 
 
-@pytest.mark.parametrize("model, module", [
-    ("accumulator", httpclient), ("accumulator_oldest", httpclient),
-    ("accumulator_onnx", httpclient), ("accumulator_py_state", httpclient),
-    ("accumulator", grpcclient), ("accumulator_onnx", grpcclient)],
-    ids=["direct-http", "oldest-http", "onnx-state-http", "python-state-http", "direct-grpc",
-         "onnx-state-grpc"])
-def test_interleaved_sequences_from_concurrent_clients(server: ServerProcess, model: str,
-                                                       module) -> None:
+@pytest.mark.parametrize(
+    "model, module",
+    [
+        ("accumulator", httpclient),
+        ("accumulator_oldest", httpclient),
+        ("accumulator_onnx", httpclient),
+        ("accumulator_py_state", httpclient),
+        ("accumulator", grpcclient),
+        ("accumulator_onnx", grpcclient),
+    ],
+    ids=[
+        "direct-http",
+        "oldest-http",
+        "onnx-state-http",
+        "python-state-http",
+        "direct-grpc",
+        "onnx-state-grpc",
+    ],
+)
+def test_interleaved_sequences_from_concurrent_clients(
+    server: ServerProcess, model: str, module
+) -> None:
     """Six clients at once (more sequences than the four slots): every running sum is right."""
     errors: list[BaseException] = []
     seen: dict[int, list[tuple]] = {}
@@ -119,7 +146,7 @@ def test_interleaved_sequences_from_concurrent_clients(server: ServerProcess, mo
             connection = module.InferenceServerClient(url)
             values = [corrid * 100 + step for step in range(6)]
             seen[corrid] = (_run_sequence(connection, module, model, corrid, values), values)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=client, args=(corrid,)) for corrid in range(1, 7)]
@@ -143,25 +170,32 @@ def test_grpc_string_correlation_ids_reach_the_model(server: ServerProcess) -> N
     big = 2**64 - 5
     http = httpclient.InferenceServerClient(server.http_url)
     assert _run_sequence(http, httpclient, "accumulator", big, [4, 5]) == [
-        (4, f"int:{big}:{big}"), (9, f"int:{big}:{big}")]
+        (4, f"int:{big}:{big}"),
+        (9, f"int:{big}:{big}"),
+    ]
 
 
 def test_grpc_stream_interleaved_sequences(server: ServerProcess) -> None:
     """One stream carries five sequences, their requests interleaved; each answer carries the
     running sum of its own sequence."""
-    answers: "queue.Queue" = queue.Queue()
+    answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
-        sequences = {corrid: [corrid, 2 * corrid, 3 * corrid, 4 * corrid]
-                     for corrid in range(11, 16)}
+        sequences = {
+            corrid: [corrid, 2 * corrid, 3 * corrid, 4 * corrid] for corrid in range(11, 16)
+        }
         for step in range(4):
             for corrid, values in sequences.items():
                 for model in ("accumulator", "accumulator_onnx"):
-                    client.async_stream_infer(model, [_input(grpcclient, values[step])],
-                                              request_id=f"{model}/{corrid}/{step}",
-                                              sequence_id=corrid, sequence_start=step == 0,
-                                              sequence_end=step == 3)
+                    client.async_stream_infer(
+                        model,
+                        [_input(grpcclient, values[step])],
+                        request_id=f"{model}/{corrid}/{step}",
+                        sequence_id=corrid,
+                        sequence_start=step == 0,
+                        sequence_end=step == 3,
+                    )
         got: dict[str, int] = {}
         for _ in range(4 * 5 * 2):
             result, error = answers.get(timeout=30)
@@ -172,8 +206,7 @@ def test_grpc_stream_interleaved_sequences(server: ServerProcess) -> None:
         client.stop_stream()
     for corrid, values in sequences.items():
         for model in ("accumulator", "accumulator_onnx"):
-            assert [got[f"{model}/{corrid}/{step}"] for step in range(4)] == \
-                list(np.cumsum(values))
+            assert [got[f"{model}/{corrid}/{step}"] for step in range(4)] == list(np.cumsum(values))
 
 
 def test_missing_correlation_id_and_start_are_refused(server: ServerProcess) -> None:
@@ -181,10 +214,13 @@ def test_missing_correlation_id_and_start_are_refused(server: ServerProcess) -> 
     url = f"{server.base}/v2/models/accumulator/infer"
     answer = httpx.post(url, json=body)
     assert answer.status_code == 400
-    assert answer.json() == {"error": "inference request to model 'accumulator' must specify "
-                             "a non-zero or non-empty correlation ID"}
-    answer = httpx.post(url, json={**body, "parameters": {"sequence_id": 999,
-                                                          "sequence_end": True}})
+    assert answer.json() == {
+        "error": "inference request to model 'accumulator' must specify "
+        "a non-zero or non-empty correlation ID"
+    }
+    answer = httpx.post(
+        url, json={**body, "parameters": {"sequence_id": 999, "sequence_end": True}}
+    )
     assert answer.status_code == 400
     assert answer.json() == {"error": START_ERROR.format(999, "accumulator")}
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -194,11 +230,14 @@ def test_missing_correlation_id_and_start_are_refused(server: ServerProcess) -> 
     assert START_ERROR.format("never-started", "accumulator_strid") in error.value.message()
     # A string ID for a model whose CORRID input is an integer type cannot be fed to it.
     with pytest.raises(InferenceServerException) as error:
-        client.infer("accumulator", [_input(grpcclient, 1)], sequence_id="text",
-                     sequence_start=True)
+        client.infer(
+            "accumulator", [_input(grpcclient, 1)], sequence_id="text", sequence_start=True
+        )
     assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "has the string correlation ID 'text', but its control input 'CORRID' takes " \
+    assert (
+        "has the string correlation ID 'text', but its control input 'CORRID' takes "
         "UINT64 correlation IDs" in error.value.message()
+    )
     # An ended sequence is unknown again.
     _run_sequence(client, grpcclient, "accumulator", 31, [1, 1])
     with pytest.raises(InferenceServerException) as error:
@@ -207,15 +246,20 @@ def test_missing_correlation_id_and_start_are_refused(server: ServerProcess) -> 
 
 
 def test_stream_error_comes_back_in_the_stream(server: ServerProcess) -> None:
-    answers: "queue.Queue" = queue.Queue()
+    answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         client.async_stream_infer("accumulator", [_input(grpcclient, 1)], sequence_id=4242)
         _, error = answers.get(timeout=30)
         assert START_ERROR.format(4242, "accumulator") in str(error)
-        client.async_stream_infer("accumulator", [_input(grpcclient, 2)], sequence_id=4242,
-                                  sequence_start=True, sequence_end=True)
+        client.async_stream_infer(
+            "accumulator",
+            [_input(grpcclient, 2)],
+            sequence_id=4242,
+            sequence_start=True,
+            sequence_end=True,
+        )
         result, error = answers.get(timeout=30)
         assert error is None and int(result.as_numpy("OUTPUT")[0][0]) == 2
     finally:
@@ -238,8 +282,9 @@ def test_idle_sequence_is_released(server: ServerProcess, model: str) -> None:
     assert error.value.status() == "400"
     assert error.value.message() == START_ERROR.format(77, model)
     # A new START begins from zero: the released state is gone.
-    result = client.infer(model, [_input(httpclient, 5)], sequence_id=77, sequence_start=True,
-                          sequence_end=True)
+    result = client.infer(
+        model, [_input(httpclient, 5)], sequence_id=77, sequence_start=True, sequence_end=True
+    )
     assert int(result.as_numpy("OUTPUT")[0][0]) == 5
 
 
@@ -255,8 +300,10 @@ def test_statistics_count_requests_not_padding(server: ServerProcess) -> None:
     after = client.get_inference_statistics(model)["model_stats"][0]
     assert after["inference_count"] == count + 3
     assert _metric(server, "nv_inference_count", model) == metric + 3
-    assert after["inference_stats"]["success"]["count"] == \
-        stats["inference_stats"]["success"]["count"] + 3
+    assert (
+        after["inference_stats"]["success"]["count"]
+        == stats["inference_stats"]["success"]["count"] + 3
+    )
 
 
 def test_server_metadata_advertises_sequences(server: ServerProcess) -> None:
@@ -271,10 +318,27 @@ def test_server_metadata_advertises_sequences(server: ServerProcess) -> None:
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_sequence_mode(server: ServerProcess, protocol: str) -> None:
     url = server.http_url if protocol == "http" else server.grpc_url
-    command = [PERF_ANALYZER, "-m", "accumulator_onnx", "-i", protocol, "-u", url,
-               "--sequence-length", "5", "--num-of-sequences", "4",
-               "--concurrency-range", "2", "--measurement-interval", "500",
-               "--max-trials", "4", "--stability-percentage", "1000"]
+    command = [
+        PERF_ANALYZER,
+        "-m",
+        "accumulator_onnx",
+        "-i",
+        protocol,
+        "-u",
+        url,
+        "--sequence-length",
+        "5",
+        "--num-of-sequences",
+        "4",
+        "--concurrency-range",
+        "2",
+        "--measurement-interval",
+        "500",
+        "--max-trials",
+        "4",
+        "--stability-percentage",
+        "1000",
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output

@@ -2,13 +2,15 @@
 Triton's codes and texts over raw HTTP, CUDA answers of a server without GPUs, regions shared by
 frontend processes, and perf_analyzer with --shared-memory=system.
 """
+
 from __future__ import annotations
 
 import os
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -16,10 +18,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import (InferenceServerException, serialize_byte_tensor,
-                               serialized_byte_size)
-
 from serverproc import running_server
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 pytestmark = pytest.mark.e2e
 
@@ -74,18 +74,22 @@ def test_inputs_and_outputs_in_shared_memory(example_server, regions, protocol: 
     client.register_system_shared_memory("out", out_key, 128)
     assert _status_names(client, protocol) == ["in", "out"]
     try:
-        inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"),
-                  mod.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs = [
+            mod.InferInput("INPUT0", [1, 16], "INT32"),
+            mod.InferInput("INPUT1", [1, 16], "INT32"),
+        ]
         inputs[0].set_shared_memory("in", 64)
         inputs[1].set_shared_memory("in", 64, offset=64)
         outputs = [mod.InferRequestedOutput("OUTPUT0"), mod.InferRequestedOutput("OUTPUT1")]
         outputs[0].set_shared_memory("out", 64)
         outputs[1].set_shared_memory("out", 64, offset=64)
         result = client.infer("simple", inputs, outputs=outputs)
-        np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.int32, [1, 16]),
-                                      A + B)
         np.testing.assert_array_equal(
-            shm.get_contents_as_numpy(out_handle, np.int32, [1, 16], offset=64), A - B)
+            shm.get_contents_as_numpy(out_handle, np.int32, [1, 16]), A + B
+        )
+        np.testing.assert_array_equal(
+            shm.get_contents_as_numpy(out_handle, np.int32, [1, 16], offset=64), A - B
+        )
         output = result.get_output("OUTPUT0")
         if protocol == "http":
             assert output == {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]}
@@ -106,8 +110,10 @@ def test_mixed_inputs_bytes_and_an_output_over_the_socket_grpc(example_server, r
     shm.set_shared_memory_region(handle, [B])
     client.register_system_shared_memory("mixed", key, 4096)
     try:
-        inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-                  grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs = [
+            grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+            grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+        ]
         inputs[0].set_data_from_numpy(A)
         inputs[1].set_shared_memory("mixed", 64)
         result = client.infer("simple", inputs)
@@ -135,8 +141,10 @@ def test_shared_memory_through_a_grpc_stream(example_server, regions) -> None:
     client.register_system_shared_memory("streamed", key, 256)
     answers: queue.Queue = queue.Queue()
     try:
-        inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-                  grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs = [
+            grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+            grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+        ]
         inputs[0].set_shared_memory("streamed", 64)
         inputs[1].set_shared_memory("streamed", 64, offset=64)
         outputs = [grpcclient.InferRequestedOutput("OUTPUT0")]
@@ -148,7 +156,8 @@ def test_shared_memory_through_a_grpc_stream(example_server, regions) -> None:
         assert error is None, error
         assert result.get_response().id == "s1"
         np.testing.assert_array_equal(
-            shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=128), A + B)
+            shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=128), A + B
+        )
     finally:
         client.unregister_system_shared_memory("streamed")
 
@@ -165,8 +174,10 @@ def test_registering_at_an_offset_and_two_regions_on_one_key(example_server, reg
     try:
         status = {r["name"]: r for r in client.get_system_shared_memory_status()}
         assert status["late"] == {"name": "late", "key": key, "offset": 4196, "byte_size": 200}
-        inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"),
-                  httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs = [
+            httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+            httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+        ]
         inputs[0].set_shared_memory("late", 64)
         inputs[1].set_shared_memory("whole", 64, offset=4096 + 164)
         result = client.infer("simple", inputs)
@@ -176,9 +187,12 @@ def test_registering_at_an_offset_and_two_regions_on_one_key(example_server, reg
 
 
 def _infer_body(input0: dict, output0: dict | None = None) -> dict:
-    body: dict[str, Any] = {"inputs": [
-        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", **input0},
-        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}
+    body: dict[str, Any] = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", **input0},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+        ]
+    }
     if output0 is not None:
         body["outputs"] = [{"name": "OUTPUT0", **output0}]
     return body
@@ -196,60 +210,129 @@ def test_codes_and_texts_over_http(example_server, regions) -> None:
     def expect(response: httpx.Response, status: int, text: str) -> None:
         assert (response.status_code, response.json()) == (status, {"error": text})
 
-    expect(register("r", {"key": "/ascend_no_such_key", "byte_size": 8}), 400,
-           "Unable to open shared memory region: '/ascend_no_such_key'")
-    expect(register("r", {"key": "/../../etc/passwd", "byte_size": 8}), 400,
-           "Unable to open shared memory region: '/../../etc/passwd'")
-    expect(register("r", {"key": key, "byte_size": 65}), 400,
-           "failed to register shared memory region 'r': invalid args")
-    expect(register("r", {"key": key, "offset": 60, "byte_size": 8}), 400,
-           "failed to register shared memory region 'r': invalid args")
-    expect(register("r", {"byte_size": 8}), 400,
-           "Shared memory register request has no 'key' field")
-    expect(register("r", {"key": key}), 400,
-           "Shared memory register request has no 'byte_size' field")
-    expect(http.post(f"{base}/register", json={"key": key, "byte_size": 8}), 400,
-           "'region name' is necessary to register system shared memory region")
-    expect(register("r", {"key": "/ascend-serve-body-1", "byte_size": 8}), 400,
-           "cannot register shared memory region 'r' with key '/ascend-serve-body-1' as the "
-           "key contains the reserved prefix 'ascend-serve-'")
-    expect(register("r", {"key": "///", "byte_size": 8}), 400,
-           "cannot register shared memory region 'r' - invalid shm key '///'")
+    expect(
+        register("r", {"key": "/ascend_no_such_key", "byte_size": 8}),
+        400,
+        "Unable to open shared memory region: '/ascend_no_such_key'",
+    )
+    expect(
+        register("r", {"key": "/../../etc/passwd", "byte_size": 8}),
+        400,
+        "Unable to open shared memory region: '/../../etc/passwd'",
+    )
+    expect(
+        register("r", {"key": key, "byte_size": 65}),
+        400,
+        "failed to register shared memory region 'r': invalid args",
+    )
+    expect(
+        register("r", {"key": key, "offset": 60, "byte_size": 8}),
+        400,
+        "failed to register shared memory region 'r': invalid args",
+    )
+    expect(
+        register("r", {"byte_size": 8}), 400, "Shared memory register request has no 'key' field"
+    )
+    expect(
+        register("r", {"key": key}), 400, "Shared memory register request has no 'byte_size' field"
+    )
+    expect(
+        http.post(f"{base}/register", json={"key": key, "byte_size": 8}),
+        400,
+        "'region name' is necessary to register system shared memory region",
+    )
+    expect(
+        register("r", {"key": "/ascend-serve-body-1", "byte_size": 8}),
+        400,
+        "cannot register shared memory region 'r' with key '/ascend-serve-body-1' as the "
+        "key contains the reserved prefix 'ascend-serve-'",
+    )
+    expect(
+        register("r", {"key": "///", "byte_size": 8}),
+        400,
+        "cannot register shared memory region 'r' - invalid shm key '///'",
+    )
     assert register("r", {"key": key, "byte_size": 64}).status_code == 200
     try:
-        expect(register("r", {"key": key, "byte_size": 64}), 400,
-               "shared memory region 'r' already in manager")
-        expect(http.get(f"{base}/region/nope/status"), 404,
-               "Unable to find system shared memory region: 'nope'")
+        expect(
+            register("r", {"key": key, "byte_size": 64}),
+            400,
+            "shared memory region 'r' already in manager",
+        )
+        expect(
+            http.get(f"{base}/region/nope/status"),
+            404,
+            "Unable to find system shared memory region: 'nope'",
+        )
         assert http.get(f"{base}/region/r/status").json() == [
-            {"name": "r", "key": key, "offset": 0, "byte_size": 64}]
+            {"name": "r", "key": key, "offset": 0, "byte_size": 64}
+        ]
         expect(http.get(f"{base}/region/r/register"), 405, "Method Not Allowed")
 
         infer = "/v2/models/simple/infer"
         in_r = {"parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 64}}
-        assert http.post(infer, json=_infer_body(in_r)).json()["outputs"][0]["data"] == \
-            [v + 1 for v in range(16)]
-        expect(http.post(infer, json=_infer_body({"parameters": {
-            "shared_memory_region": "r", "shared_memory_byte_size": 64,
-            "shared_memory_offset": 4}})), 400,
-            "Invalid offset + byte size for shared memory region: 'r'")
-        expect(http.post(infer, json=_infer_body({"parameters": {
-            "shared_memory_region": "gone", "shared_memory_byte_size": 64}})), 404,
-            "Unable to find shared memory region: 'gone'")
-        expect(http.post(infer, json=_infer_body({"parameters": {
-            "shared_memory_region": "r", "shared_memory_byte_size": 60}})), 400,
-            "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, "
-            "got 60")
-        expect(http.post(infer, json=_infer_body({"data": list(range(16))}, {"parameters": {
-            "shared_memory_region": "r", "shared_memory_byte_size": 32}})), 400,
+        assert http.post(infer, json=_infer_body(in_r)).json()["outputs"][0]["data"] == [
+            v + 1 for v in range(16)
+        ]
+        expect(
+            http.post(
+                infer,
+                json=_infer_body(
+                    {
+                        "parameters": {
+                            "shared_memory_region": "r",
+                            "shared_memory_byte_size": 64,
+                            "shared_memory_offset": 4,
+                        }
+                    }
+                ),
+            ),
+            400,
+            "Invalid offset + byte size for shared memory region: 'r'",
+        )
+        expect(
+            http.post(
+                infer,
+                json=_infer_body(
+                    {"parameters": {"shared_memory_region": "gone", "shared_memory_byte_size": 64}}
+                ),
+            ),
+            404,
+            "Unable to find shared memory region: 'gone'",
+        )
+        expect(
+            http.post(
+                infer,
+                json=_infer_body(
+                    {"parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 60}}
+                ),
+            ),
+            400,
+            "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60",
+        )
+        expect(
+            http.post(
+                infer,
+                json=_infer_body(
+                    {"data": list(range(16))},
+                    {"parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 32}},
+                ),
+            ),
+            400,
             "shared memory size specified with the request for output 'OUTPUT0' (32 bytes) "
-            "should be at least 64 bytes to hold the results")
-        answer = http.post(infer, json=_infer_body({"data": list(range(16))}, {"parameters": {
-            "shared_memory_region": "r", "shared_memory_byte_size": 64}}))
+            "should be at least 64 bytes to hold the results",
+        )
+        answer = http.post(
+            infer,
+            json=_infer_body(
+                {"data": list(range(16))},
+                {"parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 64}},
+            ),
+        )
         assert answer.json()["outputs"] == [
-            {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]}]
-        np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16]),
-                                      A + 1)
+            {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16]}
+        ]
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.int32, [1, 16]), A + 1)
     finally:
         assert http.post(f"{base}/unregister").status_code == 200
     assert http.get(f"{base}/status").json() == []
@@ -259,10 +342,14 @@ def test_cuda_shared_memory_answers_as_triton_without_gpus(example_server) -> No
     http = httpx.Client(base_url=example_server.base, timeout=10)
     assert http.get("/v2/cudasharedmemory/status").json() == []
     assert http.post("/v2/cudasharedmemory/unregister").status_code == 200
-    answer = http.post("/v2/cudasharedmemory/region/c/register",
-                       json={"raw_handle": {"b64": "AA=="}, "device_id": 0, "byte_size": 8})
+    answer = http.post(
+        "/v2/cudasharedmemory/region/c/register",
+        json={"raw_handle": {"b64": "AA=="}, "device_id": 0, "byte_size": 8},
+    )
     assert (answer.status_code, answer.json()) == (
-        400, {"error": "failed to register CUDA shared memory region: 'c', GPUs not supported"})
+        400,
+        {"error": "failed to register CUDA shared memory region: 'c', GPUs not supported"},
+    )
     client = grpcclient.InferenceServerClient(example_server.grpc_url)
     assert not client.get_cuda_shared_memory_status().regions
     client.unregister_cuda_shared_memory()
@@ -288,28 +375,42 @@ def test_grpc_already_exists(example_server, regions) -> None:
         client.unregister_system_shared_memory("twice")
 
 
-def test_regions_serve_every_frontend_process(example_repository: Path, regions,
-                                               tmp_path: Path) -> None:
+def test_regions_serve_every_frontend_process(
+    example_repository: Path, regions, tmp_path: Path
+) -> None:
     """Registered over one connection, used over many (each may land in another process)."""
-    with running_server([example_repository], ["--frontend-processes", "2"],
-                        log_dir=tmp_path) as server:
+    with running_server(
+        [example_repository], ["--frontend-processes", "2"], log_dir=tmp_path
+    ) as server:
         key, handle = regions(128)
         shm.set_shared_memory_region(handle, [A, B])
         httpclient.InferenceServerClient(server.http_url).register_system_shared_memory(
-            "shared", key, 128)
+            "shared", key, 128
+        )
         for _ in range(8):  # new connections each time
-            for client in (httpclient.InferenceServerClient(server.http_url),
-                           grpcclient.InferenceServerClient(server.grpc_url)):
-                mod = httpclient if isinstance(client, httpclient.InferenceServerClient) \
+            for client in (
+                httpclient.InferenceServerClient(server.http_url),
+                grpcclient.InferenceServerClient(server.grpc_url),
+            ):
+                mod = (
+                    httpclient
+                    if isinstance(client, httpclient.InferenceServerClient)
                     else grpcclient
-                assert len(client.get_system_shared_memory_status()) == 1 if mod is httpclient \
+                )
+                assert (
+                    len(client.get_system_shared_memory_status()) == 1
+                    if mod is httpclient
                     else len(client.get_system_shared_memory_status().regions) == 1
-                inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"),
-                          mod.InferInput("INPUT1", [1, 16], "INT32")]
+                )
+                inputs = [
+                    mod.InferInput("INPUT0", [1, 16], "INT32"),
+                    mod.InferInput("INPUT1", [1, 16], "INT32"),
+                ]
                 inputs[0].set_shared_memory("shared", 64)
                 inputs[1].set_shared_memory("shared", 64, offset=64)
                 np.testing.assert_array_equal(
-                    client.infer("simple", inputs).as_numpy("OUTPUT0"), A + B)
+                    client.infer("simple", inputs).as_numpy("OUTPUT0"), A + B
+                )
         httpclient.InferenceServerClient(server.http_url).unregister_system_shared_memory()
 
 
@@ -317,10 +418,24 @@ def test_regions_serve_every_frontend_process(example_repository: Path, regions,
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_with_system_shared_memory(example_server, protocol: str) -> None:
     url = example_server.http_url if protocol == "http" else example_server.grpc_url
-    command = [PERF_ANALYZER, "-m", "simple", "-i", protocol, "-u", url,
-               "--shared-memory=system", "--concurrency-range", "1:2",
-               "--measurement-interval", "500", "--max-trials", "4",
-               "--stability-percentage", "1000"]
+    command = [
+        PERF_ANALYZER,
+        "-m",
+        "simple",
+        "-i",
+        protocol,
+        "-u",
+        url,
+        "--shared-memory=system",
+        "--concurrency-range",
+        "1:2",
+        "--measurement-interval",
+        "500",
+        "--max-trials",
+        "4",
+        "--stability-percentage",
+        "1000",
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output

@@ -1,43 +1,64 @@
 """Trace and log settings over HTTP and gRPC (one state, whichever protocol or process a client
 reaches), --trace-config, and Triton's trace file written for sampled requests."""
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from serverproc import ServerProcess, running_server
+from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
 
 LOG_FILE_TEXT = "log file location can not be updated through network protocol"
-STAMPS = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
-          "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+STAMPS = [
+    "REQUEST_START",
+    "QUEUE_START",
+    "COMPUTE_START",
+    "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START",
+    "COMPUTE_END",
+    "REQUEST_END",
+]
 
 
 def _simple_inputs(mod: Any) -> list:
-    inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"), mod.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [
+        mod.InferInput("INPUT0", [1, 16], "INT32"),
+        mod.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
     inputs[0].set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
     inputs[1].set_data_from_numpy(np.ones((1, 16), np.int32))
     return inputs
 
 
 @pytest.fixture(scope="module")
-def traced(example_repository: Path, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[tuple[ServerProcess, Path]]:
+def traced(
+    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerProcess, Path]]:
     folder = tmp_path_factory.mktemp("trace")
     trace_file = folder / "trace.json"
-    args = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "rate=1",
-            "--trace-config", "level=OFF", "--trace-config", "triton,log-frequency=1",
-            "--frontend-processes", "2"]
+    args = [
+        "--trace-config",
+        f"triton,file={trace_file}",
+        "--trace-config",
+        "rate=1",
+        "--trace-config",
+        "level=OFF",
+        "--trace-config",
+        "triton,log-frequency=1",
+        "--frontend-processes",
+        "2",
+    ]
     with running_server([example_repository], args, log_dir=folder) as server:
         yield server, trace_file
 
@@ -47,15 +68,21 @@ def test_log_settings_over_http_read_back_over_grpc(traced) -> None:
     http = httpx.Client(base_url=server.base, timeout=10)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     assert http.get("/v2/logging").json() == {
-        "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
-        "log_verbose_level": 0, "log_format": "default"}
+        "log_file": "",
+        "log_info": True,
+        "log_warning": True,
+        "log_error": True,
+        "log_verbose_level": 0,
+        "log_format": "default",
+    }
     try:
         answer = http.post("/v2/logging", json={"log_verbose_level": 1, "log_format": "ISO8601"})
         assert answer.status_code == 200 and answer.json()["log_verbose_level"] == 1
         assert answer.json()["log_format"] == "ISO8601"  # POST answers the full settings
         for _ in range(4):  # new connections: any process reads the owner's settings
             settings = grpcclient.InferenceServerClient(server.grpc_url).get_log_settings(
-                as_json=True)["settings"]
+                as_json=True
+            )["settings"]
             assert settings["log_verbose_level"]["uint32_param"] == 1
         refused = http.post("/v2/logging", json={"log_info": False, "log_file": "/tmp/x.log"})
         assert (refused.status_code, refused.json()) == (501, {"error": LOG_FILE_TEXT})
@@ -91,8 +118,13 @@ def test_trace_settings_global_and_per_model(traced) -> None:
     server, trace_file = traced
     http = httpx.Client(base_url=server.base, timeout=10)
     assert http.get("/v2/trace/setting").json() == {
-        "trace_level": ["OFF"], "trace_rate": "1", "trace_count": "-1", "log_frequency": "1",
-        "trace_file": str(trace_file), "trace_mode": "triton"}
+        "trace_level": ["OFF"],
+        "trace_rate": "1",
+        "trace_count": "-1",
+        "log_frequency": "1",
+        "trace_file": str(trace_file),
+        "trace_mode": "triton",
+    }
     client = httpclient.InferenceServerClient(server.http_url)
     model = client.update_trace_settings("simple", {"trace_rate": "2"})
     assert model["trace_rate"] == "2" and client.get_trace_settings()["trace_rate"] == "1"
@@ -100,11 +132,15 @@ def test_trace_settings_global_and_per_model(traced) -> None:
     assert cleared["trace_rate"] == "1"
     refused = http.post("/v2/trace/setting", json={"trace_file": "/tmp/elsewhere.json"})
     assert (refused.status_code, refused.json()) == (
-        501, {"error": "trace file location can not be updated through network protocol"})
+        501,
+        {"error": "trace file location can not be updated through network protocol"},
+    )
     assert http.post("/v2/trace/setting", json={"trace_level": ["LOUD"]}).status_code == 400
     unknown = http.get("/v2/models/no_such_model/trace/setting")
     assert (unknown.status_code, unknown.json()) == (
-        400, {"error": "Request for unknown model : no_such_model"})
+        400,
+        {"error": "Request for unknown model : no_such_model"},
+    )
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     grpc.update_trace_settings("simple", {"trace_count": "5"})
     assert client.get_trace_settings("simple")["trace_count"] == "5"  # read back over HTTP
@@ -124,15 +160,15 @@ def test_sampled_requests_write_triton_trace_files(traced) -> None:
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     client.infer("simple", _simple_inputs(httpclient))  # level OFF: not traced
     assert _read_traces(trace_file) == []
-    client.update_trace_settings("simple", {"trace_level": ["TIMESTAMPS", "TENSORS"],
-                                            "trace_count": "3"})
+    client.update_trace_settings(
+        "simple", {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_count": "3"}
+    )
     try:
         for _ in range(2):
             client.infer("simple", _simple_inputs(httpclient), request_id="h")
             grpc.infer("simple", _simple_inputs(grpcclient), request_id="g")
         deadline = time.monotonic() + 10
-        while len({e["id"] for e in _read_traces(trace_file)}) < 3 and \
-                time.monotonic() < deadline:
+        while len({e["id"] for e in _read_traces(trace_file)}) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         entries = _read_traces(trace_file)
         heads = [e for e in entries if "model_name" in e]
@@ -142,18 +178,28 @@ def test_sampled_requests_write_triton_trace_files(traced) -> None:
         first, second = heads[0]["id"], heads[1]["id"]  # over HTTP, then over gRPC
 
         def names(ident: int) -> list[str]:
-            return [e["timestamps"][0]["name"] for e in entries
-                    if e["id"] == ident and "timestamps" in e]
+            return [
+                e["timestamps"][0]["name"]
+                for e in entries
+                if e["id"] == ident and "timestamps" in e
+            ]
 
         assert names(first) == ["HTTP_RECV_START", "HTTP_RECV_END", *STAMPS]
         assert names(second) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *STAMPS]
-        tensors = {(e["activity"], e["tensor"]["name"]): e["tensor"] for e in entries
-                   if e["id"] == first and "activity" in e}
+        tensors = {
+            (e["activity"], e["tensor"]["name"]): e["tensor"]
+            for e in entries
+            if e["id"] == first and "activity" in e
+        }
         assert tensors[("TENSOR_QUEUE_INPUT", "INPUT0")] == {
-            "name": "INPUT0", "data": ",".join(str(v) for v in range(16)), "shape": "1,16",
-            "dtype": "INT32"}
-        assert tensors[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")]["data"] == \
-            ",".join(str(v + 1) for v in range(16))
+            "name": "INPUT0",
+            "data": ",".join(str(v) for v in range(16)),
+            "shape": "1,16",
+            "dtype": "INT32",
+        }
+        assert tensors[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")]["data"] == ",".join(
+            str(v + 1) for v in range(16)
+        )
     finally:
         client.update_trace_settings("simple", {"trace_level": None, "trace_count": None})
 
@@ -169,8 +215,9 @@ def test_an_ensembles_steps_are_traced_with_its_id_as_parent(traced) -> None:
         client.infer("pipeline", [image])
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            heads = [e for e in _read_traces(trace_file)
-                     if "model_name" in e and e["id"] not in before]
+            heads = [
+                e for e in _read_traces(trace_file) if "model_name" in e and e["id"] not in before
+            ]
             if len(heads) >= 4:
                 break
             time.sleep(0.1)
@@ -188,16 +235,23 @@ def test_trace_config_is_checked_at_startup(example_repository: Path) -> None:
 
     from serverproc import ROOT
 
-    for args, text in ((["--trace-config", "level=LOUD"], "invalid level 'LOUD'"),
-                       (["--trace-config", "triton,colour=red"], "unknown setting"),
-                       (["--trace-config", "mode=zipkin"], "invalid mode 'zipkin'"),
-                       (["--trace-config", "mode=opentelemetry", "--trace-config",
-                         "level=TENSORS"], "TENSORS is not supported in opentelemetry mode"),
-                       (["--trace-config", "opentelemetry,resource=novalue"],
-                        "expected resource=<key>=<value>")):
-        run = subprocess.run([sys.executable, "-m", "server", "--model-repository",
-                              str(example_repository), *args], capture_output=True, text=True,
-                             timeout=60, cwd=str(ROOT))
+    for args, text in (
+        (["--trace-config", "level=LOUD"], "invalid level 'LOUD'"),
+        (["--trace-config", "triton,colour=red"], "unknown setting"),
+        (["--trace-config", "mode=zipkin"], "invalid mode 'zipkin'"),
+        (
+            ["--trace-config", "mode=opentelemetry", "--trace-config", "level=TENSORS"],
+            "TENSORS is not supported in opentelemetry mode",
+        ),
+        (["--trace-config", "opentelemetry,resource=novalue"], "expected resource=<key>=<value>"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", "server", "--model-repository", str(example_repository), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=str(ROOT),
+        )
         assert run.returncode == 2 and text in run.stderr, run.stderr
 
 

@@ -1,4 +1,5 @@
 """NVIDIA's tritonclient.http (sync and asyncio) and perf_analyzer against our server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,10 @@ pytestmark = pytest.mark.e2e
 
 
 def _inputs(module, a: np.ndarray, b: np.ndarray, binary: bool = True) -> list:
-    inputs = [module.InferInput("INPUT0", list(a.shape), "INT32"),
-              module.InferInput("INPUT1", list(b.shape), "INT32")]
+    inputs = [
+        module.InferInput("INPUT0", list(a.shape), "INT32"),
+        module.InferInput("INPUT1", list(b.shape), "INT32"),
+    ]
     inputs[0].set_data_from_numpy(a, binary_data=binary)
     inputs[1].set_data_from_numpy(b, binary_data=binary)
     return inputs
@@ -43,9 +46,13 @@ def test_health_metadata_config(client) -> None:
 def test_infer_binary_and_json(client, binary: bool) -> None:
     a = np.arange(48, dtype=np.int32).reshape(3, 16)
     b = np.ones((3, 16), dtype=np.int32)
-    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
-               httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary)]
-    result = client.infer("simple", _inputs(httpclient, a, b, binary), outputs=outputs, request_id="7")
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary),
+    ]
+    result = client.infer(
+        "simple", _inputs(httpclient, a, b, binary), outputs=outputs, request_id="7"
+    )
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
     assert result.get_response()["id"] == "7"
@@ -72,8 +79,11 @@ def test_classification(client) -> None:
     image[1, 1] = 1.0
     tensor = httpclient.InferInput("INPUT", list(image.shape), "FP32")
     tensor.set_data_from_numpy(image)
-    result = client.infer("classifier", [tensor], outputs=[
-        httpclient.InferRequestedOutput("PROBABILITIES", class_count=2)])
+    result = client.infer(
+        "classifier",
+        [tensor],
+        outputs=[httpclient.InferRequestedOutput("PROBABILITIES", class_count=2)],
+    )
     top = result.as_numpy("PROBABILITIES")
     assert top.shape == (2, 2)
     plain = client.infer("classifier", [tensor]).as_numpy("PROBABILITIES")
@@ -85,7 +95,10 @@ def test_classification(client) -> None:
 
 def test_errors_surface_as_exceptions_with_status(client) -> None:
     a = np.zeros((1, 15), dtype=np.int32)
-    inputs = [httpclient.InferInput("INPUT0", [1, 15], "INT32"), httpclient.InferInput("INPUT1", [1, 15], "INT32")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 15], "INT32"),
+        httpclient.InferInput("INPUT1", [1, 15], "INT32"),
+    ]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(a)
     with pytest.raises(InferenceServerException) as info:
@@ -112,8 +125,9 @@ def test_asyncio_client(example_server) -> None:
             assert await client.is_server_ready()
             assert (await client.get_model_metadata("simple"))["name"] == "simple"
             arrays = [np.full((1, 16), i, dtype=np.int32) for i in range(8)]
-            results = await asyncio.gather(*(
-                client.infer("simple", _inputs(httpclient, x, x)) for x in arrays))
+            results = await asyncio.gather(
+                *(client.infer("simple", _inputs(httpclient, x, x)) for x in arrays)
+            )
             return [r.as_numpy("OUTPUT0") for r in results]
 
     outputs = asyncio.run(run())
@@ -123,12 +137,17 @@ def test_asyncio_client(example_server) -> None:
 
 def test_concurrent_requests_to_a_batching_model(example_server) -> None:
     """Each concurrent caller gets its own answer, and the server really batched them."""
+
     async def run() -> None:
         async with aiohttpclient.InferenceServerClient(example_server.http_url) as client:
             before = (await client.get_inference_statistics("simple_batching"))["model_stats"][0]
             arrays = [np.full((1, 16), i, dtype=np.int32) for i in range(48)]
-            results = await asyncio.gather(*(
-                client.infer("simple_batching", _inputs(httpclient, x, np.ones_like(x))) for x in arrays))
+            results = await asyncio.gather(
+                *(
+                    client.infer("simple_batching", _inputs(httpclient, x, np.ones_like(x)))
+                    for x in arrays
+                )
+            )
             for i, result in enumerate(results):
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), arrays[i] + 1)
             after = (await client.get_inference_statistics("simple_batching"))["model_stats"][0]
@@ -148,16 +167,32 @@ def perf_analyzer() -> str:
 
 
 def run_perf_analyzer(args: list[str]) -> str:
-    completed = subprocess.run([perf_analyzer(), *args], capture_output=True, text=True, timeout=240)
+    completed = subprocess.run(
+        [perf_analyzer(), *args], capture_output=True, text=True, timeout=240
+    )
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output
     return output
 
 
 def test_perf_analyzer_http(example_server) -> None:
-    output = run_perf_analyzer([
-        "-m", "simple", "-u", example_server.http_url, "-i", "http",
-        "--concurrency-range", "1:2", "--measurement-interval", "1000",
-        "--stability-percentage", "1000", "--max-trials", "3"])  # a shared 2-core machine never looks stable
+    output = run_perf_analyzer(
+        [
+            "-m",
+            "simple",
+            "-u",
+            example_server.http_url,
+            "-i",
+            "http",
+            "--concurrency-range",
+            "1:2",
+            "--measurement-interval",
+            "1000",
+            "--stability-percentage",
+            "1000",
+            "--max-trials",
+            "3",
+        ]
+    )  # a shared 2-core machine never looks stable
     assert re.search(r"Concurrency: 2, throughput: [0-9.]+ infer/sec", output), output
     assert "error" not in output.lower().replace("errors: 0", "")

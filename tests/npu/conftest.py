@@ -1,13 +1,14 @@
 """Fixtures for the Ascend backend tests: the pyACL emulator as `acl`, fresh for every test and
 checked for leaks and misuse when the test ends."""
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from npu_harness import InstanceThread
 
 EMULATOR_PATH = Path(__file__).resolve().parent / "emulator"
@@ -26,17 +27,20 @@ def acl_emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     _forget_acl()
     monkeypatch.syspath_prepend(str(EMULATOR_PATH))
     import acl
+
     try:
         yield acl
         acl._emu.assert_clean()
     finally:
         _forget_acl()
         from npu import device
+
         device.forget(acl)
         device._closing = False  # a test may have run the exit teardown
         # A test that failed before unloading leaves its sessions listed for telemetry; drop
         # them so the next test starts clean (the emulator above already reported the leak).
         from npu import device
+
         with device._registry_lock:
             device._sessions.clear()
             device._open.clear()

@@ -1,15 +1,17 @@
 """Test harness for the Ascend backend: a prepared model directory, instances, one thread per
 instance (as the scheduler's pool gives them), and distinct input rows."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+import om_fixtures as omf
 from google.protobuf import text_format
 
-import om_fixtures as omf
 from backends.base import InstanceSpec
 from npu.backend import AscendBackend
 from protocol.proto.model_config_pb2 import ModelConfig
@@ -31,8 +33,9 @@ class InstanceThread:
         self._pool.shutdown(wait=True)
 
 
-def prepare(tmp_path: Path, text: str = "", om=omf.scale_model, complete: bool = True,
-            **om_kwargs) -> tuple[ModelConfig, Path, Path]:
+def prepare(
+    tmp_path: Path, text: str = "", om=omf.scale_model, complete: bool = True, **om_kwargs
+) -> tuple[ModelConfig, Path, Path]:
     model_dir = tmp_path / "m"
     version_dir = model_dir / "1"
     om(version_dir / "model.om", **om_kwargs)
@@ -42,11 +45,13 @@ def prepare(tmp_path: Path, text: str = "", om=omf.scale_model, complete: bool =
     return config, model_dir, version_dir
 
 
-def backend(prepared: tuple[ModelConfig, Path, Path], device: int = 0,
-            index: int = 0) -> AscendBackend:
+def backend(
+    prepared: tuple[ModelConfig, Path, Path], device: int = 0, index: int = 0
+) -> AscendBackend:
     config, model_dir, version_dir = prepared
-    return AscendBackend(config, model_dir, version_dir,
-                         InstanceSpec(f"m_{index}", "KIND_GPU", device, index))
+    return AscendBackend(
+        config, model_dir, version_dir, InstanceSpec(f"m_{index}", "KIND_GPU", device, index)
+    )
 
 
 def rows(n: int, features: int = 4) -> np.ndarray:

@@ -1,19 +1,19 @@
 """The Ascend backend against the pyACL emulator: the real npu/ code, unchanged."""
+
 from __future__ import annotations
 
 import sys
 import time
 
 import numpy as np
-import pytest
-
 import om_fixtures as omf
+import pytest
+from npu_harness import InstanceThread, backend, prepare, rows
+
 from backends.base import BackendError
 from npu.backend import AscendBackend
 from protocol.errors import InvalidArgument
-from npu_harness import InstanceThread, backend, prepare, rows
 from protocol.proto.model_config_pb2 import ModelConfig
-
 
 # -- the happy path ---------------------------------------------------------------------------
 
@@ -47,8 +47,9 @@ def test_no_device_allocation_per_request(acl_emu, tmp_path, instance_thread):
 
 
 @pytest.mark.parametrize("n, gear", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (7, 8), (8, 8)])
-def test_batch_padded_to_smallest_gear_and_padding_dropped(acl_emu, tmp_path, instance_thread,
-                                                           n, gear):
+def test_batch_padded_to_smallest_gear_and_padding_dropped(
+    acl_emu, tmp_path, instance_thread, n, gear
+):
     instance = backend(prepare(tmp_path))
     instance_thread.run(instance.load)
     x = rows(n)
@@ -87,8 +88,12 @@ def test_static_model_pads_to_its_compiled_batch(acl_emu, tmp_path, instance_thr
 
 
 def test_static_model_without_batching(acl_emu, tmp_path, instance_thread):
-    prepared = prepare(tmp_path, "max_batch_size: 0\ninput [{ name: 'INPUT0' dims: [2, 4] }]",
-                       gears=None, static_batch=2)
+    prepared = prepare(
+        tmp_path,
+        "max_batch_size: 0\ninput [{ name: 'INPUT0' dims: [2, 4] }]",
+        gears=None,
+        static_batch=2,
+    )
     config = prepared[0]
     assert config.max_batch_size == 0
     assert [list(o.dims) for o in config.output] == [[2, 4], [2, 1]]
@@ -104,8 +109,14 @@ def test_static_model_without_batching(acl_emu, tmp_path, instance_thread):
 def test_fp16_model(acl_emu, tmp_path, instance_thread):
     prepared = prepare(tmp_path, dtype="FP16")
     config = prepared[0]
-    assert config.input[0].data_type == ModelConfig().input.add().DESCRIPTOR.fields_by_name[
-        "data_type"].enum_type.values_by_name["TYPE_FP16"].number
+    assert (
+        config.input[0].data_type
+        == ModelConfig()
+        .input.add()
+        .DESCRIPTOR.fields_by_name["data_type"]
+        .enum_type.values_by_name["TYPE_FP16"]
+        .number
+    )
     instance = backend(prepared)
     instance_thread.run(instance.load)
     x = rows(2).astype(np.float16)
@@ -117,9 +128,13 @@ def test_fp16_model(acl_emu, tmp_path, instance_thread):
 
 def two_input_model(path, **kwargs):
     return omf.write_om(
-        path, inputs=[omf.tensor("A", "INT32", (-1, 3)), omf.tensor("B", "INT32", (-1, 3))],
-        outputs=[omf.tensor("SUM", "INT32", (-1, 3))], gears=(4, 2),
-        compute=[{"op": "add", "inputs": ["A", "B"], "output": "SUM"}], **kwargs)
+        path,
+        inputs=[omf.tensor("A", "INT32", (-1, 3)), omf.tensor("B", "INT32", (-1, 3))],
+        outputs=[omf.tensor("SUM", "INT32", (-1, 3))],
+        gears=(4, 2),
+        compute=[{"op": "add", "inputs": ["A", "B"], "output": "SUM"}],
+        **kwargs,
+    )
 
 
 def test_model_with_two_inputs(acl_emu, tmp_path, instance_thread):
@@ -171,17 +186,20 @@ def test_two_instances_on_two_devices_run_concurrently(acl_emu, tmp_path):
     threads = [InstanceThread(f"npu{d}") for d in (0, 1)]
     instances = [backend(prepared, device=d, index=d) for d in (0, 1)]
     try:
-        for thread, instance in zip(threads, instances):
+        for thread, instance in zip(threads, instances, strict=False):
             thread.run(instance.load)
         assert [i._session.device_id for i in instances] == [0, 1]
         start = time.monotonic()
-        futures = [t.submit(i.execute, {"INPUT0": rows(2)}) for t, i in zip(threads, instances)]
+        futures = [
+            t.submit(i.execute, {"INPUT0": rows(2)})
+            for t, i in zip(threads, instances, strict=False)
+        ]
         results = [f.result() for f in futures]
         elapsed = time.monotonic() - start
         assert elapsed < 0.35, f"instances serialised: {elapsed:.3f}s for two 0.2s executions"
         for result in results:
             np.testing.assert_array_equal(result["OUTPUT0"], rows(2) * 2 + 1)
-        for thread, instance in zip(threads, instances):
+        for thread, instance in zip(threads, instances, strict=False):
             thread.run(instance.unload)
     finally:
         for thread in threads:
@@ -197,8 +215,12 @@ def test_auto_complete_from_the_model_description(acl_emu, tmp_path):
     assert config.parameters["batch_gears"].string_value == "1,2,4,8"
     assert [(i.name, list(i.dims)) for i in config.input] == [("INPUT0", [4])]
     assert [(o.name, list(o.dims)) for o in config.output] == [("OUTPUT0", [4]), ("OUTPUT1", [1])]
-    fp32 = ModelConfig.DESCRIPTOR.fields_by_name["input"].message_type.fields_by_name[
-        "data_type"].enum_type.values_by_name["TYPE_FP32"].number
+    fp32 = (
+        ModelConfig.DESCRIPTOR.fields_by_name["input"]
+        .message_type.fields_by_name["data_type"]
+        .enum_type.values_by_name["TYPE_FP32"]
+        .number
+    )
     assert {t.data_type for t in list(config.input) + list(config.output)} == {fp32}
     assert "ascend_mbatch_shape_data" not in [i.name for i in config.input]
     # The probe ran on its own thread: this thread holds no context, nothing is left behind.
@@ -255,6 +277,7 @@ def test_missing_acl_module(monkeypatch, tmp_path):
         instance.load()
     instance.unload()  # nothing to release, and no error
     from npu.telemetry import npu_collector
+
     assert list(npu_collector().collect()) == []
 
 
@@ -280,9 +303,9 @@ def test_corrupt_model_file(acl_emu, tmp_path, instance_thread):
 
 def test_out_of_device_memory_for_io_buffers(acl_emu, tmp_path, instance_thread):
     acl_emu._emu.configure(memory_bytes=8192 + 64 + 200)  # weights fit, IO buffers do not all
-    instance = backend(prepare(tmp_path, features=16, complete=False,
-                               weight_size=4096, work_size=4096),
-                       )
+    instance = backend(
+        prepare(tmp_path, features=16, complete=False, weight_size=4096, work_size=4096),
+    )
     with pytest.raises(BackendError) as info:
         instance_thread.run(instance.load)
     assert "acl.rt.malloc" in info.value.message and "207001" in info.value.message
@@ -293,8 +316,11 @@ def test_out_of_device_memory_for_io_buffers(acl_emu, tmp_path, instance_thread)
 def test_out_of_device_memory_for_weights(acl_emu, tmp_path, instance_thread):
     acl_emu._emu.configure(memory_bytes=4096)
     instance = backend(prepare(tmp_path, complete=False, weight_size=1 << 20))
-    with pytest.raises(BackendError, match=r"acl\.mdl\.load_from_file.* 245000 .*out of device "
-                                           r"memory"):
+    with pytest.raises(
+        BackendError,
+        match=r"acl\.mdl\.load_from_file.* 245000 .*out of device "
+        r"memory",
+    ):
         instance_thread.run(instance.load)
 
 
@@ -306,7 +332,8 @@ def test_gear_rejected_by_the_runtime(acl_emu, tmp_path, instance_thread):
         instance_thread.run(instance.execute, {"INPUT0": rows(3)})
     assert info.value.message.startswith(
         "acl.mdl.set_dynamic_batch_size(4) failed with error 145013 "
-        "(ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID: batch size is not one of the compiled gears)")
+        "(ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID: batch size is not one of the compiled gears)"
+    )
     assert not info.value.fatal and instance.healthy()
     instance_thread.run(instance.execute, {"INPUT0": rows(3)})
     instance_thread.run(instance.unload)
@@ -327,15 +354,24 @@ def test_config_max_batch_size_above_the_largest_gear(acl_emu, tmp_path, instanc
         instance_thread.run(instance.load)
 
 
-@pytest.mark.parametrize("text, error", [
-    ("input [{ name: 'IMAGE' data_type: TYPE_FP32 dims: [4] }]",
-     r"config input 'IMAGE' is not an input of the model \(model inputs: INPUT0\)"),
-    ("input [{ name: 'INPUT0' data_type: TYPE_INT32 dims: [4] }]",
-     "input 'INPUT0': the config says TYPE_INT32, the model has TYPE_FP32"),
-    ("input [{ name: 'INPUT0' data_type: TYPE_FP32 dims: [5] }]",
-     r"input 'INPUT0': the config says dims \[5\], the model has \[4\]"),
-    ("output [{ name: 'LOGITS' }]", "config output 'LOGITS' is not an output of the model"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        (
+            "input [{ name: 'IMAGE' data_type: TYPE_FP32 dims: [4] }]",
+            r"config input 'IMAGE' is not an input of the model \(model inputs: INPUT0\)",
+        ),
+        (
+            "input [{ name: 'INPUT0' data_type: TYPE_INT32 dims: [4] }]",
+            "input 'INPUT0': the config says TYPE_INT32, the model has TYPE_FP32",
+        ),
+        (
+            "input [{ name: 'INPUT0' data_type: TYPE_FP32 dims: [5] }]",
+            r"input 'INPUT0': the config says dims \[5\], the model has \[4\]",
+        ),
+        ("output [{ name: 'LOGITS' }]", "config output 'LOGITS' is not an output of the model"),
+    ],
+)
 def test_config_that_disagrees_with_the_model(acl_emu, tmp_path, instance_thread, text, error):
     instance = backend(prepare(tmp_path, "max_batch_size: 8\n" + text))
     with pytest.raises(BackendError, match=error):
@@ -351,7 +387,8 @@ def test_execute_failure_fails_only_that_batch(acl_emu, tmp_path, instance_threa
         instance_thread.run(instance.execute, {"INPUT0": bad})
     assert info.value.message.startswith(
         "acl.rt.synchronize_stream failed with error 507011 "
-        "(ACL_ERROR_RT_MODEL_EXECUTE: model execution failed): model")
+        "(ACL_ERROR_RT_MODEL_EXECUTE: model execution failed): model"
+    )
     assert not info.value.fatal and instance.healthy()
     out = instance_thread.run(instance.execute, {"INPUT0": rows(2)})
     np.testing.assert_array_equal(out["OUTPUT0"], rows(2) * 2 + 1)
@@ -394,7 +431,7 @@ def test_device_fault_on_one_device_leaves_the_other_serving(acl_emu, tmp_path):
     threads = [InstanceThread(f"npu{d}") for d in (0, 1)]
     instances = [backend(prepared, device=d, index=d) for d in (0, 1)]
     try:
-        for thread, instance in zip(threads, instances):
+        for thread, instance in zip(threads, instances, strict=False):
             thread.run(instance.load)
         acl_emu._emu.lose_device(0)
         with pytest.raises(BackendError):
@@ -402,7 +439,7 @@ def test_device_fault_on_one_device_leaves_the_other_serving(acl_emu, tmp_path):
         out = threads[1].run(instances[1].execute, {"INPUT0": rows(1)})
         np.testing.assert_array_equal(out["OUTPUT0"], rows(1) * 2 + 1)
         assert [i.healthy() for i in instances] == [False, True]
-        for thread, instance in zip(threads, instances):
+        for thread, instance in zip(threads, instances, strict=False):
             thread.run(instance.unload)
     finally:
         for thread in threads:
@@ -417,8 +454,11 @@ def test_set_device_failure_on_a_broken_device(acl_emu, tmp_path, instance_threa
 
 
 def test_invalid_device_id(acl_emu, tmp_path, instance_thread):
-    with pytest.raises(BackendError, match=r"set_device\(5\) failed with error 107001 "
-                                           r"\(ACL_ERROR_RT_INVALID_DEVICEID"):
+    with pytest.raises(
+        BackendError,
+        match=r"set_device\(5\) failed with error 107001 "
+        r"\(ACL_ERROR_RT_INVALID_DEVICEID",
+    ):
         instance_thread.run(backend(prepare(tmp_path), device=5).load)
 
 

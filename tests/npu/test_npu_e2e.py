@@ -15,24 +15,25 @@ One server per scenario, shared by the tests of that scenario (module-scoped fix
 
 The last test stops the emulator servers and reads the emulator's leak report (ACL_EMU_REPORT).
 """
+
 from __future__ import annotations
 
 import json
 import queue
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import numpy as np
+import om_fixtures as omf
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
-import om_fixtures as omf
 from examples.build_repository import build_simple
-from serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -59,14 +60,25 @@ def emulated(report: Path, **config) -> dict[str, str]:
 def main_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("npu_main")
     repo = root / "models"
-    omf.write_model_repository(repo, "npu_scale", gears=GEARS, gpus=(0,),
-                               max_queue_delay_us=QUEUE_DELAY_US, weight_size=WEIGHTS,
-                               poison={"value": EXECUTE_POISON, "code": 507011})
-    omf.write_model_repository(repo, "npu_flaky", gears=GEARS, gpus=(1,), dynamic_batching=False,
-                               weight_size=WEIGHTS)
+    omf.write_model_repository(
+        repo,
+        "npu_scale",
+        gears=GEARS,
+        gpus=(0,),
+        max_queue_delay_us=QUEUE_DELAY_US,
+        weight_size=WEIGHTS,
+        poison={"value": EXECUTE_POISON, "code": 507011},
+    )
+    omf.write_model_repository(
+        repo, "npu_flaky", gears=GEARS, gpus=(1,), dynamic_batching=False, weight_size=WEIGHTS
+    )
     build_simple(repo)
-    env = emulated(root / "acl_report.json", device_count=2, memory_bytes=DEVICE_MEMORY,
-                   faults=[{"fn": "mdl.execute_async", "ret": 507011, "count": 1, "device": 1}])
+    env = emulated(
+        root / "acl_report.json",
+        device_count=2,
+        memory_bytes=DEVICE_MEMORY,
+        faults=[{"fn": "mdl.execute_async", "ret": 507011, "count": 1, "device": 1}],
+    )
     with running_server([repo], EXIT_ARGS, env=env, log_dir=root) as server:
         server.report_path = root / "acl_report.json"  # type: ignore[attr-defined]
         yield server
@@ -76,8 +88,14 @@ def main_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 def lost_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("npu_lost")
     repo = root / "models"
-    omf.write_model_repository(repo, "npu_lost", gears=GEARS, gpus=(1,), dynamic_batching=False,
-                               poison={"value": LOST_POISON, "code": 507010})
+    omf.write_model_repository(
+        repo,
+        "npu_lost",
+        gears=GEARS,
+        gpus=(1,),
+        dynamic_batching=False,
+        poison={"value": LOST_POISON, "code": 507010},
+    )
     omf.write_model_repository(repo, "npu_other", gears=GEARS, gpus=(0,), dynamic_batching=False)
     build_simple(repo)
     env = emulated(root / "acl_report.json", device_count=2)
@@ -95,15 +113,16 @@ def broken_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     (missing / "1" / "model.om").unlink()
     omf.write_model_repository(repo, "npu_bad_gear", gears=GEARS, gpus=(0,), max_batch_size=16)
     # Two instances on NPU 1, each needing 600 KiB of a 1 MiB device: the second cannot load.
-    omf.write_model_repository(repo, "npu_oom", gears=GEARS, gpus=(1,), count=2,
-                               weight_size=600 << 10, work_size=0)
+    omf.write_model_repository(
+        repo, "npu_oom", gears=GEARS, gpus=(1,), count=2, weight_size=600 << 10, work_size=0
+    )
     omf.write_model_repository(repo, "npu_dead_device", gears=GEARS, gpus=(2,))
     build_simple(repo)
-    env = emulated(root / "acl_report.json", device_count=3, memory_bytes=1 << 20,
-                   lost_devices=[2])
+    env = emulated(root / "acl_report.json", device_count=3, memory_bytes=1 << 20, lost_devices=[2])
     # Models are loaded before the server goes live; strict readiness keeps it not ready.
-    with running_server([repo], [*EXIT_ARGS, "--exit-on-error", "false"], env=env,
-                        wait_ready=False, log_dir=root) as server:
+    with running_server(
+        [repo], [*EXIT_ARGS, "--exit-on-error", "false"], env=env, wait_ready=False, log_dir=root
+    ) as server:
         server.report_path = root / "acl_report.json"  # type: ignore[attr-defined]
         yield server
 
@@ -116,16 +135,18 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     omf.write_model_repository(repo, "npu_scale", gears=GEARS)
     build_simple(repo)
     env = {"PYTHONPATH": str(ROOT), "ACL_EMU_CONFIG": "", "ACL_EMU_REPORT": ""}
-    with running_server([repo], [*EXIT_ARGS, "--exit-on-error", "false"], env=env,
-                        wait_ready=False, log_dir=root) as server:
+    with running_server(
+        [repo], [*EXIT_ARGS, "--exit-on-error", "false"], env=env, wait_ready=False, log_dir=root
+    ) as server:
         yield server
 
 
 # ----- helpers ------------------------------------------------------------------------------
 def rows(request: int, count: int) -> np.ndarray:
     """`count` distinct rows for request number `request` (never a poison value)."""
-    return (np.arange(count * FEATURES, dtype=np.float32).reshape(count, FEATURES)
-            + 100 * request + 1)
+    return (
+        np.arange(count * FEATURES, dtype=np.float32).reshape(count, FEATURES) + 100 * request + 1
+    )
 
 
 def check_scale(out0: np.ndarray, out1: np.ndarray, x: np.ndarray) -> None:
@@ -147,16 +168,26 @@ def grpc_input(x: np.ndarray, name: str = "INPUT0") -> grpcclient.InferInput:
 
 
 def json_infer(server: ServerProcess, model: str, x: np.ndarray) -> httpx.Response:
-    body = {"inputs": [{"name": "INPUT0", "shape": list(x.shape), "datatype": "FP32",
-                        "data": x.ravel().tolist()}]}
+    body = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": list(x.shape),
+                "datatype": "FP32",
+                "data": x.ravel().tolist(),
+            }
+        ]
+    }
     return httpx.post(f"{server.base}/v2/models/{model}/infer", json=body, timeout=30)
 
 
 def check_simple_http(server: ServerProcess) -> None:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.full((1, 16), 3, np.int32)
-    inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"),
-              httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+        httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     with httpclient.InferenceServerClient(server.http_url) as client:
@@ -168,8 +199,10 @@ def check_simple_http(server: ServerProcess) -> None:
 def check_simple_grpc(server: ServerProcess) -> None:
     a = np.arange(16, dtype=np.int32).reshape(1, 16) * 2
     b = np.full((1, 16), 5, np.int32)
-    inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-              grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [
+        grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
+        grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -186,8 +219,10 @@ def http_stats(server: ServerProcess, model: str) -> dict:
 
 def batch_counts(stats: dict) -> dict[int, int]:
     """batch size -> executions, from HTTP or gRPC (as dict) statistics."""
-    return {int(b["batch_size"]): int(b["compute_infer"].get("count", 0))
-            for b in stats.get("batch_stats", [])}
+    return {
+        int(b["batch_size"]): int(b["compute_infer"].get("count", 0))
+        for b in stats.get("batch_stats", [])
+    }
 
 
 def check_batched(before: dict, after: dict, sizes: list[int]) -> None:
@@ -198,15 +233,18 @@ def check_batched(before: dict, after: dict, sizes: list[int]) -> None:
     assert inferences == sum(sizes)
     assert 1 <= executions < len(sizes) <= inferences
     old, new = batch_counts(before), batch_counts(after)
-    ran = {size: count - old.get(size, 0) for size, count in new.items() if count > old.get(size, 0)}
+    ran = {
+        size: count - old.get(size, 0) for size, count in new.items() if count > old.get(size, 0)
+    }
     assert sum(ran.values()) == executions
     assert sum(size * count for size, count in ran.items()) == inferences
     assert all(1 <= size <= max(GEARS) for size in ran), ran
 
 
 def index(server: ServerProcess, ready: bool = False) -> dict[str, dict]:
-    response = httpx.post(f"{server.base}/v2/repository/index",
-                          json={"ready": True} if ready else {}, timeout=10)
+    response = httpx.post(
+        f"{server.base}/v2/repository/index", json={"ready": True} if ready else {}, timeout=10
+    )
     assert response.status_code == 200, response.text
     return {entry["name"]: entry for entry in response.json()}
 
@@ -228,25 +266,30 @@ def test_metadata_and_config_are_auto_completed(main_server: ServerProcess) -> N
     assert metadata["name"] == "npu_scale" and metadata["versions"] == ["1"]
     assert metadata["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}]
     # ATC's `op:0:name` output names appear as plain names.
-    assert metadata["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4]},
-                                   {"name": "OUTPUT1", "datatype": "FP32", "shape": [-1, 1]}]
+    assert metadata["outputs"] == [
+        {"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4]},
+        {"name": "OUTPUT1", "datatype": "FP32", "shape": [-1, 1]},
+    ]
 
     config = httpx.get(f"{main_server.base}/v2/models/npu_scale/config", timeout=10).json()
     assert config["backend"] == "ascend"
     assert config["max_batch_size"] == max(GEARS)
-    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == \
-        [("INPUT0", "TYPE_FP32", [4])]
-    assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] == \
-        [("OUTPUT0", "TYPE_FP32", [4]), ("OUTPUT1", "TYPE_FP32", [1])]
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
+        ("INPUT0", "TYPE_FP32", [4])
+    ]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] == [
+        ("OUTPUT0", "TYPE_FP32", [4]),
+        ("OUTPUT1", "TYPE_FP32", [1]),
+    ]
     assert config["parameters"]["batch_gears"]["string_value"] == "1,2,4,8"
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == QUEUE_DELAY_US
 
     with grpcclient.InferenceServerClient(main_server.grpc_url) as client:
         assert client.is_model_ready("npu_scale")
         grpc_meta = client.get_model_metadata("npu_scale", as_json=True)
-        assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]])
-                for t in grpc_meta["outputs"]] == [("OUTPUT0", "FP32", [-1, 4]),
-                                                   ("OUTPUT1", "FP32", [-1, 1])]
+        assert [
+            (t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in grpc_meta["outputs"]
+        ] == [("OUTPUT0", "FP32", [-1, 4]), ("OUTPUT1", "FP32", [-1, 1])]
         grpc_config = client.get_model_config("npu_scale").config
         assert grpc_config.max_batch_size == max(GEARS)
         assert [(i.name, list(i.dims)) for i in grpc_config.input] == [("INPUT0", [4])]
@@ -260,7 +303,7 @@ def test_http_concurrent_requests_are_batched_and_unpadded(main_server: ServerPr
     with httpclient.InferenceServerClient(main_server.http_url, concurrency=len(sizes)) as client:
         pending = [client.async_infer("npu_scale", [http_input(x)]) for x in inputs]
         results = [p.get_result() for p in pending]
-    for x, result in zip(inputs, results):
+    for x, result in zip(inputs, results, strict=False):
         check_scale(result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1"), x)
     check_batched(before, http_stats(main_server, "npu_scale"), sizes)
 
@@ -272,8 +315,11 @@ def test_grpc_concurrent_requests_are_batched_and_unpadded(main_server: ServerPr
     with grpcclient.InferenceServerClient(main_server.grpc_url) as client:
         before = client.get_inference_statistics("npu_scale", as_json=True)["model_stats"][0]
         for i, x in enumerate(inputs):
-            client.async_infer("npu_scale", [grpc_input(x)],
-                               callback=lambda result, error, i=i: done.put((i, result, error)))
+            client.async_infer(
+                "npu_scale",
+                [grpc_input(x)],
+                callback=lambda result, error, i=i: done.put((i, result, error)),
+            )
         answers = {}
         for _ in inputs:
             i, result, error = done.get(timeout=30)
@@ -288,15 +334,22 @@ def test_grpc_concurrent_requests_are_batched_and_unpadded(main_server: ServerPr
 def test_full_gear_and_requested_output_subset(main_server: ServerProcess) -> None:
     """A request that fills the largest gear alone, asking for one output only (raw httpx)."""
     x = rows(30, max(GEARS))
-    body = {"inputs": [{"name": "INPUT0", "shape": list(x.shape), "datatype": "FP32",
-                        "data": x.ravel().tolist()}],
-            "outputs": [{"name": "OUTPUT1"}]}
+    body = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": list(x.shape),
+                "datatype": "FP32",
+                "data": x.ravel().tolist(),
+            }
+        ],
+        "outputs": [{"name": "OUTPUT1"}],
+    }
     response = httpx.post(f"{main_server.base}/v2/models/npu_scale/infer", json=body, timeout=30)
     assert response.status_code == 200, response.text
     outputs = response.json()["outputs"]
     assert [(o["name"], o["shape"]) for o in outputs] == [("OUTPUT1", [8, 1])]
-    np.testing.assert_array_equal(np.array(outputs[0]["data"], np.float32),
-                                  x.sum(axis=1))
+    np.testing.assert_array_equal(np.array(outputs[0]["data"], np.float32), x.sum(axis=1))
     # One row more than the largest gear is refused before it reaches the device.
     response = json_infer(main_server, "npu_scale", rows(31, max(GEARS) + 1))
     assert response.status_code == 400
@@ -374,8 +427,9 @@ def test_device_fault_fails_the_request_with_the_pyacl_error(device_lost: httpx.
     assert "error 507010" in error and "ACL_ERROR_RT_LOST_HEARTBEAT" in error
 
 
-def test_device_fault_takes_only_that_model_out_of_service(lost_server: ServerProcess,
-                                                           device_lost: httpx.Response) -> None:
+def test_device_fault_takes_only_that_model_out_of_service(
+    lost_server: ServerProcess, device_lost: httpx.Response
+) -> None:
     assert status(lost_server, "/v2/models/npu_lost/ready") == 400
     assert status(lost_server, "/v2/health/ready") == 400  # strict readiness
     assert status(lost_server, "/v2/health/live") == 200
@@ -402,8 +456,9 @@ def test_device_fault_takes_only_that_model_out_of_service(lost_server: ServerPr
     assert metric(text, "ascend_npu_memory_used_bytes", device="0") > 0
 
 
-def test_device_fault_shows_in_repository_index(lost_server: ServerProcess,
-                                                device_lost: httpx.Response) -> None:
+def test_device_fault_shows_in_repository_index(
+    lost_server: ServerProcess, device_lost: httpx.Response
+) -> None:
     entries = index(lost_server)
     assert entries["npu_other"]["state"] == "READY"
     assert entries["simple"]["state"] == "READY"
@@ -426,8 +481,9 @@ def test_load_failures_are_unavailable_with_a_reason(broken_server: ServerProces
     for name in broken:
         assert entries[name]["state"] == "UNAVAILABLE", entries[name]
     assert "model.om does not exist" in entries["npu_missing"]["reason"]
-    assert "max_batch_size 16 exceeds the model's largest gear 8" in \
-        entries["npu_bad_gear"]["reason"]
+    assert (
+        "max_batch_size 16 exceeds the model's largest gear 8" in entries["npu_bad_gear"]["reason"]
+    )
     oom = entries["npu_oom"]["reason"]
     assert "acl.mdl.load_from_file" in oom and "245000" in oom and "out of device memory" in oom
     dead = entries["npu_dead_device"]["reason"]
@@ -469,8 +525,9 @@ def test_without_pyacl_npu_model_fails_with_install_hint(plain_server: ServerPro
 
 # ----- 5. leak report at exit (keep last: it stops the servers) --------------------------------
 @pytest.mark.parametrize("scenario", ["main_server", "lost_server", "broken_server"])
-def test_emulator_reports_no_leak_and_no_misuse_at_exit(request: pytest.FixtureRequest,
-                                                        scenario: str) -> None:
+def test_emulator_reports_no_leak_and_no_misuse_at_exit(
+    request: pytest.FixtureRequest, scenario: str
+) -> None:
     server: ServerProcess = request.getfixturevalue(scenario)
     if scenario == "lost_server":
         request.getfixturevalue("device_lost")  # exit after the device fault, too

@@ -5,22 +5,22 @@ One server holds a detector-style model with a static side input (`npu_side`), a
 with dynamic AIPP set from config.pbtxt parameters (`npu_aipp`), a YOLO-style model compiled
 with dynamic image sizes (`npu_hw`) and a model whose load takes seconds (`npu_slow`).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import numpy as np
+import om_fixtures as omf
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
-import om_fixtures as omf
 from serverproc import ServerProcess, running_server
+from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
 
@@ -38,15 +38,24 @@ parameters { key: "aipp_dtc_pixel_mean" value { string_value: "1,0,0,0" } }
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("npu_kinds")
     repo = root / "models"
-    omf.write_model_repository(repo, "npu_side", om_writer=omf.side_input_model,
-                               max_queue_delay_us=QUEUE_DELAY_US)
-    omf.write_model_repository(repo, "npu_aipp", om_writer=omf.aipp_model, mode="dynamic",
-                               max_size=(32, 32), extra_config=AIPP_PARAMETERS)
+    omf.write_model_repository(
+        repo, "npu_side", om_writer=omf.side_input_model, max_queue_delay_us=QUEUE_DELAY_US
+    )
+    omf.write_model_repository(
+        repo,
+        "npu_aipp",
+        om_writer=omf.aipp_model,
+        mode="dynamic",
+        max_size=(32, 32),
+        extra_config=AIPP_PARAMETERS,
+    )
     omf.write_model_repository(repo, "npu_hw", om_writer=omf.hw_model)
-    omf.write_model_repository(repo, "npu_slow",
-                               om_writer=omf.with_fields(omf.scale_model, load_ms=1500))
-    env = omf.emulator_env({"PYTHONPATH": str(ROOT)}, config={"device_count": 1},
-                           report_path=root / "acl_report.json")
+    omf.write_model_repository(
+        repo, "npu_slow", om_writer=omf.with_fields(omf.scale_model, load_ms=1500)
+    )
+    env = omf.emulator_env(
+        {"PYTHONPATH": str(ROOT)}, config={"device_count": 1}, report_path=root / "acl_report.json"
+    )
     with running_server([repo], ["--exit-timeout-secs", "10"], env=env, log_dir=root) as running:
         running.report_path = root / "acl_report.json"  # type: ignore[attr-defined]
         yield running
@@ -76,12 +85,14 @@ def test_side_input_requests_are_batched_over_http(server: ServerProcess) -> Non
 
     def one(x: np.ndarray) -> np.ndarray:
         with httpclient.InferenceServerClient(server.http_url) as client:
-            result = client.infer("npu_side", [http_tensor("images", x), http_tensor("im_info", info)])
+            result = client.infer(
+                "npu_side", [http_tensor("images", x), http_tensor("im_info", info)]
+            )
         return result.as_numpy("boxes")
 
     with ThreadPoolExecutor(3) as pool:
         outs = list(pool.map(one, xs))
-    for x, out in zip(xs, outs):
+    for x, out in zip(xs, outs, strict=False):
         np.testing.assert_array_equal(out, x * 3.0)
     after = stats(server, "npu_side")
     assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 3
@@ -102,7 +113,8 @@ def test_aipp_model_takes_uint8_source_images(server: ServerProcess) -> None:
     with httpclient.InferenceServerClient(server.http_url) as client:
         meta = client.get_model_metadata("npu_aipp")
     assert [(i["name"], i["datatype"], i["shape"]) for i in meta["inputs"]] == [
-        ("image", "UINT8", [-1, 24, 16, 1])]
+        ("image", "UINT8", [-1, 24, 16, 1])
+    ]
     image = np.full((2, 24, 16, 1), 4, dtype=np.uint8)
     with httpclient.InferenceServerClient(server.http_url) as client:
         http_out = client.infer("npu_aipp", [http_tensor("image", image, "UINT8")])
@@ -127,12 +139,22 @@ def test_dynamic_hw_model_picks_the_gear(server: ServerProcess) -> None:
 
 def test_a_shape_no_gear_fits_is_a_400_naming_the_gears(server: ServerProcess) -> None:
     too_tall = np.ones((1, 3, 40, 8), dtype=np.float32)
-    body = {"inputs": [{"name": "image", "shape": [1, 3, 40, 8], "datatype": "FP32",
-                        "data": too_tall.ravel().tolist()}]}
+    body = {
+        "inputs": [
+            {
+                "name": "image",
+                "shape": [1, 3, 40, 8],
+                "datatype": "FP32",
+                "data": too_tall.ravel().tolist(),
+            }
+        ]
+    }
     response = httpx.post(f"{server.base}/v2/models/npu_hw/infer", json=body, timeout=30)
     assert response.status_code == 400
-    assert "fit none of the model's compiled image sizes (HxW): 16x16, 32x24" in \
-        response.json()["error"]
+    assert (
+        "fit none of the model's compiled image sizes (HxW): 16x16, 32x24"
+        in response.json()["error"]
+    )
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         with pytest.raises(InferenceServerException) as info:
             client.infer("npu_hw", [grpc_tensor("image", too_tall)])

@@ -1,13 +1,13 @@
 """The pyACL emulator itself: it must behave like the real binding (reference/pyacl.md §9.7)
 for the backend tests to mean anything."""
+
 from __future__ import annotations
 
 import threading
 
 import numpy as np
-import pytest
-
 import om_fixtures as omf
+import pytest
 
 
 @pytest.fixture
@@ -36,8 +36,10 @@ def load(acl, path):
 def io(acl, desc, n_in, n_out):
     """Datasets with device buffers at the reported sizes; returns (in_ds, out_ds, ptrs, bufs)."""
     ptrs, bufs, datasets = [], [], []
-    for count, size_of in ((n_in, acl.mdl.get_input_size_by_index),
-                           (n_out, acl.mdl.get_output_size_by_index)):
+    for count, size_of in (
+        (n_in, acl.mdl.get_input_size_by_index),
+        (n_out, acl.mdl.get_output_size_by_index),
+    ):
         ds = acl.mdl.create_dataset()
         for i in range(count):
             ptr, ret = acl.rt.malloc(size_of(desc, i), 0)
@@ -189,8 +191,12 @@ def test_contexts_are_per_thread(ready, tmp_path):
     worker = threading.Thread(target=other_thread)
     worker.start()
     worker.join()
-    assert seen == {"malloc": 107002, "sync": 107002, "foreign_stream": 107003,
-                    "foreign_model": 107004}
+    assert seen == {
+        "malloc": 107002,
+        "sync": 107002,
+        "foreign_stream": 107003,
+        "foreign_model": 107004,
+    }
     acl.mdl.unload(model_id)
     acl.mdl.destroy_desc(desc)
 
@@ -200,7 +206,10 @@ def test_model_description(ready, tmp_path):
     model_id, desc = load(acl, omf.scale_model(tmp_path / "m.om"))
     assert acl.mdl.get_num_inputs(desc) == 2  # the gear tensor counts
     assert acl.mdl.get_input_name_by_index(desc, 1) == "ascend_mbatch_shape_data"
-    assert acl.mdl.get_input_dims(desc, 0) == ({"name": "INPUT0", "dimCount": 2, "dims": [-1, 4]}, 0)
+    assert acl.mdl.get_input_dims(desc, 0) == (
+        {"name": "INPUT0", "dimCount": 2, "dims": [-1, 4]},
+        0,
+    )
     assert acl.mdl.get_input_size_by_index(desc, 0) == 8 * 4 * 4  # the largest gear
     assert acl.mdl.get_output_name_by_index(desc, 0) == "PartitionedCall_OUTPUT0_0:0:OUTPUT0"
     assert acl.mdl.get_input_data_type(desc, 0) == 0
@@ -212,7 +221,9 @@ def test_model_description(ready, tmp_path):
     assert acl.mdl.get_input_dims(desc, 9) == ({}, 100000)
     assert acl.mdl.get_input_index_by_name(desc, "nope") == (0, 100000)
     assert acl.mdl.get_input_index_by_name(desc, "ascend_mbatch_shape_data") == (1, 0)
-    static_id, static_desc = load(acl, omf.scale_model(tmp_path / "s.om", gears=None, static_batch=2))
+    static_id, static_desc = load(
+        acl, omf.scale_model(tmp_path / "s.om", gears=None, static_batch=2)
+    )
     assert acl.mdl.get_dynamic_batch(static_desc) == ({"batchCount": 0, "batch": []}, 0)
     assert acl.mdl.get_num_inputs(static_desc) == 1
     for mid, d in ((model_id, desc), (static_id, static_desc)):
@@ -254,8 +265,9 @@ def test_dynamic_gears(ready, tmp_path):
 
 def test_execute_validation(ready, tmp_path):
     acl, _, stream = ready
-    model_id, desc = load(acl, omf.scale_model(tmp_path / "s.om", gears=None, static_batch=2,
-                                               features=64))
+    model_id, desc = load(
+        acl, omf.scale_model(tmp_path / "s.om", gears=None, static_batch=2, features=64)
+    )
     in_ds, out_ds, ptrs, bufs = io(acl, desc, 1, 2)
     assert acl.mdl.execute(model_id, 0, out_ds) == 100000
     assert acl.mdl.execute(model_id, out_ds, out_ds) == 145000  # buffer count
@@ -319,9 +331,13 @@ def test_telemetry_follows_the_ledger(ready):
     ptr, _ = acl.rt.malloc(1000, 0)
     assert acl.rt.get_mem_info(1)[0] == free - 1056
     rates, ret = acl.rt.get_device_utilization_rate(0)
-    assert ret == 0 and set(rates) == {"cube_utilization", "vector_utilization",
-                                       "aicpu_utilization", "memory_utilization",
-                                       "utilization_extend"}
+    assert ret == 0 and set(rates) == {
+        "cube_utilization",
+        "vector_utilization",
+        "aicpu_utilization",
+        "memory_utilization",
+        "utilization_extend",
+    }
     acl.rt.free(ptr)
 
 
@@ -329,12 +345,18 @@ def test_environment_configures_a_subprocess_emulator(tmp_path):
     import json
     import subprocess
     import sys
-    env = omf.emulator_env(config={"device_count": 3, "faults": [
-        {"fn": "rt.malloc", "ret": 207001}]}, report_path=tmp_path / "report.json")
-    code = ("import acl; acl.init(); acl.rt.set_device(0); "
-            "print(acl.rt.get_device_count(), acl.rt.malloc(8, 0)[1], acl.rt.malloc(8, 0)[1])")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                            timeout=60)
+
+    env = omf.emulator_env(
+        config={"device_count": 3, "faults": [{"fn": "rt.malloc", "ret": 207001}]},
+        report_path=tmp_path / "report.json",
+    )
+    code = (
+        "import acl; acl.init(); acl.rt.set_device(0); "
+        "print(acl.rt.get_device_count(), acl.rt.malloc(8, 0)[1], acl.rt.malloc(8, 0)[1])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.split() == ["(3,", "0)", "207001", "0"], result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["stats"]["allocations"] == 1 and report["stats"]["device_refs"] == 1

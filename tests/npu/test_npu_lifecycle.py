@@ -1,18 +1,19 @@
 """The Ascend backend's life around the model: the ordered teardown at exit (with an execution
 still in flight), error names and the `import acl` diagnosis, and the hardware behaviours the
 emulator reproduces (memcpy kind, wrong SoC, AI Core exceptions, slow loads)."""
+
 from __future__ import annotations
 
 import threading
 
 import numpy as np
-import pytest
-
 import om_fixtures as omf
+import pytest
+from npu_harness import backend, prepare, rows
+
 from backends.base import BackendError
 from npu import acl as npu_acl
 from npu import device, errors, teardown
-from npu_harness import backend, prepare, rows
 
 
 # -- 5. teardown ------------------------------------------------------------------------------
@@ -27,8 +28,9 @@ def _execute_in_background(instance_thread, instance, x):
     raise AssertionError("the execution never started")
 
 
-def test_exit_waits_for_the_execution_then_releases_and_finalizes(acl_emu, tmp_path,
-                                                                  instance_thread):
+def test_exit_waits_for_the_execution_then_releases_and_finalizes(
+    acl_emu, tmp_path, instance_thread
+):
     instance = backend(prepare(tmp_path, latency_ms={"fixed": 400}))
     instance_thread.run(instance.load)
     future = _execute_in_background(instance_thread, instance, rows(2))
@@ -42,8 +44,9 @@ def test_exit_waits_for_the_execution_then_releases_and_finalizes(acl_emu, tmp_p
     instance_thread.run(instance.unload)  # the instance's own unload after exit: a no-op
 
 
-def test_exit_skips_finalize_while_an_execution_outlives_the_wait(acl_emu, tmp_path,
-                                                                 instance_thread):
+def test_exit_skips_finalize_while_an_execution_outlives_the_wait(
+    acl_emu, tmp_path, instance_thread
+):
     instance = backend(prepare(tmp_path, latency_ms={"fixed": 600}))
     instance_thread.run(instance.load)
     future = _execute_in_background(instance_thread, instance, rows(1))
@@ -66,19 +69,47 @@ def test_device_oom_has_the_header_spelling():
     assert errors.describe(207018) == "ACL_ERROR_RT_DEVICE_OOM: device out of memory"
 
 
-@pytest.mark.parametrize("error, environ, version, installed, expected", [
-    ("No module named 'acl'", {}, (3, 11), None,
-     "CANN does not appear to be installed.*install the CANN toolkit"),
-    ("No module named 'acl'", {}, (3, 10), "/usr/local/Ascend/ascend-toolkit",
-     r"installed at /usr/local/Ascend/ascend-toolkit but its environment is not set: run "
-     r"`source /usr/local/Ascend/ascend-toolkit/set_env.sh`"),
-    ("No module named 'acl'", {"ASCEND_TOOLKIT_HOME": "/opt/cann"}, (3, 12), None,
-     r"Python 3\.12, and CANN 8\.x supports Python 3\.7 to 3\.11 only"),
-    ("libascendcl.so: cannot open shared object file", {"ASCEND_HOME_PATH": "/opt/cann"},
-     (3, 9), None, r"a library it needs did not load.*source /opt/cann/set_env.sh"),
-    ("No module named 'acl'", {"ASCEND_TOOLKIT_HOME": "/opt/cann"}, (3, 9), None,
-     r"points at /opt/cann but Python finds no 'acl'.*PYTHONPATH"),
-])
+@pytest.mark.parametrize(
+    "error, environ, version, installed, expected",
+    [
+        (
+            "No module named 'acl'",
+            {},
+            (3, 11),
+            None,
+            "CANN does not appear to be installed.*install the CANN toolkit",
+        ),
+        (
+            "No module named 'acl'",
+            {},
+            (3, 10),
+            "/usr/local/Ascend/ascend-toolkit",
+            r"installed at /usr/local/Ascend/ascend-toolkit but its environment is not set: run "
+            r"`source /usr/local/Ascend/ascend-toolkit/set_env.sh`",
+        ),
+        (
+            "No module named 'acl'",
+            {"ASCEND_TOOLKIT_HOME": "/opt/cann"},
+            (3, 12),
+            None,
+            r"Python 3\.12, and CANN 8\.x supports Python 3\.7 to 3\.11 only",
+        ),
+        (
+            "libascendcl.so: cannot open shared object file",
+            {"ASCEND_HOME_PATH": "/opt/cann"},
+            (3, 9),
+            None,
+            r"a library it needs did not load.*source /opt/cann/set_env.sh",
+        ),
+        (
+            "No module named 'acl'",
+            {"ASCEND_TOOLKIT_HOME": "/opt/cann"},
+            (3, 9),
+            None,
+            r"points at /opt/cann but Python finds no 'acl'.*PYTHONPATH",
+        ),
+    ],
+)
 def test_import_failure_says_why(error, environ, version, installed, expected):
     message = npu_acl.diagnose(error, environ, version, installed)
     assert message.startswith(npu_acl.PREFIX)
@@ -89,8 +120,9 @@ def test_import_failure_says_why(error, environ, version, installed, expected):
 
 # -- 7. what hardware does ---------------------------------------------------------------------
 @pytest.mark.parametrize("reserved", [True, False])
-def test_memcpy_kinds_work_with_and_without_reserved_kind(acl_emu, tmp_path, instance_thread,
-                                                          reserved):
+def test_memcpy_kinds_work_with_and_without_reserved_kind(
+    acl_emu, tmp_path, instance_thread, reserved
+):
     acl_emu._emu.configure(memcpy_kind_reserved=reserved)
     instance = backend(prepare(tmp_path))
     instance_thread.run(instance.load)
@@ -100,10 +132,17 @@ def test_memcpy_kinds_work_with_and_without_reserved_kind(acl_emu, tmp_path, ins
 
 
 def test_an_om_for_another_soc_is_refused_at_load(acl_emu, tmp_path, instance_thread):
-    prepared = prepare(tmp_path, om=omf.with_fields(omf.scale_model, soc="Ascend910B1"),
-                       complete=False, text="max_batch_size: 8")
-    with pytest.raises(BackendError, match=r"load_from_file.* failed with error 545001 .*compiled "
-                                           r"for Ascend910B1.*--soc_version=Ascend310P3"):
+    prepared = prepare(
+        tmp_path,
+        om=omf.with_fields(omf.scale_model, soc="Ascend910B1"),
+        complete=False,
+        text="max_batch_size: 8",
+    )
+    with pytest.raises(
+        BackendError,
+        match=r"load_from_file.* failed with error 545001 .*compiled "
+        r"for Ascend910B1.*--soc_version=Ascend310P3",
+    ):
         instance_thread.run(backend(prepared).load)
 
 
@@ -127,9 +166,11 @@ def test_a_broken_stream_fails_every_later_execution(acl_emu, tmp_path):
     acl = acl_emu
     from npu.device import DeviceSession
     from npu.om_model import OmModel
+
     session = DeviceSession.open(acl, 0)
-    model = OmModel.load(session, omf.scale_model(tmp_path / "m.om",
-                                                  poison={"value": -5.0, "code": 507015}))
+    model = OmModel.load(
+        session, omf.scale_model(tmp_path / "m.om", poison={"value": -5.0, "code": 507015})
+    )
     bad = rows(1)
     bad[0, 0] = -5.0
     for x in (bad, rows(1)):

@@ -1,14 +1,15 @@
 """The `.om` kinds people compile, through the Ascend backend on the pyACL emulator: static side
 inputs beside a dynamic batch, static and dynamic AIPP, dynamic image size and dynamic dims,
 and reading a description without loading the model."""
+
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
 import om_fixtures as omf
-from backends.base import BackendError
+import pytest
 from npu_harness import backend, prepare
+
+from backends.base import BackendError
 from protocol.errors import InvalidArgument
 from protocol.proto.model_config_pb2 import DataType
 
@@ -71,18 +72,26 @@ def test_side_input_without_a_leading_one_is_served_unbatched(acl_emu, tmp_path,
 
 def test_side_input_without_a_leading_one_refuses_batching(acl_emu, tmp_path, instance_thread):
     prepared = prepare(tmp_path, "max_batch_size: 8", om=omf.side_input_model, side_dims=(2, 3))
-    with pytest.raises(BackendError, match=r"cannot be stacked .*im_info have no leading 1.*"
-                                           r"max_batch_size: 0"):
+    with pytest.raises(
+        BackendError,
+        match=r"cannot be stacked .*im_info have no leading 1.*"
+        r"max_batch_size: 0",
+    ):
         instance_thread.run(backend(prepared).load)
 
 
 def test_outputs_reported_at_the_largest_gear_are_batched(acl_emu, tmp_path):
     from npu.om_model import describe_file
+
     info = describe_file(omf.side_input_model(tmp_path / "m.om"), 0)
     assert [(t.name, t.dims, t.batched) for t in info.outputs] == [
-        ("boxes", (-1, 4), True), ("score", (-1, 1), True)]
+        ("boxes", (-1, 4), True),
+        ("score", (-1, 1), True),
+    ]
     assert [(t.name, t.dims, t.batched) for t in info.inputs] == [
-        ("images", (-1, 4), True), ("im_info", (1, 3), False)]
+        ("images", (-1, 4), True),
+        ("im_info", (1, 3), False),
+    ]
 
 
 # -- 2. AIPP ----------------------------------------------------------------------------------
@@ -117,8 +126,7 @@ parameters { key: "aipp_csc_params" value { string_value:
 
 
 def test_dynamic_aipp_is_set_from_the_config(acl_emu, tmp_path, instance_thread):
-    prepared = prepare(tmp_path, DYNAMIC_AIPP, om=omf.aipp_model, mode="dynamic",
-                       max_size=(32, 32))
+    prepared = prepare(tmp_path, DYNAMIC_AIPP, om=omf.aipp_model, mode="dynamic", max_size=(32, 32))
     config = prepared[0]
     assert [i.name for i in config.input] == ["image"]  # ascend_dynamic_aipp_data is hidden
     assert list(config.input[0].dims) == [24, 16, 1]
@@ -131,11 +139,15 @@ def test_dynamic_aipp_is_set_from_the_config(acl_emu, tmp_path, instance_thread)
 
 
 def test_dynamic_aipp_without_parameters_says_which(acl_emu, tmp_path, instance_thread):
-    config, model_dir, version_dir = prepare(tmp_path, om=omf.aipp_model, mode="dynamic",
-                                             complete=False)
+    config, model_dir, version_dir = prepare(
+        tmp_path, om=omf.aipp_model, mode="dynamic", complete=False
+    )
     from npu.backend import AscendBackend
-    with pytest.raises(BackendError, match="input 'image' takes dynamic AIPP: set the model "
-                                           "config parameters aipp_input_format"):
+
+    with pytest.raises(
+        BackendError,
+        match="input 'image' takes dynamic AIPP: set the model config parameters aipp_input_format",
+    ):
         AscendBackend.auto_complete(config, model_dir, version_dir)
 
 
@@ -160,8 +172,11 @@ def test_dynamic_hw_runs_the_smallest_gear_that_fits(acl_emu, tmp_path, instance
     out = instance_thread.run(instance.execute, {"image": smaller})
     assert out["grid"].shape == (1, 3, 8, 6) and out["total"][0, 0] == 3 * 200
     assert acl_emu._emu.last_execution(instance._model.model_id)["shape_gear"] == (32, 24)
-    with pytest.raises(InvalidArgument, match=r"'image' \[1, 3, 40, 8\] fit none of the model's "
-                                              r"compiled image sizes \(HxW\): 16x16, 32x24"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"'image' \[1, 3, 40, 8\] fit none of the model's "
+        r"compiled image sizes \(HxW\): 16x16, 32x24",
+    ):
         instance_thread.run(instance.execute, {"image": np.ones((1, 3, 40, 8), np.float32)})
     instance_thread.run(instance.unload)
 
@@ -175,8 +190,11 @@ def test_dynamic_dims_runs_the_smallest_gear_that_fits(acl_emu, tmp_path, instan
     out = instance_thread.run(instance.execute, {"tokens": tokens})
     np.testing.assert_array_equal(out["echo"], np.pad(tokens, ((0, 0), (0, 3))))
     assert out["total"][0, 0] == 15
-    with pytest.raises(InvalidArgument, match=r"fit none of the model's compiled dims: "
-                                              r"\[1, 8\]; \[1, 16\]; \[1, 32\]"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"fit none of the model's compiled dims: "
+        r"\[1, 8\]; \[1, 16\]; \[1, 32\]",
+    ):
         instance_thread.run(instance.execute, {"tokens": np.ones((1, 33), np.float32)})
     instance_thread.run(instance.unload)
 
@@ -185,7 +203,9 @@ def test_dynamic_dims_runs_the_smallest_gear_that_fits(acl_emu, tmp_path, instan
 def test_auto_complete_reads_the_file_without_loading(acl_emu, tmp_path, monkeypatch):
     loads = []
     real = acl_emu.mdl.load_from_file
-    monkeypatch.setattr(acl_emu.mdl, "load_from_file", lambda path: loads.append(path) or real(path))
+    monkeypatch.setattr(
+        acl_emu.mdl, "load_from_file", lambda path: loads.append(path) or real(path)
+    )
     config, _, _ = prepare(tmp_path, om=omf.side_input_model)
     assert loads == [] and config.max_batch_size == 8
     monkeypatch.delattr(acl_emu.mdl, "get_desc_from_file")  # an older binding: load to describe

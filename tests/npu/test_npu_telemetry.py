@@ -1,20 +1,24 @@
 """NPU gauges for the metrics endpoint: only devices that loaded instances hold, never a
 reason to import acl."""
+
 from __future__ import annotations
 
 import sys
 import threading
 
 import numpy as np
+from npu_harness import InstanceThread, backend, prepare, rows
 from prometheus_client import CollectorRegistry, generate_latest
 
 from npu.telemetry import npu_collector
-from npu_harness import InstanceThread, backend, prepare, rows
 
 
 def samples(collector) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in collector.collect() for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in collector.collect()
+        for s in family.samples
+    }
 
 
 def test_nothing_reported_and_acl_not_imported_without_npu_models(monkeypatch):
@@ -33,7 +37,7 @@ def test_memory_and_utilisation_per_open_device(acl_emu, tmp_path):
     instances = [backend(prepared, device=d, index=d) for d in (0, 1)]
     collector = npu_collector()
     try:
-        for thread, instance in zip(threads, instances):
+        for thread, instance in zip(threads, instances, strict=False):
             thread.run(instance.load)
         threads[0].run(instances[0].execute, {"INPUT0": rows(2)})
         values = samples(collector)  # scraped from this thread, which holds no context

@@ -10,6 +10,7 @@ stand-in. Nothing is fetched: bring a checkout of the triton-inference-server/se
 qa folder. The exit status is the suite's. Needs bash, jq and the Python packages the qa tests
 import (tritonclient, numpy, ml_dtypes: the `qa` extra).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,15 +38,15 @@ GENERATED = {
     "qa_variable_model_repository": [("gen_qa_models.py", ["--onnx", "--variable"], "")],
     "qa_identity_model_repository": [("gen_qa_identity_models.py", ["--onnx"], "")],
     "qa_sequence_model_repository": [("gen_qa_sequence_models.py", ["--onnx"], "")],
-    "qa_ensemble_model_repository": [
-        ("gen_qa_models.py", ["--ensemble"], "qa_model_repository")],
+    "qa_ensemble_model_repository": [("gen_qa_models.py", ["--ensemble"], "qa_model_repository")],
 }
 # Suites whose test.sh is a list of cases, one per `LOG_IDX` step, where some cases need model
 # kinds ascend-serve does not serve: only the cases that need ONNX, Python or identity models run.
 CASE_LISTS = {"L0_lifecycle"}
 CASE_MARK = "LOG_IDX=$((LOG_IDX+1))"
 OTHER_KINDS = re.compile(
-    r"\b(libtorch|plan|openvino|savedmodel|graphdef|tensorflow|pytorch|tensorrt|cuda)")
+    r"\b(libtorch|plan|openvino|savedmodel|graphdef|tensorflow|pytorch|tensorrt|cuda)"
+)
 # A case that makes its own model folders; one that does not uses the previous case's.
 OWN_MODELS = re.compile(r"rm -[rf]+ models|mkdir models")
 # Cases that cannot pass here for a reason we chose (README, "NVIDIA's qa suites") or for a file
@@ -54,18 +55,21 @@ SHUTDOWN_DEVIATION = (
     "deviation: during shutdown ascend-serve keeps its listeners open until in-flight requests "
     "and live sequences finish and refuses new requests (gRPC UNAVAILABLE, HTTP 503 'Server "
     "exiting'); Triton closes its gRPC listener at once (connection refused) and serves new "
-    "requests on HTTP connections already open until they close")
-NOT_RUN = {"L0_lifecycle": {
-    "test_shutdown_dynamic": SHUTDOWN_DEVIATION,
-    "test_shutdown_ensemble": SHUTDOWN_DEVIATION,
-    "test_shutdown_sequence": SHUTDOWN_DEVIATION + "; its model needs Triton's C++ `sequence` "
-                              "test backend",
-    "test_shutdown_with_live_connection": SHUTDOWN_DEVIATION,
-    "test_shutdown_while_loading": "checks the order of two C++ function names in Triton's "
-                                   "verbose log (OnLoadFinal(), AsyncUnload())",
-    "test_model_reload_fail": "needs libtriton_identity.so, a CPU-only build of Triton's identity "
-                              "backend that Triton's CI puts beside the suite",
-}}
+    "requests on HTTP connections already open until they close"
+)
+NOT_RUN = {
+    "L0_lifecycle": {
+        "test_shutdown_dynamic": SHUTDOWN_DEVIATION,
+        "test_shutdown_ensemble": SHUTDOWN_DEVIATION,
+        "test_shutdown_sequence": SHUTDOWN_DEVIATION + "; its model needs Triton's C++ `sequence` "
+        "test backend",
+        "test_shutdown_with_live_connection": SHUTDOWN_DEVIATION,
+        "test_shutdown_while_loading": "checks the order of two C++ function names in Triton's "
+        "verbose log (OnLoadFinal(), AsyncUnload())",
+        "test_model_reload_fail": "needs libtriton_identity.so, a CPU-only build of Triton's identity "
+        "backend that Triton's CI puts beside the suite",
+    }
+}
 # A C++ unit test of Triton's own internals, built with Triton (L0_batcher's
 # instance_queue_test): "# name_test: what it checks" up to the `set -e` that closes it.
 CORE_UNIT_TEST = re.compile(r"^# (\w+_test): .*?^set -e\n", re.MULTILINE | re.DOTALL)
@@ -102,17 +106,23 @@ def prepare(qa_dir: Path, suite: str, scratch: Path, only: str | None = None) ->
 def without_core_unit_tests(script: str, suite_dir: Path) -> str:
     """test.sh without the C++ unit tests of Triton's internals that are not in the qa folder:
     they test Triton's own classes, not what a server answers."""
+
     def drop(match: re.Match) -> str:
         if (suite_dir / match.group(1)).exists():
             return match.group(0)
-        print(f"    {suite_dir.name}: {match.group(1)} is a C++ unit test of Triton's own "
-              f"internals, built with Triton: not run", flush=True)
+        print(
+            f"    {suite_dir.name}: {match.group(1)} is a C++ unit test of Triton's own "
+            f"internals, built with Triton: not run",
+            flush=True,
+        )
         return ""
+
     return CORE_UNIT_TEST.sub(drop, script)
 
 
-def select_cases(suite: str, script: str, only: str | None = None
-                 ) -> tuple[str, list[tuple[str, str]]]:
+def select_cases(
+    suite: str, script: str, only: str | None = None
+) -> tuple[str, list[tuple[str, str]]]:
     """test.sh without the cases that cannot run here, and (case, why) for each case left out:
     cases that copy in (or reuse) models of other kinds, the NOT_RUN ones, and with `only` the
     cases whose name does not contain it."""
@@ -165,12 +175,21 @@ def generate_models(scratch: Path, script_text: str) -> None:
             continue
         for script, flags, subfolder in steps:
             target = scratch / "data" / folder / subfolder
-            subprocess.run([sys.executable, script, *flags, f"--models_dir={target}"],
-                           cwd=common, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, script, *flags, f"--models_dir={target}"],
+                cwd=common,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
 
 
-def run(qa_dir: Path, suite: str, keep: bool = False, extra_env: dict[str, str] | None = None,
-        only: str | None = None) -> int:
+def run(
+    qa_dir: Path,
+    suite: str,
+    keep: bool = False,
+    extra_env: dict[str, str] | None = None,
+    only: str | None = None,
+) -> int:
     if not (qa_dir / suite / "test.sh").is_file():
         print(f"no {suite}/test.sh under {qa_dir}", file=sys.stderr)
         return 2
@@ -182,26 +201,40 @@ def run(qa_dir: Path, suite: str, keep: bool = False, extra_env: dict[str, str] 
     try:
         suite_dir = prepare(qa_dir, suite, scratch, only)
         generate_models(scratch, (suite_dir / "test.sh").read_text())
-        env = dict(os.environ, TRITON_DIR=str(scratch / "triton"),
-                   DATADIR=str(scratch / "data"), TRITON_SERVER_VERSION=SERVER_VERSION,
-                   BACKENDS=BACKENDS, TEST_SYSTEM_SHARED_MEMORY="0",
-                   TEST_CUDA_SHARED_MEMORY="0", TEST_VALGRIND="0",
-                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                   PYTHONPATH=os.pathsep.join(
-                       filter(None, [str(scratch / "qa" / "common"),
-                                     os.environ.get("PYTHONPATH")])))
+        env = dict(
+            os.environ,
+            TRITON_DIR=str(scratch / "triton"),
+            DATADIR=str(scratch / "data"),
+            TRITON_SERVER_VERSION=SERVER_VERSION,
+            BACKENDS=BACKENDS,
+            TEST_SYSTEM_SHARED_MEMORY="0",
+            TEST_CUDA_SHARED_MEMORY="0",
+            TEST_VALGRIND="0",
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(scratch / "qa" / "common"), os.environ.get("PYTHONPATH")])
+            ),
+        )
         env.update(extra_env or {})
         print(f"=== {suite} in {suite_dir}", flush=True)
         output = scratch / "test.sh.log"  # beside the suite: its test.sh removes its own *.log
         with open(output, "w") as log:
-            code = subprocess.call(["bash", "test.sh", TRITON_VERSION], cwd=suite_dir, env=env,
-                                   stdout=log, stderr=subprocess.STDOUT)
+            code = subprocess.call(
+                ["bash", "test.sh", TRITON_VERSION],
+                cwd=suite_dir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         passed, failed, swallowed = summarize([output, *suite_dir.glob("*.log")])
         for line in output.read_text(errors="replace").splitlines():
             if "Failed" in line or "FAILED" in line or "No such file" in line:
                 print(f"    {line.strip()}", flush=True)
-        print(f"    unittest cases: {passed} OK, {failed} FAILED; {swallowed} exception(s) in "
-              f"client threads (which the qa harness does not count)", flush=True)
+        print(
+            f"    unittest cases: {passed} OK, {failed} FAILED; {swallowed} exception(s) in "
+            f"client threads (which the qa harness does not count)",
+            flush=True,
+        )
         if (swallowed or failed) and code == 0:
             code = 1
         print(f"=== {suite}: {'PASSED' if code == 0 else f'FAILED (exit {code})'}", flush=True)
@@ -229,19 +262,28 @@ def summarize(logs: list[Path]) -> tuple[int, int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--qa-dir", type=Path, default=os.environ.get("ASCEND_QA_DIR"),
-                        help="the qa folder of a triton-inference-server/server checkout "
-                             "(default: $ASCEND_QA_DIR)")
+    parser.add_argument(
+        "--qa-dir",
+        type=Path,
+        default=os.environ.get("ASCEND_QA_DIR"),
+        help="the qa folder of a triton-inference-server/server checkout (default: $ASCEND_QA_DIR)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
-    parser.add_argument("--only", help="run only the cases whose name contains this (suites "
-                                       "that are lists of cases, such as L0_lifecycle)")
+    parser.add_argument(
+        "--only",
+        help="run only the cases whose name contains this (suites "
+        "that are lists of cases, such as L0_lifecycle)",
+    )
     parser.add_argument("suites", nargs="+")
     args = parser.parse_args(argv)
     if args.qa_dir is None:
         print("no qa folder given (--qa-dir or ASCEND_QA_DIR): nothing to run", file=sys.stderr)
         return 2
-    failed = [suite for suite in args.suites if run(args.qa_dir.resolve(), suite, args.keep,
-                                                      only=args.only)]
+    failed = [
+        suite
+        for suite in args.suites
+        if run(args.qa_dir.resolve(), suite, args.keep, only=args.only)
+    ]
     return 1 if failed else 0
 
 

@@ -5,6 +5,7 @@ lost and nothing left running; then 20 s with the deliberately leaking model, wh
 check must catch. The long version: `python bench/soak.py --seconds 1800`.
 
 Deselect with `-m "not soak"`."""
+
 from __future__ import annotations
 
 import json
@@ -36,10 +37,23 @@ def running(pid: int, start: int) -> bool:
 def test_soak_is_flat_and_the_leaking_model_is_caught(tmp_path: Path) -> None:
     report_path = tmp_path / "report.json"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "soak.py"), "--seconds", str(CLEAN_SECONDS),
-         "--negative-control-seconds", str(LEAK_SECONDS), "--out-dir", str(tmp_path / "out"),
-         "--report", str(report_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=400)
+        [
+            sys.executable,
+            str(ROOT / "bench" / "soak.py"),
+            "--seconds",
+            str(CLEAN_SECONDS),
+            "--negative-control-seconds",
+            str(LEAK_SECONDS),
+            "--out-dir",
+            str(tmp_path / "out"),
+            "--report",
+            str(report_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     output = completed.stdout + completed.stderr
     print(output)  # the figures, with -s or -rA
     assert report_path.exists(), output

@@ -1,9 +1,10 @@
 """Shared builders for the REST codec tests (test_rest_decode*.py, test_rest_encode.py): request
 bodies as the HTTP layer hands them over, and helpers that cut an encoded response apart."""
+
 from __future__ import annotations
 
 import struct
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import orjson
@@ -15,6 +16,7 @@ MODEL = "m"
 
 
 # --------------------------------------------------------------------------- builders
+
 
 def _input(name: str, datatype: str, shape: list, data: Any = None, **parameters: Any) -> dict:
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
@@ -46,13 +48,14 @@ def _fp32(*values: float) -> bytes:
     return np.array(values, dtype=np.float32).tobytes()
 
 
-def _decode(body: bytes, header_length: Optional[int] = None, **kwargs: Any):
+def _decode(body: bytes, header_length: int | None = None, **kwargs: Any):
     return decode_infer_request(body, header_length, MODEL, "1", **kwargs)
 
 
 # --------------------------------------------------------------------------- responses
 
-def _split(body: bytes, header_length: Optional[int]) -> tuple[dict, bytes]:
+
+def _split(body: bytes, header_length: int | None) -> tuple[dict, bytes]:
     if header_length is None:
         return orjson.loads(body), b""
     return orjson.loads(body[:header_length]), body[header_length:]
@@ -64,7 +67,7 @@ def _blobs(document: dict, tail: bytes) -> dict[str, bytes]:
     for output in document["outputs"]:
         size = output.get("parameters", {}).get("binary_data_size")
         if size is not None:
-            out[output["name"]] = tail[offset:offset + size]
+            out[output["name"]] = tail[offset : offset + size]
             offset += size
     assert offset == len(tail)
     return out

@@ -1,4 +1,5 @@
 """Triton's classification extension output format."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,10 +1,10 @@
 """protocol/compression.py: bounded request inflation and response encoding choice."""
+
 from __future__ import annotations
 
 import gzip
 import tracemalloc
 import zlib
-from typing import Optional
 
 import pytest
 
@@ -25,22 +25,28 @@ def _raw_deflate(data: bytes) -> bytes:
     return compressor.compress(data) + compressor.flush()
 
 
-@pytest.mark.parametrize("encoding,body", [
-    ("gzip", gzip.compress(PAYLOAD)),
-    ("GZip", gzip.compress(PAYLOAD)),
-    ("x-gzip", gzip.compress(PAYLOAD)),
-    ("deflate", zlib.compress(PAYLOAD)),  # HTTP deflate is zlib-wrapped
-    ("deflate", _raw_deflate(PAYLOAD)),  # tolerated: some clients send raw deflate
-    ("deflate", gzip.compress(PAYLOAD)),  # auto-detected like Triton's windowBits 15|32
-    ("gzip", gzip.compress(PAYLOAD[:100]) + gzip.compress(PAYLOAD[100:])),  # two members
-    ("gzip, deflate", zlib.compress(gzip.compress(PAYLOAD))),  # applied in order, undone in reverse
-])
+@pytest.mark.parametrize(
+    "encoding,body",
+    [
+        ("gzip", gzip.compress(PAYLOAD)),
+        ("GZip", gzip.compress(PAYLOAD)),
+        ("x-gzip", gzip.compress(PAYLOAD)),
+        ("deflate", zlib.compress(PAYLOAD)),  # HTTP deflate is zlib-wrapped
+        ("deflate", _raw_deflate(PAYLOAD)),  # tolerated: some clients send raw deflate
+        ("deflate", gzip.compress(PAYLOAD)),  # auto-detected like Triton's windowBits 15|32
+        ("gzip", gzip.compress(PAYLOAD[:100]) + gzip.compress(PAYLOAD[100:])),  # two members
+        (
+            "gzip, deflate",
+            zlib.compress(gzip.compress(PAYLOAD)),
+        ),  # applied in order, undone in reverse
+    ],
+)
 def test_decompress_round_trip(encoding: str, body: bytes) -> None:
     assert bytes(decompress(body, encoding, LIMIT)) == PAYLOAD
 
 
 @pytest.mark.parametrize("encoding", [None, "", "identity", " Identity "])
-def test_identity_returns_the_body_itself(encoding: Optional[str]) -> None:
+def test_identity_returns_the_body_itself(encoding: str | None) -> None:
     assert decompress(PAYLOAD, encoding, LIMIT) is PAYLOAD
 
 
@@ -77,7 +83,8 @@ def test_gzip_bomb_stops_at_the_limit_without_a_big_allocation() -> None:
         tracemalloc.stop()
     assert caught.value.message == (
         f"Decompressed request body exceeds the maximum allowed input size of {LIMIT} bytes. "
-        "Use --http-max-input-size to increase the limit.")
+        "Use --http-max-input-size to increase the limit."
+    )
     assert peak < 4 * LIMIT
 
 
@@ -86,41 +93,47 @@ def test_deflate_bomb_is_bounded_too() -> None:
         decompress(zlib.compress(bytes(8 << 20)), "deflate", LIMIT)
 
 
-@pytest.mark.parametrize("encoding,body,fragment", [
-    ("gzip", b"not gzip at all", "failed to decompress the request body"),
-    ("gzip", gzip.compress(PAYLOAD)[:-10], "truncated"),
-    ("deflate", zlib.compress(PAYLOAD)[:20], "truncated"),
-    ("gzip", b"", "truncated"),
-])
+@pytest.mark.parametrize(
+    "encoding,body,fragment",
+    [
+        ("gzip", b"not gzip at all", "failed to decompress the request body"),
+        ("gzip", gzip.compress(PAYLOAD)[:-10], "truncated"),
+        ("deflate", zlib.compress(PAYLOAD)[:20], "truncated"),
+        ("gzip", b"", "truncated"),
+    ],
+)
 def test_corrupt_bodies_are_invalid(encoding: str, body: bytes, fragment: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         decompress(body, encoding, LIMIT)
     assert fragment in caught.value.message
 
 
-@pytest.mark.parametrize("header,expected", [
-    (None, None),
-    ("", None),
-    ("identity", None),
-    ("gzip", "gzip"),
-    ("deflate", "deflate"),
-    ("gzip, deflate", "gzip"),
-    ("deflate, gzip", "gzip"),
-    ("gzip;q=0.5, deflate", "deflate"),
-    ("gzip;q=0.5, deflate;q=0.8, identity;q=0.9", None),
-    ("GZIP;Q=1.0", "gzip"),
-    ("gzip;q=0", None),
-    ("gzip;q=0, deflate;q=0.1", "deflate"),
-    ("br, zstd", None),
-    ("*", "gzip"),
-    ("*;q=0.3, identity;q=0.5", None),
-    ("*;q=0.3, gzip;q=0", "deflate"),
-    ("deflate;q=0.4, *;q=0.5", "gzip"),
-    ("gzip;q=abc, deflate;q=0.2", "deflate"),
-    ("gzip;q=2", None),
-    (" gzip ; q=0.7 , deflate ; q=0.7 ", "gzip"),
-])
-def test_choose_response_encoding(header: Optional[str], expected: Optional[str]) -> None:
+@pytest.mark.parametrize(
+    "header,expected",
+    [
+        (None, None),
+        ("", None),
+        ("identity", None),
+        ("gzip", "gzip"),
+        ("deflate", "deflate"),
+        ("gzip, deflate", "gzip"),
+        ("deflate, gzip", "gzip"),
+        ("gzip;q=0.5, deflate", "deflate"),
+        ("gzip;q=0.5, deflate;q=0.8, identity;q=0.9", None),
+        ("GZIP;Q=1.0", "gzip"),
+        ("gzip;q=0", None),
+        ("gzip;q=0, deflate;q=0.1", "deflate"),
+        ("br, zstd", None),
+        ("*", "gzip"),
+        ("*;q=0.3, identity;q=0.5", None),
+        ("*;q=0.3, gzip;q=0", "deflate"),
+        ("deflate;q=0.4, *;q=0.5", "gzip"),
+        ("gzip;q=abc, deflate;q=0.2", "deflate"),
+        ("gzip;q=2", None),
+        (" gzip ; q=0.7 , deflate ; q=0.7 ", "gzip"),
+    ],
+)
+def test_choose_response_encoding(header: str | None, expected: str | None) -> None:
     assert choose_response_encoding(header) == expected
 
 

@@ -1,4 +1,5 @@
 """protocol/config_json.py: the ModelConfig message <-> Triton's config JSON."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,9 +37,11 @@ def test_bad_json_is_a_config_json_error() -> None:
 
 def test_a_repeated_field_given_one_object_reads_as_a_list_of_one() -> None:
     """Triton reads `"instance_group": {...}` as a list of one (qa's L0_lifecycle sends it)."""
-    config = config_from_json('{"instance_group": {"kind": "KIND_CPU", "count": 5}, '
-                              '"input": {"name": "A", "data_type": "TYPE_FP32", "dims": 4}, '
-                              '"parameters": {"k": {"string_value": "v"}}}')
+    config = config_from_json(
+        '{"instance_group": {"kind": "KIND_CPU", "count": 5}, '
+        '"input": {"name": "A", "data_type": "TYPE_FP32", "dims": 4}, '
+        '"parameters": {"k": {"string_value": "v"}}}'
+    )
     assert [(g.kind, g.count) for g in config.instance_group] == [(ModelInstanceGroup.KIND_CPU, 5)]
     assert [(t.name, list(t.dims)) for t in config.input] == [("A", [4])]
     assert config.parameters["k"].string_value == "v"

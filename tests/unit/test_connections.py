@@ -1,17 +1,22 @@
 """server/net/connections.py and the connection settings: defaults, flags, gRPC server options.
 (The behaviour on the wire is in tests/e2e/test_connection_limits.py.)"""
+
 from __future__ import annotations
 
 import logging
 
 import pytest
 
-from server.net import connections
 from server.cli import settings_from_args
-from server.net.connections import (DEFAULT_MAX_CONNECTIONS, ConnectionLimits, RateLimitedLog,
-                                resolve_max_connections)
 from server.grpc.listener import server_options
 from server.http.fast_path import BoundedHttpProtocol, protocol_class
+from server.net import connections
+from server.net.connections import (
+    DEFAULT_MAX_CONNECTIONS,
+    ConnectionLimits,
+    RateLimitedLog,
+    resolve_max_connections,
+)
 from server.settings import DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, ServerSettings
 
 
@@ -29,14 +34,16 @@ def test_default_limits_share_the_descriptors_between_listeners() -> None:
 
 
 def test_explicit_connection_limit_is_kept_and_warned_about(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level(logging.WARNING):
         assert resolve_max_connections(5000, 16, 1024) == 5000
     assert "ulimit -n" in caplog.text
 
 
-def test_rate_limited_log_says_once_then_counts(caplog: pytest.LogCaptureFixture,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rate_limited_log_says_once_then_counts(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     now = [100.0]
     monkeypatch.setattr(connections.time, "monotonic", lambda: now[0])
     limited = RateLimitedLog(logging.getLogger("test.rate"), interval=5.0)
@@ -51,20 +58,46 @@ def test_rate_limited_log_says_once_then_counts(caplog: pytest.LogCaptureFixture
 
 def test_flags_and_defaults() -> None:
     defaults = settings_from_args(["--model-repository", "/tmp"])
-    assert (defaults.http_header_timeout_secs, defaults.http_idle_timeout_secs,
-            defaults.http_keep_alive_timeout_secs) == (30.0, 60.0, 60.0)
+    assert (
+        defaults.http_header_timeout_secs,
+        defaults.http_idle_timeout_secs,
+        defaults.http_keep_alive_timeout_secs,
+    ) == (30.0, 60.0, 60.0)
     assert defaults.http_max_connections is None
     assert defaults.http_health_reserved_connections == 16
     assert defaults.grpc_max_input_size is None
-    given = settings_from_args([
-        "--model-repository", "/tmp", "--http-header-timeout-secs", "5",
-        "--http-idle-timeout-secs", "7", "--http-keep-alive-timeout-secs", "9",
-        "--http-max-connections", "100", "--http-health-reserved-connections", "0",
-        "--grpc-max-input-size", "1024", "--grpc-keepalive-time", "1000",
-        "--grpc-max-connection-idle", "2000", "--grpc-max-concurrent-streams", "8",
-        "--grpc-handshake-timeout", "3000", "--grpc-keepalive-permit-without-calls"])
-    assert (given.http_header_timeout_secs, given.http_idle_timeout_secs,
-            given.http_keep_alive_timeout_secs) == (5.0, 7.0, 9.0)
+    given = settings_from_args(
+        [
+            "--model-repository",
+            "/tmp",
+            "--http-header-timeout-secs",
+            "5",
+            "--http-idle-timeout-secs",
+            "7",
+            "--http-keep-alive-timeout-secs",
+            "9",
+            "--http-max-connections",
+            "100",
+            "--http-health-reserved-connections",
+            "0",
+            "--grpc-max-input-size",
+            "1024",
+            "--grpc-keepalive-time",
+            "1000",
+            "--grpc-max-connection-idle",
+            "2000",
+            "--grpc-max-concurrent-streams",
+            "8",
+            "--grpc-handshake-timeout",
+            "3000",
+            "--grpc-keepalive-permit-without-calls",
+        ]
+    )
+    assert (
+        given.http_header_timeout_secs,
+        given.http_idle_timeout_secs,
+        given.http_keep_alive_timeout_secs,
+    ) == (5.0, 7.0, 9.0)
     assert (given.http_max_connections, given.http_health_reserved_connections) == (100, 0)
     assert given.grpc_max_input_size == 1024 and given.grpc_keepalive_time_ms == 1000
     assert given.grpc_max_connection_idle_ms == 2000 and given.grpc_max_concurrent_streams == 8
@@ -87,8 +120,12 @@ def test_grpc_options_bound_requests_and_connections() -> None:
     assert options["grpc.max_concurrent_streams"] == 1000
     assert options["grpc.server_handshake_timeout_ms"] == 30_000
     assert 1 <= options["grpc.max_allowed_incoming_connections"] <= DEFAULT_MAX_CONNECTIONS
-    assert dict(server_options(ServerSettings(grpc_max_connections=7)))[
-        "grpc.max_allowed_incoming_connections"] == 7
+    assert (
+        dict(server_options(ServerSettings(grpc_max_connections=7)))[
+            "grpc.max_allowed_incoming_connections"
+        ]
+        == 7
+    )
     small = dict(server_options(ServerSettings(grpc_max_message_size=1024)))
     assert small["grpc.max_receive_message_length"] == 1024  # never above the message limit
     given = dict(server_options(ServerSettings(grpc_max_input_size=5 * 2**20)))
@@ -96,8 +133,9 @@ def test_grpc_options_bound_requests_and_connections() -> None:
 
 
 def test_protocol_class_binds_the_limits() -> None:
-    limits = ConnectionLimits(max_connections=3, health_reserve=1, idle_timeout=2.0,
-                              header_timeout=1.0)
+    limits = ConnectionLimits(
+        max_connections=3, health_reserve=1, idle_timeout=2.0, header_timeout=1.0
+    )
     bound = protocol_class(object(), limits)
     assert issubclass(bound, BoundedHttpProtocol) and bound.limits is limits
     assert protocol_class(object()).limits == ConnectionLimits()

@@ -1,5 +1,6 @@
 """One mapping of errors per protocol: server/http/routes.py `http_error` (routed endpoints and the
 direct infer path) and server/grpc/services.py `abort`/`rpc_error` (unary RPCs and streams)."""
+
 from __future__ import annotations
 
 import logging
@@ -8,13 +9,14 @@ import orjson
 import pytest
 
 from protocol import compression
-from protocol.errors import (InternalError, NotFound, Unavailable, Unsupported, server_exiting)
+from protocol.errors import InternalError, NotFound, Unavailable, Unsupported, server_exiting
 from server.grpc.services import rpc_error
 from server.http.routes import error_response, http_error
 
 
-def test_server_errors_map_through_the_table_without_logging(caplog: pytest.LogCaptureFixture
-                                                              ) -> None:
+def test_server_errors_map_through_the_table_without_logging(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     status, headers, body = http_error(NotFound("no model 'x'"), "/v2/models/x/infer")
     assert (status, headers, orjson.loads(body)) == (404, {}, {"error": "no model 'x'"})
     assert rpc_error(NotFound("no model 'x'"), "ModelInfer").message == "no model 'x'"
@@ -70,8 +72,11 @@ def test_a_full_queue_says_when_to_retry_on_both_protocols() -> None:
     context = Context()
     with pytest.raises(RuntimeError):
         asyncio.run(abort(context, error))  # type: ignore[arg-type]
-    assert context.answer == (grpc.StatusCode.UNAVAILABLE, "Exceeds maximum queue size",
-                              (("retry-after", "7"),))
+    assert context.answer == (
+        grpc.StatusCode.UNAVAILABLE,
+        "Exceeds maximum queue size",
+        (("retry-after", "7"),),
+    )
     try:
         set_overload_http_status(429)  # --overload-status=429: HTTP only
         assert http_error(error, "/")[:2] == (429, {"Retry-After": "7"})

@@ -1,5 +1,6 @@
 """One error table for both frontends: every error class has its HTTP status and gRPC code, the
 frontends use exactly those, and real failures read the same over HTTP and gRPC."""
+
 from __future__ import annotations
 
 import asyncio
@@ -86,17 +87,31 @@ def test_unexpected_exceptions_are_internal_on_both() -> None:
 
 # ----- end to end: the same failure over HTTP and over gRPC ---------------------------------
 def _http_simple(a: np.ndarray, b: np.ndarray) -> dict:
-    return {"inputs": [
-        {"name": "INPUT0", "shape": list(a.shape), "datatype": "INT32", "data": a.ravel().tolist()},
-        {"name": "INPUT1", "shape": list(b.shape), "datatype": "INT32", "data": b.ravel().tolist()},
-    ]}
+    return {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": list(a.shape),
+                "datatype": "INT32",
+                "data": a.ravel().tolist(),
+            },
+            {
+                "name": "INPUT1",
+                "shape": list(b.shape),
+                "datatype": "INT32",
+                "data": b.ravel().tolist(),
+            },
+        ]
+    }
 
 
 def _grpc_simple(a: np.ndarray, b: np.ndarray) -> list:
     import tritonclient.grpc as grpcclient
 
-    inputs = [grpcclient.InferInput("INPUT0", list(a.shape), "INT32"),
-              grpcclient.InferInput("INPUT1", list(b.shape), "INT32")]
+    inputs = [
+        grpcclient.InferInput("INPUT0", list(a.shape), "INT32"),
+        grpcclient.InferInput("INPUT1", list(b.shape), "INT32"),
+    ]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     return inputs
@@ -131,16 +146,25 @@ FAILURES = [
     ("unknown model", "no_such_model", "", A, B, errors.NotFound, "no_such_model"),
     ("unknown version", "simple", "5", A, B, errors.NotFound, "version 5"),
     ("wrong shape", "simple", "", A[:, :8], B[:, :8], errors.InvalidArgument, "unexpected shape"),
-    ("batch too large", "simple", "", np.tile(A, (9, 1)), np.tile(B, (9, 1)),
-     errors.InvalidArgument, "batch-size must be <= 8"),
+    (
+        "batch too large",
+        "simple",
+        "",
+        np.tile(A, (9, 1)),
+        np.tile(B, (9, 1)),
+        errors.InvalidArgument,
+        "batch-size must be <= 8",
+    ),
 ]
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("case, model, version, a, b, expected, fragment", FAILURES,
-                         ids=[f[0] for f in FAILURES])
-def test_same_failure_same_answer(example_server, case, model, version, a, b, expected,
-                                  fragment) -> None:
+@pytest.mark.parametrize(
+    "case, model, version, a, b, expected, fragment", FAILURES, ids=[f[0] for f in FAILURES]
+)
+def test_same_failure_same_answer(
+    example_server, case, model, version, a, b, expected, fragment
+) -> None:
     http = _http_failure(example_server, model, version, _http_simple(a, b))
     grpc_answer = _grpc_failure(example_server, model, version, _grpc_simple(a, b))
     _assert_same(http, grpc_answer, expected)
@@ -159,20 +183,23 @@ def test_queue_full_reads_the_same(queued_repository: Path, tmp_path: Path) -> N
     """One request fills the queue (it waits 1.5 s for a batch); the next is refused at once,
     with the same status and text over both protocols."""
     import tritonclient.grpc as grpcclient
-
     from serverproc import running_server
 
     data = np.zeros((1, 256), np.float32)
     tensor = grpcclient.InferInput("INPUT", [1, 256], "FP32")
     tensor.set_data_from_numpy(data)
-    body = {"inputs": [{"name": "INPUT", "shape": [1, 256], "datatype": "FP32",
-                        "data": data.ravel().tolist()}]}
+    body = {
+        "inputs": [
+            {"name": "INPUT", "shape": [1, 256], "datatype": "FP32", "data": data.ravel().tolist()}
+        ]
+    }
     with running_server([queued_repository], log_dir=tmp_path) as server:
         first: dict = {}
 
         def hold_the_queue() -> None:
-            first["reply"] = httpx.post(server.base + "/v2/models/queued/infer", json=body,
-                                        timeout=30)
+            first["reply"] = httpx.post(
+                server.base + "/v2/models/queued/infer", json=body, timeout=30
+            )
 
         holder = threading.Thread(target=hold_the_queue)
         holder.start()

@@ -34,7 +34,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return br.build_repository(tmp_path_factory.mktemp("models"))
 
 
-def _session(repo: Path, name: str) -> "ort.InferenceSession":
+def _session(repo: Path, name: str) -> ort.InferenceSession:
     return ort.InferenceSession(
         str(repo / name / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
     )
@@ -51,8 +51,9 @@ def test_layout(repo: Path) -> None:
     from examples.pipeline import PIPELINE_BUILDERS
     from examples.streaming import STREAMING_MODELS
 
-    assert sorted(p.name for p in repo.iterdir()) == sorted([*MODELS, *PIPELINE_BUILDERS,
-                                                             *STREAMING_MODELS])
+    assert sorted(p.name for p in repo.iterdir()) == sorted(
+        [*MODELS, *PIPELINE_BUILDERS, *STREAMING_MODELS]
+    )
     assert (repo / "preprocess" / "1" / "model.py").is_file()
     assert (repo / "pipeline" / "config.pbtxt").is_file()
     for name in MODELS:
@@ -161,8 +162,18 @@ def test_conv_compute(repo: Path) -> None:
 
     model = onnx.load(str(repo / "conv_compute" / "1" / "model.onnx"))
     assert [n.op_type for n in model.graph.node] == [
-        "Conv", "Relu", "Conv", "Relu", "Conv", "Relu", "Conv", "Relu",
-        "GlobalAveragePool", "Flatten", "Gemm", "Softmax",
+        "Conv",
+        "Relu",
+        "Conv",
+        "Relu",
+        "Conv",
+        "Relu",
+        "Conv",
+        "Relu",
+        "GlobalAveragePool",
+        "Flatten",
+        "Gemm",
+        "Softmax",
     ]
 
     sess = _session(repo, "conv_compute")
@@ -180,7 +191,7 @@ def test_conv_compute(repo: Path) -> None:
     (again,) = sess.run(None, {"INPUT": images})
     np.testing.assert_array_equal(probs, again)
     for i in (0, 4):
-        (single,) = sess.run(None, {"INPUT": images[i:i + 1]})
+        (single,) = sess.run(None, {"INPUT": images[i : i + 1]})
         np.testing.assert_allclose(single[0], probs[i], rtol=1e-5, atol=1e-6)
     (batch64,) = sess.run(None, {"INPUT": np.concatenate([images] * 13)[:64]})
     assert batch64.shape == (64, 10)
@@ -191,8 +202,9 @@ def test_conv_compute(repo: Path) -> None:
     assert not np.allclose(colour_probs[0], colour_probs[1], atol=1e-3)
     assert not np.allclose(colour_probs[1], colour_probs[2], atol=1e-3)
     # The same weights as a fresh build: fixed seeds, not a random model per build.
-    rebuilt = ort.InferenceSession(br.make_conv_compute_model().SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    rebuilt = ort.InferenceSession(
+        br.make_conv_compute_model().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     np.testing.assert_array_equal(rebuilt.run(None, {"INPUT": colours})[0], colour_probs)
 
 
@@ -207,9 +219,20 @@ def test_mlp_compute_is_a_bench_model_with_server_default_ort_options(tmp_path: 
 
     model = onnx.load(str(model_dir / "1" / "model.onnx"))
     assert [n.op_type for n in model.graph.node] == [
-        "MatMul", "Relu", "MatMul", "Relu", "MatMul", "Relu", "MatMul"]
+        "MatMul",
+        "Relu",
+        "MatMul",
+        "Relu",
+        "MatMul",
+        "Relu",
+        "MatMul",
+    ]
     assert [tuple(t.dims) for t in model.graph.initializer] == [
-        (256, 2048), (2048, 2048), (2048, 2048), (2048, 16)]
+        (256, 2048),
+        (2048, 2048),
+        (2048, 2048),
+        (2048, 16),
+    ]
 
     sess = _session(tmp_path, "mlp_compute")
     (inp,), (out,) = sess.get_inputs(), sess.get_outputs()
@@ -227,8 +250,7 @@ def test_mlp_compute_is_a_bench_model_with_server_default_ort_options(tmp_path: 
     assert (cfg.name, cfg.platform, cfg.max_batch_size) == ("mlp_compute", "onnxruntime_onnx", 64)
     assert list(cfg.dynamic_batching.preferred_batch_size) == [16, 32, 64]
     assert cfg.dynamic_batching.max_queue_delay_microseconds == 2000
-    assert [(g.count, g.kind) for g in cfg.instance_group] == [
-        (1, pb.ModelInstanceGroup.KIND_CPU)]
+    assert [(g.count, g.kind) for g in cfg.instance_group] == [(1, pb.ModelInstanceGroup.KIND_CPU)]
     assert dict(cfg.parameters) == {}  # the server's ONNX Runtime defaults apply
 
 

@@ -1,16 +1,19 @@
 """server/http/body.py: the one owner of --http-max-input-size for both HTTP body readers."""
+
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from protocol.errors import InvalidArgument, TooLarge
 from server.http.body import BodyBuffer, BodyLimit
 
-TOO_LARGE = ("request body size exceeds the maximum allowed input size of 10 bytes. "
-             "Use --http-max-input-size to increase the limit.")
+TOO_LARGE = (
+    "request body size exceeds the maximum allowed input size of 10 bytes. "
+    "Use --http-max-input-size to increase the limit."
+)
 
 
 async def _chunks(parts: list[bytes], seen: list[bytes]) -> AsyncIterator[bytes]:
@@ -19,8 +22,9 @@ async def _chunks(parts: list[bytes], seen: list[bytes]) -> AsyncIterator[bytes]
         yield part
 
 
-def _collect(limit: BodyLimit, parts: list[bytes], headers: dict[str, str] | None = None
-             ) -> tuple[bytes, list[bytes]]:
+def _collect(
+    limit: BodyLimit, parts: list[bytes], headers: dict[str, str] | None = None
+) -> tuple[bytes, list[bytes]]:
     seen: list[bytes] = []
     body = asyncio.run(limit.collect(_chunks(parts, seen), headers or {}))
     return body, seen

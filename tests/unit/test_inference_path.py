@@ -1,4 +1,5 @@
 """server/core/inference_path.py: the one in-process infer (resolve, validate on submit, select outputs)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakescheduler import InstantScheduler
 from google.protobuf import text_format
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
@@ -15,8 +17,6 @@ from repository.registry import ModelRegistry, ModelState, VersionRecord
 from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
 from server.core.inference_path import InferencePath
-
-from fakescheduler import InstantScheduler
 
 CONFIG = """
 name: "m" max_batch_size: 4
@@ -37,8 +37,14 @@ class EchoScheduler(InstantScheduler):
     def _admit(self, request: InferRequest) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         x = request.inputs[0]
-        response = InferResponse("m", "1", outputs=[Tensor("SCORES", "FP32", x.shape, x.data),
-                                                    Tensor("COPY", "FP32", x.shape, x.data)])
+        response = InferResponse(
+            "m",
+            "1",
+            outputs=[
+                Tensor("SCORES", "FP32", x.shape, x.data),
+                Tensor("COPY", "FP32", x.shape, x.data),
+            ],
+        )
         if self.hold:
             self.held.append(future)
             future.response = response  # type: ignore[attr-defined]
@@ -51,23 +57,25 @@ class EchoScheduler(InstantScheduler):
 def path() -> InferencePath:
     registry = ModelRegistry()
     config = text_format.Parse(CONFIG, ModelConfig())
-    spec = VersionSpec("m", 1, config, Path("/nonexistent"), Path("/nonexistent/1"),
-                       None)  # type: ignore[arg-type]
+    spec = VersionSpec("m", 1, config, Path("/nonexistent"), Path("/nonexistent/1"), None)  # type: ignore[arg-type]
     scheduler = EchoScheduler(spec, VersionStatistics("m", "1"))
     registry.record("m").versions[1] = VersionRecord(
-        1, ModelState.READY, "", spec, scheduler, labels={"SCORES": ["cat", "dog", "emu"]})
+        1, ModelState.READY, "", spec, scheduler, labels={"SCORES": ["cat", "dog", "emu"]}
+    )
     return InferencePath(registry)
 
 
 def request(*outputs: RequestedOutput, shape: tuple[int, ...] = (1, 3)) -> InferRequest:
     data = np.resize(np.array([0.1, 0.7, 0.2], np.float32), shape)
-    return InferRequest("m", inputs=[Tensor("X", "FP32", shape, data)],
-                        outputs=list(outputs) or None)
+    return InferRequest(
+        "m", inputs=[Tensor("X", "FP32", shape, data)], outputs=list(outputs) or None
+    )
 
 
 async def test_outputs_come_back_as_asked_with_labels_read_at_load(path: InferencePath) -> None:
-    response = await path.infer(request(RequestedOutput("COPY"),
-                                        RequestedOutput("SCORES", classification=2)))
+    response = await path.infer(
+        request(RequestedOutput("COPY"), RequestedOutput("SCORES", classification=2))
+    )
     assert [t.name for t in response.outputs] == ["COPY", "SCORES"]
     assert response.outputs[1].data.tolist() == [[b"0.700000:1:dog", b"0.200000:2:emu"]]
 

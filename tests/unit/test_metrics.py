@@ -1,4 +1,5 @@
 """Metric names, labels and the text rendering that keeps Triton's bare counter names."""
+
 from __future__ import annotations
 
 import re
@@ -55,7 +56,9 @@ def test_rejections_are_counted_by_reason() -> None:
     text = metrics.render().decode()
     assert "# TYPE ascend_inference_rejected_total counter" in text
     for reason in ("queue_full", "queue_timeout"):
-        assert f'ascend_inference_rejected_total{{model="m",reason="{reason}",version="1"}} 0' in text
+        assert (
+            f'ascend_inference_rejected_total{{model="m",reason="{reason}",version="1"}} 0' in text
+        )
     version.request_rejected("queue_full")
     version.request_rejected("queue_full")
     version.request_rejected("queue_timeout")

@@ -1,5 +1,6 @@
 """server/observability/otel.py with an in-memory span exporter: the spans of a sampled request, their
 times, the batch size, and the client's traceparent as their parent."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,13 +8,12 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
-    InMemorySpanExporter)
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from protocol.types import InferRequest, InferResponse, Tensor  # noqa: E402
-from server.observability.otel import OtelTracer, build_provider  # noqa: E402
-from server.observability.runtime_settings import TraceSettings  # noqa: E402
+from protocol.types import InferRequest, InferResponse, Tensor
+from server.observability.otel import OtelTracer, build_provider
+from server.observability.runtime_settings import TraceSettings
 
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
@@ -21,16 +21,25 @@ PARENT_SPAN = "00f067aa0ba902b7"
 
 def _tracer(**settings: list[str]) -> tuple[OtelTracer, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    provider = build_provider({"resource": {"deployment": "test"}},
-                              SimpleSpanProcessor(exporter))
-    trace_settings = TraceSettings({"trace_mode": ["opentelemetry"], "trace_rate": ["1"],
-                                    "trace_level": ["TIMESTAMPS"], **settings})
+    provider = build_provider({"resource": {"deployment": "test"}}, SimpleSpanProcessor(exporter))
+    trace_settings = TraceSettings(
+        {
+            "trace_mode": ["opentelemetry"],
+            "trace_rate": ["1"],
+            "trace_level": ["TIMESTAMPS"],
+            **settings,
+        }
+    )
     return OtelTracer(trace_settings, provider), exporter
 
 
 def _request(traceparent: str = "") -> InferRequest:
-    return InferRequest("simple", id="r1", traceparent=traceparent, inputs=[
-        Tensor("INPUT0", "INT32", (1,), np.zeros(1, np.int32))])
+    return InferRequest(
+        "simple",
+        id="r1",
+        traceparent=traceparent,
+        inputs=[Tensor("INPUT0", "INT32", (1,), np.zeros(1, np.int32))],
+    )
 
 
 def test_spans_of_a_sampled_request_under_the_clients_traceparent() -> None:
@@ -78,7 +87,8 @@ def test_an_ensembles_steps_are_children_of_its_span() -> None:
     step.end(InferResponse("preprocess", "1"))
     tracer.finish(trace, InferResponse("simple", "1"), "1")
     spans = exporter.get_finished_spans()
-    roots = {span.attributes["triton.model_name"]: span for span in spans
-             if span.name == "InferRequest"}
+    roots = {
+        span.attributes["triton.model_name"]: span for span in spans if span.name == "InferRequest"
+    }
     assert roots["preprocess"].parent.span_id == roots["simple"].context.span_id
     assert format(roots["preprocess"].context.trace_id, "032x") == PARENT_TRACE

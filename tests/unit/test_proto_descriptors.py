@@ -35,7 +35,7 @@ def _describe_files(module_names):
     from google.protobuf.descriptor import FieldDescriptor
 
     type_names = {
-        getattr(FieldDescriptor, attr): attr[len("TYPE_"):].lower()
+        getattr(FieldDescriptor, attr): attr[len("TYPE_") :].lower()
         for attr in dir(FieldDescriptor)
         if attr.startswith("TYPE_")
     }

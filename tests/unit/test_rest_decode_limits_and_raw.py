@@ -1,29 +1,29 @@
 """REST request decoding at the edges (protocol/rest/decode.py, rest_inputs.py): size and JSON
 depth limits, zero-copy binary inputs, Inference-Header-Content-Length parsing and raw requests."""
+
 from __future__ import annotations
 
 import struct
 import time
 import tracemalloc
-from typing import Optional
 
 import numpy as np
 import orjson
 import pytest
+from rest_cases import MODEL, _bytes_blob, _decode, _fp32, _input, _json
 
 from protocol.errors import InvalidArgument, TooLarge
 from protocol.rest.decode import (
     check_header_length,
     check_json_depth,
     check_raw_input_count,
-    raw_input_count_message,
     decode_raw_request,
     parse_header_length,
+    raw_input_count_message,
 )
-from rest_cases import MODEL, _bytes_blob, _decode, _fp32, _input, _json
-
 
 # --------------------------------------------------------------------------- limits
+
 
 def test_dtype_expansion_beyond_the_limit_is_refused_before_decoding() -> None:
     body = _json(_input("x", "FP64", [1000], [0] * 1000))  # ~2 KB of JSON, 8 KB as FP64
@@ -77,9 +77,11 @@ def test_unterminated_strings_do_not_make_the_scan_quadratic() -> None:
 
 # --------------------------------------------------------------------------- body buffers
 
+
 def test_binary_inputs_are_zero_copy_views_of_the_body() -> None:
-    header = _json(_input("a", "FP32", [2], binary_data_size=8),
-                   _input("b", "INT64", [1], binary_data_size=8))
+    header = _json(
+        _input("a", "FP32", [2], binary_data_size=8), _input("b", "INT64", [1], binary_data_size=8)
+    )
     body = header + _fp32(1, 2) + struct.pack("<q", -3)
     request = _decode(body, len(header))
     body_array = np.frombuffer(body, dtype=np.uint8)
@@ -101,9 +103,12 @@ def test_memoryview_and_bytearray_bodies() -> None:
 
 # --------------------------------------------------------------------------- header parsing
 
-@pytest.mark.parametrize("value,expected", [(None, None), ("0", 0), (" 12 ", 12), ("-1", -1),
-                                            ("99999999999", 99999999999)])
-def test_parse_header_length(value: Optional[str], expected: Optional[int]) -> None:
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [(None, None), ("0", 0), (" 12 ", 12), ("-1", -1), ("99999999999", 99999999999)],
+)
+def test_parse_header_length(value: str | None, expected: int | None) -> None:
     assert parse_header_length(value) == expected
 
 
@@ -122,6 +127,7 @@ def test_check_header_length_bounds() -> None:
 
 
 # --------------------------------------------------------------------------- raw requests
+
 
 def test_raw_fixed_shape() -> None:
     body = _fp32(1, 2, 3, 4)
@@ -147,16 +153,33 @@ def test_raw_bytes_input_is_one_element() -> None:
     assert tensor.data[0, 0] == body
 
 
-@pytest.mark.parametrize("datatype,dims,body,fragment", [
-    ("FP32", [-1, -1], _fp32(1), "The shape of the raw input 'INPUT0' can not be deduced because "
-                                 "there are more than one variable-sized dimension"),
-    ("BYTES", [2], b"ab", "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
-    ("TYPE_STRING", [-1], b"ab", "the model must have input shape [1]"),
-    ("FP32", [4], _fp32(1, 2, 3), "input byte size mismatch for input 'INPUT0' for model 'm'. "
-                                  "Expected 16, got 12"),
-    ("FP32", [-1], b"\0" * 6, "Expected 4, got 6"),
-    ("TYPE_NOPE", [1], b"", "invalid datatype"),
-])
+@pytest.mark.parametrize(
+    "datatype,dims,body,fragment",
+    [
+        (
+            "FP32",
+            [-1, -1],
+            _fp32(1),
+            "The shape of the raw input 'INPUT0' can not be deduced because "
+            "there are more than one variable-sized dimension",
+        ),
+        (
+            "BYTES",
+            [2],
+            b"ab",
+            "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]",
+        ),
+        ("TYPE_STRING", [-1], b"ab", "the model must have input shape [1]"),
+        (
+            "FP32",
+            [4],
+            _fp32(1, 2, 3),
+            "input byte size mismatch for input 'INPUT0' for model 'm'. Expected 16, got 12",
+        ),
+        ("FP32", [-1], b"\0" * 6, "Expected 4, got 6"),
+        ("TYPE_NOPE", [1], b"", "invalid datatype"),
+    ],
+)
 def test_raw_errors(datatype: str, dims: list, body: bytes, fragment: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         decode_raw_request(body, MODEL, "1", "INPUT0", datatype, dims, 0)
@@ -167,6 +190,8 @@ def test_raw_input_count_helper() -> None:
     check_raw_input_count("simple", 1)
     with pytest.raises(InvalidArgument) as caught:
         check_raw_input_count("simple", 2)
-    assert caught.value.message == ("Raw request must only have 1 input (found 1) to be deduced but "
-                                    "got 2 inputs in 'simple' model configuration")
+    assert caught.value.message == (
+        "Raw request must only have 1 input (found 1) to be deduced but "
+        "got 2 inputs in 'simple' model configuration"
+    )
     assert raw_input_count_message("simple", 2) == caught.value.message

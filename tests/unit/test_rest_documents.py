@@ -1,6 +1,7 @@
 """The REST codec's documents besides infer (protocol/rest/encode.py, rest_decode.py): model
 metadata, statistics and the repository index as exact JSON bytes, and the repository
 index / load / unload request bodies with their error texts."""
+
 from __future__ import annotations
 
 import base64
@@ -10,57 +11,111 @@ import orjson
 import pytest
 
 from protocol.errors import InvalidArgument
-from protocol.rest.decode import (decode_index_ready, decode_load_parameters,
-                                  decode_unload_dependents)
-from protocol.rest.encode import (encode_model_metadata, encode_repository_index,
-                                  encode_statistics, encode_statistics_response)
-from protocol.types import (BatchStatisticsSnapshot, DurationSnapshot, IndexEntry, ModelMetadata,
-                            StatisticsSnapshot, TensorMetadata)
+from protocol.rest.decode import (
+    decode_index_ready,
+    decode_load_parameters,
+    decode_unload_dependents,
+)
+from protocol.rest.encode import (
+    encode_model_metadata,
+    encode_repository_index,
+    encode_statistics,
+    encode_statistics_response,
+)
+from protocol.types import (
+    BatchStatisticsSnapshot,
+    DurationSnapshot,
+    IndexEntry,
+    ModelMetadata,
+    StatisticsSnapshot,
+    TensorMetadata,
+)
 from scheduler.stats import VersionStatistics
-
 
 # --------------------------------------------------------------------------- metadata, index
 
+
 def test_model_metadata_bytes() -> None:
-    meta = ModelMetadata("m", ["1", "2"], "onnxruntime_onnx",
-                         [TensorMetadata("I", "FP32", [-1, 3])], [TensorMetadata("O", "BYTES", [])])
+    meta = ModelMetadata(
+        "m",
+        ["1", "2"],
+        "onnxruntime_onnx",
+        [TensorMetadata("I", "FP32", [-1, 3])],
+        [TensorMetadata("O", "BYTES", [])],
+    )
     assert orjson.dumps(encode_model_metadata(meta)) == (
         b'{"name":"m","versions":["1","2"],"platform":"onnxruntime_onnx",'
         b'"inputs":[{"name":"I","datatype":"FP32","shape":[-1,3]}],'
-        b'"outputs":[{"name":"O","datatype":"BYTES","shape":[]}]}')
+        b'"outputs":[{"name":"O","datatype":"BYTES","shape":[]}]}'
+    )
 
 
 def test_repository_index_leaves_out_what_is_unset() -> None:
-    entries = [IndexEntry("a"), IndexEntry("b", "1", "READY"),
-               IndexEntry("c", "2", "UNAVAILABLE", "unloaded"), IndexEntry("d", "", "LOADING")]
+    entries = [
+        IndexEntry("a"),
+        IndexEntry("b", "1", "READY"),
+        IndexEntry("c", "2", "UNAVAILABLE", "unloaded"),
+        IndexEntry("d", "", "LOADING"),
+    ]
     assert orjson.dumps(encode_repository_index(entries)) == (
         b'[{"name":"a"},{"name":"b","version":"1","state":"READY"},'
         b'{"name":"c","version":"2","state":"UNAVAILABLE","reason":"unloaded"},'
-        b'{"name":"d","state":"LOADING"}]')
+        b'{"name":"d","state":"LOADING"}]'
+    )
     assert encode_repository_index([]) == []
 
 
 # --------------------------------------------------------------------------- statistics
 
+
 def test_statistics_bytes_from_a_snapshot() -> None:
     one = DurationSnapshot(1, 5)
     snapshot = StatisticsSnapshot(
-        "m", "3", last_inference_ms=7, inference_count=5, execution_count=2, success=one,
-        fail=DurationSnapshot(2, 9), queue=one, compute_input=one, compute_infer=one,
+        "m",
+        "3",
+        last_inference_ms=7,
+        inference_count=5,
+        execution_count=2,
+        success=one,
+        fail=DurationSnapshot(2, 9),
+        queue=one,
+        compute_input=one,
+        compute_infer=one,
         compute_output=one,
-        batch_stats=(BatchStatisticsSnapshot(1, one, one, one),
-                     BatchStatisticsSnapshot(4, DurationSnapshot(1, 2), one, one)),
-        pending=3)
+        batch_stats=(
+            BatchStatisticsSnapshot(1, one, one, one),
+            BatchStatisticsSnapshot(4, DurationSnapshot(1, 2), one, one),
+        ),
+        pending=3,
+    )
     d = b'{"count":1,"ns":5}'
     zero = b'{"count":0,"ns":0}'
     assert orjson.dumps(encode_statistics(snapshot)) == (
         b'{"name":"m","version":"3","last_inference":7,"inference_count":5,"execution_count":2,'
-        b'"inference_stats":{"success":' + d + b',"fail":{"count":2,"ns":9},"queue":' + d +
-        b',"compute_input":' + d + b',"compute_infer":' + d + b',"compute_output":' + d +
-        b',"cache_hit":' + zero + b',"cache_miss":' + zero + b'},"response_stats":{},'
-        b'"batch_stats":[{"batch_size":1,"compute_input":' + d + b',"compute_infer":' + d +
-        b',"compute_output":' + d + b'},{"batch_size":4,"compute_input":{"count":1,"ns":2},'
-        b'"compute_infer":' + d + b',"compute_output":' + d + b'}],"memory_usage":[]}')
+        b'"inference_stats":{"success":'
+        + d
+        + b',"fail":{"count":2,"ns":9},"queue":'
+        + d
+        + b',"compute_input":'
+        + d
+        + b',"compute_infer":'
+        + d
+        + b',"compute_output":'
+        + d
+        + b',"cache_hit":'
+        + zero
+        + b',"cache_miss":'
+        + zero
+        + b'},"response_stats":{},'
+        b'"batch_stats":[{"batch_size":1,"compute_input":'
+        + d
+        + b',"compute_infer":'
+        + d
+        + b',"compute_output":'
+        + d
+        + b'},{"batch_size":4,"compute_input":{"count":1,"ns":2},'
+        b'"compute_infer":' + d + b',"compute_output":' + d + b'}],"memory_usage":[]}'
+    )
 
 
 def test_statistics_response_from_live_counters() -> None:
@@ -91,16 +146,22 @@ def test_snapshot_is_a_copy_and_reset_keeps_identity_and_pending() -> None:
 
 # --------------------------------------------------------------------------- repository requests
 
-@pytest.mark.parametrize("payload, ready", [(None, False), ({}, False), ({"ready": True}, True),
-                                            ({"ready": False, "other": 1}, False)])
+
+@pytest.mark.parametrize(
+    "payload, ready",
+    [(None, False), ({}, False), ({"ready": True}, True), ({"ready": False, "other": 1}, False)],
+)
 def test_index_ready(payload: Any, ready: bool) -> None:
     assert decode_index_ready(payload) is ready
 
 
-@pytest.mark.parametrize("payload, message", [
-    ([], "the repository index request must be a JSON object"),
-    ({"ready": 1}, "Invalid value for 'ready': expected a boolean"),
-])
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ([], "the repository index request must be a JSON object"),
+        ({"ready": 1}, "Invalid value for 'ready': expected a boolean"),
+    ],
+)
 def test_index_errors(payload: Any, message: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         decode_index_ready(payload)
@@ -108,22 +169,36 @@ def test_index_errors(payload: Any, message: str) -> None:
 
 
 def test_load_parameters() -> None:
-    payload = {"parameters": {"config": '{"backend":"onnxruntime"}',
-                              "file:1/model.onnx": base64.b64encode(b"\x00\x01").decode(),
-                              "other": "ignored"}}
-    assert decode_load_parameters("m", payload) == ('{"backend":"onnxruntime"}',
-                                                     {"1/model.onnx": b"\x00\x01"})
+    payload = {
+        "parameters": {
+            "config": '{"backend":"onnxruntime"}',
+            "file:1/model.onnx": base64.b64encode(b"\x00\x01").decode(),
+            "other": "ignored",
+        }
+    }
+    assert decode_load_parameters("m", payload) == (
+        '{"backend":"onnxruntime"}',
+        {"1/model.onnx": b"\x00\x01"},
+    )
     for empty in (None, {}, [], {"parameters": {}}):  # an empty body is a plain load
         assert decode_load_parameters("m", empty) == (None, {})
 
 
-@pytest.mark.parametrize("payload, message", [
-    ("x", "the request body must be a JSON object"),
-    ({"parameters": []}, "'parameters' must be a JSON object"),
-    ({"parameters": {"config": {}}}, "load failed for model 'm': parameter 'config' must be a string"),
-    ({"parameters": {"file:a": "not base64!"}},
-     "load failed for model 'm': file content for 'file:a' is not valid base64"),
-])
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ("x", "the request body must be a JSON object"),
+        ({"parameters": []}, "'parameters' must be a JSON object"),
+        (
+            {"parameters": {"config": {}}},
+            "load failed for model 'm': parameter 'config' must be a string",
+        ),
+        (
+            {"parameters": {"file:a": "not base64!"}},
+            "load failed for model 'm': file content for 'file:a' is not valid base64",
+        ),
+    ],
+)
 def test_load_errors(payload: Any, message: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         decode_load_parameters("m", payload)

@@ -1,18 +1,16 @@
 """REST response encoding (protocol/rest/encode.py): what the core answers -> the HTTP body, and
 round trips through the decoder and through tritonclient."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import numpy as np
 import orjson
 import pytest
+from rest_cases import MODEL, _blobs, _bytes_blob, _decode, _fp32, _input, _json, _response, _split
 
 from protocol.errors import InternalError
 from protocol.rest.encode import encode_error, encode_infer_response
 from protocol.types import InferResponse, RequestedOutput, Tensor
-from rest_cases import MODEL, _blobs, _bytes_blob, _decode, _fp32, _input, _json, _response, _split
-
 
 # --------------------------------------------------------------------------- responses
 
@@ -22,10 +20,14 @@ _STR = np.array([b"ab", "ç".encode(), b""], dtype=object)
 
 
 def test_json_response_round_trip() -> None:
-    response = _response(Tensor("f", "FP32", (2, 3), _F32), Tensor("i", "INT64", (1, 2), _I64),
-                         Tensor("s", "BYTES", (3,), _STR),
-                         Tensor("b", "BOOL", (2,), np.array([True, False])),
-                         id="r1", parameters={"p": 1})
+    response = _response(
+        Tensor("f", "FP32", (2, 3), _F32),
+        Tensor("i", "INT64", (1, 2), _I64),
+        Tensor("s", "BYTES", (3,), _STR),
+        Tensor("b", "BOOL", (2,), np.array([True, False])),
+        id="r1",
+        parameters={"p": 1},
+    )
     body, header_length = encode_infer_response(response, None, False)
     assert header_length is None
     document = orjson.loads(body)
@@ -33,15 +35,23 @@ def test_json_response_round_trip() -> None:
     assert (document["id"], document["model_name"], document["model_version"]) == ("r1", MODEL, "3")
     assert document["parameters"] == {"p": 1}
     f, i, s, b = document["outputs"]
-    assert f == {"name": "f", "datatype": "FP32", "shape": [2, 3], "data": _F32.reshape(-1).tolist()}
+    assert f == {
+        "name": "f",
+        "datatype": "FP32",
+        "shape": [2, 3],
+        "data": _F32.reshape(-1).tolist(),
+    }
     assert np.array(i["data"], np.int64).reshape(i["shape"]).tolist() == _I64.tolist()
     assert s["data"] == ["ab", "ç", ""]
     assert b["data"] == [True, False]
 
 
 def test_binary_response_round_trip() -> None:
-    response = _response(Tensor("f", "FP32", (2, 3), _F32), Tensor("s", "BYTES", (3,), _STR),
-                         Tensor("e", "INT32", (0,), np.zeros(0, np.int32)))
+    response = _response(
+        Tensor("f", "FP32", (2, 3), _F32),
+        Tensor("s", "BYTES", (3,), _STR),
+        Tensor("e", "INT32", (0,), np.zeros(0, np.int32)),
+    )
     body, header_length = encode_infer_response(response, None, True)
     document, tail = _split(body, header_length)
     assert "id" not in document
@@ -54,27 +64,37 @@ def test_binary_response_round_trip() -> None:
     assert blobs["e"] == b""
 
 
-@pytest.mark.parametrize("binary_default,requested,expected_binary", [
-    (False, None, {"a": False, "b": False}),
-    (True, None, {"a": True, "b": True}),
-    (True, [RequestedOutput("a", binary=False), RequestedOutput("b")], {"a": False, "b": True}),
-    (False, [RequestedOutput("a", binary=True), RequestedOutput("b", binary=None)],
-     {"a": True, "b": False}),
-    (False, [RequestedOutput("b", binary=True)], {"a": False, "b": True}),
-])
-def test_per_output_binary_beats_the_default(binary_default: bool, requested: Optional[list],
-                                             expected_binary: dict) -> None:
+@pytest.mark.parametrize(
+    "binary_default,requested,expected_binary",
+    [
+        (False, None, {"a": False, "b": False}),
+        (True, None, {"a": True, "b": True}),
+        (True, [RequestedOutput("a", binary=False), RequestedOutput("b")], {"a": False, "b": True}),
+        (
+            False,
+            [RequestedOutput("a", binary=True), RequestedOutput("b", binary=None)],
+            {"a": True, "b": False},
+        ),
+        (False, [RequestedOutput("b", binary=True)], {"a": False, "b": True}),
+    ],
+)
+def test_per_output_binary_beats_the_default(
+    binary_default: bool, requested: list | None, expected_binary: dict
+) -> None:
     a, b = np.array([1, 2], np.int32), np.array([3.5], np.float64)
     response = _response(Tensor("a", "INT32", (2,), a), Tensor("b", "FP64", (1,), b))
     body, header_length = encode_infer_response(response, requested, binary_default)
     assert (header_length is not None) == any(expected_binary.values())
     document, tail = _split(body, header_length)
     blobs = _blobs(document, tail)
-    for output, array in zip(document["outputs"], (a, b)):
+    for output, array in zip(document["outputs"], (a, b), strict=False):
         binary = expected_binary[output["name"]]
         assert ("data" not in output) == binary
-        values = (np.frombuffer(blobs[output["name"]], array.dtype) if binary
-                  else np.array(output["data"], array.dtype))
+        values = (
+            np.frombuffer(blobs[output["name"]], array.dtype)
+            if binary
+            else np.array(output["data"], array.dtype)
+        )
         assert values.tolist() == array.tolist()
 
 
@@ -101,9 +121,11 @@ def test_json_output_conversions() -> None:
 
 def test_binary_output_normalises_dtype_and_layout() -> None:
     strided = np.arange(8, dtype=np.int32)[::2]
-    response = _response(Tensor("s", "INT32", (4,), strided),
-                         Tensor("d", "FP32", (2,), np.array([1.5, 2.5], np.float64)),
-                         Tensor("bf", "BF16", (1,), np.array([1.0], np.float32)))
+    response = _response(
+        Tensor("s", "INT32", (4,), strided),
+        Tensor("d", "FP32", (2,), np.array([1.5, 2.5], np.float64)),
+        Tensor("bf", "BF16", (1,), np.array([1.0], np.float32)),
+    )
     body, header_length = encode_infer_response(response, None, True)
     blobs = _blobs(*_split(body, header_length))
     assert np.frombuffer(blobs["s"], np.int32).tolist() == [0, 2, 4, 6]
@@ -126,22 +148,29 @@ def test_unknown_output_datatype_is_internal() -> None:
 
 
 def test_decoded_request_round_trips_through_the_encoder() -> None:
-    header = _json(_input("x", "FP32", [2, 2], binary_data_size=16), _input("s", "BYTES", [1], ["q"]),
-                   outputs=[{"name": "x", "parameters": {"binary_data": True}}, {"name": "s"}])
+    header = _json(
+        _input("x", "FP32", [2, 2], binary_data_size=16),
+        _input("s", "BYTES", [1], ["q"]),
+        outputs=[{"name": "x", "parameters": {"binary_data": True}}, {"name": "s"}],
+    )
     request = _decode(header + _fp32(1, 2, 3, 4), len(header))
     response = _response(*request.inputs)
-    body, header_length = encode_infer_response(response, request.outputs,
-                                                request.parameters.get("binary_data_output", False))
+    body, header_length = encode_infer_response(
+        response, request.outputs, request.parameters.get("binary_data_output", False)
+    )
     document, tail = _split(body, header_length)
     assert np.frombuffer(_blobs(document, tail)["x"], np.float32).tolist() == [1, 2, 3, 4]
     assert document["outputs"][1]["data"] == ["q"]
 
 
 def test_encode_error() -> None:
-    assert orjson.loads(encode_error("bad 'thing' \"quoted\"")) == {"error": "bad 'thing' \"quoted\""}
+    assert orjson.loads(encode_error("bad 'thing' \"quoted\"")) == {
+        "error": "bad 'thing' \"quoted\""
+    }
 
 
 # --------------------------------------------------------------------------- tritonclient
+
 
 def test_tritonclient_request_and_response_round_trip() -> None:
     """The bodies tritonclient builds decode, and what we encode parses back in tritonclient."""
@@ -163,7 +192,8 @@ def test_tritonclient_request_and_response_round_trip() -> None:
         inputs.append(infer_input)
     outputs = [httpclient.InferRequestedOutput(name, binary_data=name != "text") for name in arrays]
     body, json_size = httpclient.InferenceServerClient.generate_request_body(
-        inputs, outputs, request_id="r9", parameters={"custom": 3})
+        inputs, outputs, request_id="r9", parameters={"custom": 3}
+    )
 
     request = _decode(body, json_size)
     assert request.id == "r9" and request.parameters["custom"] == 3
@@ -174,7 +204,8 @@ def test_tritonclient_request_and_response_round_trip() -> None:
     payload, header_length = encode_infer_response(response, request.outputs, False)
     for encoding in (None, "gzip", "deflate"):
         result = httpclient.InferenceServerClient.parse_response_body(
-            compress(payload, encoding), header_length=header_length, content_encoding=encoding)
+            compress(payload, encoding), header_length=header_length, content_encoding=encoding
+        )
         assert result.get_response()["id"] == "r9"
         for name, array in arrays.items():
             got = result.as_numpy(name)
@@ -193,6 +224,9 @@ def test_tritonclient_default_outputs_are_binary() -> None:
     assert request.outputs is None
     assert request.parameters.get("binary_data_output") is True
     payload, header_length = encode_infer_response(
-        InferResponse(MODEL, "1", outputs=request.inputs), request.outputs, True)
-    result = httpclient.InferenceServerClient.parse_response_body(payload, header_length=header_length)
+        InferResponse(MODEL, "1", outputs=request.inputs), request.outputs, True
+    )
+    result = httpclient.InferenceServerClient.parse_response_body(
+        payload, header_length=header_length
+    )
     assert result.as_numpy("x").tolist() == [7, 8]

@@ -1,7 +1,9 @@
 """server/observability/runtime_settings.py: trace and log settings, checked whole and applied to logging."""
+
 from __future__ import annotations
 
 import logging
+
 import pytest
 
 from protocol.errors import InvalidArgument, Unsupported
@@ -17,16 +19,19 @@ def test_trace_defaults_and_per_model_overrides() -> None:
     assert trace.current("m")["trace_rate"] == ["1000"]
 
 
-@pytest.mark.parametrize("changes, error", [
-    ({"nope": ["1"]}, InvalidArgument),
-    ({"log_file": None}, InvalidArgument),  # an unknown key with an empty value (was KeyError)
-    ({"trace_level": ["LOUD"]}, InvalidArgument),
-    ({"trace_file": ["/tmp/x"]}, Unsupported),
-    ({"trace_level": ["TIMESTAMPS"], "trace_file": ["/tmp/x"]}, Unsupported),  # all or nothing
-    ({"trace_rate": ["-1"]}, InvalidArgument),
-    ({"trace_count": ["1", "2"]}, InvalidArgument),
-    ({"trace_rate": ["0"]}, InvalidArgument),
-])
+@pytest.mark.parametrize(
+    "changes, error",
+    [
+        ({"nope": ["1"]}, InvalidArgument),
+        ({"log_file": None}, InvalidArgument),  # an unknown key with an empty value (was KeyError)
+        ({"trace_level": ["LOUD"]}, InvalidArgument),
+        ({"trace_file": ["/tmp/x"]}, Unsupported),
+        ({"trace_level": ["TIMESTAMPS"], "trace_file": ["/tmp/x"]}, Unsupported),  # all or nothing
+        ({"trace_rate": ["-1"]}, InvalidArgument),
+        ({"trace_count": ["1", "2"]}, InvalidArgument),
+        ({"trace_rate": ["0"]}, InvalidArgument),
+    ],
+)
 def test_trace_refusals(changes: dict, error: type) -> None:
     trace = TraceSettings()
     with pytest.raises(error):

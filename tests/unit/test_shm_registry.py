@@ -1,11 +1,12 @@
 """server/core/client_shm.py: regions mapped once, tensors as views, bounds checked before any
 access, and an unregister that never unmaps under a request."""
+
 from __future__ import annotations
 
 import os
 import re
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -26,12 +27,25 @@ def key() -> Iterator[str]:
 
 
 def _request(region: str, offset: int = 0, size: int = 16) -> InferRequest:
-    tensor = Tensor("x", "INT32", (4,), placeholder(np.int32),
-                    {"shared_memory_region": region, "shared_memory_offset": offset,
-                     "shared_memory_byte_size": size})
-    out = RequestedOutput("y", parameters={"shared_memory_region": region,
-                                           "shared_memory_offset": 128,
-                                           "shared_memory_byte_size": 16})
+    tensor = Tensor(
+        "x",
+        "INT32",
+        (4,),
+        placeholder(np.int32),
+        {
+            "shared_memory_region": region,
+            "shared_memory_offset": offset,
+            "shared_memory_byte_size": size,
+        },
+    )
+    out = RequestedOutput(
+        "y",
+        parameters={
+            "shared_memory_region": region,
+            "shared_memory_offset": 128,
+            "shared_memory_byte_size": 16,
+        },
+    )
     return InferRequest("m", inputs=[tensor], outputs=[out])
 
 
@@ -43,8 +57,11 @@ def test_inputs_are_views_and_outputs_are_written(key: str) -> None:
     data = request.inputs[0].data
     assert list(data) == [4, 5, 6, 7] and not data.flags.owndata  # a view, not a copy
     assert request.inputs[0].parameters == {}
-    response = binding.finish(InferResponse("m", "1", outputs=[
-        Tensor("y", "INT32", (4,), np.array([9, 9, 9, 9], np.int32))]))
+    response = binding.finish(
+        InferResponse(
+            "m", "1", outputs=[Tensor("y", "INT32", (4,), np.array([9, 9, 9, 9], np.int32))]
+        )
+    )
     assert response.outputs[0].data.size == 0
     with open(os.path.join(SHM_DIR, key[1:]), "rb") as handle:
         assert list(np.frombuffer(handle.read(), np.int32)[32:36]) == [9, 9, 9, 9]
@@ -65,8 +82,9 @@ def test_unregister_waits_for_the_requests_using_a_region(key: str) -> None:
     registry.unregister()
     assert [r["name"] for r in registry.status()] == ["r"]
     later = registry.bind(second)  # still usable, as Triton allows
-    binding.finish(InferResponse("m", "1", outputs=[
-        Tensor("y", "INT32", (4,), np.ones(4, np.int32))]))
+    binding.finish(
+        InferResponse("m", "1", outputs=[Tensor("y", "INT32", (4,), np.ones(4, np.int32))])
+    )
     binding.release()
     binding.release()  # idempotent
     assert [r["name"] for r in registry.status()] == ["r"]
@@ -81,20 +99,35 @@ def test_a_failed_bind_holds_nothing(key: str) -> None:
     registry = SharedMemoryRegistry()
     registry.register("r", key, 0, 256)
     with pytest.raises(NotFound):
-        registry.bind(_request("r").__class__("m", inputs=_request("r").inputs,
-                                               outputs=[RequestedOutput("y", parameters={
-                                                   "shared_memory_region": "nope",
-                                                   "shared_memory_byte_size": 4})]))
+        registry.bind(
+            _request("r").__class__(
+                "m",
+                inputs=_request("r").inputs,
+                outputs=[
+                    RequestedOutput(
+                        "y",
+                        parameters={"shared_memory_region": "nope", "shared_memory_byte_size": 4},
+                    )
+                ],
+            )
+        )
     registry.unregister("r")
     assert registry.status() == []
 
 
-@pytest.mark.parametrize("offset, size, text", [
-    (256, 4, "Invalid offset for shared memory region: 'r'"),
-    (250, 16, "Invalid offset + byte size for shared memory region: 'r'"),
-    (32, 2**64 - 32, "Integer overflow detected: byte_size (18446744073709551584) + offset "
-                     "(32) exceeds maximum value (18446744073709551615) for region 'r'"),
-])
+@pytest.mark.parametrize(
+    "offset, size, text",
+    [
+        (256, 4, "Invalid offset for shared memory region: 'r'"),
+        (250, 16, "Invalid offset + byte size for shared memory region: 'r'"),
+        (
+            32,
+            2**64 - 32,
+            "Integer overflow detected: byte_size (18446744073709551584) + offset "
+            "(32) exceeds maximum value (18446744073709551615) for region 'r'",
+        ),
+    ],
+)
 def test_bounds_checked_before_access(key: str, offset: int, size: int, text: str) -> None:
     registry = SharedMemoryRegistry()
     registry.register("r", key, 0, 256)

@@ -1,5 +1,6 @@
 """server/traffic/policy.py: routing by policy, the API's checks, the gate on a fake clock, version
 events (unload, traffic.json) and shadows, over fake schedulers in one registry."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,10 +8,10 @@ import json
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pytest
+from fakescheduler import InstantScheduler
 from google.protobuf import text_format
 
 from protocol.errors import InternalError, InvalidArgument, NotFound
@@ -22,8 +23,6 @@ from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
 from server.core.inference_path import InferencePath
 from server.traffic.policy import TrafficControl, TrafficSettings
-
-from fakescheduler import InstantScheduler
 
 CONFIG = """
 name: "m" max_batch_size: 0
@@ -51,8 +50,13 @@ class VersionScheduler(InstantScheduler):
         elif self.fail:
             future.set_exception(InternalError(f"version {version} failed"))
         else:
-            future.set_result(InferResponse("m", str(version), outputs=[
-                Tensor("Y", "FP32", (1,), np.array([version], np.float32))]))
+            future.set_result(
+                InferResponse(
+                    "m",
+                    str(version),
+                    outputs=[Tensor("Y", "FP32", (1,), np.array([version], np.float32))],
+                )
+            )
         return future
 
 
@@ -81,11 +85,13 @@ def path(clock: Clock, tmp_path: Path) -> InferencePath:
 
 def add_version(registry: ModelRegistry, version: int) -> VersionScheduler:
     config = text_format.Parse(CONFIG, ModelConfig())
-    spec = VersionSpec("m", version, config, Path("/nonexistent"),
-                       Path(f"/nonexistent/{version}"), None)  # type: ignore[arg-type]
+    spec = VersionSpec(
+        "m", version, config, Path("/nonexistent"), Path(f"/nonexistent/{version}"), None
+    )  # type: ignore[arg-type]
     scheduler = VersionScheduler(spec, VersionStatistics("m", str(version)))
-    registry.record("m").versions[version] = VersionRecord(version, ModelState.READY, "", spec,
-                                                           scheduler)
+    registry.record("m").versions[version] = VersionRecord(
+        version, ModelState.READY, "", spec, scheduler
+    )
     return scheduler
 
 
@@ -93,12 +99,16 @@ def scheduler(path: InferencePath, version: int) -> VersionScheduler:
     return path.registry.models["m"].versions[version].scheduler  # type: ignore[return-value]
 
 
-def request(version: str = "", key: Optional[str] = None) -> InferRequest:
-    return InferRequest("m", version, inputs=[Tensor("X", "FP32", (1,), np.zeros(1, np.float32))],
-                        parameters={} if key is None else {"traffic_key": key})
+def request(version: str = "", key: str | None = None) -> InferRequest:
+    return InferRequest(
+        "m",
+        version,
+        inputs=[Tensor("X", "FP32", (1,), np.zeros(1, np.float32))],
+        parameters={} if key is None else {"traffic_key": key},
+    )
 
 
-async def answered(path: InferencePath, version: str = "", key: Optional[str] = None) -> str:
+async def answered(path: InferencePath, version: str = "", key: str | None = None) -> str:
     return (await path.infer(request(version, key))).model_version
 
 
@@ -107,7 +117,8 @@ def put(path: InferencePath, body: dict) -> dict:
 
 
 async def test_without_a_policy_the_latest_answers_and_named_requests_are_counted(
-        path: InferencePath) -> None:
+    path: InferencePath,
+) -> None:
     assert await answered(path) == "3"
     assert await answered(path, "1") == "1"
     assert path.traffic.counts == {("m", 1, "named"): 1}
@@ -138,8 +149,10 @@ async def test_a_key_sticks_while_the_weights_are_unchanged(path: InferencePath)
     record = path.resolve("m")
     assert record.version in (1, 2) and path.traffic.counts == before
     assert await path.infer(request(), record) is not None
-    assert path.traffic.counts[("m", record.version, "split")] == \
-        before.get(("m", record.version, "split"), 0) + 1
+    assert (
+        path.traffic.counts[("m", record.version, "split")]
+        == before.get(("m", record.version, "split"), 0) + 1
+    )
 
 
 async def test_a_refused_put_leaves_the_policy_in_force(path: InferencePath) -> None:
@@ -154,19 +167,34 @@ async def test_a_refused_put_leaves_the_policy_in_force(path: InferencePath) -> 
     assert path.traffic.status("m") == before
 
 
-async def test_put_replaces_and_delete_goes_back_to_the_version_policy(
-        path: InferencePath) -> None:
+async def test_put_replaces_and_delete_goes_back_to_the_version_policy(path: InferencePath) -> None:
     put(path, {"weights": {"1": 1}, "shadow": {"version": "2", "fraction": 0.5}})
-    assert put(path, {"weights": {"2": 1}}) == {"model": "m", "weights": {"2": 1},
-                                                "shadow": None, "canary": None}
+    assert put(path, {"weights": {"2": 1}}) == {
+        "model": "m",
+        "weights": {"2": 1},
+        "shadow": None,
+        "canary": None,
+    }
     assert path.traffic.delete("m")["weights"] is None and "m" not in path.traffic.policies
     assert await answered(path) == "3"
 
 
-async def test_a_canary_promotes_itself_on_the_fake_clock(path: InferencePath,
-                                                           clock: Clock) -> None:
-    put(path, {"canary": {"baseline": "1", "candidate": "2", "steps": [50, 100],
-                          "step_seconds": 30, "min_requests": 10, "max_p99_ms": None}})
+async def test_a_canary_promotes_itself_on_the_fake_clock(
+    path: InferencePath, clock: Clock
+) -> None:
+    put(
+        path,
+        {
+            "canary": {
+                "baseline": "1",
+                "candidate": "2",
+                "steps": [50, 100],
+                "step_seconds": 30,
+                "min_requests": 10,
+                "max_p99_ms": None,
+            }
+        },
+    )
     traffic = path.traffic
     while traffic.policies["m"].canary.window.served < 10:  # type: ignore[union-attr]
         await answered(path)
@@ -182,11 +210,13 @@ async def test_a_canary_promotes_itself_on_the_fake_clock(path: InferencePath,
     assert traffic.transitions == {("m", "step"): 1, ("m", "promoted"): 1}
 
 
-async def test_a_failing_candidate_is_rolled_back(path: InferencePath, clock: Clock,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_failing_candidate_is_rolled_back(
+    path: InferencePath, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
     scheduler(path, 2).fail = True
-    put(path, {"canary": {"baseline": "1", "candidate": "2", "steps": [50, 100],
-                          "min_requests": 5}})
+    put(
+        path, {"canary": {"baseline": "1", "candidate": "2", "steps": [50, 100], "min_requests": 5}}
+    )
     failures = 0
     while path.traffic.policies["m"].canary.window.served < 5:  # type: ignore[union-attr]
         try:
@@ -204,15 +234,18 @@ async def test_a_failing_candidate_is_rolled_back(path: InferencePath, clock: Cl
     assert {await answered(path) for _ in range(20)} == {"1"}
 
 
-async def test_an_unloaded_version_drops_out_and_routing_falls_back(
-        path: InferencePath) -> None:
+async def test_an_unloaded_version_drops_out_and_routing_falls_back(path: InferencePath) -> None:
     put(path, {"weights": {"1": 50, "2": 50}, "shadow": {"version": "3", "fraction": 0.1}})
     versions = path.registry.models["m"].versions
     versions[2].state = versions[3].state = ModelState.UNLOADING
     assert {await answered(path, key=f"k{i}") for i in range(50)} == {"1"}  # before settling
     path.traffic.settle("m")
-    assert path.traffic.status("m") == {"model": "m", "weights": {"1": 50}, "shadow": None,
-                                        "canary": None}
+    assert path.traffic.status("m") == {
+        "model": "m",
+        "weights": {"1": 50},
+        "shadow": None,
+        "canary": None,
+    }
     versions[3].state = ModelState.READY
     versions[1].state = ModelState.UNAVAILABLE
     path.traffic.settle("m")
@@ -229,8 +262,9 @@ async def test_a_canary_version_that_stops_serving_ends_the_canary(path: Inferen
     assert status["weights"] == {"1": 100}
 
 
-async def test_traffic_json_applies_when_the_model_comes_up(path: InferencePath,
-                                                            tmp_path: Path) -> None:
+async def test_traffic_json_applies_when_the_model_comes_up(
+    path: InferencePath, tmp_path: Path
+) -> None:
     (tmp_path / "traffic.json").write_text(json.dumps({"weights": {"1": 1, "3": 1}}))
     path.traffic.settle("m")
     assert path.traffic.status("m")["weights"] == {"1": 1, "3": 1}
@@ -239,8 +273,9 @@ async def test_traffic_json_applies_when_the_model_comes_up(path: InferencePath,
     assert "m" not in path.traffic.policies
 
 
-async def test_traffic_json_waits_for_a_version_still_loading(path: InferencePath,
-                                                              tmp_path: Path) -> None:
+async def test_traffic_json_waits_for_a_version_still_loading(
+    path: InferencePath, tmp_path: Path
+) -> None:
     (tmp_path / "traffic.json").write_text(json.dumps({"weights": {"1": 1, "3": 1}}))
     versions = path.registry.models["m"].versions
     versions[3].state = ModelState.LOADING
@@ -251,8 +286,9 @@ async def test_traffic_json_waits_for_a_version_still_loading(path: InferencePat
     assert path.traffic.status("m")["weights"] == {"1": 1, "3": 1}
 
 
-async def test_a_bad_traffic_json_is_logged_and_ignored(path: InferencePath, tmp_path: Path,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_bad_traffic_json_is_logged_and_ignored(
+    path: InferencePath, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "traffic.json").write_text('{"weights": {"1": -1}}')
     path.traffic.settle("m")
     assert "m" not in path.traffic.policies
@@ -274,7 +310,8 @@ async def test_shadow_answers_are_discarded_and_failures_counted(path: Inference
 
 
 async def test_a_held_shadow_never_holds_the_client_and_overflow_is_dropped(
-        path: InferencePath) -> None:
+    path: InferencePath,
+) -> None:
     shadow = scheduler(path, 3)
     shadow.hold = True
     path.traffic.shadow.max_inflight = 2
@@ -292,13 +329,21 @@ async def test_a_held_shadow_never_holds_the_client_and_overflow_is_dropped(
 async def test_infer_nowait_routes_feeds_the_canary_and_shadows(path: InferencePath) -> None:
     """The path the model owner answers frontend processes by, without a task per request."""
     scheduler(path, 2).fail = True
-    put(path, {"canary": {"baseline": "1", "candidate": "2", "steps": [50, 100],
-                          "min_requests": 1000},
-               "shadow": {"version": "3", "fraction": 1.0}})
+    put(
+        path,
+        {
+            "canary": {"baseline": "1", "candidate": "2", "steps": [50, 100], "min_requests": 1000},
+            "shadow": {"version": "3", "fraction": 1.0},
+        },
+    )
     answers: list[str] = []
     for i in range(200):
-        path.infer_nowait(request(key=f"user-{i}"), lambda response, error: answers.append(
-            response.model_version if response is not None else type(error).__name__))
+        path.infer_nowait(
+            request(key=f"user-{i}"),
+            lambda response, error: answers.append(
+                response.model_version if response is not None else type(error).__name__
+            ),
+        )
     for _ in range(3):
         await asyncio.sleep(0)
     assert len(answers) == 200 and set(answers) == {"1", "InternalError"}
@@ -332,9 +377,21 @@ def test_metrics_families(path: InferencePath) -> None:
     path.traffic.count("m", 1, "split")
     path.traffic.transitions[("m", "rolled_back")] = 1
     path.traffic.shadow.errors[("m", 3)] = 2
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in path.traffic.collect() for s in family.samples}
-    assert samples[("ascend_traffic_requests_total",
-                    (("model", "m"), ("route", "split"), ("version", "1")))] == 1
-    assert samples[("ascend_canary_transitions_total", (("model", "m"), ("to", "rolled_back")))] == 1
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in path.traffic.collect()
+        for s in family.samples
+    }
+    assert (
+        samples[
+            (
+                "ascend_traffic_requests_total",
+                (("model", "m"), ("route", "split"), ("version", "1")),
+            )
+        ]
+        == 1
+    )
+    assert (
+        samples[("ascend_canary_transitions_total", (("model", "m"), ("to", "rolled_back")))] == 1
+    )
     assert samples[("ascend_shadow_errors_total", (("model", "m"), ("version", "3")))] == 2

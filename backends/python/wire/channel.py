@@ -12,19 +12,21 @@ are taken at all.
 
 Used by both processes: the standard library and python_ipc only.
 """
+
 from __future__ import annotations
 
 import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 from backends.python.wire.framing import ChannelClosed, Receiver, send_message
 
 Message = tuple[dict[str, Any], list[int]]
 # Returns the key of the thread the message is for, or None when it was handled inline.
-Router = Callable[[dict[str, Any], list[int]], Optional[Hashable]]
+Router = Callable[[dict[str, Any], list[int]], Hashable | None]
 
 
 class Channel:
@@ -48,8 +50,8 @@ class Channel:
         self._sleeping = 0
         self._reading = False
         self._inbox: dict[Hashable, deque[Message]] = {}
-        self._broken: Optional[BaseException] = None
-        self._timeout: Optional[float] = None  # the socket's, changed only when a wait needs
+        self._broken: BaseException | None = None
+        self._timeout: float | None = None  # the socket's, changed only when a wait needs
 
     def send(self, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
         with self._send_lock:
@@ -64,7 +66,7 @@ class Channel:
         """`send` for a caller already holding `send_lock`."""
         send_message(self.sock, message, fds)
 
-    def wait(self, key: Hashable, timeout: Optional[float] = None) -> Message:
+    def wait(self, key: Hashable, timeout: float | None = None) -> Message:
         """The next message routed to `key`. Raises ChannelClosed when the other side went,
         TimeoutError when `timeout` passed first (the channel is then unusable)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -87,7 +89,7 @@ class Channel:
                 if self._sleeping:  # one of them reads next
                     self._cond.notify_all()
 
-    def _wait_turn(self, key: Hashable, deadline: Optional[float]) -> Optional[Message]:
+    def _wait_turn(self, key: Hashable, deadline: float | None) -> Message | None:
         """Called holding the lock: a message queued for `key`, or None once this thread
         has become the reader."""
         while True:
@@ -111,7 +113,7 @@ class Channel:
             finally:
                 self._sleeping -= 1
 
-    def _read_until(self, key: Hashable, deadline: Optional[float]) -> Message:
+    def _read_until(self, key: Hashable, deadline: float | None) -> Message:
         receiver, route = self._receiver, self._route
         while True:
             if deadline is not None or self._timeout is not None:
@@ -133,7 +135,7 @@ class Channel:
                     if self._sleeping:
                         self._cond.notify_all()
 
-    def _set_timeout(self, deadline: Optional[float]) -> None:
+    def _set_timeout(self, deadline: float | None) -> None:
         """The socket's timeout for the time left (two fcntl calls: only when it changes)."""
         remaining = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         if remaining != self._timeout:

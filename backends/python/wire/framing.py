@@ -12,6 +12,7 @@ into the arena instead, since their elements have no fixed layout.
 
 Used by both processes, so it imports only the standard library and numpy.
 """
+
 from __future__ import annotations
 
 import array
@@ -22,7 +23,8 @@ import socket
 import struct
 import tempfile
 from collections import deque
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +42,7 @@ class ChannelClosed(ConnectionError):
 
 
 # ----- messages -----------------------------------------------------------------------------
+
 
 def send_message(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
     """Send one framed message; `fds` ride along with its first byte, and the message says how
@@ -83,7 +86,7 @@ class Receiver:
         end = HEADER.size + length
         if len(buffer) < end:
             self._fill_exactly(end - len(buffer))
-        message = pickle.loads(buffer[HEADER.size:end])
+        message = pickle.loads(buffer[HEADER.size : end])
         del buffer[:end]
         count = message.pop("nfds", 0)
         if not count:
@@ -123,7 +126,7 @@ class Receiver:
         finally:
             view.release()
             if received < missing:
-                del buffer[start + received:]
+                del buffer[start + received :]
 
 
 def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -133,6 +136,7 @@ def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 
 # ----- shared-memory arenas -----------------------------------------------------------------
+
 
 def _anonymous_file() -> int:
     """A file descriptor for memory shared by fd passing only (nothing named to clean up)."""
@@ -174,7 +178,7 @@ def write_planned(mapped: mmap.mmap, plan: Plan, base: int = 0) -> list[TensorRe
     for name, blob, offset, nbytes in plan:
         start = base + offset
         if isinstance(blob, bytes):
-            mapped[start:start + nbytes] = blob
+            mapped[start : start + nbytes] = blob
             refs.append((name, "", (), start, nbytes))
         else:
             if nbytes:
@@ -202,11 +206,12 @@ class ArenaWriter:
     def __init__(self, min_size: int = MIN_ARENA) -> None:
         self._min_size = min_size
         self._fd = -1
-        self._map: Optional[mmap.mmap] = None
+        self._map: mmap.mmap | None = None
         self.size = 0
 
-    def pack(self, groups: Sequence[Mapping[str, np.ndarray]]
-             ) -> tuple[list[list[TensorRef]], Optional[int]]:
+    def pack(
+        self, groups: Sequence[Mapping[str, np.ndarray]]
+    ) -> tuple[list[list[TensorRef]], int | None]:
         """Copy every tensor of every group into the arena.
 
         Returns each group's refs, and the new arena's file descriptor when the arena was
@@ -221,7 +226,7 @@ class ArenaWriter:
         assert self._map is not None
         return [write_planned(self._map, plan) for plan in plans], new_fd
 
-    def _reserve(self, needed: int) -> Optional[int]:
+    def _reserve(self, needed: int) -> int | None:
         if self._map is not None and needed <= self.size:
             return None
         size = _round_up(max(needed, 2 * self.size, self._min_size), mmap.PAGESIZE)
@@ -242,7 +247,7 @@ class ArenaReader:
     """The other process's arena, mapped here for reading."""
 
     def __init__(self) -> None:
-        self._map: Optional[mmap.mmap] = None
+        self._map: mmap.mmap | None = None
 
     def adopt(self, fd: int) -> None:
         """Map a newly received arena (taking ownership of `fd`, which is closed here)."""
@@ -258,7 +263,7 @@ class ArenaReader:
         if self._map is None:
             raise ChannelClosed(f"tensor '{name}' refers to an arena that was never received")
         if not dtype:
-            return pickle.loads(memoryview(self._map)[offset:offset + nbytes])
+            return pickle.loads(memoryview(self._map)[offset : offset + nbytes])
         if nbytes == 0:
             return np.empty(shape, dtype=np.dtype(dtype))
         return np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=offset)

@@ -14,6 +14,7 @@ and every earlier message, in the old ring, is read before it (one socket, in or
 
 Used by both processes, so it imports only the standard library, numpy and python_ipc.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -21,12 +22,20 @@ import os
 import struct
 import threading
 import time
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from backends.python.wire.framing import (ALIGN, ArenaReader, TensorRef, _round_up, map_anonymous,
-                                 plan_group, write_planned)
+from backends.python.wire.framing import (
+    ALIGN,
+    ArenaReader,
+    TensorRef,
+    _round_up,
+    map_anonymous,
+    plan_group,
+    write_planned,
+)
 
 HEADER_BYTES = 64  # the reader's position (uint64) at offset 0, the rest unused
 _POSITION = struct.Struct("<Q")
@@ -42,17 +51,18 @@ class RingWriter:
     """This process's ring. `pack` is thread-safe; callers must send the messages in the order
     `pack` returned them, so `pack` and the send happen under the caller's one lock."""
 
-    def __init__(self, capacity: int = DEFAULT_RING_BYTES, wait_s: float = 30.0,
-                 grow_when_full: bool = False) -> None:
+    def __init__(
+        self, capacity: int = DEFAULT_RING_BYTES, wait_s: float = 30.0, grow_when_full: bool = False
+    ) -> None:
         self._capacity = _round_up(capacity, mmap.PAGESIZE)
         self._wait_s = wait_s
         self._grow_when_full = grow_when_full  # for a writer that must never block (a loop)
-        self._map: Optional[mmap.mmap] = None
+        self._map: mmap.mmap | None = None
         self._fd = -1
         self._head = 0
         self.lock = threading.Lock()
 
-    def pack(self, group: Mapping[str, Any]) -> tuple[list[TensorRef], int, Optional[int]]:
+    def pack(self, group: Mapping[str, Any]) -> tuple[list[TensorRef], int, int | None]:
         """Copy the tensors in; returns their refs, the position to publish once they are read,
         and a new ring's file descriptor to send along (or None). Raises RingFull."""
         plan, size = plan_group(group)
@@ -63,8 +73,10 @@ class RingWriter:
         start = self._reserve(size)
         if start is None:  # full: grow (a writer that must not wait) or give up
             if not self._grow_when_full:
-                raise RingFull(f"the shared-memory ring ({self._capacity} bytes) stayed full "
-                               f"for {self._wait_s:g} s: the reader is not keeping up")
+                raise RingFull(
+                    f"the shared-memory ring ({self._capacity} bytes) stayed full "
+                    f"for {self._wait_s:g} s: the reader is not keeping up"
+                )
             new_fd = self._replace(self._capacity * 2)
             start = self._reserve(size)
             assert start is not None
@@ -72,7 +84,7 @@ class RingWriter:
         refs = write_planned(self._map, plan, HEADER_BYTES + start % self._capacity)
         return refs, self._head, new_fd
 
-    def _reserve(self, size: int) -> Optional[int]:
+    def _reserve(self, size: int) -> int | None:
         """The ring position of `size` free contiguous bytes, waiting for the reader up to
         wait_s (not at all when growing instead); None when they did not come free."""
         capacity = self._capacity

@@ -13,13 +13,15 @@ server's memory; after `send_timeout_s` without progress `send` raises. A cancel
 
 Used in the worker process only: the standard library, numpy and the other worker modules.
 """
+
 from __future__ import annotations
 
 import itertools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +41,7 @@ class _Request:
 
     rid: int
     decoupled: bool
-    outputs: Optional[frozenset[str]]  # the outputs the client asked for; None: all
+    outputs: frozenset[str] | None  # the outputs the client asked for; None: all
     window: int
     sent: int = 0
     acked: int = 0
@@ -53,8 +55,14 @@ class _Request:
 
 
 class WorkerBridge:
-    def __init__(self, channel: Channel, ring: RingWriter, replies: RingReader, window: int,
-                 send_timeout_s: float) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        ring: RingWriter,
+        replies: RingReader,
+        window: int,
+        send_timeout_s: float,
+    ) -> None:
         self.channel = channel
         self.ring = ring
         self.replies = replies
@@ -70,15 +78,16 @@ class WorkerBridge:
 
     # ----- requests --------------------------------------------------------------------------
 
-    def register(self, rid: int, decoupled: bool, outputs: Optional[list[str]]) -> _Request:
+    def register(self, rid: int, decoupled: bool, outputs: list[str] | None) -> _Request:
         """A request's sender state. Only a decoupled request is registered (by the server's
         id, for its acks and cancellation); any other request's id is known only here, so
         nothing can reach it and it costs one small object (no lock round trip, no
         Condition, nothing to forget)."""
         if not decoupled:
             return _Request(rid, False, None, self.window, lock=threading.Lock())
-        state = _Request(rid, decoupled, frozenset(outputs) if outputs is not None else None,
-                         self.window)
+        state = _Request(
+            rid, decoupled, frozenset(outputs) if outputs is not None else None, self.window
+        )
         with self._lock:
             self._requests[rid] = state
             if rid > 0:
@@ -120,16 +129,21 @@ class WorkerBridge:
         if flags not in (0, FINAL):
             raise SendError("Unable to send response. Unsupported flag provided.")
         if flags == 0 and response is None:
-            raise SendError("Inference Response object must be provided when the response "
-                            "flags is set to zero.")
+            raise SendError(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
         with state.lock:
             if not state.decoupled:
                 if response is not None and state.sent > 0:
-                    raise SendError("Unable to send response. Non-decoupled model cannot send "
-                                    "more than one response.")
+                    raise SendError(
+                        "Unable to send response. Non-decoupled model cannot send "
+                        "more than one response."
+                    )
                 if response is None and flags == FINAL and state.sent == 0:
-                    raise SendError("Unable to send response. Non-decoupled model cannot send "
-                                    "complete final before sending a response.")
+                    raise SendError(
+                        "Unable to send response. Non-decoupled model cannot send "
+                        "complete final before sending a response."
+                    )
             if state.closed:
                 raise SendError("Unable to send response. Response sender has been closed.")
             if flags == FINAL:
@@ -153,8 +167,10 @@ class WorkerBridge:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 state.sent -= 1
-                raise SendError(f"Unable to send response. The client has not read the last "
-                                f"{state.window} responses within {self.send_timeout_s:g} s.")
+                raise SendError(
+                    f"Unable to send response. The client has not read the last "
+                    f"{state.window} responses within {self.send_timeout_s:g} s."
+                )
             state.lock.wait(remaining)
 
     def _post(self, state: _Request, response: Any, flags: int) -> None:
@@ -175,9 +191,18 @@ class WorkerBridge:
             except RingFull as exc:
                 raise SendError(f"Unable to send response. {exc}") from None
             self.channel.send_locked(
-                {"op": "response", "rid": state.rid, "refs": refs, "end": end,
-                 "error": error, "params": params, "final": flags == FINAL,
-                 "empty": response is None}, [fd] if fd is not None else ())
+                {
+                    "op": "response",
+                    "rid": state.rid,
+                    "refs": refs,
+                    "end": end,
+                    "error": error,
+                    "params": params,
+                    "final": flags == FINAL,
+                    "empty": response is None,
+                },
+                [fd] if fd is not None else (),
+            )
         self._finish(state, flags)
 
     def _finish(self, state: _Request, flags: int) -> None:
@@ -186,8 +211,9 @@ class WorkerBridge:
 
     # ----- BLS ------------------------------------------------------------------------------
 
-    def infer(self, request: Any, decoupled: bool,
-              make_response: Callable[[dict], Any]) -> Iterator[Any]:
+    def infer(
+        self, request: Any, decoupled: bool, make_response: Callable[[dict], Any]
+    ) -> Iterator[Any]:
         """Send a BLS request; yield each answer (pb_utils.InferenceResponse) until the last."""
         bid = next(self._bls_ids)
         inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
@@ -196,11 +222,21 @@ class WorkerBridge:
         with self.channel.send_lock:
             refs, end, fd = self.ring.pack(inputs)
             self.channel.send_locked(
-                {"op": "bls", "bid": bid, "model": request.model_name(),
-                 "version": request.model_version(), "refs": refs, "end": end,
-                 "outputs": list(names) if names else None, "id": request.request_id(),
-                 "params": request._parameter_dict(), "timeout": request.timeout(),
-                 "decoupled": decoupled}, [fd] if fd is not None else ())
+                {
+                    "op": "bls",
+                    "bid": bid,
+                    "model": request.model_name(),
+                    "version": request.model_version(),
+                    "refs": refs,
+                    "end": end,
+                    "outputs": list(names) if names else None,
+                    "id": request.request_id(),
+                    "params": request._parameter_dict(),
+                    "timeout": request.timeout(),
+                    "decoupled": decoupled,
+                },
+                [fd] if fd is not None else (),
+            )
         finished = False
         try:
             while True:
@@ -219,7 +255,7 @@ class WorkerBridge:
                     pass
             self.channel.drop(key)
 
-    def take_bls_answer(self, message: dict, fds: list[int]) -> Optional[tuple[str, int]]:
+    def take_bls_answer(self, message: dict, fds: list[int]) -> tuple[str, int] | None:
         """On the reading thread: copy an answer's tensors out of the server's ring (or only
         hand the space back, for a call its caller abandoned)."""
         if fds:

@@ -8,6 +8,7 @@ model from taking the server down. It never outlives the server (die_with_parent
 Startup must stay fast (tests start many workers): import nothing beyond the standard
 library, numpy and the model-side utils here; the model itself imports what it needs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,16 +23,16 @@ import threading
 import time
 import traceback
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 import triton_python_backend_utils as pb_utils
-from backends.python.worker import model_api as python_model_api
-from backends.python.worker.bridge import WorkerBridge
 from backends.python.wire.channel import Channel
 from backends.python.wire.framing import ArenaReader, ArenaWriter, ChannelClosed, TensorRef
 from backends.python.wire.ring import RingReader, RingWriter
+from backends.python.worker import model_api as python_model_api
+from backends.python.worker.bridge import WorkerBridge
 
 MODEL_MODULE = "model"
 
@@ -56,10 +57,13 @@ def load_model_module(model_file: str, version_dir: str) -> ModuleType:
     return module
 
 
-DECOUPLED_RETURN_ERROR = ("Python model '{model}' is using the decoupled mode and the execute "
-                          "function must return None.")
-NO_RESPONSE_ERROR = ("the model's execute returned None, but sent no response for this request "
-                     "through its response sender before returning")
+DECOUPLED_RETURN_ERROR = (
+    "Python model '{model}' is using the decoupled mode and the execute function must return None."
+)
+NO_RESPONSE_ERROR = (
+    "the model's execute returned None, but sent no response for this request "
+    "through its response sender before returning"
+)
 
 
 class WorkerLoop:
@@ -78,7 +82,7 @@ class WorkerLoop:
         self.decoupled = False
         self.bridge = WorkerBridge(self.channel, RingWriter(), RingReader(), 64, 60.0)
         python_model_api.install(self.bridge)
-        self._loop: Optional[asyncio.AbstractEventLoop] = None  # for `async def execute`
+        self._loop: asyncio.AbstractEventLoop | None = None  # for `async def execute`
 
     def _route(self, message: dict, fds: list[int]) -> Any:
         op = message.get("op")
@@ -116,7 +120,7 @@ class WorkerLoop:
             if op == "finalize":
                 return 0
 
-    def reply(self, message: dict, fds: Optional[list[int]] = None) -> None:
+    def reply(self, message: dict, fds: list[int] | None = None) -> None:
         self.channel.send(message, fds or ())
 
     # ----- operations ------------------------------------------------------------------------
@@ -127,13 +131,14 @@ class WorkerLoop:
         self.instance_name = args.get("model_instance_name", "")
         stream = message.get("stream") or {}
         self.bridge.window = int(stream.get("window", self.bridge.window))
-        self.bridge.send_timeout_s = float(stream.get("send_timeout_s",
-                                                      self.bridge.send_timeout_s))
-        self.bridge.ring = RingWriter(int(stream.get("ring_bytes", 8 << 20)),
-                                      float(stream.get("send_timeout_s", 60.0)))
+        self.bridge.send_timeout_s = float(stream.get("send_timeout_s", self.bridge.send_timeout_s))
+        self.bridge.ring = RingWriter(
+            int(stream.get("ring_bytes", 8 << 20)), float(stream.get("send_timeout_s", 60.0))
+        )
         try:
             self.decoupled = pb_utils.using_decoupled_model_transaction_policy(
-                json.loads(args.get("model_config") or "{}"))
+                json.loads(args.get("model_config") or "{}")
+            )
         except ValueError:
             self.decoupled = False
         if self.decoupled:
@@ -144,7 +149,7 @@ class WorkerLoop:
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
                 initialize(args)
-        except BaseException as exc:  # noqa: BLE001 - reported to the server as the load error
+        except BaseException as exc:
             traceback.print_exc()
             return {"ok": False, "error": _describe(exc)}, None
         return {"ok": True}, None
@@ -158,12 +163,12 @@ class WorkerLoop:
                 config = completer(config)
                 if not isinstance(config, pb_utils.ModelConfig):
                     raise TypeError("auto_complete_config must return the ModelConfig it was given")
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             traceback.print_exc()
             return {"ok": False, "error": _describe(exc)}, None
         return {"ok": True, "config": config.as_dict()}, None
 
-    def on_execute(self, message: dict, fds: list[int]) -> tuple[dict, Optional[list[int]]]:
+    def on_execute(self, message: dict, fds: list[int]) -> tuple[dict, list[int] | None]:
         if fds:
             self.inputs.adopt(fds[0])
             for extra in fds[1:]:
@@ -174,18 +179,19 @@ class WorkerLoop:
             if self.decoupled:
                 if responses is not None:
                     raise pb_utils.TritonModelException(
-                        DECOUPLED_RETURN_ERROR.format(model=self.model_name))
+                        DECOUPLED_RETURN_ERROR.format(model=self.model_name)
+                    )
                 return {"ok": True}, None
             results = self._check(responses, requests)
-        except BaseException as exc:  # noqa: BLE001 - fails this batch, not the worker
+        except BaseException as exc:
             traceback.print_exc()
             if self.decoupled:
                 for request in requests:
                     self.bridge.forget(request._state.rid)
             return {"ok": False, "error": self._failure_text(exc)}, None
         groups: list[dict[str, np.ndarray]] = []
-        errors: list[Optional[tuple[int, str]]] = []
-        params: list[Optional[dict]] = []
+        errors: list[tuple[int, str] | None] = []
+        params: list[dict | None] = []
         for result in results:
             if isinstance(result, pb_utils.TritonError):
                 groups.append({})
@@ -197,7 +203,7 @@ class WorkerLoop:
                 params.append((result._parameter_dict() or None) if result._parameters else None)
         try:
             refs, new_fd = self.outputs.pack(groups)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             traceback.print_exc()
             return {"ok": False, "error": self._failure_text(exc)}, None
         reply = {"ok": True, "outputs": refs, "errors": errors}
@@ -219,7 +225,7 @@ class WorkerLoop:
         if finalize is not None:
             try:
                 finalize()
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 traceback.print_exc()
                 return {"ok": False, "error": _describe(exc)}, None
         return {"ok": True}, None
@@ -240,8 +246,9 @@ class WorkerLoop:
             names = wanted[index] if wanted else None
             request_id, params = meta[index] if meta else ("", None)
             corrid, flags = sequence[index] if sequence else (0, 0)
-            request = self._request(refs, everything if names is None else names, request_id,
-                                    params, corrid, flags)
+            request = self._request(
+                refs, everything if names is None else names, request_id, params, corrid, flags
+            )
             if rids:  # decoupled: registered by the server's id, for its acks and cancellation
                 request._state = self.bridge.register(rids[index], True, names)
             else:  # its sender state, if its model ever asks, is made then (pb_utils)
@@ -249,20 +256,34 @@ class WorkerLoop:
             requests.append(request)
         return requests
 
-    def _request(self, refs: list[TensorRef], outputs: list[str], request_id: str = "",
-                 parameters: Optional[dict] = None, correlation_id: int | str = 0,
-                 flags: int = 0) -> pb_utils.InferenceRequest:
+    def _request(
+        self,
+        refs: list[TensorRef],
+        outputs: list[str],
+        request_id: str = "",
+        parameters: dict | None = None,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+    ) -> pb_utils.InferenceRequest:
         # A decoupled model may read its inputs after execute returned, when the next call has
         # rewritten the arena: it gets copies.
         view = self.inputs.copy if self.decoupled else self.inputs.view
         tensors = [pb_utils.Tensor(ref[0], view(ref)) for ref in refs]
-        return pb_utils.InferenceRequest(self.model_name, tensors, outputs,
-                                         request_id=request_id, parameters=parameters,
-                                         correlation_id=correlation_id, flags=flags)
+        return pb_utils.InferenceRequest(
+            self.model_name,
+            tensors,
+            outputs,
+            request_id=request_id,
+            parameters=parameters,
+            correlation_id=correlation_id,
+            flags=flags,
+        )
 
     def _failure_text(self, exc: BaseException) -> str:
-        return (f"Failed to process the request(s) for model instance '{self.instance_name}', "
-                f"message: {_describe(exc)}")
+        return (
+            f"Failed to process the request(s) for model instance '{self.instance_name}', "
+            f"message: {_describe(exc)}"
+        )
 
     @staticmethod
     def _check(responses: Any, requests: list[pb_utils.InferenceRequest]) -> list[Any]:
@@ -270,20 +291,24 @@ class WorkerLoop:
         responses went through the requests' senders (Triton allows one each)."""
         expected = len(requests)
         if responses is None:
-            responses = [request._state.collected
-                         if request._state is not None and request._state.collected is not None
-                         else pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                             NO_RESPONSE_ERROR)) for request in requests]
+            responses = [
+                request._state.collected
+                if request._state is not None and request._state.collected is not None
+                else pb_utils.InferenceResponse(error=pb_utils.TritonError(NO_RESPONSE_ERROR))
+                for request in requests
+            ]
         if not isinstance(responses, (list, tuple)):
-            raise TypeError(f"execute must return a list of InferenceResponse, got "
-                            f"{type(responses).__name__}")
+            raise TypeError(
+                f"execute must return a list of InferenceResponse, got {type(responses).__name__}"
+            )
         if len(responses) != expected:
             raise ValueError(f"execute returned {len(responses)} responses for {expected} requests")
         results: list[Any] = []
         for response in responses:
             if not isinstance(response, pb_utils.InferenceResponse):
-                raise TypeError(f"execute must return InferenceResponse objects, got "
-                                f"{type(response).__name__}")
+                raise TypeError(
+                    f"execute must return InferenceResponse objects, got {type(response).__name__}"
+                )
             results.append(response.error() if response.has_error() else response)
         return results
 
@@ -300,8 +325,16 @@ def _set_parent_death_signal() -> bool:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
-                          ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+        return (
+            libc.prctl(
+                PR_SET_PDEATHSIG,
+                ctypes.c_ulong(signal.SIGKILL),
+                ctypes.c_ulong(0),
+                ctypes.c_ulong(0),
+                ctypes.c_ulong(0),
+            )
+            == 0
+        )
     except (OSError, AttributeError):
         return False
 
@@ -312,20 +345,21 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def die_with_parent(parent: Optional[int]) -> None:
+def die_with_parent(parent: int | None) -> None:
     """End this process when the server ends, even in the middle of a long `execute` (an idle
     worker also sees end-of-file on its socket): the kernel SIGKILLs it when the server goes,
     however it goes (a hard-deadline exit, SIGKILL, a crash). The server may have gone before
     that was set up, so the parent is checked right after; where the signal is not available a
     watchdog thread checks it every PARENT_CHECK_S seconds."""
     if not _set_parent_death_signal() and parent is not None:
-        threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog",
-                         daemon=True).start()
+        threading.Thread(
+            target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True
+        ).start()
     if parent is not None and os.getppid() != parent:
         os._exit(1)  # orphaned already: nobody will ever send us work
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[argv.index("--fd") + 1])
     parent = int(argv[argv.index("--parent-pid") + 1]) if "--parent-pid" in argv else None

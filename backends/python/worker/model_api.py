@@ -4,11 +4,13 @@ metrics. triton_python_backend_utils re-exports them under Triton's names.
 The worker installs its WorkerBridge here at start (`install`); outside a worker (a model's
 own unit tests) there is none, and using these raises TritonModelException.
 """
+
 from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 _bridge: Any = None
 
@@ -25,8 +27,10 @@ def install(bridge: Any) -> None:
 
 def bridge() -> Any:
     if _bridge is None:
-        raise TritonModelException("this needs the ascend-serve Python model worker (it is not "
-                            "available outside a served model)")
+        raise TritonModelException(
+            "this needs the ascend-serve Python model worker (it is not "
+            "available outside a served model)"
+        )
     return _bridge
 
 
@@ -58,7 +62,7 @@ class ResponseIterator:
     def __init__(self, answers: Any) -> None:
         self._answers = answers
 
-    def __iter__(self) -> "ResponseIterator":
+    def __iter__(self) -> ResponseIterator:
         return self
 
     def __next__(self) -> Any:
@@ -80,17 +84,21 @@ class MetricFamily:
     def __init__(self, name: str, description: str, kind: int) -> None:
         if kind not in self._KINDS:
             raise TritonModelException(f"metric family '{name}': unknown kind {kind}")
-        if not name or not name.replace("_", "a").replace(":", "a").isalnum() or \
-                name[0].isdigit():
+        if not name or not name.replace("_", "a").replace(":", "a").isalnum() or name[0].isdigit():
             raise TritonModelException(f"invalid metric family name '{name}'")
         self.name = name
         self.description = description
         self.kind = kind
-        bridge().metric({"action": "family", "family": name, "description": description,
-                         "kind": self._KINDS[kind]})
+        bridge().metric(
+            {
+                "action": "family",
+                "family": name,
+                "description": description,
+                "kind": self._KINDS[kind],
+            }
+        )
 
-    def Metric(self, labels: Optional[dict] = None,  # noqa: N802 - Triton's name
-               buckets: Optional[Sequence[float]] = None) -> "Metric":
+    def Metric(self, labels: dict | None = None, buckets: Sequence[float] | None = None) -> Metric:
         if self.kind == self.HISTOGRAM and not buckets:
             raise TritonModelException("a histogram metric needs 'buckets'")
         return Metric(self, dict(labels or {}), list(buckets or ()))
@@ -108,8 +116,15 @@ class Metric:
         self._lock = threading.Lock()
 
     def _update(self, action: str, value: float) -> None:
-        bridge().metric({"action": action, "family": self._family.name, "labels": self._labels,
-                         "value": float(value), "buckets": self._buckets})
+        bridge().metric(
+            {
+                "action": action,
+                "family": self._family.name,
+                "labels": self._labels,
+                "value": float(value),
+                "buckets": self._buckets,
+            }
+        )
 
     def increment(self, value: float) -> None:
         if self._family.kind != MetricFamily.COUNTER and self._family.kind != MetricFamily.GAUGE:
@@ -149,8 +164,12 @@ class LogLevel:
 class Logger:
     """Model-side logging; lines go to the worker's stderr, which is the server's log."""
 
-    INFO, WARNING, ERROR, VERBOSE = (LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR,
-                                     LogLevel.VERBOSE)
+    INFO, WARNING, ERROR, VERBOSE = (
+        LogLevel.INFO,
+        LogLevel.WARNING,
+        LogLevel.ERROR,
+        LogLevel.VERBOSE,
+    )
     _NAMES = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E", LogLevel.VERBOSE: "V"}
 
     @classmethod

@@ -6,6 +6,7 @@ Point them at your own compiled models (any may be left out; its tests then skip
   ASCEND_SERVE_OM_AIPP     an .om compiled with static AIPP (--insert_op_conf, aipp_mode: static)
   ASCEND_SERVE_NPU_DEVICE  the device id to use (default 0)
 """
+
 from __future__ import annotations
 
 import importlib.util

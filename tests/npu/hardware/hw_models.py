@@ -1,4 +1,5 @@
 """Where the hardware tests find the user's compiled models."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """On an Atlas box: the Ascend backend with the real pyACL, for a static model, a dynamic-batch
 model and a static-AIPP model (paths in ASCEND_SERVE_OM_*, see conftest.py), loaded, run at
 every gear with zero-filled inputs, released with nothing left over, and served over HTTP."""
+
 from __future__ import annotations
 
 import shutil
@@ -9,13 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from hw_models import om_path
 
 from backends.base import InstanceSpec
 from npu.backend import AscendBackend
 from protocol.datatypes import BY_CONFIG_NAME, numpy_to_wire
 from protocol.proto.model_config_pb2 import DataType, ModelConfig
-
-from hw_models import om_path
 
 KINDS = ["static", "dynamic", "aipp"]
 
@@ -26,7 +26,8 @@ def _model_dir(tmp_path: Path, om: Path, device_id: int) -> tuple[ModelConfig, P
     shutil.copyfile(om, model_dir / "1" / "model.om")
     config = text_format.Parse(
         f'name: "m"\nbackend: "ascend"\ninstance_group [{{ kind: KIND_GPU, gpus: [{device_id}] }}]',
-        ModelConfig())
+        ModelConfig(),
+    )
     AscendBackend.auto_complete(config, model_dir, model_dir / "1")
     return config, model_dir, model_dir / "1"
 
@@ -43,8 +44,9 @@ def _inputs(config: ModelConfig, rows: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_loads_runs_every_gear_and_releases(kind, tmp_path, device_id):
     config, model_dir, version_dir = _model_dir(tmp_path, om_path(kind), device_id)
-    instance = AscendBackend(config, model_dir, version_dir,
-                             InstanceSpec("m_0", "KIND_GPU", device_id, 0))
+    instance = AscendBackend(
+        config, model_dir, version_dir, InstanceSpec("m_0", "KIND_GPU", device_id, 0)
+    )
     instance.load()
     try:
         sizes = instance._model.info.batch_sizes if config.max_batch_size else (None,)
@@ -63,6 +65,7 @@ def test_loads_runs_every_gear_and_releases(kind, tmp_path, device_id):
 def test_served_over_http(kind, tmp_path, device_id):
     import tritonclient.http as httpclient
     from serverproc import running_server
+
     config, model_dir, _ = _model_dir(tmp_path / "repo", om_path(kind), device_id)
     with running_server([model_dir.parent], log_dir=tmp_path) as server:
         with httpclient.InferenceServerClient(server.http_url) as client:

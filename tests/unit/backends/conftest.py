@@ -1,8 +1,9 @@
 """Fixtures the backend unit tests share."""
+
 from __future__ import annotations
 
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

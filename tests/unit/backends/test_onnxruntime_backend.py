@@ -1,4 +1,5 @@
 """The ONNX Runtime backend: execution, BYTES conversion and config/model mismatch checks."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +17,9 @@ from repository.config import normalize, read_config
 def _backend(model_dir: Path) -> OnnxRuntimeBackend:
     config = read_config(model_dir)
     normalize(config, model_dir.name, model_dir, [model_dir / "1"])
-    return OnnxRuntimeBackend(config, model_dir, model_dir / "1", InstanceSpec("i_0", "KIND_CPU", 0, 0))
+    return OnnxRuntimeBackend(
+        config, model_dir, model_dir / "1", InstanceSpec("i_0", "KIND_CPU", 0, 0)
+    )
 
 
 def test_executes_a_batch(tmp_path: Path) -> None:
@@ -36,12 +39,21 @@ def test_bytes_tensors_round_trip_as_bytes(tmp_path: Path) -> None:
     assert list(out) == list(data) and all(isinstance(item, bytes) for item in out)
 
 
-@pytest.mark.parametrize("old, new, message", [
-    ('dims: [ 16 ]', 'dims: [ 32 ]', "has dims [32] in the config but [16] in the model"),
-    ('name: "INPUT1"', 'name: "INPUT9"', "unexpected input 'INPUT9'"),
-    ('data_type: TYPE_INT32', 'data_type: TYPE_FP32', "is TYPE_FP32 in the config but tensor(int32)"),
-])
-def test_a_config_that_does_not_match_the_model_fails_to_load(tmp_path: Path, old, new, message) -> None:
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        ("dims: [ 16 ]", "dims: [ 32 ]", "has dims [32] in the config but [16] in the model"),
+        ('name: "INPUT1"', 'name: "INPUT9"', "unexpected input 'INPUT9'"),
+        (
+            "data_type: TYPE_INT32",
+            "data_type: TYPE_FP32",
+            "is TYPE_FP32 in the config but tensor(int32)",
+        ),
+    ],
+)
+def test_a_config_that_does_not_match_the_model_fails_to_load(
+    tmp_path: Path, old, new, message
+) -> None:
     model_dir = build_simple(tmp_path)
     config_path = model_dir / "config.pbtxt"
     text = config_path.read_text()
@@ -59,7 +71,9 @@ def _config_with(text: str) -> ModelConfig:
     return text_format.Parse('name: "m" ' + text, ModelConfig())
 
 
-def test_server_defaults_leave_the_loop_a_cpu_and_do_not_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_server_defaults_leave_the_loop_a_cpu_and_do_not_spin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from backends import onnxruntime as backend_module
 
     monkeypatch.setattr(backend_module.os, "sched_getaffinity", lambda pid: set(range(9)))
@@ -75,9 +89,12 @@ def test_server_defaults_leave_the_loop_a_cpu_and_do_not_spin(monkeypatch: pytes
 def test_config_parameters_override_the_defaults() -> None:
     from backends import onnxruntime as backend_module
 
-    options = backend_module._session_options(_config_with(
-        'parameters { key: "intra_op_thread_count" value: { string_value: "3" } } '
-        'parameters { key: "session.intra_op.allow_spinning" value: { string_value: "1" } }'))
+    options = backend_module._session_options(
+        _config_with(
+            'parameters { key: "intra_op_thread_count" value: { string_value: "3" } } '
+            'parameters { key: "session.intra_op.allow_spinning" value: { string_value: "1" } }'
+        )
+    )
     assert options.intra_op_num_threads == 3
     assert options.get_session_config_entry(backend_module.SPINNING_KEY) == "1"
 

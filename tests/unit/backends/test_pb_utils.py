@@ -1,4 +1,5 @@
 """The model-side utils module (`pb_utils`): the API a Triton Python model is written against."""
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,7 @@ def test_request_accessors_and_lookup() -> None:
 
 
 def test_bls_outside_a_worker_is_refused_clearly() -> None:
-    request = pb_utils.InferenceRequest(model_name="other", inputs=[],
-                                        requested_output_names=["X"])
+    request = pb_utils.InferenceRequest(model_name="other", inputs=[], requested_output_names=["X"])
     with pytest.raises(pb_utils.TritonModelException, match="Python model worker"):
         request.exec()
     with pytest.raises(pb_utils.TritonModelException, match="response sender"):
@@ -78,8 +78,7 @@ def test_response_outputs_and_errors() -> None:
     assert not response.has_error() and response.error() is None
     assert pb_utils.get_output_tensor_by_name(response, "OUT") is out
     assert pb_utils.get_output_tensor_by_name(response, "NOPE") is None
-    failed = pb_utils.InferenceResponse(output_tensors=[],
-                                        error=pb_utils.TritonError("bad input"))
+    failed = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError("bad input"))
     assert failed.has_error()
     assert failed.error().message() == "bad input"
     assert failed.error().code() == pb_utils.TritonError.INTERNAL
@@ -95,14 +94,23 @@ def test_triton_error_codes() -> None:
 
 def test_config_lookup_by_name_from_dict_or_json() -> None:
     assert pb_utils.get_input_config_by_name(CONFIG, "IN")["dims"] == [3]
-    assert pb_utils.get_output_config_by_name(json.dumps(CONFIG), "OUT")["data_type"] == "TYPE_INT64"
+    assert (
+        pb_utils.get_output_config_by_name(json.dumps(CONFIG), "OUT")["data_type"] == "TYPE_INT64"
+    )
     assert pb_utils.get_output_config_by_name(CONFIG, "IN") is None
 
 
-@pytest.mark.parametrize("name, numpy_type", [
-    ("TYPE_FP32", np.float32), ("TYPE_INT64", np.int64), ("TYPE_UINT8", np.uint8),
-    ("TYPE_BOOL", np.bool_), ("TYPE_FP16", np.float16), ("TYPE_STRING", np.object_),
-])
+@pytest.mark.parametrize(
+    "name, numpy_type",
+    [
+        ("TYPE_FP32", np.float32),
+        ("TYPE_INT64", np.int64),
+        ("TYPE_UINT8", np.uint8),
+        ("TYPE_BOOL", np.bool_),
+        ("TYPE_FP16", np.float16),
+        ("TYPE_STRING", np.object_),
+    ],
+)
 def test_type_conversions(name: str, numpy_type: type) -> None:
     assert pb_utils.triton_string_to_numpy(name) is numpy_type
     number = pb_utils.numpy_to_triton_type(numpy_type)
@@ -117,9 +125,14 @@ def test_byte_tensor_round_trip() -> None:
 
 
 def test_model_config_auto_complete_helpers() -> None:
-    config = pb_utils.ModelConfig({"name": "m", "max_batch_size": 0, "input": [],
-                                   "output": [{"name": "OUT", "data_type": "TYPE_FP32",
-                                               "dims": [2]}]})
+    config = pb_utils.ModelConfig(
+        {
+            "name": "m",
+            "max_batch_size": 0,
+            "input": [],
+            "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [2]}],
+        }
+    )
     config.set_max_batch_size(8)
     config.set_dynamic_batching()
     config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [2]})
@@ -146,4 +159,5 @@ def test_auto_complete_cannot_add_dynamic_batching_to_a_sequence_model() -> None
     assert str(error.value) == (
         "Configuration specified scheduling_choice as 'sequence_batching', but "
         "auto-complete-config function for model 'm' tries to set scheduling_choice as "
-        "'dynamic_batching'")
+        "'dynamic_batching'"
+    )

@@ -4,6 +4,7 @@ Covers the worker protocol (init, execute, errors, finalize), the `args` a model
 shared-memory transfer of large and BYTES tensors, supervision (a killed worker fails only the
 requests it was running, restarts, and gives up after repeated crashes) and auto-complete.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ import signal
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from backends.python.backend import PythonBackend
 from protocol.errors import InternalError, InvalidArgument, Unavailable
 from repository.config import normalize, parse_config_text
 
-ADD_SUB = '''
+ADD_SUB = """
 import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -60,9 +61,9 @@ class TritonPythonModel:
     def finalize(self):
         with open(self.args["model_repository"] + "/finalized", "w") as handle:
             handle.write("yes")
-'''.replace("import json\n", "import json\nimport time\n", 1)
+""".replace("import json\n", "import json\nimport time\n", 1)
 
-ADD_SUB_CONFIG = '''
+ADD_SUB_CONFIG = """
 name: "add_sub"
 backend: "python"
 max_batch_size: 8
@@ -72,7 +73,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
          { name: "ARGS" data_type: TYPE_STRING dims: [ 1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 %s
-'''
+"""
 
 
 def write_model(root: Path, name: str, source: str, config_text: str) -> Path:
@@ -123,15 +124,22 @@ def wait_healthy(backend: PythonBackend, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_documented_model_runs_and_gets_tritons_args(add_sub: PythonBackend,
-                                                     tmp_path: Path) -> None:
+def test_documented_model_runs_and_gets_tritons_args(
+    add_sub: PythonBackend, tmp_path: Path
+) -> None:
     results = add_sub.execute_requests([pair(1, 2), pair(10, 20, n=3)])
     assert np.array_equal(results[0]["OUTPUT0"], np.full((1, 4), 3, np.float32))
     assert np.array_equal(results[1]["OUTPUT0"], np.full((1, 3), 30, np.float32))
     args = json.loads(results[0]["ARGS"][0])
-    assert set(args) == {"model_config", "model_instance_kind", "model_instance_name",
-                         "model_instance_device_id", "model_repository", "model_version",
-                         "model_name"}
+    assert set(args) == {
+        "model_config",
+        "model_instance_kind",
+        "model_instance_name",
+        "model_instance_device_id",
+        "model_repository",
+        "model_version",
+        "model_name",
+    }
     assert args["model_name"] == "add_sub" and args["model_version"] == "1"
     assert args["model_instance_kind"] == "CPU" and args["model_instance_device_id"] == "0"
     assert args["model_instance_name"] == "add_sub_0"
@@ -156,8 +164,7 @@ def test_model_errors_fail_only_their_request(add_sub: PythonBackend) -> None:
     assert isinstance(results[1], InvalidArgument) and "INPUT1 missing" in results[1].message
 
 
-def test_exception_in_execute_fails_the_batch_and_keeps_the_worker(
-        add_sub: PythonBackend) -> None:
+def test_exception_in_execute_fails_the_batch_and_keeps_the_worker(add_sub: PythonBackend) -> None:
     results = add_sub.execute_requests([pair(1, 2), pair(1, -1)])
     assert all(isinstance(r, InternalError) for r in results)
     assert "Failed to process the request(s) for model instance 'add_sub_0'" in results[0].message
@@ -181,13 +188,13 @@ def test_unload_calls_finalize_and_ends_the_process(tmp_path: Path) -> None:
 
 
 def test_initialize_failure_is_a_load_error(tmp_path: Path) -> None:
-    source = '''
+    source = """
     class TritonPythonModel:
         def initialize(self, args):
             raise RuntimeError("weights not found")
         def execute(self, requests):
             return []
-    '''
+    """
     config_text = ADD_SUB_CONFIG % ""
     backend = make_backend(write_model(tmp_path, "add_sub", source, config_text), config_text)
     with pytest.raises(BackendError, match="RuntimeError: weights not found"):
@@ -203,8 +210,9 @@ def test_missing_model_class_is_a_load_error(tmp_path: Path) -> None:
 
 def test_killed_worker_fails_in_flight_requests_and_restarts(add_sub: PythonBackend) -> None:
     results: list = []
-    runner = threading.Thread(target=lambda: results.extend(
-        add_sub.execute_requests([pair(1, -2), pair(1, 2)])))
+    runner = threading.Thread(
+        target=lambda: results.extend(add_sub.execute_requests([pair(1, -2), pair(1, 2)]))
+    )
     runner.start()
     time.sleep(0.3)  # the first request now sleeps inside the worker
     started = time.monotonic()
@@ -215,12 +223,14 @@ def test_killed_worker_fails_in_flight_requests_and_restarts(add_sub: PythonBack
     assert "was killed by SIGKILL" in results[0].message
     wait_healthy(add_sub)
     assert add_sub.restarts == 1
-    assert np.array_equal(add_sub.execute_requests([pair(2, 3)])[0]["OUTPUT0"],
-                          np.full((1, 4), 5, np.float32))
+    assert np.array_equal(
+        add_sub.execute_requests([pair(2, 3)])[0]["OUTPUT0"], np.full((1, 4), 5, np.float32)
+    )
 
 
 def test_worker_killed_while_idle_is_replaced_before_the_next_request(
-        add_sub: PythonBackend) -> None:
+    add_sub: PythonBackend,
+) -> None:
     kill_worker(add_sub)
     assert not add_sub.healthy()  # not ready while restarting
     result = add_sub.execute_requests([pair(1, 1)])[0]  # waits for the restart, then runs
@@ -228,8 +238,11 @@ def test_worker_killed_while_idle_is_replaced_before_the_next_request(
     assert add_sub.restarts == 1 and add_sub.healthy()
 
 
-@pytest.mark.parametrize("add_sub", ['parameters { key: "max_worker_crashes" '
-                                     'value { string_value: "2" } }'], indirect=True)
+@pytest.mark.parametrize(
+    "add_sub",
+    ['parameters { key: "max_worker_crashes" value { string_value: "2" } }'],
+    indirect=True,
+)
 def test_repeated_crashes_make_the_instance_fail_for_good(add_sub: PythonBackend) -> None:
     kill_worker(add_sub)
     wait_healthy(add_sub)
@@ -243,7 +256,7 @@ def test_repeated_crashes_make_the_instance_fail_for_good(add_sub: PythonBackend
     assert "not restarting" in caught.value.message
 
 
-AUTO_COMPLETE = '''
+AUTO_COMPLETE = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -261,7 +274,7 @@ class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)]) for r in requests]
-'''
+"""
 
 
 def test_auto_complete_config_fills_the_config(tmp_path: Path) -> None:
@@ -271,8 +284,9 @@ def test_auto_complete_config_fills_the_config(tmp_path: Path) -> None:
     assert config.max_batch_size == 4 and config.HasField("dynamic_batching")
     assert [t.name for t in config.input] == ["IN"] and list(config.input[0].dims) == [2]
     assert [t.name for t in config.output] == ["OUT"]
-    backend = PythonBackend(config, model_dir, model_dir / "1",
-                            InstanceSpec("doubler_0", "KIND_CPU", 0, 0))
+    backend = PythonBackend(
+        config, model_dir, model_dir / "1", InstanceSpec("doubler_0", "KIND_CPU", 0, 0)
+    )
     backend.load()
     try:
         out = backend.execute_requests([{"IN": np.array([[1, 2]], np.int32)}])[0]["OUT"]
@@ -282,13 +296,13 @@ def test_auto_complete_config_fills_the_config(tmp_path: Path) -> None:
 
 
 def test_worker_dying_during_initialize_is_a_load_error(tmp_path: Path) -> None:
-    source = '''
+    source = """
     import os
 
     class TritonPythonModel:
         def initialize(self, args):
             os._exit(3)
-    '''
+    """
     config_text = ADD_SUB_CONFIG % ""
     backend = make_backend(write_model(tmp_path, "add_sub", source, config_text), config_text)
     with pytest.raises(BackendError, match="exited with code 3 during initialize"):

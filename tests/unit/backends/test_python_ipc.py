@@ -1,4 +1,5 @@
 """The worker wire: framed messages with file descriptors, and the shared-memory arenas."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,14 @@ import socket
 import numpy as np
 import pytest
 
-from backends.python.wire.framing import (ArenaReader, ArenaWriter, ChannelClosed, Receiver,
-                                 recv_message, send_message)
+from backends.python.wire.framing import (
+    ArenaReader,
+    ArenaWriter,
+    ChannelClosed,
+    Receiver,
+    recv_message,
+    send_message,
+)
 
 
 def test_messages_keep_their_boundaries(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -25,7 +32,8 @@ def test_messages_keep_their_boundaries(pair: tuple[socket.socket, socket.socket
 
 
 def test_file_descriptors_travel_with_their_message(
-        pair: tuple[socket.socket, socket.socket]) -> None:
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
     left, right = pair
     read_end, write_end = os.pipe()
     try:
@@ -62,11 +70,14 @@ def test_arena_round_trips_every_kind_of_tensor() -> None:
     strided = np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2]  # not contiguous
     groups = [
         {"F": np.linspace(0, 1, 10, dtype=np.float32).reshape(2, 5), "S": strided},
-        {"B": np.array([b"abc", b"", "d\u00e9"], dtype=object), "E": np.zeros((0, 3), np.float64),
-         "BOOL": np.array([True, False])},
+        {
+            "B": np.array([b"abc", b"", "d\u00e9"], dtype=object),
+            "E": np.zeros((0, 3), np.float64),
+            "BOOL": np.array([True, False]),
+        },
     ]
     refs = _transfer(writer, reader, groups)
-    for group, group_refs in zip(groups, refs):
+    for group, group_refs in zip(groups, refs, strict=False):
         assert [ref[0] for ref in group_refs] == list(group)
         for ref in group_refs:
             out = reader.copy(ref)

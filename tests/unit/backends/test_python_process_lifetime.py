@@ -3,6 +3,7 @@ the kernel when the server process goes (PR_SET_PDEATHSIG), whichever thread sta
 end_workers() kills the ones still running at the server's exit deadline and starts no more.
 
 Every test checks by pid that the worker is gone, and kills what it started if it is not."""
+
 from __future__ import annotations
 
 import os
@@ -10,28 +11,28 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
+from procutil import gone, kill_quietly, wait_gone
+from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 from backends import registry
-from backends.python import process as python_process
 from backends.base import InstanceSpec
+from backends.python import process as python_process
 from backends.python.backend import PythonBackend
 from backends.python.process import WorkerDied, WorkerProcess
-from procutil import gone, kill_quietly, wait_gone
 from protocol.errors import Unavailable
 from repository.config import normalize, parse_config_text
-from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 ROOT = Path(__file__).resolve().parents[3]
 SLEEPER_CONFIG = sleeper_config("sleeper")
 
 # A stand-in for the server: starts a worker from a thread that then ends, puts it to sleep
 # inside execute, prints the worker's pid and waits to be killed.
-FAKE_SERVER = '''
+FAKE_SERVER = """
 import sys, threading, time
 from pathlib import Path
 import numpy as np
@@ -49,7 +50,7 @@ threading.Thread(target=worker.execute, args=([{"SECONDS": np.array([120], np.fl
 time.sleep(0.5)  # now inside execute
 print(worker.pid, flush=True)
 time.sleep(120)
-'''
+"""
 
 
 def write_sleeper(root: Path) -> Path:
@@ -66,8 +67,9 @@ def sleeper(tmp_path: Path) -> Iterator[PythonBackend]:
     model_dir = version_dir.parent
     config = parse_config_text(SLEEPER_CONFIG, model_dir / "config.pbtxt")
     normalize(config, "sleeper", model_dir, [version_dir])
-    backend = PythonBackend(config, model_dir, version_dir,
-                            InstanceSpec("sleeper_0", "KIND_CPU", 0, 0))
+    backend = PythonBackend(
+        config, model_dir, version_dir, InstanceSpec("sleeper_0", "KIND_CPU", 0, 0)
+    )
     backend.load()
     yield backend
     backend.unload()
@@ -83,8 +85,12 @@ def restore_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_busy_worker_dies_when_the_server_process_is_killed(tmp_path: Path) -> None:
     version_dir = write_sleeper(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(version_dir)],
-                              stdout=subprocess.PIPE, env=env, cwd=str(ROOT))
+    server = subprocess.Popen(
+        [sys.executable, "-c", FAKE_SERVER, str(version_dir)],
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=str(ROOT),
+    )
     pid = 0
     try:
         line = server.stdout.readline()  # type: ignore[union-attr]
@@ -119,12 +125,14 @@ def test_a_worker_outlives_the_thread_that_asked_for_it(tmp_path: Path) -> None:
 
 
 def test_end_workers_kills_a_busy_worker_and_starts_no_more(
-        sleeper: PythonBackend, restore_spawning: None) -> None:
+    sleeper: PythonBackend, restore_spawning: None
+) -> None:
     worker = sleeper._worker
     assert worker is not None
     results: list = []
-    runner = threading.Thread(target=lambda: results.extend(
-        sleeper.execute_requests([seconds(120)])))
+    runner = threading.Thread(
+        target=lambda: results.extend(sleeper.execute_requests([seconds(120)]))
+    )
     runner.start()
     time.sleep(0.3)  # inside execute now
     try:

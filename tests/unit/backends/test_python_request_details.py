@@ -2,11 +2,12 @@
 request needs: the requested output names (a request naming every output in the config's
 order is sent as one naming none), ids and parameters, and a response sender that a model
 which is not decoupled gets only when it asks for one."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from protocol.errors import InternalError
 from protocol.types import InferRequest, RequestedOutput, Tensor
 from tests.unit.backends.test_python_backend import make_backend, write_model
 
-ECHO = '''
+ECHO = """
 import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -41,9 +42,9 @@ class TritonPythonModel:
             else:
                 responses.append(response)
         return responses or None
-'''
+"""
 
-CONFIG = '''
+CONFIG = """
 name: "echo"
 backend: "python"
 max_batch_size: 8
@@ -51,7 +52,7 @@ input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] },
          { name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+"""
 
 
 @pytest.fixture
@@ -62,12 +63,18 @@ def echo(tmp_path: Path) -> Iterator[PythonBackend]:
     backend.unload()
 
 
-def request(outputs: Optional[list[str]] = None, request_id: str = "",
-            **parameters: object) -> InferRequest:
+def request(
+    outputs: list[str] | None = None, request_id: str = "", **parameters: object
+) -> InferRequest:
     x = np.ones((1, 2), np.float32)
-    return InferRequest("echo", "", request_id, [Tensor("X", "FP32", (1, 2), x)],
-                        None if outputs is None else [RequestedOutput(n) for n in outputs],
-                        dict(parameters))
+    return InferRequest(
+        "echo",
+        "",
+        request_id,
+        [Tensor("X", "FP32", (1, 2), x)],
+        None if outputs is None else [RequestedOutput(n) for n in outputs],
+        dict(parameters),
+    )
 
 
 def run(backend: PythonBackend, requests: list[InferRequest]) -> list:
@@ -84,9 +91,11 @@ def test_each_request_sees_the_outputs_it_named(echo: PythonBackend) -> None:
         [request(), request(["Y", "SEEN"])],  # all in the config's order: nothing sent
         [request(["Y", "SEEN"]), request(["SEEN"]), request(["SEEN", "Y"]), request()],
     ]
-    expected = [[["Y", "SEEN"], ["Y", "SEEN"]],
-                [["Y", "SEEN"], ["SEEN"], ["SEEN", "Y"], ["Y", "SEEN"]]]
-    for batch, names in zip(batches, expected):
+    expected = [
+        [["Y", "SEEN"], ["Y", "SEEN"]],
+        [["Y", "SEEN"], ["SEEN"], ["SEEN", "Y"], ["Y", "SEEN"]],
+    ]
+    for batch, names in zip(batches, expected, strict=False):
         assert [seen(result)["names"] for result in run(echo, batch)] == names
 
 
@@ -96,8 +105,7 @@ def test_ids_and_parameters_reach_the_model_only_where_set(echo: PythonBackend) 
     assert (seen(results[1])["id"], seen(results[1])["parameters"]) == ("", {})
 
 
-def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(
-        echo: PythonBackend) -> None:
+def test_a_model_that_is_not_decoupled_may_answer_through_its_sender(echo: PythonBackend) -> None:
     answered, silent = run(echo, [request(mode="sender"), request(mode="silent")])
     assert np.array_equal(answered["Y"], np.ones((1, 2), np.float32))
     assert seen(answered)["parameters"] == {"mode": "sender"}

@@ -1,6 +1,7 @@
 """The wire decoupled answers and BLS use: the shared-memory ring (wrap-around, growth, waiting
 for the reader), the shared channel (routing by key, several waiting threads, inline notices,
 descriptors of messages in flight together), and the worker's sender rules."""
+
 from __future__ import annotations
 
 import os
@@ -11,10 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from backends.python.worker.bridge import SendError, WorkerBridge
 from backends.python.wire.channel import Channel
 from backends.python.wire.framing import ChannelClosed, Receiver, send_message
 from backends.python.wire.ring import RingFull, RingReader, RingWriter
+from backends.python.worker.bridge import SendError, WorkerBridge
 
 
 def test_ring_wraps_around_and_reuses_what_was_read() -> None:
@@ -87,7 +88,8 @@ def test_descriptors_follow_their_own_message(pair: tuple[socket.socket, socket.
 
 
 def test_channel_routes_to_waiters_and_handles_notices(
-        pair: tuple[socket.socket, socket.socket]) -> None:
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
     left, right = pair
     notices: list[dict] = []
 
@@ -116,7 +118,8 @@ def test_channel_routes_to_waiters_and_handles_notices(
 
 
 def test_channel_wakes_every_waiter_when_the_other_side_goes(
-        pair: tuple[socket.socket, socket.socket]) -> None:
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
     left, right = pair
     channel = Channel(right, lambda message, fds: message["op"])
     errors: list[BaseException] = []
@@ -151,8 +154,9 @@ class _Response:
         return {}
 
 
-def _bridge(pair: tuple[socket.socket, socket.socket], window: int = 2,
-            timeout: float = 0.3) -> WorkerBridge:
+def _bridge(
+    pair: tuple[socket.socket, socket.socket], window: int = 2, timeout: float = 0.3
+) -> WorkerBridge:
     channel = Channel(pair[0], lambda message, fds: None)
     return WorkerBridge(channel, RingWriter(capacity=4096), RingReader(), window, timeout)
 
@@ -175,8 +179,7 @@ def test_sender_rules_match_triton(pair: tuple[socket.socket, socket.socket]) ->
         bridge.send(stream, _Response(), 0)
 
 
-def test_sender_blocks_at_its_window_until_acked(
-        pair: tuple[socket.socket, socket.socket]) -> None:
+def test_sender_blocks_at_its_window_until_acked(pair: tuple[socket.socket, socket.socket]) -> None:
     bridge = _bridge(pair, window=2, timeout=0.3)
     state = bridge.register(9, True, None)
     bridge.send(state, _Response(), 0)
@@ -192,7 +195,8 @@ def test_sender_blocks_at_its_window_until_acked(
 
 
 def test_a_cancel_that_overtakes_its_request_still_reaches_it(
-        pair: tuple[socket.socket, socket.socket]) -> None:
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
     bridge = _bridge(pair)
     bridge.register(3, True, None)
     bridge.on_notice({"op": "cancel", "rid": 5})  # request 5's execute has not arrived yet

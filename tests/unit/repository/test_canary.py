@@ -1,11 +1,19 @@
 """server/traffic/canary.py: the canary state machine on a fake clock."""
+
 from __future__ import annotations
 
 from protocol.traffic import CanarySpec
 from server.traffic.canary import PROMOTED, ROLLED_BACK, RUNNING, STEP, Canary, OutcomeWindow
 
-SPEC = CanarySpec("1", "2", steps=(10, 50, 100), step_seconds=30.0, min_requests=50,
-                  max_error_rate=0.05, max_p99_ms=200.0)
+SPEC = CanarySpec(
+    "1",
+    "2",
+    steps=(10, 50, 100),
+    step_seconds=30.0,
+    min_requests=50,
+    max_error_rate=0.05,
+    max_p99_ms=200.0,
+)
 
 
 def feed(canary: Canary, n: int, latency_ms: float = 10.0, failures: int = 0) -> None:
@@ -64,8 +72,7 @@ def test_p99_breach_rolls_back() -> None:
 
 
 def test_no_latency_gate_when_max_p99_is_none() -> None:
-    spec = CanarySpec("1", "2", steps=(100,), step_seconds=1.0, min_requests=5,
-                      max_p99_ms=None)
+    spec = CanarySpec("1", "2", steps=(100,), step_seconds=1.0, min_requests=5, max_p99_ms=None)
     canary = Canary(spec, now=0.0)
     feed(canary, 5, latency_ms=1e6)
     assert canary.evaluate(1.0) == PROMOTED

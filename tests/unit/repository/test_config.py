@@ -1,5 +1,6 @@
 """config.pbtxt parsing, Triton's normalisation and ONNX auto-complete, seen through the /config
 JSON (protocol/config_json.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +19,10 @@ def _versions(model_dir: Path) -> list[Path]:
 def test_syntax_error_names_file_line_and_column(tmp_path: Path) -> None:
     path = tmp_path / "config.pbtxt"
     with pytest.raises(ConfigError) as info:
-        parse_config_text('name: "m"\nmax_batch_size: 8\ninput [ { name: "x" dims: [ 1, ] } ]\nbogus_field: 3\n', path)
+        parse_config_text(
+            'name: "m"\nmax_batch_size: 8\ninput [ { name: "x" dims: [ 1, ] } ]\nbogus_field: 3\n',
+            path,
+        )
     message = str(info.value)
     assert str(path) in message
     assert ":3:" in message or ":4:" in message
@@ -73,8 +77,9 @@ def test_auto_complete_can_be_disabled(tmp_path: Path) -> None:
     model_dir = tmp_path / "bare"
     (model_dir / "1").mkdir(parents=True)
     onnx.save(make_simple_model(), str(model_dir / "1" / "model.onnx"))
-    config = normalize(read_config(model_dir), "bare", model_dir, _versions(model_dir),
-                       auto_complete=False)
+    config = normalize(
+        read_config(model_dir), "bare", model_dir, _versions(model_dir), auto_complete=False
+    )
     # Nothing was read from the model; a config with no tensors is valid, as in Triton (the
     # ONNX Runtime backend refuses it at load for this model, which has inputs).
     assert not config.input and not config.output
@@ -90,11 +95,14 @@ def test_name_must_match_directory(tmp_path: Path) -> None:
         normalize(config, "simple", model_dir, _versions(model_dir))
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c.input[0].dims.__setitem__(0, 0), "input 'INPUT0' has invalid dims"),
-    (lambda c: c.dynamic_batching.preferred_batch_size.append(99), "preferred_batch_size 99"),
-    (lambda c: setattr(c, "backend", "tensorflow"), "unknown backend 'tensorflow'"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.input[0].dims.__setitem__(0, 0), "input 'INPUT0' has invalid dims"),
+        (lambda c: c.dynamic_batching.preferred_batch_size.append(99), "preferred_batch_size 99"),
+        (lambda c: setattr(c, "backend", "tensorflow"), "unknown backend 'tensorflow'"),
+    ],
+)
 def test_validation_errors_name_model_and_field(tmp_path: Path, edit, message: str) -> None:
     model_dir = build_simple(tmp_path)
     config = read_config(model_dir)
@@ -105,13 +113,16 @@ def test_validation_errors_name_model_and_field(tmp_path: Path, edit, message: s
 
 
 @pytest.mark.parametrize("backend, count", [("onnxruntime", 2), ("python", 1), ("identity", 1)])
-def test_a_cpu_group_without_a_count_gets_tritons_default(tmp_path: Path, backend: str,
-                                                          count: int) -> None:
+def test_a_cpu_group_without_a_count_gets_tritons_default(
+    tmp_path: Path, backend: str, count: int
+) -> None:
     model_dir = tmp_path / "m"
     (model_dir / "1").mkdir(parents=True)
-    config = parse_config_text(f'backend: "{backend}"\ninstance_group [ {{ kind: KIND_CPU }} ]\n'
-                               'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-                               'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
-                               model_dir / "config.pbtxt")
+    config = parse_config_text(
+        f'backend: "{backend}"\ninstance_group [ {{ kind: KIND_CPU }} ]\n'
+        'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+        model_dir / "config.pbtxt",
+    )
     normalize(config, "m", model_dir, [], auto_complete=False)
     assert config.instance_group[0].count == count

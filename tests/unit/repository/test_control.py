@@ -1,5 +1,6 @@
 """Model control flags, config file names that must stay inside the model directory, and
 strict readiness over the registry's states."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,32 +20,53 @@ from server.settings import ServerSettings
 
 
 def test_control_flags_parse_with_triton_names(tmp_path: Path) -> None:
-    settings = settings_from_args([
-        "--model-repository", str(tmp_path / "a"), "--model-repository", str(tmp_path / "b"),
-        "--model-control-mode", "explicit", "--load-model", "simple", "--load-model", "other",
-        "--repository-poll-secs", "0.5"])
+    settings = settings_from_args(
+        [
+            "--model-repository",
+            str(tmp_path / "a"),
+            "--model-repository",
+            str(tmp_path / "b"),
+            "--model-control-mode",
+            "explicit",
+            "--load-model",
+            "simple",
+            "--load-model",
+            "other",
+            "--repository-poll-secs",
+            "0.5",
+        ]
+    )
     assert settings.model_control_mode == "explicit"
     assert settings.load_models == ["simple", "other"]
     assert settings.repository_poll_secs == 0.5
     assert [p.name for p in settings.model_repositories] == ["a", "b"]
     defaults = settings_from_args(["--model-repository", str(tmp_path)])
-    assert (defaults.model_control_mode, defaults.repository_poll_secs, defaults.load_models) == \
-        ("none", 15.0, [])
+    assert (defaults.model_control_mode, defaults.repository_poll_secs, defaults.load_models) == (
+        "none",
+        15.0,
+        [],
+    )
 
 
 def test_the_settle_time_flag(tmp_path: Path) -> None:
     assert settings_from_args(["--model-repository", str(tmp_path)]).repository_settle_secs == 10.0
     for value in ("0", "2.5"):
-        settings = settings_from_args(["--model-repository", str(tmp_path),
-                                       "--repository-settle-secs", value])
+        settings = settings_from_args(
+            ["--model-repository", str(tmp_path), "--repository-settle-secs", value]
+        )
         assert settings.repository_settle_secs == float(value)
 
 
-@pytest.mark.parametrize("argv", [["--model-control-mode", "sometimes"],
-                                  ["--repository-poll-secs", "0"],
-                                  ["--repository-poll-secs", "soon"],
-                                  ["--repository-settle-secs", "-1"],
-                                  ["--repository-settle-secs", "nan"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model-control-mode", "sometimes"],
+        ["--repository-poll-secs", "0"],
+        ["--repository-poll-secs", "soon"],
+        ["--repository-settle-secs", "-1"],
+        ["--repository-settle-secs", "nan"],
+    ],
+)
 def test_bad_control_flags_are_refused(tmp_path: Path, argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         settings_from_args(["--model-repository", str(tmp_path), *argv])
@@ -54,13 +76,16 @@ def _config(extra: str) -> ModelConfig:
     return text_format.Parse(simple_config("m", 8) + extra, ModelConfig())
 
 
-@pytest.mark.parametrize("extra", [
-    'default_model_filename: "../../elsewhere.onnx"',
-    'default_model_filename: "/etc/passwd"',
-    'output [ { name: "EXTRA" data_type: TYPE_INT32 dims: [1] label_filename: "../secret" } ]',
-    'model_warmup [ { name: "w" batch_size: 1 inputs [ { key: "INPUT0" value: '
-    '{ data_type: TYPE_INT32 dims: [16] input_data_file: "../../secret" } } ] } ]',
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        'default_model_filename: "../../elsewhere.onnx"',
+        'default_model_filename: "/etc/passwd"',
+        'output [ { name: "EXTRA" data_type: TYPE_INT32 dims: [1] label_filename: "../secret" } ]',
+        'model_warmup [ { name: "w" batch_size: 1 inputs [ { key: "INPUT0" value: '
+        '{ data_type: TYPE_INT32 dims: [16] input_data_file: "../../secret" } } ] } ]',
+    ],
+)
 def test_config_file_names_must_stay_in_the_model_directory(extra: str) -> None:
     with pytest.raises(ConfigError, match="must be a relative path inside the model directory"):
         validate(_config(extra))
@@ -78,8 +103,9 @@ def test_names_that_cannot_be_model_directories(name: str) -> None:
 def _core(strict: bool = True) -> tuple[InferenceCore, ModelRegistry]:
     registry = ModelRegistry()
     settings = ServerSettings(strict_readiness=strict)
-    core = InferenceCore(settings, registry, ModelManager(ManagerSettings([]), registry),
-                         InferencePath(registry))
+    core = InferenceCore(
+        settings, registry, ModelManager(ManagerSettings([]), registry), InferencePath(registry)
+    )
     core.started = True
     return core, registry
 
@@ -148,8 +174,14 @@ def test_strict_readiness_follows_what_each_model_is_meant_to_do() -> None:
 def test_load_api_flags_parse(tmp_path: Path) -> None:
     defaults = settings_from_args(["--model-repository", str(tmp_path)])
     assert defaults.allow_model_load_file_override is False and defaults.overload_status == 503
-    settings = settings_from_args(["--model-repository", str(tmp_path),
-                                   "--allow-model-load-file-override", "--overload-status=429"])
+    settings = settings_from_args(
+        [
+            "--model-repository",
+            str(tmp_path),
+            "--allow-model-load-file-override",
+            "--overload-status=429",
+        ]
+    )
     assert settings.allow_model_load_file_override is True and settings.overload_status == 429
     with pytest.raises(SystemExit):
         settings_from_args(["--model-repository", str(tmp_path), "--overload-status", "500"])
@@ -162,17 +194,19 @@ def test_file_overrides_need_the_flag_config_overrides_do_not(allowed: bool) -> 
     from protocol.errors import InvalidArgument, PermissionDenied
 
     registry = ModelRegistry()
-    settings = ServerSettings(model_control_mode="explicit",
-                              allow_model_load_file_override=allowed)
-    core = InferenceCore(settings, registry, ModelManager(ManagerSettings([]), registry),
-                         InferencePath(registry))
+    settings = ServerSettings(model_control_mode="explicit", allow_model_load_file_override=allowed)
+    core = InferenceCore(
+        settings, registry, ModelManager(ManagerSettings([]), registry), InferencePath(registry)
+    )
     config = '{"backend": "python"}'
     files = {"1/model.py": b"import os\nos.system('touch /tmp/pwned')\n"}
     with pytest.raises(InvalidArgument if allowed else PermissionDenied) as info:
         asyncio.run(core.load_model("m", config, files))
     if not allowed:
-        assert (info.value.http_status(), info.value.grpc_status_name()) == \
-            (403, "PERMISSION_DENIED")
+        assert (info.value.http_status(), info.value.grpc_status_name()) == (
+            403,
+            "PERMISSION_DENIED",
+        )
         assert "--allow-model-load-file-override" in info.value.message
         assert info.value.message.startswith("load failed for model 'm'")
     else:  # allowed through to the load (which fails: the config lists no inputs)

@@ -1,4 +1,5 @@
 """Version directories and version policies."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,12 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from protocol.proto.model_config_pb2 import ModelConfig
-from repository.layout import DUPLICATE_REASON, scan_repositories, select_versions, version_directories
+from repository.layout import (
+    DUPLICATE_REASON,
+    scan_repositories,
+    select_versions,
+    version_directories,
+)
 
 
 def _model(tmp_path: Path, versions: list[str]) -> Path:
@@ -28,9 +34,14 @@ def test_only_positive_integer_directories_are_versions(tmp_path: Path) -> None:
 def test_policies(tmp_path: Path) -> None:
     available = version_directories(_model(tmp_path, ["1", "2", "3", "10"]))
     assert select_versions(_config(""), available) == [10]
-    assert select_versions(_config("version_policy { latest { num_versions: 2 } }"), available) == [3, 10]
+    assert select_versions(_config("version_policy { latest { num_versions: 2 } }"), available) == [
+        3,
+        10,
+    ]
     assert select_versions(_config("version_policy { all { } }"), available) == [1, 2, 3, 10]
-    assert select_versions(_config("version_policy: { specific { versions: [1, 3, 7] }}"), available) == [1, 3]
+    assert select_versions(
+        _config("version_policy: { specific { versions: [1, 3, 7] }}"), available
+    ) == [1, 3]
 
 
 def test_a_model_in_two_repositories_is_reported(tmp_path: Path) -> None:

@@ -1,17 +1,19 @@
 """The manager's hot swap, failure handling, keep/versions filters, file overrides, warm-up and
 dependents, with a fake scheduler whose copies are told apart by a `tag` file in the version."""
+
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+
 import numpy as np
 import pytest
 
 from backends.base import BackendError
 from examples.build_repository import simple_config
+from protocol.config_json import config_from_json
 from protocol.errors import Unavailable
 from protocol.types import InferRequest, InferResponse, Tensor
-from protocol.config_json import config_from_json
 from repository.manager import LoadError, ManagerSettings, ModelManager
 from repository.overrides import PREFIX
 from repository.registry import ModelRegistry, ModelState
@@ -22,7 +24,7 @@ from scheduler.stats import VersionStatistics
 class FakeScheduler(Scheduler):
     """Answers at once with its tag, or holds requests while `hold` is set."""
 
-    instances: list["FakeScheduler"] = []
+    instances: list[FakeScheduler] = []
 
     def __init__(self, spec: VersionSpec, stats: VersionStatistics, **_: object) -> None:
         super().__init__(spec, stats)
@@ -44,8 +46,11 @@ class FakeScheduler(Scheduler):
         return True
 
     def _answer(self) -> InferResponse:
-        return InferResponse(self.spec.name, str(self.spec.version), outputs=[
-            Tensor("TAG", "BYTES", (1,), np.array([self.tag.encode()], dtype=object))])
+        return InferResponse(
+            self.spec.name,
+            str(self.spec.version),
+            outputs=[Tensor("TAG", "BYTES", (1,), np.array([self.tag.encode()], dtype=object))],
+        )
 
     def submit(self, request: InferRequest) -> asyncio.Future:
         """No validation: these tests are about loading and swapping, not requests."""
@@ -53,7 +58,9 @@ class FakeScheduler(Scheduler):
 
     def _admit(self, request: InferRequest) -> asyncio.Future:
         if not self.accepting:
-            raise Unavailable(f"'{self.spec.name}' version {self.spec.version} is not at ready state")
+            raise Unavailable(
+                f"'{self.spec.name}' version {self.spec.version} is not at ready state"
+            )
         self.submitted += 1
         self._stats.record_execution(1, 0, 0, 0)
         future = asyncio.get_running_loop().create_future()
@@ -95,8 +102,9 @@ class Hooks:
         self.events.append(("unloaded", name, version))
 
 
-def model(repo: Path, name: str = "m", versions: dict[int, str] | None = None,
-          extra: str = "") -> Path:
+def model(
+    repo: Path, name: str = "m", versions: dict[int, str] | None = None, extra: str = ""
+) -> Path:
     model_dir = repo / name
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(simple_config(name, 8) + extra)
@@ -118,9 +126,12 @@ def repo(tmp_path: Path) -> Path:
 def manager_for(repo: Path, **settings) -> tuple[ModelManager, ModelRegistry, Hooks]:  # type: ignore[no-untyped-def]
     registry = ModelRegistry()
     hooks = Hooks()
-    manager = ModelManager(ManagerSettings([repo], auto_complete=False, drain_timeout=5.0,
-                                           **settings), registry, hooks,  # type: ignore[arg-type]
-                           scheduler_factory=FakeScheduler)
+    manager = ModelManager(
+        ManagerSettings([repo], auto_complete=False, drain_timeout=5.0, **settings),
+        registry,
+        hooks,  # type: ignore[arg-type]
+        scheduler_factory=FakeScheduler,
+    )
     return manager, registry, hooks
 
 
@@ -132,7 +143,9 @@ def states(registry: ModelRegistry, name: str = "m") -> dict[int, tuple[str, str
     return {v: (r.state.value, r.reason) for v, r in registry.get(name).versions.items()}
 
 
-async def test_reload_publishes_the_new_copy_while_the_old_one_finishes_its_requests(repo: Path) -> None:
+async def test_reload_publishes_the_new_copy_while_the_old_one_finishes_its_requests(
+    repo: Path,
+) -> None:
     manager, registry, hooks = manager_for(repo)
     model(repo)
     await manager.load_model("m")
@@ -162,7 +175,10 @@ async def test_a_failed_new_version_leaves_the_old_one_serving(repo: Path) -> No
     await manager.load_model("m")
     model(repo, versions={2: "b"})
     (repo / "m" / "2" / "fail").touch()
-    with pytest.raises(LoadError, match="load failed for model 'm': version 2 is at UNAVAILABLE state: corrupt weights;"):
+    with pytest.raises(
+        LoadError,
+        match="load failed for model 'm': version 2 is at UNAVAILABLE state: corrupt weights;",
+    ):
         await manager.load_model("m")
     assert states(registry) == {1: ("READY", ""), 2: ("UNAVAILABLE", "corrupt weights")}
     assert serving(registry).tag == "a"
@@ -226,7 +242,9 @@ async def test_unload_then_load_again(repo: Path) -> None:
 
 async def test_unknown_models_leave_no_trace(repo: Path) -> None:
     manager, registry, _ = manager_for(repo)
-    with pytest.raises(LoadError, match="failed to load 'nope', failed to poll from model repository"):
+    with pytest.raises(
+        LoadError, match="failed to load 'nope', failed to poll from model repository"
+    ):
         await manager.load_model("nope")
     await manager.unload_model("nope")
     assert registry.models == {}
@@ -241,21 +259,26 @@ async def test_a_model_in_two_repositories_is_unavailable(repo: Path, tmp_path: 
     with pytest.raises(LoadError, match="model appears in two or more repositories"):
         await manager.load_model("m")
     record = registry.get("m")
-    assert (record.state, record.reason) == (ModelState.UNAVAILABLE,
-                                             "model appears in two or more repositories")
+    assert (record.state, record.reason) == (
+        ModelState.UNAVAILABLE,
+        "model appears in two or more repositories",
+    )
 
 
 async def test_file_overrides_load_from_a_private_directory_removed_when_replaced(
-        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tempfile
 
     private_root = tmp_path / "tmp"
     private_root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private_root))
     manager, registry, _ = manager_for(repo)
-    config = config_from_json('{"backend": "onnxruntime", "max_batch_size": 8, '
-                              '"input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [16]}],'
-                              '"output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [16]}]}')
+    config = config_from_json(
+        '{"backend": "onnxruntime", "max_batch_size": 8, '
+        '"input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [16]}],'
+        '"output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [16]}]}'
+    )
     await manager.load_model("private", config, files={"1/model.onnx": b"w", "1/tag": b"p1"})
     first = serving(registry, "private")
     assert first.tag == "p1" and first.spec.model_dir.name.startswith(PREFIX)
@@ -271,10 +294,12 @@ async def test_file_overrides_load_from_a_private_directory_removed_when_replace
 
 async def test_warmup_runs_before_ready_and_its_counts_are_forgotten(repo: Path) -> None:
     manager, registry, _ = manager_for(repo)
-    warmup = ('model_warmup [ { name: "zeros" batch_size: 3 count: 2 inputs [\n'
-              '  { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [16] zero_data: true } },\n'
-              '  { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [16] random_data: true } } ]\n'
-              '} ]\n')
+    warmup = (
+        'model_warmup [ { name: "zeros" batch_size: 3 count: 2 inputs [\n'
+        '  { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [16] zero_data: true } },\n'
+        '  { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [16] random_data: true } } ]\n'
+        "} ]\n"
+    )
     model(repo, extra=warmup)
     await manager.load_model("m")
     scheduler = serving(registry)
@@ -284,14 +309,18 @@ async def test_warmup_runs_before_ready_and_its_counts_are_forgotten(repo: Path)
 
 async def test_a_failing_warmup_fails_the_load(repo: Path) -> None:
     manager, registry, _ = manager_for(repo)
-    warmup = ('model_warmup [ { name: "boom" batch_size: 1 inputs [\n'
-              '  { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [16] zero_data: true } },\n'
-              '  { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [16] zero_data: true } } ]\n'
-              '} ]\nparameters { key: "warmup_fails" value: { string_value: "1" } }\n')
+    warmup = (
+        'model_warmup [ { name: "boom" batch_size: 1 inputs [\n'
+        '  { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [16] zero_data: true } },\n'
+        '  { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [16] zero_data: true } } ]\n'
+        '} ]\nparameters { key: "warmup_fails" value: { string_value: "1" } }\n'
+    )
     model(repo, extra=warmup)
     with pytest.raises(LoadError, match="failed to run warmup sample 'boom': warm-up blew up"):
         await manager.load_model("m")
-    assert states(registry) == {1: ("UNAVAILABLE", "failed to run warmup sample 'boom': warm-up blew up")}
+    assert states(registry) == {
+        1: ("UNAVAILABLE", "failed to run warmup sample 'boom': warm-up blew up")
+    }
     assert FakeScheduler.instances[-1].stopped
 
 
@@ -309,7 +338,9 @@ ensemble_scheduling { step [
 """
 
 
-async def test_explicit_ensemble_loads_its_members_and_unload_dependents_unloads_them(repo: Path) -> None:
+async def test_explicit_ensemble_loads_its_members_and_unload_dependents_unloads_them(
+    repo: Path,
+) -> None:
     manager, registry, _ = manager_for(repo, load_dependencies=True)
     model(repo, "a")
     model(repo, "b")
@@ -344,7 +375,8 @@ async def test_labels_are_read_when_a_copy_loads_and_again_on_reload(repo: Path)
     model_dir = model(repo)
     config = (model_dir / "config.pbtxt").read_text()
     (model_dir / "config.pbtxt").write_text(
-        config.replace('"OUTPUT0"', '"OUTPUT0" label_filename: "labels.txt"'))
+        config.replace('"OUTPUT0"', '"OUTPUT0" label_filename: "labels.txt"')
+    )
     (model_dir / "labels.txt").write_text("cat\ndog\n")
     await manager.load_model("m")
     assert registry.resolve("m").labels == {"OUTPUT0": ["cat", "dog"]}
@@ -379,7 +411,8 @@ async def _version_1_loaded_with_auto_complete(repo: Path):  # type: ignore[no-u
 
 
 async def test_a_new_version_that_fails_before_it_is_built_shows_unavailable_beside_the_old(
-        repo: Path) -> None:
+    repo: Path,
+) -> None:
     """Issue #13 item 9: auto-complete cannot read the new version's model file."""
     from examples.variants import model_bytes
 
@@ -441,7 +474,8 @@ async def test_a_broken_config_names_no_version(repo: Path) -> None:
 
 
 async def test_a_kept_version_survives_a_version_policy_change_but_not_another_config_change(
-        repo: Path) -> None:
+    repo: Path,
+) -> None:
     """What the poller asks to keep stays only while the config is the same but for the
     version policy (Triton's reload rule)."""
     manager, registry, hooks = manager_for(repo)
@@ -452,7 +486,8 @@ async def test_a_kept_version_survives_a_version_policy_change_but_not_another_c
     await manager.load_model("m", versions={1, 2}, keep={1, 2})
     assert serving(registry, version="1") is first  # kept: only the policy changed
     assert serving(registry, version="2").tag == "b"
-    model(repo, versions={1: "a", 2: "b"},
-          extra="version_policy { all { } }\ndynamic_batching { }\n")
+    model(
+        repo, versions={1: "a", 2: "b"}, extra="version_policy { all { } }\ndynamic_batching { }\n"
+    )
     await manager.load_model("m", versions={1, 2}, keep={1, 2})
     assert serving(registry, version="1") is not first  # rebuilt: the config changed

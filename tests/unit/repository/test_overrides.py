@@ -1,5 +1,6 @@
 """File overrides from load requests: only plain relative paths, written only inside the private
 directory, never through a symlink."""
+
 from __future__ import annotations
 
 import os
@@ -7,11 +8,29 @@ from pathlib import Path
 
 import pytest
 
-from repository.overrides import (OverrideError, checked_path, create_override_directory,
-                                  remove_override_directory, write_files)
+from repository.overrides import (
+    OverrideError,
+    checked_path,
+    create_override_directory,
+    remove_override_directory,
+    write_files,
+)
 
-ESCAPES = ["../x", "1/../../x", "1/../x", "/etc/x", "//x", "1//model.onnx", "./1/model.onnx",
-           "1/./model.onnx", "..", "", "1/model.onnx\x00.txt", "..\\x", "1/"]
+ESCAPES = [
+    "../x",
+    "1/../../x",
+    "1/../x",
+    "/etc/x",
+    "//x",
+    "1//model.onnx",
+    "./1/model.onnx",
+    "1/./model.onnx",
+    "..",
+    "",
+    "1/model.onnx\x00.txt",
+    "..\\x",
+    "1/",
+]
 
 
 @pytest.mark.parametrize("key", ESCAPES)

@@ -1,13 +1,14 @@
 """The poller's fingerprints and stability rule, driven by explicit poll() calls over real files
 and a fake manager that records what it is asked to do."""
+
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
 import time
+from collections.abc import Collection
 from pathlib import Path
-from typing import Collection, Optional
 
 import pytest
 
@@ -20,11 +21,16 @@ class FakeManager:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
         self.fail_loads = False
-        self.gate: Optional[asyncio.Event] = None
+        self.gate: asyncio.Event | None = None
 
-    async def load_model(self, name: str, override: None = None, *,
-                         versions: Optional[Collection[int]] = None,
-                         keep: Collection[int] = ()) -> None:
+    async def load_model(
+        self,
+        name: str,
+        override: None = None,
+        *,
+        versions: Collection[int] | None = None,
+        keep: Collection[int] = (),
+    ) -> None:
         self.calls.append(("load", name, sorted(versions or ()), sorted(keep)))
         if self.gate is not None:
             await self.gate.wait()
@@ -161,7 +167,9 @@ async def test_rewriting_identical_bytes_with_a_new_mtime_reloads(repo: Path) ->
     assert manager.calls == [("load", "m", [1], [])]
 
 
-async def test_a_new_model_appears_only_when_complete_and_leaves_after_two_polls(repo: Path) -> None:
+async def test_a_new_model_appears_only_when_complete_and_leaves_after_two_polls(
+    repo: Path,
+) -> None:
     make_model(repo)
     poller, manager = await started(repo)
     write(repo / "late" / "config.pbtxt", 'backend: "onnxruntime"\n')
@@ -181,7 +189,9 @@ async def test_a_new_model_appears_only_when_complete_and_leaves_after_two_polls
     assert len(manager.calls) == 2
 
 
-async def test_a_model_in_two_repositories_is_removed_with_triton_reason(repo: Path, tmp_path: Path) -> None:
+async def test_a_model_in_two_repositories_is_removed_with_triton_reason(
+    repo: Path, tmp_path: Path
+) -> None:
     other = tmp_path / "other"
     other.mkdir()
     make_model(repo)
@@ -264,8 +274,12 @@ def test_scan_groups_files_into_model_level_and_versions(tmp_path: Path) -> None
     write(model / "07" / "ignored.onnx", "x")
     scanned = scan_model(model)
     assert scanned.versions == [1, 3]
-    assert sorted(scanned.units[None]) == ["07/ignored.onnx", "config.pbtxt", "labels.txt",
-                                           "warmup/in.bin"]
+    assert sorted(scanned.units[None]) == [
+        "07/ignored.onnx",
+        "config.pbtxt",
+        "labels.txt",
+        "warmup/in.bin",
+    ]
     assert list(scanned.units[3]) == ["3/model.onnx"]
 
 
@@ -291,7 +305,8 @@ def test_hashes_are_cached_by_stat_and_forgotten_when_unused(tmp_path: Path, mon
 
 
 async def test_a_symlink_loop_and_an_unreadable_model_do_not_stop_polling(
-        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = make_model(repo)
     os.symlink(".", model / "1" / "loop")
     poller, manager = await started(repo)

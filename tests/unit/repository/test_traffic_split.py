@@ -1,4 +1,5 @@
 """server/traffic/split.py: the weighted split and the sticky hash."""
+
 from __future__ import annotations
 
 import random

@@ -1,5 +1,6 @@
 """Warm-up samples become requests shaped like clients' ones (one row each), from zeros, random
 values or data files inside the model's warmup/ directory."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,13 @@ model_warmup [ { name: "sample" batch_size: %d count: 1 inputs [
 """
 
 
-def spec_for(tmp_path: Path, max_batch: int = 8, rows: int = 2, a: str = "zero_data: true",
-             s: str = "zero_data: true") -> VersionSpec:
+def spec_for(
+    tmp_path: Path,
+    max_batch: int = 8,
+    rows: int = 2,
+    a: str = "zero_data: true",
+    s: str = "zero_data: true",
+) -> VersionSpec:
     config = text_format.Parse(CONFIG % (max_batch, rows, a, s), ModelConfig())
     return VersionSpec("m", 1, config, tmp_path, tmp_path / "1", OnnxRuntimeBackend)
 
@@ -69,8 +75,10 @@ def test_a_short_data_file_fails_naming_the_sample(tmp_path: Path) -> None:
     (tmp_path / "warmup").mkdir()
     (tmp_path / "warmup" / "a.bin").write_bytes(b"\0" * 8)
     spec = spec_for(tmp_path, a='input_data_file: "a.bin"')
-    with pytest.raises(WarmupError, match="failed to run warmup sample 'sample': input 'A' needs 24 "
-                                          "bytes, but 'a.bin' holds 8"):
+    with pytest.raises(
+        WarmupError,
+        match="failed to run warmup sample 'sample': input 'A' needs 24 bytes, but 'a.bin' holds 8",
+    ):
         build_requests(spec, spec.config.model_warmup[0])
 
 

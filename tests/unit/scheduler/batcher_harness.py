@@ -5,6 +5,7 @@ Every request carries its own number in every row of INPUT0, so the fake model c
 requests (rows) ran together; it answers INPUT0 + 1. Time only moves when a test advances the
 clock, so "still waiting" is checked with the pending count, never with sleeps.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -87,8 +88,12 @@ class RequestListModel(AddOneModel):
     def execute_requests(self, requests):
         self.recorder.request_lists.append(len(requests))
         self.run([int(r["INPUT0"].reshape(-1)[0]) for r in requests])
-        return [ValueError("unlucky") if int(r["INPUT0"].reshape(-1)[0]) == 13
-                else {"OUTPUT0": r["INPUT0"] + 1} for r in requests]
+        return [
+            ValueError("unlucky")
+            if int(r["INPUT0"].reshape(-1)[0]) == 13
+            else {"OUTPUT0": r["INPUT0"] + 1}
+            for r in requests
+        ]
 
 
 class Observer:
@@ -122,8 +127,9 @@ class Observer:
         self.rejections.append(reason)
 
 
-def make_config(batching: str, *, max_batch_size: int = 8, dims: str = "2",
-                instances: int = 1, extra: str = "") -> ModelConfig:
+def make_config(
+    batching: str, *, max_batch_size: int = 8, dims: str = "2", instances: int = 1, extra: str = ""
+) -> ModelConfig:
     text = f"""
         name: "m" backend: "fake" max_batch_size: {max_batch_size}
         input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] {extra} }}]
@@ -141,18 +147,25 @@ class Harness:
         self.observer = Observer()
         self.stats = VersionStatistics("m", "1", observer=self.observer)
         backend_cls = type(model.__name__, (model,), {"recorder": self.recorder})
-        spec = VersionSpec("m", 1, config, Path("/nonexistent"), Path("/nonexistent/1"),
-                           backend_cls)
+        spec = VersionSpec(
+            "m", 1, config, Path("/nonexistent"), Path("/nonexistent/1"), backend_cls
+        )
         self.scheduler = DynamicBatcher(spec, self.stats, clock=self.clock)
 
-    def request(self, number: int, rows: int = 1, width: int = 2, priority: int = 0,
-                timeout_us: int = 0) -> InferRequest:
+    def request(
+        self, number: int, rows: int = 1, width: int = 2, priority: int = 0, timeout_us: int = 0
+    ) -> InferRequest:
         data = np.full((rows, width), number, dtype=np.float32)
-        parameters = {key: value for key, value in (("priority", priority),
-                                                    ("timeout", timeout_us)) if value}
-        return InferRequest("m", id=str(number), parameters=parameters,
-                            arrival_ns=self.clock.now_ns(),
-                            inputs=[Tensor("INPUT0", "FP32", data.shape, data)])
+        parameters = {
+            key: value for key, value in (("priority", priority), ("timeout", timeout_us)) if value
+        }
+        return InferRequest(
+            "m",
+            id=str(number),
+            parameters=parameters,
+            arrival_ns=self.clock.now_ns(),
+            inputs=[Tensor("INPUT0", "FP32", data.shape, data)],
+        )
 
     def submit(self, number: int, **kwargs) -> asyncio.Future:
         return self.scheduler.submit(self.request(number, **kwargs))

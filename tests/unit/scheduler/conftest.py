@@ -1,8 +1,8 @@
 """Fixtures for the scheduler tests: `batcher` builds started dynamic batchers (see batcher_harness)."""
+
 from __future__ import annotations
 
 import pytest
-
 from batcher_harness import AddOneModel, Harness, make_config
 
 
@@ -10,8 +10,9 @@ from batcher_harness import AddOneModel, Harness, make_config
 async def batcher():
     made: list[Harness] = []
 
-    async def make(batching: str = "", model: type[AddOneModel] = AddOneModel,
-                   **config_kwargs) -> Harness:
+    async def make(
+        batching: str = "", model: type[AddOneModel] = AddOneModel, **config_kwargs
+    ) -> Harness:
         harness = Harness(make_config(batching, **config_kwargs), model)
         await harness.scheduler.start()
         made.append(harness)

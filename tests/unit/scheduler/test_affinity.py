@@ -1,5 +1,6 @@
 """Instance threads move onto the event loop's CPU while their batches are cheap, and back off
 it when they are not; nothing moves when the loop is not pinned."""
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,10 @@ def test_nothing_moves_while_the_loop_is_not_pinned() -> None:
     assert moves == []
 
 
-@pytest.mark.skipif(not affinity.supported() or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs Linux CPU affinity and two CPUs")
+@pytest.mark.skipif(
+    not affinity.supported() or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux CPU affinity and two CPUs",
+)
 def test_pinning_the_loop_keeps_new_threads_off_its_cpu_only_until_released() -> None:
     """Threads inherit the CPU set of their creator: release_thread gives them the whole set
     back, so a model loaded later is not confined to the loop's CPU."""

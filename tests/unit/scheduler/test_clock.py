@@ -2,6 +2,7 @@
 
 No timing is asserted beyond "never early" (a correctness rule: a queue delay must not end
 before it is due); how late a timer fires is the benchmark's business."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,10 +1,11 @@
 """scheduler/ensemble.py with a fake `infer`: graph checks, DAG order and concurrency,
 errors naming the step, statistics, drain. It needs no backend."""
+
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
 
 # IN -> a -> (b, c in parallel) -> d -> OUT ; also b's output is an ensemble output.
-DIAMOND = '''
+DIAMOND = """
 name: "diamond"
 platform: "ensemble"
 max_batch_size: 4
@@ -35,7 +36,7 @@ ensemble_scheduling {
       output_map { key: "S" value: "OUT" } }
   ]
 }
-'''
+"""
 
 
 def parse(text: str) -> ModelConfig:
@@ -70,16 +71,22 @@ class FakeCore:
             if model is None:
                 raise NotFound(f"Request for unknown model: '{request.model_name}' is not found")
             outputs = model(**{t.name: t.data for t in request.inputs})
-            return InferResponse(request.model_name, "1", id=request.id, outputs=[
-                Tensor(name, "FP32", tuple(value.shape), value) for name, value in outputs.items()])
+            return InferResponse(
+                request.model_name,
+                "1",
+                id=request.id,
+                outputs=[
+                    Tensor(name, "FP32", tuple(value.shape), value)
+                    for name, value in outputs.items()
+                ],
+            )
         finally:
             self.active -= 1
 
 
 def make_scheduler(core: FakeCore, text: str = DIAMOND) -> EnsembleScheduler:
     config = parse(text)
-    spec = VersionSpec(config.name, 1, config, Path("/nonexistent"), Path("/nonexistent/1"),
-                       None)  # type: ignore[arg-type]
+    spec = VersionSpec(config.name, 1, config, Path("/nonexistent"), Path("/nonexistent/1"), None)  # type: ignore[arg-type]
     return EnsembleScheduler(spec, VersionStatistics(config.name, "1"), core.infer)
 
 
@@ -173,18 +180,31 @@ async def test_drain_waits_then_fails_what_is_left() -> None:
     assert not scheduler.healthy()
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda t: t.replace('value: "right" }', 'value: "LEFT" }'), "written by both"),
-    (lambda t: t.replace('key: "B" value: "right"', 'key: "B" value: "nowhere"'),
-     "reads 'nowhere'"),
-    (lambda t: t.replace('output_map { key: "S" value: "OUT" }',
-                         'output_map { key: "S" value: "other" }'), "'OUT' is not written"),
-    (lambda t: t.replace('input_map { key: "X" value: "IN" }', 'input_map { key: "X" value: "OUT" }'),
-     "cycle"),
-    (lambda t: t.replace('value: "a" } }', 'value: "IN" } }', 1), "is an ensemble input"),
-    (lambda t: t.replace('model_name: "add1"', 'model_name: "diamond"'), "ensemble itself"),
-    (lambda t: t.split("ensemble_scheduling")[0], "at least one step"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t.replace('value: "right" }', 'value: "LEFT" }'), "written by both"),
+        (
+            lambda t: t.replace('key: "B" value: "right"', 'key: "B" value: "nowhere"'),
+            "reads 'nowhere'",
+        ),
+        (
+            lambda t: t.replace(
+                'output_map { key: "S" value: "OUT" }', 'output_map { key: "S" value: "other" }'
+            ),
+            "'OUT' is not written",
+        ),
+        (
+            lambda t: t.replace(
+                'input_map { key: "X" value: "IN" }', 'input_map { key: "X" value: "OUT" }'
+            ),
+            "cycle",
+        ),
+        (lambda t: t.replace('value: "a" } }', 'value: "IN" } }', 1), "is an ensemble input"),
+        (lambda t: t.replace('model_name: "add1"', 'model_name: "diamond"'), "ensemble itself"),
+        (lambda t: t.split("ensemble_scheduling")[0], "at least one step"),
+    ],
+)
 def test_graph_errors_are_found_at_load(change: Callable[[str], str], message: str) -> None:
     with pytest.raises(EnsembleConfigError, match=message):
         plan_steps(parse(change(DIAMOND)))

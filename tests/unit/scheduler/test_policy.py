@@ -1,4 +1,5 @@
 """scheduler/policy.py: the one owner of queue policy (levels, timeouts, overrides, limits)."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,8 +59,7 @@ def test_without_dynamic_batching_there_is_one_level_and_no_timeout() -> None:
     assert p.for_level(0) == LevelPolicy()
 
 
-@pytest.mark.parametrize("parameters", [{"priority": -1}, {"timeout": "soon"},
-                                        {"priority": True}])
+@pytest.mark.parametrize("parameters", [{"priority": -1}, {"timeout": "soon"}, {"priority": True}])
 def test_priority_and_timeout_must_be_non_negative_integers(parameters: dict) -> None:
     with pytest.raises(InvalidArgument, match="must be a non-negative integer"):
         admitted(policy(LEVELS), **parameters)

@@ -1,5 +1,6 @@
 """scheduler/ragged.py: batch inputs of every kind, ragged inputs joined flat, batch outputs
 scattered back with each request's input shape (the examples of Triton's model_config.proto)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,13 +19,16 @@ def test_plain_models_have_no_ragged_plan() -> None:
     assert RaggedBatching.of(_config('input [ { name: "X" dims: [ -1 ] } ]')) is None
 
 
-@pytest.mark.parametrize("kind, expected", [
-    ("BATCH_ELEMENT_COUNT", [6, 4]),
-    ("BATCH_ACCUMULATED_ELEMENT_COUNT", [6, 10]),
-    ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", [0, 6, 10]),
-    ("BATCH_ITEM_SHAPE", [[3, 1], [3, 1], [2, 2]]),
-    ("BATCH_ITEM_SHAPE_FLATTEN", [3, 1, 3, 1, 2, 2]),
-])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("BATCH_ELEMENT_COUNT", [6, 4]),
+        ("BATCH_ACCUMULATED_ELEMENT_COUNT", [6, 10]),
+        ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", [0, 6, 10]),
+        ("BATCH_ITEM_SHAPE", [[3, 1], [3, 1], [2, 2]]),
+        ("BATCH_ITEM_SHAPE_FLATTEN", [3, 1, 3, 1, 2, 2]),
+    ],
+)
 def test_batch_inputs(kind: str, expected: list) -> None:
     # A batch-2 request with shape [3, 1] per row, and a batch-1 request with shape [2, 2].
     sources = [np.zeros((2, 3, 1), np.float32), np.zeros((1, 2, 2), np.float32)]
@@ -34,20 +38,25 @@ def test_batch_inputs(kind: str, expected: list) -> None:
 
 def test_max_element_count_is_a_shape() -> None:
     sources = [np.zeros((1, 3)), np.zeros((1, 7)), np.zeros((1, 5))]
-    assert _batch_input("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", sources, np.dtype(np.float32)).shape \
-        == (7,)
+    assert _batch_input(
+        "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", sources, np.dtype(np.float32)
+    ).shape == (7,)
 
 
 def test_gather_and_split() -> None:
-    plan = RaggedBatching(_config('''
+    plan = RaggedBatching(
+        _config("""
         input [ { name: "X" dims: [ -1 ] allow_ragged_batch: true },
                 { name: "Y" dims: [ 2 ] } ]
         batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT64
                         source_input: "X" } ]
         batch_output [ { target_name: "Z" kind: BATCH_SCATTER_WITH_INPUT_SHAPE
-                         source_input: "X" } ]'''))
-    requests = [{"X": np.array([[1.0, 2.0]]), "Y": np.array([[1, 1]])},
-                {"X": np.array([[3.0, 4.0, 5.0]]), "Y": np.array([[2, 2]])}]
+                         source_input: "X" } ]""")
+    )
+    requests = [
+        {"X": np.array([[1.0, 2.0]]), "Y": np.array([[1, 1]])},
+        {"X": np.array([[3.0, 4.0, 5.0]]), "Y": np.array([[2, 2]])},
+    ]
     inputs = plan.gather(requests)
     assert inputs["X"].tolist() == [1, 2, 3, 4, 5]  # joined flat
     assert inputs["Y"].tolist() == [[1, 1], [2, 2]]  # along the batch dimension

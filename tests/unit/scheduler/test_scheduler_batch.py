@@ -1,4 +1,5 @@
 """scheduler/batch.py: gathering, splitting and padding, and which of them copy."""
+
 import numpy as np
 import pytest
 
@@ -14,8 +15,12 @@ def test_single_request_is_passed_through_without_copy():
 def test_requests_are_joined_along_dim_0_in_order():
     a = np.full((1, 2), 1, np.float32)
     b = np.full((3, 2), 2, np.float32)
-    batched = concat_inputs([{"X": a, "S": np.array([[b"a"]], dtype=object)},
-                             {"X": b, "S": np.array([[b"b"]] * 3, dtype=object)}])
+    batched = concat_inputs(
+        [
+            {"X": a, "S": np.array([[b"a"]], dtype=object)},
+            {"X": b, "S": np.array([[b"b"]] * 3, dtype=object)},
+        ]
+    )
     assert batched["X"].shape == (4, 2)
     assert batched["X"][:, 0].tolist() == [1, 2, 2, 2]
     assert batched["S"].dtype == object

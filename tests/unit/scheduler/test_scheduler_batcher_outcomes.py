@@ -1,17 +1,18 @@
 """Dynamic batcher outcomes: cancellation, backend errors, response ordering, request-list
 backends, statistics and the pending count, and drain. Harness: batcher_harness.py."""
+
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-
 from batcher_harness import MS, RequestListModel, busy, results, row_values
+
 from protocol.errors import InternalError, Unavailable
 from scheduler.stats import FailureReason
 
-
 # -- cancellation, errors, ordering -----------------------------------------------------------
+
 
 async def test_a_cancelled_request_never_executes(batcher):
     h = await batcher("")
@@ -75,8 +76,7 @@ async def test_a_fatal_error_takes_the_instance_out_of_service(batcher):
 
 @pytest.mark.parametrize("preserve", [True, False])
 async def test_preserve_ordering_holds_later_responses_back(batcher, preserve):
-    h = await batcher(f"preserve_ordering: {str(preserve).lower()}", instances=2,
-                      max_batch_size=1)
+    h = await batcher(f"preserve_ordering: {str(preserve).lower()}", instances=2, max_batch_size=1)
     h.recorder.hold(1)
     first, second = h.submit(1), h.submit(2)
     await h.running(1)
@@ -104,6 +104,7 @@ async def test_request_list_backend_gets_requests_not_a_concatenation(batcher):
 
 # -- statistics, drain ----------------------------------------------------------------------------
 
+
 async def test_statistics_and_pending_count_are_exact(batcher):
     h = await batcher("max_queue_delay_microseconds: 5000")
     first = h.submit(1)
@@ -127,8 +128,9 @@ async def test_statistics_and_pending_count_are_exact(batcher):
 
 
 async def test_pending_returns_to_zero_after_every_way_out(batcher):
-    h = await batcher("default_queue_policy { default_timeout_microseconds: 1000 "
-                      "max_queue_size: 3 }")
+    h = await batcher(
+        "default_queue_policy { default_timeout_microseconds: 1000 max_queue_size: 3 }"
+    )
     zero = await busy(h)
     timed_out, cancelled, failed = h.submit(1), h.submit(2), h.submit(3)
     with pytest.raises(Unavailable):
@@ -142,8 +144,9 @@ async def test_pending_returns_to_zero_after_every_way_out(batcher):
     h.recorder.release_all()
     await results(zero, timed_out, failed)
     assert sum(h.observer.pending) == 0
-    assert sorted(h.observer.failures) == sorted([FailureReason.REJECTED] * 3 +
-                                                 [FailureReason.CANCELED])
+    assert sorted(h.observer.failures) == sorted(
+        [FailureReason.REJECTED] * 3 + [FailureReason.CANCELED]
+    )
     assert h.stats.fail.count == 4 and h.stats.success.count == 1
 
 

@@ -1,5 +1,6 @@
 """Dynamic batcher queueing: priority levels, the queue policy (max queue size, timeouts,
 timeout actions and overrides), and what the priority queue keeps alive. Harness: batcher_harness.py."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,28 +9,34 @@ import weakref
 
 import numpy as np
 import pytest
-
 from batcher_harness import MS, busy, make_config, results, row_values
+
 from protocol.errors import Overloaded, Unavailable
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import BatchQueue
 from scheduler.queue_scheduler import Entry
 from scheduler.stats import FailureReason, RejectionReason
 
-
 # -- priorities ---------------------------------------------------------------------------------
+
 
 async def test_priority_levels_go_first_and_fifo_within_a_level(batcher):
     h = await batcher("priority_levels: 2 default_priority_level: 2", max_batch_size=2)
     zero = await busy(h)
-    futures = [h.submit(1, priority=2), h.submit(2, priority=2), h.submit(3, priority=1),
-               h.submit(4, priority=0), h.submit(5, priority=1)]
+    futures = [
+        h.submit(1, priority=2),
+        h.submit(2, priority=2),
+        h.submit(3, priority=1),
+        h.submit(4, priority=0),
+        h.submit(5, priority=1),
+    ]
     h.recorder.release_all()
     await results(zero, *futures)
     assert h.recorder.batches == [[0], [3, 5], [1, 2], [4]]
 
 
 # -- queue policy -------------------------------------------------------------------------------
+
 
 async def test_a_full_queue_rejects_at_once_without_blocking(batcher):
     h = await batcher("default_queue_policy { max_queue_size: 1 }")
@@ -70,8 +77,10 @@ async def test_a_full_queue_says_when_to_retry_and_counts_why(batcher):
 
 
 async def test_queue_size_limit_is_per_priority_level(batcher):
-    h = await batcher("priority_levels: 2 default_priority_level: 2 "
-                      "priority_queue_policy { key: 1 value: { max_queue_size: 1 } }")
+    h = await batcher(
+        "priority_levels: 2 default_priority_level: 2 "
+        "priority_queue_policy { key: 1 value: { max_queue_size: 1 } }"
+    )
     zero = await busy(h)
     futures = [h.submit(1, priority=1), h.submit(2, priority=2), h.submit(3, priority=2)]
     with pytest.raises(Unavailable, match="Exceeds maximum queue size"):
@@ -99,8 +108,10 @@ async def test_timeout_reject_fails_the_request_and_it_never_runs(batcher):
 
 
 async def test_timeout_delay_moves_the_request_behind_unexpired_ones(batcher):
-    h = await batcher("default_queue_policy { timeout_action: DELAY "
-                      "default_timeout_microseconds: 1000 }", max_batch_size=1)
+    h = await batcher(
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 1000 }",
+        max_batch_size=1,
+    )
     zero = await busy(h)
     delayed = h.submit(1)
     await h.advance(1 * MS)
@@ -114,8 +125,10 @@ async def test_timeout_delay_moves_the_request_behind_unexpired_ones(batcher):
 
 @pytest.mark.parametrize("allow", [True, False])
 async def test_a_shorter_request_timeout_applies_only_when_override_is_allowed(batcher, allow):
-    h = await batcher("default_queue_policy { default_timeout_microseconds: 10000 "
-                      f"allow_timeout_override: {str(allow).lower()} }}")
+    h = await batcher(
+        "default_queue_policy { default_timeout_microseconds: 10000 "
+        f"allow_timeout_override: {str(allow).lower()} }}"
+    )
     zero = await busy(h)
     short = h.submit(1, timeout_us=1000)
     default = h.submit(2, timeout_us=0)
@@ -134,17 +147,24 @@ async def test_a_shorter_request_timeout_applies_only_when_override_is_allowed(b
 async def test_answered_requests_are_not_kept_alive_behind_a_waiting_one():
     """A starved low-priority request holds the earliest deadline; the requests that pass it
     must still be freed once answered, not kept until their own (long) timeouts."""
-    config = make_config("priority_levels: 2 default_priority_level: 2 "
-                         "default_queue_policy { default_timeout_microseconds: 60000000 }",
-                         max_batch_size=10)
+    config = make_config(
+        "priority_levels: 2 default_priority_level: 2 "
+        "default_queue_policy { default_timeout_microseconds: 60000000 }",
+        max_batch_size=10,
+    )
     queue = BatchQueue(config)
     loop = asyncio.get_running_loop()
 
     def entry(priority: int) -> Entry:
         data = np.zeros((1, 2), np.float32)
         # As admission leaves it: level and queue timeout resolved by the queue policy.
-        request = InferRequest("m", batch_size=1, priority=priority, timeout_us=60_000_000,
-                               inputs=[Tensor("INPUT0", "FP32", data.shape, data)])
+        request = InferRequest(
+            "m",
+            batch_size=1,
+            priority=priority,
+            timeout_us=60_000_000,
+            inputs=[Tensor("INPUT0", "FP32", data.shape, data)],
+        )
         return Entry(request, loop.create_future(), 1, 0)
 
     starved = entry(2)

@@ -1,5 +1,6 @@
 """Dynamic batcher: when a batch is sealed and what goes into it (preferred sizes, the queue
 delay, max batch size, multi-row and ragged requests). Harness: batcher_harness.py."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from batcher_harness import MS, AddOneModel, Recorder, busy, make_config, results, row_values
+
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import BatchQueue, DynamicBatcher
 from scheduler.interface import VersionSpec
 from scheduler.queue_scheduler import Entry
 from scheduler.stats import VersionStatistics
-
 
 # -- preferred sizes and the queue delay (qa/L0_batcher cases: max 8, preferred [2, 6]) --------
 
@@ -107,6 +107,7 @@ async def test_zero_delay_sends_what_is_there(batcher):
 
 # -- batch composition --------------------------------------------------------------------------
 
+
 async def test_max_batch_size_caps_every_batch(batcher):
     h = await batcher("", max_batch_size=2)
     futures = [await busy(h)] + [h.submit(n) for n in range(1, 6)]
@@ -144,8 +145,12 @@ async def test_a_multi_row_request_is_never_split(batcher):
 async def test_only_requests_of_equal_shape_share_a_batch(batcher):
     h = await batcher("", dims="-1")
     zero = await busy(h)
-    futures = [h.submit(1, width=2), h.submit(2, width=3), h.submit(3, width=3),
-               h.submit(4, width=2)]
+    futures = [
+        h.submit(1, width=2),
+        h.submit(2, width=3),
+        h.submit(3, width=3),
+        h.submit(4, width=2),
+    ]
     h.recorder.release_all()
     responses = await results(zero, *futures)
     # The first request of another shape closes the batch; the queue is not reordered.
@@ -160,8 +165,9 @@ async def test_ragged_inputs_may_share_a_batch():
     entries = []
     for number, width in ((1, 2), (2, 3)):
         data = np.zeros((1, width), np.float32)
-        request = InferRequest("m", batch_size=1,
-                               inputs=[Tensor("INPUT0", "FP32", data.shape, data)])
+        request = InferRequest(
+            "m", batch_size=1, inputs=[Tensor("INPUT0", "FP32", data.shape, data)]
+        )
         entries.append(Entry(request, loop.create_future(), 1, 0))
         queue.push(entries[-1])
     batch, _ = queue.take(0, flush=False)
@@ -172,13 +178,20 @@ async def test_the_real_clock_runs_out_the_delay():
     """Smoke test of the default MonotonicClock: a lone request still gets its answer."""
     config = make_config("preferred_batch_size: [4] max_queue_delay_microseconds: 1000")
     recorder = Recorder()
-    spec = VersionSpec("m", 1, config, Path("/nonexistent"), Path("/nonexistent/1"),
-                       type("AddOneModel", (AddOneModel,), {"recorder": recorder}))
+    spec = VersionSpec(
+        "m",
+        1,
+        config,
+        Path("/nonexistent"),
+        Path("/nonexistent/1"),
+        type("AddOneModel", (AddOneModel,), {"recorder": recorder}),
+    )
     scheduler = DynamicBatcher(spec, VersionStatistics("m", "1"))
     await scheduler.start()
     data = np.full((1, 2), 7, np.float32)
-    future = scheduler.submit(InferRequest("m", batch_size=1,
-                                           inputs=[Tensor("INPUT0", "FP32", (1, 2), data)]))
+    future = scheduler.submit(
+        InferRequest("m", batch_size=1, inputs=[Tensor("INPUT0", "FP32", (1, 2), data)])
+    )
     (response,) = await results(future)
     assert row_values(response) == [8.0]
     await scheduler.drain(1)

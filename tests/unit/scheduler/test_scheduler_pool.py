@@ -3,6 +3,7 @@
 The fake model records, per instance, the thread each call ran on; a test can make a given
 instance fail to load, and hold a request (by number) until it releases it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,10 +20,10 @@ from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import DynamicBatcher
 from scheduler.clock import ManualClock
-from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.factory import create_scheduler
 from scheduler.interface import VersionSpec
 from scheduler.pool import BatchRun, InstancePool, LoadError, instance_specs
+from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.stats import VersionStatistics
 
 
@@ -94,8 +95,13 @@ def make_spec(config_text: str, journal: Journal) -> VersionSpec:
 def request(number: int, rows: int = 1, batching: bool = True) -> InferRequest:
     shape = (rows, 2) if batching else (2,)
     data = np.full(shape, number, np.float32)
-    return InferRequest("m", id=f"r{number}", batch_size=rows if batching else 0,
-                        arrival_ns=0, inputs=[Tensor("INPUT0", "FP32", shape, data)])
+    return InferRequest(
+        "m",
+        id=f"r{number}",
+        batch_size=rows if batching else 0,
+        arrival_ns=0,
+        inputs=[Tensor("INPUT0", "FP32", shape, data)],
+    )
 
 
 async def until(predicate) -> None:
@@ -126,17 +132,24 @@ async def started(spec: VersionSpec, stats: VersionStatistics | None = None) -> 
 
 # -- instances ----------------------------------------------------------------------------------
 
+
 def test_instance_groups_expand_to_named_instances_per_device(journal):
-    spec = make_spec("""
+    spec = make_spec(
+        """
         instance_group [{ name: "cpu" kind: KIND_CPU count: 2 },
                         { name: "npu" kind: KIND_GPU count: 2 gpus: [0, 3] },
                         { name: "warm" kind: KIND_CPU count: 1 passive: true }]
-    """, journal)
+    """,
+        journal,
+    )
     specs = instance_specs(spec.config, spec.name)
     assert [(s.name, s.kind, s.device_id, s.index, passive) for s, passive in specs] == [
-        ("cpu_0", "KIND_CPU", 0, 0, False), ("cpu_1", "KIND_CPU", 0, 1, False),
-        ("npu_0", "KIND_GPU", 0, 2, False), ("npu_1", "KIND_GPU", 3, 3, False),
-        ("npu_2", "KIND_GPU", 0, 4, False), ("npu_3", "KIND_GPU", 3, 5, False),
+        ("cpu_0", "KIND_CPU", 0, 0, False),
+        ("cpu_1", "KIND_CPU", 0, 1, False),
+        ("npu_0", "KIND_GPU", 0, 2, False),
+        ("npu_1", "KIND_GPU", 3, 3, False),
+        ("npu_2", "KIND_GPU", 0, 4, False),
+        ("npu_3", "KIND_GPU", 3, 5, False),
         ("warm_0", "KIND_CPU", 0, 6, True),
     ]
 
@@ -144,7 +157,9 @@ def test_instance_groups_expand_to_named_instances_per_device(journal):
 def test_an_unnamed_group_takes_the_model_name(journal):
     spec = make_spec("instance_group [{ kind: KIND_GPU count: 2 }]", journal)
     assert [(s.name, s.kind) for s, _ in instance_specs(spec.config, "m")] == [
-        ("m_0", "KIND_GPU"), ("m_1", "KIND_GPU")]
+        ("m_0", "KIND_GPU"),
+        ("m_1", "KIND_GPU"),
+    ]
 
 
 async def test_each_instance_loads_executes_and_unloads_on_its_own_thread(journal):
@@ -178,6 +193,7 @@ async def test_a_failing_instance_load_unloads_the_others_and_says_which(journal
 
 
 # -- default scheduler ----------------------------------------------------------------------------
+
 
 async def test_default_scheduler_runs_instances_in_parallel_one_request_each(journal):
     spec = make_spec("max_batch_size: 8 instance_group [{ count: 3 kind: KIND_CPU }]", journal)
@@ -219,7 +235,9 @@ async def test_default_scheduler_answers_with_every_output_in_config_order(journ
     (response,) = await results(scheduler.submit(request(3, rows=2)))
     assert (response.model_name, response.model_version, response.id) == ("m", "1", "r3")
     assert [(t.name, t.datatype, t.shape) for t in response.outputs] == [
-        ("OUTPUT0", "FP32", (2, 2)), ("OUTPUT1", "INT32", (2, 1))]
+        ("OUTPUT0", "FP32", (2, 2)),
+        ("OUTPUT1", "INT32", (2, 1)),
+    ]
     assert response.outputs[1].data.reshape(-1).tolist() == [2, 2]
     await scheduler.stop()
 
@@ -288,6 +306,7 @@ async def test_a_cancelled_request_is_counted_and_never_runs(journal):
 
 # -- the hot path: dispatch without a loop turn, one callback per batch -----------------------
 
+
 async def test_a_request_that_finds_an_idle_instance_is_launched_inside_submit(journal):
     spec = make_spec("max_batch_size: 8", journal)
     stats = VersionStatistics("m", "1")
@@ -346,8 +365,11 @@ async def test_execute_calls_back_once_on_the_loop_and_fails_after_unload(journa
     await until(lambda: len(calls) == 2)
     await asyncio.sleep(0.01)
     (tag, ran, thread), (late_tag, late, late_thread) = calls
-    assert (tag, ran.executed, ran.outcomes[0].outputs[0].data.tolist()) == ("first", True,
-                                                                             [[6.0, 6.0]])
+    assert (tag, ran.executed, ran.outcomes[0].outputs[0].data.tolist()) == (
+        "first",
+        True,
+        [[6.0, 6.0]],
+    )
     assert thread == late_thread == threading.get_ident()
     assert late_tag == "late" and not late.executed
     assert late.outcomes[0].error.message == "instance 'm_0' is unloaded"
@@ -356,11 +378,15 @@ async def test_execute_calls_back_once_on_the_loop_and_fails_after_unload(journa
 
 # -- factory ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config_text, kind", [
-    ("max_batch_size: 8 dynamic_batching {}", DynamicBatcher),
-    ("max_batch_size: 8", DefaultScheduler),
-    ("max_batch_size: 0", DefaultScheduler),
-])
+
+@pytest.mark.parametrize(
+    "config_text, kind",
+    [
+        ("max_batch_size: 8 dynamic_batching {}", DynamicBatcher),
+        ("max_batch_size: 8", DefaultScheduler),
+        ("max_batch_size: 0", DefaultScheduler),
+    ],
+)
 def test_factory_picks_the_batcher_only_for_dynamic_batching(journal, config_text, kind):
     stats = VersionStatistics("m", "1")
     scheduler = create_scheduler(make_spec(config_text, journal), stats)

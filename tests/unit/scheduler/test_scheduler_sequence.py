@@ -4,6 +4,7 @@ The fake model records, for every executed batch, each row's INPUT, START, END, 
 CORRID, and answers OUTPUT = ACC_OUT = ACC_IN + INPUT * READY, so the implicit-state tests see
 the running sum the server carried between requests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from batcher_harness import Observer
 from google.protobuf import text_format
 
 from backends.base import Backend
@@ -23,8 +25,6 @@ from scheduler.factory import create_scheduler
 from scheduler.interface import VersionSpec
 from scheduler.sequence.batcher import SequenceBatcher
 from scheduler.stats import VersionStatistics
-
-from batcher_harness import Observer
 
 MS = 1_000_000
 CONTROLS = """
@@ -55,15 +55,23 @@ class SequenceModel(Backend):
         assert self.gate.wait(10)
         rows = Rows()
         for i in range(inputs["INPUT"].shape[0]):
-            rows.append({name: inputs[name][i].reshape(-1)[0].item()
-                         for name in ("INPUT", "START", "END", "READY", "CORRID", "ACC_IN")})
+            rows.append(
+                {
+                    name: inputs[name][i].reshape(-1)[0].item()
+                    for name in ("INPUT", "START", "END", "READY", "CORRID", "ACC_IN")
+                }
+            )
         self.batches.append(rows)
         acc = inputs["ACC_IN"] + inputs["INPUT"] * inputs["READY"]
         return {"OUTPUT": acc, "ACC_OUT": acc}
 
 
-def make_config(strategy: str = "direct { }", max_batch_size: int = 2, instances: int = 1,
-                idle_us: int = 100_000) -> ModelConfig:
+def make_config(
+    strategy: str = "direct { }",
+    max_batch_size: int = 2,
+    instances: int = 1,
+    idle_us: int = 100_000,
+) -> ModelConfig:
     text = f"""
         name: "seq" backend: "fake" max_batch_size: {max_batch_size}
         input [{{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }}]
@@ -87,12 +95,17 @@ class Harness:
         self.scheduler = create_scheduler(spec, self.stats, clock=self.clock)
         assert isinstance(self.scheduler, SequenceBatcher)
 
-    def submit(self, corrid, value: int, start: bool = False, end: bool = False,
-               rows: int = 1) -> asyncio.Future:
+    def submit(
+        self, corrid, value: int, start: bool = False, end: bool = False, rows: int = 1
+    ) -> asyncio.Future:
         data = np.full((rows, 1), value, dtype=np.int32)
         parameters = {"sequence_id": corrid, "sequence_start": start, "sequence_end": end}
-        request = InferRequest("seq", parameters=parameters, arrival_ns=self.clock.now_ns(),
-                               inputs=[Tensor("INPUT", "INT32", data.shape, data)])
+        request = InferRequest(
+            "seq",
+            parameters=parameters,
+            arrival_ns=self.clock.now_ns(),
+            inputs=[Tensor("INPUT", "INT32", data.shape, data)],
+        )
         return self.scheduler.submit(request)
 
     async def settle(self) -> None:
@@ -133,8 +146,7 @@ async def test_direct_slots_batch_sequences_together_and_carry_state(direct):
     assert await values(h.submit(7, 3, end=True)) == [6]
     await h.settle()
     # Row i of each batch is slot i: sequence 7 in slot 0, 8 in slot 1 (0 = a padding row).
-    assert [[row["CORRID"] for row in batch] for batch in h.batches] == [[7], [7, 8], [0, 8],
-                                                                          [7]]
+    assert [[row["CORRID"] for row in batch] for batch in h.batches] == [[7], [7, 8], [0, 8], [7]]
     start_row = h.batches[0][0]
     assert (start_row["START"], start_row["END"], start_row["READY"]) == (1.5, 0, 1)
     last = h.batches[-1][0]
@@ -150,8 +162,13 @@ async def test_empty_slots_are_padded_with_not_ready_requests(direct):
     await h.settle()
     assert len(h.batches) == 1
     pad, real = h.batches[0]
-    assert (pad["READY"], pad["START"], pad["END"], pad["CORRID"], pad["INPUT"]) == (0, 0.5, 0,
-                                                                                    0, 0)
+    assert (pad["READY"], pad["START"], pad["END"], pad["CORRID"], pad["INPUT"]) == (
+        0,
+        0.5,
+        0,
+        0,
+        0,
+    )
     assert (real["READY"], real["CORRID"], real["ACC_IN"]) == (1, 2, 6)
     snapshot = h.stats.snapshot()
     assert snapshot.inference_count == 3  # padding rows are not inferences
@@ -183,31 +200,45 @@ async def test_idle_sequence_is_released_and_its_next_request_needs_start(direct
     assert await values(backlog) == [5]  # its slot went to the waiting sequence
     with pytest.raises(InvalidArgument) as error:
         h.submit(1, 1)
-    assert error.value.message == ("inference request for sequence 1 to model 'seq' must "
-                                   "specify the START flag on the first request of the sequence")
+    assert error.value.message == (
+        "inference request for sequence 1 to model 'seq' must "
+        "specify the START flag on the first request of the sequence"
+    )
     assert await values(h.submit(3, 1, end=True)) == [6]  # frees slot 0 again
     assert await values(h.submit(1, 4, start=True, end=True)) == [4]
 
 
 async def test_requests_triton_refuses(direct):
     h = direct
-    cases = [({"sequence_id": 0}, "inference request to model 'seq' must specify a non-zero "
-              "or non-empty correlation ID"),
-             ({}, "inference request to model 'seq' must specify a non-zero or non-empty "
-              "correlation ID"),
-             ({"sequence_id": 4, "sequence_end": True}, "inference request for sequence 4 to "
-              "model 'seq' must specify the START flag on the first request of the sequence")]
+    cases = [
+        (
+            {"sequence_id": 0},
+            "inference request to model 'seq' must specify a non-zero or non-empty correlation ID",
+        ),
+        (
+            {},
+            "inference request to model 'seq' must specify a non-zero or non-empty correlation ID",
+        ),
+        (
+            {"sequence_id": 4, "sequence_end": True},
+            "inference request for sequence 4 to "
+            "model 'seq' must specify the START flag on the first request of the sequence",
+        ),
+    ]
     for parameters, text in cases:
         data = np.ones((1, 1), dtype=np.int32)
-        request = InferRequest("seq", parameters=parameters,
-                               inputs=[Tensor("INPUT", "INT32", (1, 1), data)])
+        request = InferRequest(
+            "seq", parameters=parameters, inputs=[Tensor("INPUT", "INT32", (1, 1), data)]
+        )
         with pytest.raises(InvalidArgument) as error:
             h.scheduler.submit(request)
         assert error.value.message == text
     with pytest.raises(InvalidArgument) as error:
         h.submit(5, 1, start=True, rows=2)
-    assert error.value.message == ("inference request to model 'seq' must specify batch-size 1 "
-                                   "due to requirements of sequence batcher")
+    assert error.value.message == (
+        "inference request to model 'seq' must specify batch-size 1 "
+        "due to requirements of sequence batcher"
+    )
     assert h.stats.snapshot().fail.count == 4
 
 
@@ -219,8 +250,12 @@ async def test_start_on_a_live_sequence_restarts_it(direct, caplog):
 
 
 async def test_oldest_strategy_batches_oldest_sequences_one_request_each():
-    h = Harness(make_config("oldest { max_candidate_sequences: 3 preferred_batch_size: [ 2 ] "
-                            "max_queue_delay_microseconds: 5000 }"))
+    h = Harness(
+        make_config(
+            "oldest { max_candidate_sequences: 3 preferred_batch_size: [ 2 ] "
+            "max_queue_delay_microseconds: 5000 }"
+        )
+    )
     await h.scheduler.start()
     try:
         lone = h.submit(1, 1, start=True)
@@ -241,36 +276,54 @@ async def test_oldest_strategy_batches_oldest_sequences_one_request_each():
         await h.scheduler.stop()
 
 
-@pytest.mark.parametrize("block, text", [
-    ('control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: '
-     '[0, 1] }, { kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] } ] } ]',
-     "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for seq"),
-    ('control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: '
-     '[0, 1] } ] }, { name: "S" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: '
-     '[0, 1] } ] } ]',
-     "sequence batching control tensor 'S' is specified for multiple control kinds for seq"),
-    ('control_input [ { name: "R" control [ { kind: CONTROL_SEQUENCE_READY } ] } ]',
-     "sequence batching must specify either 'int32_false_true', 'fp32_false_true' or "
-     "'bool_false_true' for CONTROL_SEQUENCE_READY for seq"),
-    ('control_input [ { name: "R" control [ { kind: CONTROL_SEQUENCE_READY '
-     'int32_false_true: [ 1 ] } ] } ]',
-     "sequence batching control 'int32_false_true' must have exactly 2 entries for "
-     "CONTROL_SEQUENCE_READY for seq"),
-    ('control_input [ { name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID '
-     'data_type: TYPE_FP32 } ] } ]',
-     "unexpected control data type, expected TYPE_UINT64, TYPE_INT64, TYPE_UINT32, "
-     "TYPE_INT32, or TYPE_STRING for CONTROL_SEQUENCE_CORRID for seq"),
-    ("iterative_sequence: true",
-     "sequence batching 'iterative_sequence' is not supported by ascend-serve (model seq)"),
-])
+@pytest.mark.parametrize(
+    "block, text",
+    [
+        (
+            'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: '
+            "[0, 1] }, { kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] } ] } ]",
+            "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for seq",
+        ),
+        (
+            'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: '
+            '[0, 1] } ] }, { name: "S" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: '
+            "[0, 1] } ] } ]",
+            "sequence batching control tensor 'S' is specified for multiple control kinds for seq",
+        ),
+        (
+            'control_input [ { name: "R" control [ { kind: CONTROL_SEQUENCE_READY } ] } ]',
+            "sequence batching must specify either 'int32_false_true', 'fp32_false_true' or "
+            "'bool_false_true' for CONTROL_SEQUENCE_READY for seq",
+        ),
+        (
+            'control_input [ { name: "R" control [ { kind: CONTROL_SEQUENCE_READY '
+            "int32_false_true: [ 1 ] } ] } ]",
+            "sequence batching control 'int32_false_true' must have exactly 2 entries for "
+            "CONTROL_SEQUENCE_READY for seq",
+        ),
+        (
+            'control_input [ { name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID '
+            "data_type: TYPE_FP32 } ] } ]",
+            "unexpected control data type, expected TYPE_UINT64, TYPE_INT64, TYPE_UINT32, "
+            "TYPE_INT32, or TYPE_STRING for CONTROL_SEQUENCE_CORRID for seq",
+        ),
+        (
+            "iterative_sequence: true",
+            "sequence batching 'iterative_sequence' is not supported by ascend-serve (model seq)",
+        ),
+    ],
+)
 def test_config_errors_are_tritons(block, text):
     from repository.config import ConfigError, validate
 
-    config = text_format.Parse(f"""
+    config = text_format.Parse(
+        f"""
         name: "seq" backend: "fake" max_batch_size: 2
         input [{{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }}]
         output [{{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }}]
-        sequence_batching {{ {block} }}""", ModelConfig())
+        sequence_batching {{ {block} }}""",
+        ModelConfig(),
+    )
     with pytest.raises(ConfigError) as error:
         validate(config)
     assert str(error.value) == text
@@ -306,10 +359,13 @@ def test_dynamic_and_sequence_batching_together_do_not_parse(tmp_path):
     from repository.config import ConfigError, parse_config_text
 
     with pytest.raises(ConfigError) as error:
-        parse_config_text('name: "m" sequence_batching { } dynamic_batching { }',
-                          tmp_path / "config.pbtxt")
-    assert 'Field "dynamic_batching" is specified along with field "sequence_batching", ' \
+        parse_config_text(
+            'name: "m" sequence_batching { } dynamic_batching { }', tmp_path / "config.pbtxt"
+        )
+    assert (
+        'Field "dynamic_batching" is specified along with field "sequence_batching", '
         'another member of oneof "scheduling_choice"' in str(error.value)
+    )
 
 
 def test_defaults_are_tritons():
@@ -341,10 +397,12 @@ async def test_request_timeout_expires_a_backlogged_sequence(direct):
     h = direct
     await values(h.submit(1, 1, start=True), h.submit(2, 1, start=True))
     data = np.ones((1, 1), dtype=np.int32)
-    request = InferRequest("seq", parameters={"sequence_id": 3, "sequence_start": True,
-                                              "timeout": 5000},
-                           arrival_ns=h.clock.now_ns(),
-                           inputs=[Tensor("INPUT", "INT32", (1, 1), data)])
+    request = InferRequest(
+        "seq",
+        parameters={"sequence_id": 3, "sequence_start": True, "timeout": 5000},
+        arrival_ns=h.clock.now_ns(),
+        inputs=[Tensor("INPUT", "INT32", (1, 1), data)],
+    )
     waiting = h.scheduler.submit(request)
     await h.advance(6 * MS)
     with pytest.raises(Unavailable) as error:

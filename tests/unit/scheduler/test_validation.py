@@ -1,4 +1,5 @@
 """Request validation against the model config, with Triton's messages."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,17 +53,33 @@ def test_priority_levels_and_their_policies() -> None:
     assert r.priority == 2  # out of range falls back to the default level
 
 
-@pytest.mark.parametrize("tensors, message", [
-    ((tensor("INPUT0", (1, 16)),), "expected 2 inputs but got 1 inputs for model 'simple'"),
-    ((tensor("INPUT0", (1, 15)), tensor("INPUT1", (1, 2))),
-     "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,15]"),
-    ((tensor("INPUT0", (1, 16), "FP32"), tensor("INPUT1", (1, 2))),
-     "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'"),
-    ((tensor("INPUT0", (9, 16)), tensor("INPUT1", (9, 2))), "batch-size must be <= 8 for 'simple'"),
-    ((tensor("INPUT0", (2, 16)), tensor("INPUT1", (3, 2))), "batch size does not match other inputs"),
-    ((tensor("INPUT0", (1, 16)), tensor("INPUT9", (1, 2))), "unexpected inference input 'INPUT9'"),
-    ((tensor("INPUT0", (1, 16)), tensor("INPUT0", (1, 16))), "input 'INPUT0' already exists"),
-])
+@pytest.mark.parametrize(
+    "tensors, message",
+    [
+        ((tensor("INPUT0", (1, 16)),), "expected 2 inputs but got 1 inputs for model 'simple'"),
+        (
+            (tensor("INPUT0", (1, 15)), tensor("INPUT1", (1, 2))),
+            "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,15]",
+        ),
+        (
+            (tensor("INPUT0", (1, 16), "FP32"), tensor("INPUT1", (1, 2))),
+            "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'",
+        ),
+        (
+            (tensor("INPUT0", (9, 16)), tensor("INPUT1", (9, 2))),
+            "batch-size must be <= 8 for 'simple'",
+        ),
+        (
+            (tensor("INPUT0", (2, 16)), tensor("INPUT1", (3, 2))),
+            "batch size does not match other inputs",
+        ),
+        (
+            (tensor("INPUT0", (1, 16)), tensor("INPUT9", (1, 2))),
+            "unexpected inference input 'INPUT9'",
+        ),
+        ((tensor("INPUT0", (1, 16)), tensor("INPUT0", (1, 16))), "input 'INPUT0' already exists"),
+    ],
+)
 def test_invalid_requests(tensors, message: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         validate_request(request(*tensors), config())
@@ -75,13 +92,19 @@ def test_unknown_and_duplicate_outputs() -> None:
     with pytest.raises(InvalidArgument, match="unexpected inference output 'NOPE'"):
         validate_request(request(*base, outputs=[RequestedOutput("NOPE")]), config())
     with pytest.raises(InvalidArgument, match="output 'OUTPUT0' already exists in request"):
-        validate_request(request(*base, outputs=[RequestedOutput("OUTPUT0")] * 2, id="r7"), config())
+        validate_request(
+            request(*base, outputs=[RequestedOutput("OUTPUT0")] * 2, id="r7"), config()
+        )
 
 
 def test_negative_priority_is_rejected() -> None:
     with pytest.raises(InvalidArgument, match="parameter 'priority'"):
-        validate_request(request(tensor("INPUT0", (1, 16)), tensor("INPUT1", (1, 2)),
-                                 parameters={"priority": -1}), config())
+        validate_request(
+            request(
+                tensor("INPUT0", (1, 16)), tensor("INPUT1", (1, 2)), parameters={"priority": -1}
+            ),
+            config(),
+        )
 
 
 RESHAPE_CONFIG = """
@@ -92,10 +115,12 @@ output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
 """
 
 
-@pytest.mark.parametrize("dims, reshape, shape", [("-1", "", (3,)), ("-1", "2", (3,)),
-                                                 ("16", "3", (16,))])
-def test_a_shape_the_reshape_cannot_take_is_invalid_argument(dims: str, reshape: str,
-                                                             shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(
+    "dims, reshape, shape", [("-1", "", (3,)), ("-1", "2", (3,)), ("16", "3", (16,))]
+)
+def test_a_shape_the_reshape_cannot_take_is_invalid_argument(
+    dims: str, reshape: str, shape: tuple[int, ...]
+) -> None:
     model = text_format.Parse(RESHAPE_CONFIG % (dims, reshape), ModelConfig())
     with pytest.raises(InvalidArgument, match="INPUT"):
         validate_request(InferRequest("reshaped", inputs=[tensor("INPUT", shape)]), model)

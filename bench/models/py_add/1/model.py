@@ -1,6 +1,8 @@
 """The Python model both servers run in bench/cpu_side_by_side.py: sum and difference of two
 FP32 [16] vectors, one response per request (as Triton's qa add_sub Python model does)."""
+
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
 
@@ -10,7 +12,12 @@ class TritonPythonModel:
         for request in requests:
             a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("OUTPUT0", (a + b).astype(np.float32)),
-                pb_utils.Tensor("OUTPUT1", (a - b).astype(np.float32))]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("OUTPUT0", (a + b).astype(np.float32)),
+                        pb_utils.Tensor("OUTPUT1", (a - b).astype(np.float32)),
+                    ]
+                )
+            )
         return responses

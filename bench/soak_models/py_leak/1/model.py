@@ -5,10 +5,12 @@ every request keeps `leak_bytes` of freshly written memory (so it is resident, n
 reserved) and opens `leak_fds` descriptors on /dev/null, none of them ever released, up to the
 `leak_max_*` caps. Writes its pid to `worker.pid` in the model directory so the soak never kills
 this worker (a restart would free the leak it is meant to show)."""
+
 import json
 import os
 
 import numpy as np
+
 import triton_python_backend_utils as pb_utils
 
 
@@ -49,7 +51,12 @@ class TritonPythonModel:
             self._leak()
             a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("OUTPUT0", (a + b).astype(np.float32)),
-                pb_utils.Tensor("OUTPUT1", (a - b).astype(np.float32))]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("OUTPUT0", (a + b).astype(np.float32)),
+                        pb_utils.Tensor("OUTPUT1", (a - b).astype(np.float32)),
+                    ]
+                )
+            )
         return responses

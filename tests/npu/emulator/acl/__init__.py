@@ -6,6 +6,7 @@ binding (see shared reference/pyacl.md), with a device-memory ledger, thread-bou
 dynamic-batch gears and fault injection behind them. `acl._emu` is the test control API, which
 the real module does not have.
 """
+
 from __future__ import annotations
 
 from . import _codes as C
@@ -28,9 +29,12 @@ def finalize() -> int:
         if not RT.initialised:
             raise AclFail(C.REPEAT_FINALIZE, "acl.finalize without a live acl.init")
         if RT.syncing:
-            RT.violate("acl.finalize while threads still wait in acl.rt.synchronize_stream: "
-                       + ", ".join(RT.syncing.values()))
+            RT.violate(
+                "acl.finalize while threads still wait in acl.rt.synchronize_stream: "
+                + ", ".join(RT.syncing.values())
+            )
         from . import _emu
+
         live = _emu.live_summary()
         if live:
             RT.violate("acl.finalize with live resources: " + "; ".join(live))
@@ -84,7 +88,7 @@ def update_data_buffer(buffer: int, addr: int, size: int) -> int:
 
 
 @entry("get_recent_err_msg", "")
-def get_recent_err_msg() -> "str | None":
+def get_recent_err_msg() -> str | None:
     return RT.take_err()
 
 
@@ -101,8 +105,13 @@ def get_version() -> tuple[int, int, int, int]:
 @entry("data_type_size", "k")
 def data_type_size(dtype: int) -> int:
     import numpy as np
+
     return np.dtype(C.DTYPES[dtype]).itemsize if dtype in C.DTYPES else 0
 
 
-from . import mdl, rt, util  # noqa: E402  (submodules, attached as attributes like the real one)
-from . import _emu  # noqa: E402
+from . import (  # noqa: E402  (submodules, attached as attributes like the real one)
+    _emu,
+    mdl,
+    rt,
+    util,
+)

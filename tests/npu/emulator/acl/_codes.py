@@ -3,6 +3,7 @@
 Kept apart from `npu/constants.py` on purpose: the emulator stands in for CANN, so it must not
 borrow the backend's idea of what the numbers are.
 """
+
 from __future__ import annotations
 
 SUCCESS = 0
@@ -31,8 +32,19 @@ DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 
 # aclDataType -> numpy dtype name (BF16 travels as its uint16 bit pattern).
 DTYPES: dict[int, str] = {
-    0: "float32", 1: "float16", 2: "int8", 3: "int32", 4: "uint8", 6: "int16", 7: "uint16",
-    8: "uint32", 9: "int64", 10: "uint64", 11: "float64", 12: "bool", 27: "uint16",
+    0: "float32",
+    1: "float16",
+    2: "int8",
+    3: "int32",
+    4: "uint8",
+    6: "int16",
+    7: "uint16",
+    8: "uint32",
+    9: "int64",
+    10: "uint64",
+    11: "float64",
+    12: "bool",
+    27: "uint16",
 }
 
 RUN_MODE_DEVICE = 0

@@ -1,17 +1,29 @@
 """Test control of the emulator (the real `acl` has no such module): reset, configure, inject
 faults, inspect the ledger, and assert that nothing leaked."""
+
 from __future__ import annotations
 
 import atexit
 import json
 import os
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any
 
 from ._runtime import RT, Config, EmulatorViolation, Fault
 
-__all__ = ["reset", "configure", "inject", "lose_device", "stats", "live_summary", "violations",
-           "assert_clean", "last_execution", "EmulatorViolation", "Config"]
+__all__ = [
+    "reset",
+    "configure",
+    "inject",
+    "lose_device",
+    "stats",
+    "live_summary",
+    "violations",
+    "assert_clean",
+    "last_execution",
+    "EmulatorViolation",
+    "Config",
+]
 
 
 def reset(**overrides: Any) -> None:
@@ -29,13 +41,19 @@ def configure(**overrides: Any) -> None:
             setattr(RT.config, key, value)
         if "device_count" in overrides:
             from ._runtime import DEVICE_BASE, DEVICE_SPAN, Device
+
             for d in range(RT.config.device_count):
-                RT.devices.setdefault(d, Device(d, DEVICE_BASE + d * DEVICE_SPAN,
-                                                next_addr=DEVICE_BASE + d * DEVICE_SPAN))
+                RT.devices.setdefault(
+                    d,
+                    Device(
+                        d, DEVICE_BASE + d * DEVICE_SPAN, next_addr=DEVICE_BASE + d * DEVICE_SPAN
+                    ),
+                )
 
 
-def inject(fn: str, ret: int, count: Optional[int] = 1, after: int = 0,
-           device: Optional[int] = None) -> None:
+def inject(
+    fn: str, ret: int, count: int | None = 1, after: int = 0, device: int | None = None
+) -> None:
     """Make `acl.<fn>` (e.g. "mdl.execute_async", "rt.malloc") return `ret` `count` times
     (None: forever) after `after` successful calls, optionally only on one device.
     Injecting 507010 also marks that device lost."""
@@ -71,12 +89,17 @@ def stats() -> dict[str, int]:
 def live_summary() -> list[str]:
     """One line per kind of live resource, with where each device allocation was made."""
     with RT.lock:
-        lines = [f"{count} {kind}" for kind, count in stats().items()
-                 if count and kind != "allocated_bytes"]
+        lines = [
+            f"{count} {kind}"
+            for kind, count in stats().items()
+            if count and kind != "allocated_bytes"
+        ]
         for alloc in RT.memory.live.values():
             if alloc.owner == "user":
-                lines.append(f"device {alloc.device} allocation {alloc.ptr:#x} of {alloc.size} "
-                             f"bytes, made at:\n{alloc.site}")
+                lines.append(
+                    f"device {alloc.device} allocation {alloc.ptr:#x} of {alloc.size} "
+                    f"bytes, made at:\n{alloc.site}"
+                )
         return lines
 
 
@@ -104,8 +127,11 @@ def _write_report() -> None:
     path = os.environ.get("ACL_EMU_REPORT")
     if path:
         with open(path, "w") as handle:
-            json.dump({"violations": violations(), "live": live_summary(), "stats": stats()},
-                      handle, indent=1)
+            json.dump(
+                {"violations": violations(), "live": live_summary(), "stats": stats()},
+                handle,
+                indent=1,
+            )
 
 
 atexit.register(_write_report)

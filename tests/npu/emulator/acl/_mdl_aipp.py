@@ -8,10 +8,10 @@ set_aipp_rbuv_swap_switch / ax_swap_switch("kb"), crop / padding ("kbiiiiK"),
 dtc_pixel_mean("khhhhK"), dtc_pixel_min / pixel_var_reci ("kffffK"),
 set_input_aipp("Ikkk"), destroy_aipp("k"), get_aipp_type("Ik") -> (type, attached, ret).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class AippSet:
     mean: dict = field(default_factory=dict)  # batch index -> 4 channel values
     minimum: dict = field(default_factory=dict)
     var_reci: dict = field(default_factory=dict)
-    csc: Optional[tuple] = None
+    csc: tuple | None = None
 
 
 def _aipp(handle: int) -> AippSet:
@@ -41,8 +41,9 @@ def _aipp(handle: int) -> AippSet:
 
 def _batch_index(found: AippSet, index: int) -> None:
     if not 0 <= index < found.batch:
-        raise AclFail(C.INVALID_PARAM, f"batch index {index} outside the aipp set's batch "
-                                       f"{found.batch}")
+        raise AclFail(
+            C.INVALID_PARAM, f"batch index {index} outside the aipp set's batch {found.batch}"
+        )
 
 
 @entry("mdl.create_aipp", "K")
@@ -106,16 +107,18 @@ def set_aipp_ax_swap_switch(handle: int, switch: int) -> int:
 
 
 @entry("mdl.set_aipp_crop_params", "kbiiiiK", ret_only)
-def set_aipp_crop_params(handle: int, switch: int, start_w: int, start_h: int, width: int,
-                         height: int, batch_index: int) -> int:
+def set_aipp_crop_params(
+    handle: int, switch: int, start_w: int, start_h: int, width: int, height: int, batch_index: int
+) -> int:
     with RT.lock:
         _batch_index(_aipp(handle), batch_index)
         return C.SUCCESS
 
 
 @entry("mdl.set_aipp_padding_params", "kbiiiiK", ret_only)
-def set_aipp_padding_params(handle: int, switch: int, top: int, bottom: int, left: int,
-                            right: int, batch_index: int) -> int:
+def set_aipp_padding_params(
+    handle: int, switch: int, top: int, bottom: int, left: int, right: int, batch_index: int
+) -> int:
     with RT.lock:
         _batch_index(_aipp(handle), batch_index)
         return C.SUCCESS
@@ -130,19 +133,23 @@ def _channels(name: str, handle: int, values: tuple, batch_index: int) -> int:
 
 
 @entry("mdl.set_aipp_dtc_pixel_mean", "khhhhK", ret_only)
-def set_aipp_dtc_pixel_mean(handle: int, c0: int, c1: int, c2: int, c3: int, batch_index: int) -> int:
+def set_aipp_dtc_pixel_mean(
+    handle: int, c0: int, c1: int, c2: int, c3: int, batch_index: int
+) -> int:
     return _channels("mean", handle, (c0, c1, c2, c3), batch_index)
 
 
 @entry("mdl.set_aipp_dtc_pixel_min", "kffffK", ret_only)
-def set_aipp_dtc_pixel_min(handle: int, c0: float, c1: float, c2: float, c3: float,
-                           batch_index: int) -> int:
+def set_aipp_dtc_pixel_min(
+    handle: int, c0: float, c1: float, c2: float, c3: float, batch_index: int
+) -> int:
     return _channels("minimum", handle, (c0, c1, c2, c3), batch_index)
 
 
 @entry("mdl.set_aipp_pixel_var_reci", "kffffK", ret_only)
-def set_aipp_pixel_var_reci(handle: int, c0: float, c1: float, c2: float, c3: float,
-                            batch_index: int) -> int:
+def set_aipp_pixel_var_reci(
+    handle: int, c0: float, c1: float, c2: float, c3: float, batch_index: int
+) -> int:
     return _channels("var_reci", handle, (c0, c1, c2, c3), batch_index)
 
 
@@ -150,36 +157,46 @@ def set_aipp_pixel_var_reci(handle: int, c0: float, c1: float, c2: float, c3: fl
 def set_input_aipp(model_id: int, dataset: int, index: int, handle: int) -> int:
     """Write the parameter set into the buffer at `index` (the ascend_dynamic_aipp_data input)."""
     from ._mdl_dynamic import _target
+
     with RT.lock:
         model, _, buffer = _target(model_id, dataset, index)
         found = _aipp(handle)
         if model.spec.aipp is None or model.spec.aipp.mode != "dynamic":
             raise AclFail(C.GE_PARAM_INVALID, f"model {model_id} has no dynamic AIPP input")
         if found.src == (0, 0) or not found.fmt:
-            raise AclFail(C.INVALID_PARAM, "set_aipp_src_image_size and set_aipp_input_format "
-                                           "are required for dynamic AIPP")
+            raise AclFail(
+                C.INVALID_PARAM,
+                "set_aipp_src_image_size and set_aipp_input_format are required for dynamic AIPP",
+            )
         mean = found.mean.get(0, (0.0,) * 4)
         var = found.var_reci.get(0, (1.0,) * 4)
-        block = np.array([MAGIC, found.fmt, found.src[0], found.src[1], found.batch, *mean, *var],
-                         dtype=np.float64)
+        block = np.array(
+            [MAGIC, found.fmt, found.src[0], found.src[1], found.batch, *mean, *var],
+            dtype=np.float64,
+        )
         if buffer.size < block.nbytes:
             raise AclFail(C.GE_PARAM_INVALID, "dynamic AIPP buffer too small")
         RT.memory.write_device(buffer.addr, block)
         return C.SUCCESS
 
 
-def read_block(addr: int) -> Optional[dict]:
+def read_block(addr: int) -> dict | None:
     """The parameters set_input_aipp left in a buffer, or None when it never ran."""
     raw = RT.memory.read_device(addr, 13 * 8).view(np.float64)
     if raw[0] != MAGIC:
         return None
-    return {"fmt": int(raw[1]), "src": (int(raw[3]), int(raw[2])),  # (h, w)
-            "mean": float(raw[5]), "var_reci": float(raw[9])}
+    return {
+        "fmt": int(raw[1]),
+        "src": (int(raw[3]), int(raw[2])),  # (h, w)
+        "mean": float(raw[5]),
+        "var_reci": float(raw[9]),
+    }
 
 
 @entry("mdl.get_aipp_type", "Ik", lambda code: (0, 0, code))
 def get_aipp_type(model_id: int, index: int) -> tuple[int, int, int]:
     from .mdl import _model
+
     with RT.lock:
         spec = _model(model_id).spec
         names = [t.name for t in spec.desc_inputs()]

@@ -6,6 +6,7 @@ Checked against the binding (hicann/runtime python/pyACL/mdl/mdl_wrap.cpp): argu
 ({"hwCount", "hw": [[h, w], ...]}, ret), `get_input_dynamic_gear_count(desc, index)` -> (n, ret)
 and `get_input_dynamic_dims(desc, index, n)` -> ([{"name", "dimCount", "dims"}, ...], ret).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -52,6 +53,7 @@ def _target(model_id: int, dataset: int, index: int):
     """The model and the data buffer at `index`, whatever tensor sits there: GE writes the gear
     into that buffer without asking what it is."""
     from .mdl import _model
+
     RT.require_init()
     ctx = RT.current_ctx()
     model = _model(model_id)
@@ -83,8 +85,10 @@ def set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch: int) 
         if not spec.dynamic:
             raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID, f"model {model_id} has no dynamic batch")
         if batch not in spec.gears:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                          f"batch size {batch} is not one of the model's gears {list(spec.gears)}")
+            raise AclFail(
+                C.GE_DYNAMIC_BATCH_SIZE_INVALID,
+                f"batch size {batch} is not one of the model's gears {list(spec.gears)}",
+            )
         if buffer.size < 4:
             raise AclFail(C.GE_DYNAMIC_INPUT_LENGTH_INVALID, "dynamic tensor buffer too small")
         _write(buffer, [batch], np.uint64 if buffer.size >= 8 else np.uint32)
@@ -99,9 +103,11 @@ def set_dynamic_hw_size(model_id: int, dataset: int, index: int, height: int, wi
         model, found, buffer = _target(model_id, dataset, index)
         gears = model.spec.hw_gears
         if (height, width) not in gears:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                          f"image size {height}x{width} is not one of the model's gears "
-                          f"{[list(g) for g in gears]}")
+            raise AclFail(
+                C.GE_DYNAMIC_BATCH_SIZE_INVALID,
+                f"image size {height}x{width} is not one of the model's gears "
+                f"{[list(g) for g in gears]}",
+            )
         _write(buffer, [height, width], np.int32)
         found.gear = model.shape_gear = (height, width)
         return C.SUCCESS
@@ -120,8 +126,10 @@ def set_input_dynamic_dims(model_id: int, dataset: int, index: int, dims: dict) 
         spec = model.spec
         full = spec.full_dims_gears()
         if values[:count] not in full:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                          f"dims {values[:count]} are not one of the model's gears {full}")
+            raise AclFail(
+                C.GE_DYNAMIC_BATCH_SIZE_INVALID,
+                f"dims {values[:count]} are not one of the model's gears {full}",
+            )
         gear = spec.dims_gears[full.index(values[:count])]
         _write(buffer, list(gear), np.int32)
         found.gear = model.shape_gear = gear

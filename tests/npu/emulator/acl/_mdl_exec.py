@@ -1,12 +1,13 @@
 """acl.mdl's execution: the checks GE makes before a model runs, reading the inputs at the
 current gear (AIPP applied), the stand-in compute, and the outputs written back; synchronous
 execute holds the emulator lock for its latency as the real one holds the GIL."""
+
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,11 +24,10 @@ class Task:
     model: Model
     inputs: list
     outputs: list
-    gear: Optional[int]
+    gear: int | None
     latency_s: float = 0.0
-    shapes: Optional[dict] = None  # input shapes at a dynamic HW / dims gear
+    shapes: dict | None = None  # input shapes at a dynamic HW / dims gear
     stream: int = 0
-
 
 
 # -- execution --------------------------------------------------------------------------------
@@ -46,8 +46,9 @@ def _buffers(dataset: int, label: str) -> list:
     return buffers
 
 
-def _prepare(model_id: int, in_ds: int, out_ds: int, stream: Optional[int]) -> Task:
+def _prepare(model_id: int, in_ds: int, out_ds: int, stream: int | None) -> Task:
     from .mdl import _model
+
     RT.require_init()
     ctx = RT.current_ctx()
     model = _model(model_id, C.GE_EXEC_MODEL_ID_INVALID)
@@ -55,13 +56,16 @@ def _prepare(model_id: int, in_ds: int, out_ds: int, stream: Optional[int]) -> T
         raise AclFail(C.RT_MODEL_CONTEXT, f"model {model_id} was loaded in another context")
     if stream:
         from .rt import stream_in_current_context
+
         stream_in_current_context(stream)
     inputs, outputs = _buffers(in_ds, "input"), _buffers(out_ds, "output")
     spec = model.spec
     if len(inputs) != len(spec.desc_inputs()) or len(outputs) != len(spec.outputs):
-        raise AclFail(C.GE_PARAM_INVALID,
-                      f"model {model_id} has {len(spec.desc_inputs())} inputs and "
-                      f"{len(spec.outputs)} outputs; datasets hold {len(inputs)} and {len(outputs)}")
+        raise AclFail(
+            C.GE_PARAM_INVALID,
+            f"model {model_id} has {len(spec.desc_inputs())} inputs and "
+            f"{len(spec.outputs)} outputs; datasets hold {len(inputs)} and {len(outputs)}",
+        )
     if any(b.addr == 0 for b in inputs):
         raise AclFail(C.INVALID_PARAM, "input data buffer with a null address")
     if stream is not None and any(b.addr == 0 for b in outputs):
@@ -71,41 +75,60 @@ def _prepare(model_id: int, in_ds: int, out_ds: int, stream: Optional[int]) -> T
         gear = model.gear if spec.dynamic else model.shape_gear
         dataset_gear = RT.datasets[in_ds].gear
         if dataset_gear is None and RT.config.require_gear_before_execute:
-            raise AclFail(C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                          "dynamic model executed without setting its gear")
+            raise AclFail(
+                C.GE_DYNAMIC_BATCH_SIZE_INVALID, "dynamic model executed without setting its gear"
+            )
         if dataset_gear is not None and gear != dataset_gear:
-            RT.violate(f"model {model_id}: gear {gear} set through another dataset, this one "
-                       f"says {dataset_gear} (shared model state raced)")
+            RT.violate(
+                f"model {model_id}: gear {gear} set through another dataset, this one "
+                f"says {dataset_gear} (shared model state raced)"
+            )
         if spec.dynamic:
             gear = gear or spec.max_gear
         else:
             shapes = spec.gear_shapes(gear or spec.max_shape_gear())
         if spec.dynamic and RT.config.strict_dynamic_sizes:
-            for tensor, buffer in zip(spec.inputs, inputs):
+            for tensor, buffer in zip(spec.inputs, inputs, strict=False):
                 if buffer.size != tensor.nbytes(gear):
-                    RT.violate(f"input {tensor.name}: buffer of {buffer.size} bytes for gear {gear}"
-                               f" (expected {tensor.nbytes(gear)})")
+                    RT.violate(
+                        f"input {tensor.name}: buffer of {buffer.size} bytes for gear {gear}"
+                        f" (expected {tensor.nbytes(gear)})"
+                    )
     else:
-        for tensor, buffer in zip(spec.inputs + spec.outputs, inputs + outputs):
-            need = (spec.aipp.source_bytes(tensor.dims[0]) if spec.aipp is not None
-                    and tensor.name == spec.aipp.input else tensor.nbytes(None))
+        for tensor, buffer in zip(spec.inputs + spec.outputs, inputs + outputs, strict=False):
+            need = (
+                spec.aipp.source_bytes(tensor.dims[0])
+                if spec.aipp is not None and tensor.name == spec.aipp.input
+                else tensor.nbytes(None)
+            )
             if buffer.addr and buffer.size + 64 < need:
-                raise AclFail(C.GE_PARAM_INVALID,
-                              f"buffer for {tensor.name} holds {buffer.size} bytes, the model "
-                              f"needs {need}")
+                raise AclFail(
+                    C.GE_PARAM_INVALID,
+                    f"buffer for {tensor.name} holds {buffer.size} bytes, the model needs {need}",
+                )
     RT.require_alive(model.device)
     if model.busy:
-        RT.violate(f"model {model_id} entered concurrently by {threading.current_thread().name} "
-                   f"while {model.busy} runs it", ConcurrentModelUse)
-    for tensor, buffer in zip(spec.outputs, outputs):
+        RT.violate(
+            f"model {model_id} entered concurrently by {threading.current_thread().name} "
+            f"while {model.busy} runs it",
+            ConcurrentModelUse,
+        )
+    for tensor, buffer in zip(spec.outputs, outputs, strict=False):
         if buffer.addr == 0:  # synchronous execute allocates (0, 0) outputs for the caller
             alloc = RT.memory.allocate(model.device, tensor.nbytes(gear))
             buffer.addr, buffer.size = alloc.ptr, alloc.size
     batch = gear if spec.dynamic else 1
     latency = (spec.latency_fixed_s + spec.latency_per_sample_s * batch) * RT.config.latency_scale
     model.busy = f"thread {threading.current_thread().name}"
-    return Task(model, [(b.addr, b.size) for b in inputs], [(b.addr, b.size) for b in outputs],
-                gear if spec.dynamic else None, latency, shapes, stream or 0)
+    return Task(
+        model,
+        [(b.addr, b.size) for b in inputs],
+        [(b.addr, b.size) for b in outputs],
+        gear if spec.dynamic else None,
+        latency,
+        shapes,
+        stream or 0,
+    )
 
 
 def _read_inputs(task: Task) -> dict[str, np.ndarray]:
@@ -113,7 +136,7 @@ def _read_inputs(task: Task) -> dict[str, np.ndarray]:
     [n, source bytes] after the emulated AIPP."""
     spec = task.model.spec
     arrays = {}
-    addresses = dict(zip((t.name for t in spec.desc_inputs()), task.inputs))
+    addresses = dict(zip((t.name for t in spec.desc_inputs()), task.inputs, strict=False))
     for tensor in spec.inputs:
         addr, size = addresses[tensor.name]
         if spec.aipp is not None and tensor.name == spec.aipp.input:
@@ -128,9 +151,11 @@ def _read_inputs(task: Task) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _aipp_input(task: Task, tensor: _om.TensorSpec, addr: int, size: int,
-                addresses: dict) -> np.ndarray:
+def _aipp_input(
+    task: Task, tensor: _om.TensorSpec, addr: int, size: int, addresses: dict
+) -> np.ndarray:
     from ._mdl_aipp import read_block
+
     aipp = task.model.spec.aipp
     n = task.gear if tensor.dims[0] == -1 else tensor.dims[0]
     mean, var = 0.0, 1.0
@@ -138,13 +163,18 @@ def _aipp_input(task: Task, tensor: _om.TensorSpec, addr: int, size: int,
     if aipp.mode == "dynamic":
         block = read_block(addresses[C.DYNAMIC_AIPP_NAME][0])
         if block is None:
-            raise AclFail(C.GE_AIPP_NOT_SET, "dynamic AIPP parameters were never set on "
-                                             "ascend_dynamic_aipp_data (acl.mdl.set_input_aipp)")
+            raise AclFail(
+                C.GE_AIPP_NOT_SET,
+                "dynamic AIPP parameters were never set on "
+                "ascend_dynamic_aipp_data (acl.mdl.set_input_aipp)",
+            )
         fmt, src, mean, var = block["fmt"], block["src"], block["mean"], block["var_reci"]
     per_row = aipp.source_bytes(1, fmt, src)
     if n * per_row > size:
-        raise AclFail(C.GE_PARAM_INVALID, f"source images of {per_row} bytes x {n} exceed the "
-                                          f"input buffer of {size} bytes")
+        raise AclFail(
+            C.GE_PARAM_INVALID,
+            f"source images of {per_row} bytes x {n} exceed the input buffer of {size} bytes",
+        )
     raw = RT.memory.read_device(addr, n * per_row).astype(np.float32).reshape(n, per_row)
     return (raw - mean) * var
 
@@ -162,21 +192,27 @@ def _compute(task: Task) -> int:
                 RT.devices[model.device].lost = True
             if code == C.RT_AICORE_EXCEPTION and task.stream in RT.streams:
                 RT.streams[task.stream].broken = code
-            raise AclFail(code, f"model {model.id} execution failed on device {model.device} "
-                                f"(emulated fault, error {code})")
+            raise AclFail(
+                code,
+                f"model {model.id} execution failed on device {model.device} "
+                f"(emulated fault, error {code})",
+            )
         outputs = _om.run(spec, arrays, task.gear, free_shapes=spec.shape_dynamic)
-        for tensor, (addr, size) in zip(spec.outputs, task.outputs):
+        for tensor, (addr, size) in zip(spec.outputs, task.outputs, strict=False):
             value = outputs[tensor.name]
             if value.nbytes > size + (0 if spec.dynamic or spec.shape_dynamic else 64):
-                raise AclFail(C.GE_PARAM_INVALID,
-                              f"output buffer for {tensor.name} holds {size} bytes, the gear "
-                              f"needs {value.nbytes}")
+                raise AclFail(
+                    C.GE_PARAM_INVALID,
+                    f"output buffer for {tensor.name} holds {size} bytes, the gear "
+                    f"needs {value.nbytes}",
+                )
             RT.memory.write_device(addr, value)
         model.cur_gear = task.gear
         model.cur_shapes = {name: value.shape for name, value in outputs.items()}
         record = RT.executions.setdefault(model.id, {"count": 0})
-        record.update(count=record["count"] + 1, gear=task.gear, inputs=arrays,
-                      shape_gear=model.shape_gear)
+        record.update(
+            count=record["count"] + 1, gear=task.gear, inputs=arrays, shape_gear=model.shape_gear
+        )
         RT.devices[model.device].busy_s += task.latency_s
         return C.SUCCESS
     except AclFail as failure:

@@ -5,6 +5,7 @@ handed to a host API (or the reverse) is caught. Host pointers are real process 
 (numpy arrays, bytes objects, `malloc_host`), read and written through ctypes after a check
 against /proc/self/maps so a bad pointer is an error, not a crash of the test process.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -84,7 +85,7 @@ class HostMaps:
 
 
 class Ledger:
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.live: dict[int, Allocation] = {}
         self._bases: list[int] = []
@@ -95,16 +96,20 @@ class Ledger:
         self.maps = HostMaps()
 
     # -- device allocations -------------------------------------------------------------------
-    def allocate(self, device: int, size: int, owner: str = "user",
-                 oom_code: int = C.RT_MEMORY_ALLOCATION) -> Allocation:
+    def allocate(
+        self, device: int, size: int, owner: str = "user", oom_code: int = C.RT_MEMORY_ALLOCATION
+    ) -> Allocation:
         if size <= 0:
             raise AclFail(C.INVALID_PARAM, "malloc size must be greater than 0")
         dev = self.rt.devices[device]
         charged = align_up(size, 32) + 32
         capacity = self.rt.config.memory_bytes
         if dev.charged + charged > capacity:
-            raise AclFail(oom_code, f"device {device} out of memory: asked {size} bytes, "
-                                    f"{capacity - dev.charged} of {capacity} free")
+            raise AclFail(
+                oom_code,
+                f"device {device} out of memory: asked {size} bytes, "
+                f"{capacity - dev.charged} of {capacity} free",
+            )
         ptr = align_up(dev.next_addr, 64)
         if ptr + charged >= dev.base + DEVICE_SPAN:
             raise AclFail(oom_code, f"device {device} address space exhausted")
@@ -145,10 +150,12 @@ class Ledger:
             offset = ptr - alloc.ptr
             if offset < alloc.size:
                 if offset + count > alloc.size:
-                    raise AclFail(C.RT_PARAM_INVALID,
-                                  f"access of {count} bytes at {ptr:#x} runs "
-                                  f"{offset + count - alloc.size} bytes past the end of a "
-                                  f"{alloc.size}-byte allocation")
+                    raise AclFail(
+                        C.RT_PARAM_INVALID,
+                        f"access of {count} bytes at {ptr:#x} runs "
+                        f"{offset + count - alloc.size} bytes past the end of a "
+                        f"{alloc.size}-byte allocation",
+                    )
                 return alloc, offset
         if ptr in self.freed:
             raise AclFail(C.RT_PARAM_INVALID, f"use of freed device pointer {ptr:#x}")
@@ -157,7 +164,7 @@ class Ledger:
     def device_view(self, ptr: int, count: int) -> np.ndarray:
         alloc, offset = self.find(ptr, count)
         self.rt.require_alive(alloc.device)
-        return alloc.storage[offset:offset + count]
+        return alloc.storage[offset : offset + count]
 
     # -- host memory --------------------------------------------------------------------------
     def malloc_host(self, size: int) -> int:
@@ -187,8 +194,10 @@ class Ledger:
             if base <= ptr < base + max(len(self.pinned[base]), 1):
                 # Referenced by this dict and getrefcount's argument only: the caller let it go.
                 if sys.getrefcount(self.pinned[base]) <= 2:
-                    self.rt.violate(f"host pointer {ptr:#x} from bytes_to_ptr outlived its bytes "
-                                    "object", DanglingHostPointer)
+                    self.rt.violate(
+                        f"host pointer {ptr:#x} from bytes_to_ptr outlived its bytes object",
+                        DanglingHostPointer,
+                    )
                 break
         if not self.maps.check(ptr, count, write):
             access = "writable" if write else "readable"
@@ -217,10 +226,12 @@ class Ledger:
             raise AclFail(C.INVALID_PARAM, "memcpy with a null pointer")
         if count > dst_max:
             raise AclFail(C.RT_PARAM_INVALID, f"memcpy count {count} exceeds dst_max {dst_max}")
-        spaces = {C.MEMCPY_HOST_TO_HOST: ("host", "host"),
-                  C.MEMCPY_HOST_TO_DEVICE: ("host", "device"),
-                  C.MEMCPY_DEVICE_TO_HOST: ("device", "host"),
-                  C.MEMCPY_DEVICE_TO_DEVICE: ("device", "device")}
+        spaces = {
+            C.MEMCPY_HOST_TO_HOST: ("host", "host"),
+            C.MEMCPY_HOST_TO_DEVICE: ("host", "device"),
+            C.MEMCPY_DEVICE_TO_HOST: ("device", "host"),
+            C.MEMCPY_DEVICE_TO_DEVICE: ("device", "device"),
+        }
         if kind == C.MEMCPY_DEFAULT or (self.rt.config.memcpy_kind_reserved and kind in spaces):
             pass  # CANN 8: the runtime takes the direction from the pointers themselves
         elif kind not in spaces:
@@ -228,11 +239,15 @@ class Ledger:
         else:
             src_space, dst_space = spaces[kind]
             if not (self._space_ok(src, src_space) and self._space_ok(dst, dst_space)):
-                raise AclFail(C.RT_PARAM_INVALID,
-                              f"memcpy kind {kind} does not match the pointers: src {src:#x}, "
-                              f"dst {dst:#x}")
-        data = (self.device_view(src, count).copy() if self.is_device(src)
-                else np.frombuffer(self.host_read(src, count), dtype=np.uint8))
+                raise AclFail(
+                    C.RT_PARAM_INVALID,
+                    f"memcpy kind {kind} does not match the pointers: src {src:#x}, dst {dst:#x}",
+                )
+        data = (
+            self.device_view(src, count).copy()
+            if self.is_device(src)
+            else np.frombuffer(self.host_read(src, count), dtype=np.uint8)
+        )
         if self.is_device(dst):
             self.device_view(dst, count)[:] = data
         else:

@@ -24,12 +24,14 @@ inputs carry -1 on their dynamic axes and outputs take whatever shape the comput
 gear. An AIPP input is seen by the compute as float32 [n, source bytes]: the emulated AIPP
 subtracts channel-0 mean and multiplies by channel-0 var_reci (dynamic AIPP) byte by byte.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -55,10 +57,10 @@ class TensorSpec:
     def batched(self) -> bool:
         return bool(self.dims) and self.dims[0] == -1
 
-    def shape(self, batch: Optional[int]) -> tuple[int, ...]:
+    def shape(self, batch: int | None) -> tuple[int, ...]:
         return (batch,) + self.dims[1:] if batch is not None and self.batched else self.dims
 
-    def nbytes(self, batch: Optional[int]) -> int:
+    def nbytes(self, batch: int | None) -> int:
         return int(np.prod(self.shape(batch), dtype=np.int64)) * self.np_dtype.itemsize
 
 
@@ -74,14 +76,16 @@ class Aipp:
     fmt: int = 1
     src: tuple[int, int] = (0, 0)  # (h, w) compiled in (static) or the largest (dynamic)
 
-    def v2_dims(self, batch: int, fmt: Optional[int] = None,
-                src: Optional[tuple[int, int]] = None) -> tuple[int, ...]:
+    def v2_dims(
+        self, batch: int, fmt: int | None = None, src: tuple[int, int] | None = None
+    ) -> tuple[int, ...]:
         factor, channels, _ = AIPP_SOURCE[fmt or self.fmt]
         h, w = src or self.src
         return (batch, int(h * factor), w, channels)
 
-    def source_bytes(self, batch: int, fmt: Optional[int] = None,
-                     src: Optional[tuple[int, int]] = None) -> int:
+    def source_bytes(
+        self, batch: int, fmt: int | None = None, src: tuple[int, int] | None = None
+    ) -> int:
         return int(np.prod(self.v2_dims(batch, fmt, src)))
 
 
@@ -96,10 +100,10 @@ class OmSpec:
     compute: tuple[dict, ...]
     latency_fixed_s: float
     latency_per_sample_s: float
-    poison: Optional[dict]
+    poison: dict | None
     hw_gears: tuple[tuple[int, int], ...] = ()
     dims_gears: tuple[tuple[int, ...], ...] = ()  # values of the -1 axes, per gear
-    aipp: Optional[Aipp] = None
+    aipp: Aipp | None = None
     soc: str = ""
     load_s: float = 0.0
     _max_outputs: dict = field(default_factory=dict, compare=False)
@@ -121,7 +125,7 @@ class OmSpec:
         return len(self.dims_gears[0]) if self.dims_gears else 0
 
     @property
-    def max_gear(self) -> Optional[int]:
+    def max_gear(self) -> int | None:
         return max(self.gears) if self.gears else None
 
     def desc_inputs(self) -> tuple[TensorSpec, ...]:
@@ -141,7 +145,7 @@ class OmSpec:
             for t in self.inputs:
                 dims = list(t.dims)
                 holes = [i for i, d in enumerate(dims) if d == -1]
-                for axis, value in zip(holes, gear):
+                for axis, value in zip(holes, gear, strict=False):
                     dims[axis] = value
                 shapes[t.name] = tuple(dims)
         else:
@@ -152,8 +156,9 @@ class OmSpec:
 
     def full_dims_gears(self) -> list[list[int]]:
         """The dims gears as aclmdlGetInputDynamicDims gives them: every input's dims, concatenated."""
-        return [[d for t in self.inputs for d in self.gear_shapes(g)[t.name]]
-                for g in self.dims_gears]
+        return [
+            [d for t in self.inputs for d in self.gear_shapes(g)[t.name]] for g in self.dims_gears
+        ]
 
     def max_shape_gear(self) -> Any:
         gears = self.hw_gears or self.dims_gears
@@ -162,8 +167,12 @@ class OmSpec:
 
 def _tensor(raw: Any, path: str) -> TensorSpec:
     try:
-        spec = TensorSpec(str(raw["name"]), int(raw["dtype"]), int(raw.get("format", ND)),
-                          tuple(int(d) for d in raw["dims"]))
+        spec = TensorSpec(
+            str(raw["name"]),
+            int(raw["dtype"]),
+            int(raw.get("format", ND)),
+            tuple(int(d) for d in raw["dims"]),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise AclFail(C.GE_PARAM_INVALID, f"{path}: bad tensor entry {raw!r}: {exc}") from None
     if spec.dtype not in C.DTYPES:
@@ -173,18 +182,28 @@ def _tensor(raw: Any, path: str) -> TensorSpec:
     return spec
 
 
-def _check_dynamic(path: str, gears: tuple, hw: tuple, dims: tuple,
-                   inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
+def _check_dynamic(
+    path: str,
+    gears: tuple,
+    hw: tuple,
+    dims: tuple,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+) -> None:
     if sum(1 for kind in (gears, hw, dims) if kind) > 1:
-        raise AclFail(C.GE_PARAM_INVALID, f"{path}: dynamic batch, image size and dims exclude "
-                                          "each other")
-    holes = [d for t in inputs for d in t.dims[1 if gears else 0:] if d == -1]
+        raise AclFail(
+            C.GE_PARAM_INVALID, f"{path}: dynamic batch, image size and dims exclude each other"
+        )
+    holes = [d for t in inputs for d in t.dims[1 if gears else 0 :] if d == -1]
     if gears:
         if len(gears) < 2 or min(gears) <= 0 or len(set(gears)) != len(gears):
             raise AclFail(C.GE_PARAM_INVALID, f"{path}: bad dynamic_batch gears {list(gears)}")
         if not any(t.batched for t in inputs) or holes:
-            raise AclFail(C.GE_PARAM_INVALID, f"{path}: E10031: with --dynamic_batch_size one "
-                                              "input must have -1 as its first axis, and only there")
+            raise AclFail(
+                C.GE_PARAM_INVALID,
+                f"{path}: E10031: with --dynamic_batch_size one "
+                "input must have -1 as its first axis, and only there",
+            )
         if any(d == -1 for t in outputs for d in t.dims[1:]):
             raise AclFail(C.GE_PARAM_INVALID, f"{path}: an output has -1 past its batch axis")
     elif hw:
@@ -192,8 +211,9 @@ def _check_dynamic(path: str, gears: tuple, hw: tuple, dims: tuple,
             raise AclFail(C.GE_PARAM_INVALID, f"{path}: dynamic image size needs H and W at -1")
     elif dims:
         if any(len(g) != len(holes) for g in dims) or not holes:
-            raise AclFail(C.GE_PARAM_INVALID, f"{path}: each dynamic_dims gear needs "
-                                              f"{len(holes)} values")
+            raise AclFail(
+                C.GE_PARAM_INVALID, f"{path}: each dynamic_dims gear needs {len(holes)} values"
+            )
     elif holes or any(-1 in t.dims for t in outputs):
         raise AclFail(C.GE_PARAM_INVALID, f"{path}: -1 dims in a static model")
 
@@ -217,20 +237,31 @@ def parse(path: str) -> OmSpec:
     aipp = None
     if raw.get("aipp"):
         a = raw["aipp"]
-        aipp = Aipp(str(a["mode"]), str(a["input"]), int(a.get("format", 1)),
-                    tuple(int(v) for v in a.get("src", (0, 0))))
+        aipp = Aipp(
+            str(a["mode"]),
+            str(a["input"]),
+            int(a.get("format", 1)),
+            tuple(int(v) for v in a.get("src", (0, 0))),
+        )
         if aipp.input not in {t.name for t in inputs} or aipp.fmt not in AIPP_SOURCE:
             raise AclFail(C.GE_PARAM_INVALID, f"{path}: bad aipp section {a!r}")
     latency = raw.get("latency_ms", {})
     return OmSpec(
-        path=path, inputs=inputs, outputs=outputs, gears=gears,
+        path=path,
+        inputs=inputs,
+        outputs=outputs,
+        gears=gears,
         weight_size=int(raw.get("weight_size", 0)),
         work_size=int(raw.get("work_size", 0)),
         compute=tuple(raw.get("compute", ())),
         latency_fixed_s=float(latency.get("fixed", 0.0)) / 1000.0,
         latency_per_sample_s=float(latency.get("per_sample", 0.0)) / 1000.0,
-        poison=raw.get("poison"), hw_gears=hw, dims_gears=dims, aipp=aipp,
-        soc=str(raw.get("soc", "")), load_s=float(raw.get("load_ms", 0.0)) / 1000.0,
+        poison=raw.get("poison"),
+        hw_gears=hw,
+        dims_gears=dims,
+        aipp=aipp,
+        soc=str(raw.get("soc", "")),
+        load_s=float(raw.get("load_ms", 0.0)) / 1000.0,
     )
 
 
@@ -272,18 +303,25 @@ def _pool(args: list[np.ndarray], op: dict) -> np.ndarray:
 
 
 OPS: dict[str, Callable[[list[np.ndarray], dict], np.ndarray]] = {
-    "identity": _identity, "scale_add": _scale_add, "add": _add, "matmul": _matmul,
-    "row_sum": _row_sum, "scale_by": _scale_by, "pool": _pool,
+    "identity": _identity,
+    "scale_add": _scale_add,
+    "add": _add,
+    "matmul": _matmul,
+    "row_sum": _row_sum,
+    "scale_by": _scale_by,
+    "pool": _pool,
 }
 
 
-def run(spec: OmSpec, inputs: dict[str, np.ndarray], batch: Optional[int],
-        free_shapes: bool = False) -> dict[str, np.ndarray]:
+def run(
+    spec: OmSpec, inputs: dict[str, np.ndarray], batch: int | None, free_shapes: bool = False
+) -> dict[str, np.ndarray]:
     """Outputs for one execution, cast and shaped as the model's outputs at this batch (or, for
     dynamic HW / dims, whatever shape the compute gives)."""
     ops = spec.compute or tuple(
         {"op": "identity", "inputs": [i.name], "output": o.name}
-        for i, o in zip(spec.inputs, spec.outputs))
+        for i, o in zip(spec.inputs, spec.outputs, strict=False)
+    )
     results: dict[str, np.ndarray] = {}
     for op in ops:
         fn = OPS.get(op.get("op", ""))
@@ -297,7 +335,9 @@ def run(spec: OmSpec, inputs: dict[str, np.ndarray], batch: Optional[int],
             raise AclFail(C.RT_MODEL_EXECUTE, f"emulated compute gave no value for {out.name}")
         shape = np.shape(value) if free_shapes else out.shape(batch)
         if int(np.prod(np.shape(value))) != int(np.prod(shape)):
-            raise AclFail(C.RT_MODEL_EXECUTE, f"emulated compute gave no fitting value for {out.name}")
+            raise AclFail(
+                C.RT_MODEL_EXECUTE, f"emulated compute gave no fitting value for {out.name}"
+            )
         outputs[out.name] = np.asarray(value).astype(out.np_dtype).reshape(shape)
     return outputs
 
@@ -315,7 +355,7 @@ def max_output_shapes(spec: OmSpec) -> dict[str, tuple[int, ...]]:
     return spec._max_outputs
 
 
-def poisoned(spec: OmSpec, inputs: dict[str, np.ndarray]) -> Optional[int]:
+def poisoned(spec: OmSpec, inputs: dict[str, np.ndarray]) -> int | None:
     if not spec.poison:
         return None
     value = spec.poison["value"]

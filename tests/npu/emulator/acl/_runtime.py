@@ -4,6 +4,7 @@ Everything lives on one `Runtime` object (`RT`) guarded by one re-entrant lock, 
 into the fake binding is serialised the way the real binding serialises on the GIL; calls that
 really release the GIL (`synchronize_stream`) drop the lock while they wait.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,8 +13,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from . import _codes as C
 
@@ -64,11 +66,11 @@ class Config:
 class Fault:
     fn: str
     ret: int
-    count: Optional[int] = 1  # None: forever
+    count: int | None = 1  # None: forever
     after: int = 0  # let this many matching calls succeed first
-    device: Optional[int] = None
+    device: int | None = None
 
-    def take(self, fn: str, device: Optional[int]) -> bool:
+    def take(self, fn: str, device: int | None) -> bool:
         if fn != self.fn or (self.device is not None and device != self.device):
             return False
         if self.after > 0:
@@ -103,7 +105,7 @@ class Device:
     id: int
     base: int
     refcount: int = 0
-    default_ctx: Optional[Context] = None
+    default_ctx: Context | None = None
     charged: int = 0
     lost: bool = False
     next_addr: int = 0
@@ -122,12 +124,16 @@ class DataBuffer:
 class Dataset:
     handle: int
     buffers: list = field(default_factory=list)
-    gear: Optional[int] = None
+    gear: int | None = None
 
 
 _HANDLE_BASES = {
-    "context": 0x7A10_0000_0000, "stream": 0x7A20_0000_0000, "desc": 0x7A30_0000_0000,
-    "dataset": 0x7A40_0000_0000, "buffer": 0x7A50_0000_0000, "aipp": 0x7A60_0000_0000,
+    "context": 0x7A10_0000_0000,
+    "stream": 0x7A20_0000_0000,
+    "desc": 0x7A30_0000_0000,
+    "dataset": 0x7A40_0000_0000,
+    "buffer": 0x7A50_0000_0000,
+    "aipp": 0x7A60_0000_0000,
 }
 DEVICE_BASE = 1 << 48
 DEVICE_SPAN = 1 << 40  # address range per device
@@ -138,7 +144,7 @@ class Runtime:
         self.lock = threading.RLock()
         self.reset()
 
-    def reset(self, config: Optional[Config] = None) -> None:
+    def reset(self, config: Config | None = None) -> None:
         with self.lock:
             self.config = config or config_from_env()
             self.tls = threading.local()
@@ -163,6 +169,7 @@ class Runtime:
             self.aipps: dict[int, Any] = {}
             self.syncing: dict[int, str] = {}  # thread id -> stream it waits on, for finalize
             from . import _memory
+
             self.memory = _memory.Ledger(self)
             for spec in _env_faults():
                 self.faults.append(Fault(**spec))
@@ -181,12 +188,12 @@ class Runtime:
     def set_err(self, message: str) -> None:
         self.tls.err = message
 
-    def take_err(self) -> Optional[str]:
+    def take_err(self) -> str | None:
         message = getattr(self.tls, "err", None)
         self.tls.err = None
         return message
 
-    def violate(self, message: str, exc: Optional[type[EmulatorViolation]] = None) -> None:
+    def violate(self, message: str, exc: type[EmulatorViolation] | None = None) -> None:
         """Record misuse; `assert_clean` fails on it even when the caller swallowed the error."""
         with self.lock:
             self.violations.append(message)
@@ -209,32 +216,38 @@ class Runtime:
 
     def require_device_id(self, device: int) -> Device:
         if device not in self.devices:
-            raise AclFail(C.RT_INVALID_DEVICEID,
-                          f"invalid device id {device}: {len(self.devices)} device(s) visible")
+            raise AclFail(
+                C.RT_INVALID_DEVICEID,
+                f"invalid device id {device}: {len(self.devices)} device(s) visible",
+            )
         return self.devices[device]
 
     def current_ctx(self) -> Context:
         ctx = getattr(self.tls, "ctx", None)
         if ctx is None or ctx.destroyed:
-            raise AclFail(C.RT_CONTEXT_NULL,
-                          "no context is current on this thread: call acl.rt.set_device or "
-                          "acl.rt.set_context on this thread first")
+            raise AclFail(
+                C.RT_CONTEXT_NULL,
+                "no context is current on this thread: call acl.rt.set_device or "
+                "acl.rt.set_context on this thread first",
+            )
         return ctx
 
-    def current_ctx_or_none(self) -> Optional[Context]:
+    def current_ctx_or_none(self) -> Context | None:
         ctx = getattr(self.tls, "ctx", None)
         return None if ctx is None or ctx.destroyed else ctx
 
-    def bind(self, ctx: Optional[Context]) -> None:
+    def bind(self, ctx: Context | None) -> None:
         self.tls.ctx = ctx
 
     def require_alive(self, device: int) -> None:
         if self.devices[device].lost:
-            raise AclFail(C.RT_LOST_HEARTBEAT,
-                          f"device {device} lost heartbeat (device fault; reset required)")
+            raise AclFail(
+                C.RT_LOST_HEARTBEAT,
+                f"device {device} lost heartbeat (device fault; reset required)",
+            )
 
     # -- faults -------------------------------------------------------------------------------
-    def take_fault(self, fn: str, device: Optional[int]) -> Optional[int]:
+    def take_fault(self, fn: str, device: int | None) -> int | None:
         with self.lock:
             for fault in self.faults:
                 if fault.take(fn, device):
@@ -266,16 +279,27 @@ def _check_args(name: str, spec: str, args: tuple) -> None:
     required, _, optional = spec.partition("|")
     if not len(required) <= len(args) <= len(required) + len(optional):
         raise TypeError(f"acl.{name} args parse failed")
-    for code, value in zip(required + optional, args):
-        ok = (isinstance(value, int) if code in _INT_CODES else
-              isinstance(value, (int, float)) if code == "f" else
-              isinstance(value, str) if code == "s" else True)
+    for code, value in zip(required + optional, args, strict=False):
+        ok = (
+            isinstance(value, int)
+            if code in _INT_CODES
+            else isinstance(value, (int, float))
+            if code == "f"
+            else isinstance(value, str)
+            if code == "s"
+            else True
+        )
         if not ok:
             raise TypeError(f"acl.{name} args parse failed")
 
 
-def entry(name: str, spec: str, fail: Optional[Callable[[int], Any]] = None,
-          device_arg: Optional[int] = None, inject: bool = True) -> Callable:
+def entry(
+    name: str,
+    spec: str,
+    fail: Callable[[int], Any] | None = None,
+    device_arg: int | None = None,
+    inject: bool = True,
+) -> Callable:
     """Wrap one emulated call: argument parsing like the C binding ("k" = int, "s" = str),
     injected faults, and AclFail turned into this call's own error-return shape."""
 

@@ -1,22 +1,39 @@
 """acl.mdl: model load, descriptions, datasets, dynamic batch gears and execution."""
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
 from . import _codes as C
 from . import _om
-from ._mdl_aipp import (create_aipp, destroy_aipp, get_aipp_type,  # noqa: F401  (acl.mdl.*)
-                        set_aipp_ax_swap_switch, set_aipp_crop_params, set_aipp_csc_params,
-                        set_aipp_dtc_pixel_mean, set_aipp_dtc_pixel_min, set_aipp_input_format,
-                        set_aipp_padding_params, set_aipp_pixel_var_reci,
-                        set_aipp_rbuv_swap_switch, set_aipp_src_image_size, set_input_aipp)
-from ._mdl_dynamic import (get_dynamic_batch, get_dynamic_hw,  # noqa: F401  (acl.mdl.*)
-                           get_input_dynamic_dims, get_input_dynamic_gear_count,
-                           set_dynamic_batch_size, set_dynamic_hw_size, set_input_dynamic_dims)
+from ._mdl_aipp import (  # noqa: F401  (acl.mdl.*)
+    create_aipp,
+    destroy_aipp,
+    get_aipp_type,
+    set_aipp_ax_swap_switch,
+    set_aipp_crop_params,
+    set_aipp_csc_params,
+    set_aipp_dtc_pixel_mean,
+    set_aipp_dtc_pixel_min,
+    set_aipp_input_format,
+    set_aipp_padding_params,
+    set_aipp_pixel_var_reci,
+    set_aipp_rbuv_swap_switch,
+    set_aipp_src_image_size,
+    set_input_aipp,
+)
+from ._mdl_dynamic import (  # noqa: F401  (acl.mdl.*)
+    get_dynamic_batch,
+    get_dynamic_hw,
+    get_input_dynamic_dims,
+    get_input_dynamic_gear_count,
+    set_dynamic_batch_size,
+    set_dynamic_hw_size,
+    set_input_dynamic_dims,
+)
 from ._memory import Allocation
 from ._runtime import RT, AclFail, Context, Dataset, entry, ret_only, value_ret
 
@@ -27,19 +44,19 @@ class Model:
     ctx: Context
     device: int
     spec: _om.OmSpec
-    weights: Optional[Allocation]
-    busy: Optional[str] = None
-    gear: Optional[int] = None  # set by set_dynamic_batch_size (GE keeps it per model)
-    cur_gear: Optional[int] = None  # gear of the last execution, for get_cur_output_dims
-    shape_gear: Optional[tuple] = None  # set by set_dynamic_hw_size / set_input_dynamic_dims
-    cur_shapes: Optional[dict] = None  # output shapes of the last execution
+    weights: Allocation | None
+    busy: str | None = None
+    gear: int | None = None  # set by set_dynamic_batch_size (GE keeps it per model)
+    cur_gear: int | None = None  # gear of the last execution, for get_cur_output_dims
+    shape_gear: tuple | None = None  # set by set_dynamic_hw_size / set_input_dynamic_dims
+    cur_shapes: dict | None = None  # output shapes of the last execution
 
 
 @dataclass(eq=False)
 class Desc:
     handle: int
-    model_id: Optional[int] = None
-    spec: Optional[_om.OmSpec] = None
+    model_id: int | None = None
+    spec: _om.OmSpec | None = None
     from_file: bool = False  # filled by get_desc_from_file: no model behind it
 
 
@@ -54,13 +71,21 @@ def load_from_file(path: str) -> tuple[int, int]:
         RT.require_alive(ctx.device)
         spec = _om.parse(path)
         if spec.soc and spec.soc != RT.config.soc_name:
-            raise AclFail(C.GE_LOAD_MODEL, f"the model was compiled for {spec.soc} (--soc_version)"
-                                           f", this device is {RT.config.soc_name}")
+            raise AclFail(
+                C.GE_LOAD_MODEL,
+                f"the model was compiled for {spec.soc} (--soc_version)"
+                f", this device is {RT.config.soc_name}",
+            )
         time.sleep(spec.load_s)  # the real load holds the GIL as long, as this holds the lock
         model_id = RT.new_model_id()
         charge = spec.weight_size + spec.work_size
-        weights = (RT.memory.allocate(ctx.device, charge, owner=f"model {model_id}",
-                                      oom_code=C.GE_MEMORY_ALLOCATION) if charge else None)
+        weights = (
+            RT.memory.allocate(
+                ctx.device, charge, owner=f"model {model_id}", oom_code=C.GE_MEMORY_ALLOCATION
+            )
+            if charge
+            else None
+        )
         RT.models[model_id] = Model(model_id, ctx, ctx.device, spec, weights)
         return model_id, C.SUCCESS
 
@@ -138,12 +163,12 @@ def get_desc_from_file(desc: int, path: str) -> int:
         return C.SUCCESS
 
 
-def _spec(desc: int) -> Optional[_om.OmSpec]:
+def _spec(desc: int) -> _om.OmSpec | None:
     found = RT.descs.get(desc)
     return found.spec if found is not None else None
 
 
-def _tensor(desc: int, index: int, outputs: bool) -> Optional[_om.TensorSpec]:
+def _tensor(desc: int, index: int, outputs: bool) -> _om.TensorSpec | None:
     spec = _spec(desc)
     if spec is None:
         return None
@@ -188,8 +213,12 @@ def _dims(desc: int, index: int, outputs: bool, v2: bool = False) -> tuple[dict,
         return {}, C.INVALID_PARAM
     spec = _spec(desc)
     dims = list(tensor.dims)
-    if not outputs and spec.aipp is not None and tensor.name == spec.aipp.input \
-            and spec.aipp.mode == "static":
+    if (
+        not outputs
+        and spec.aipp is not None
+        and tensor.name == spec.aipp.input
+        and spec.aipp.mode == "static"
+    ):
         n = dims[0] if dims else 1
         if v2:
             return _io_dims(tensor.name, spec.aipp.v2_dims(n))

@@ -1,4 +1,5 @@
 """acl.rt: devices, contexts, streams, memory and device telemetry, as the real binding shapes them."""
+
 from __future__ import annotations
 
 import threading
@@ -105,8 +106,10 @@ def destroy_context(context: int) -> int:
             raise AclFail(C.RT_PARAM_INVALID, "the default context is released by reset_device")
         models = [m for m in RT.models.values() if m.ctx is ctx]
         if ctx.streams or models:
-            RT.violate(f"destroy_context({context:#x}) with {len(ctx.streams)} live stream(s) "
-                       f"and {len(models)} loaded model(s)")
+            RT.violate(
+                f"destroy_context({context:#x}) with {len(ctx.streams)} live stream(s) "
+                f"and {len(models)} loaded model(s)"
+            )
         for handle in list(ctx.streams):
             RT.streams.pop(handle, None)
             RT.retired.add(handle)
@@ -186,6 +189,7 @@ def synchronize_stream(stream: int) -> int:
         device = found.ctx.device
         RT.syncing[threading.get_ident()] = f"{threading.current_thread().name} on {stream:#x}"
     from . import mdl
+
     first_error = C.SUCCESS
     try:
         for task in tasks:
@@ -291,5 +295,13 @@ def get_device_utilization_rate(device_id: int) -> tuple[dict, int]:
         window = max(now - dev.window_start, 1e-9)
         cube = min(100, int(round(100 * dev.busy_s / window)))
         dev.busy_s, dev.window_start = 0.0, now
-        return ({"cube_utilization": cube, "vector_utilization": -1, "aicpu_utilization": 0,
-                 "memory_utilization": -1, "utilization_extend": 0}, C.SUCCESS)
+        return (
+            {
+                "cube_utilization": cube,
+                "vector_utilization": -1,
+                "aicpu_utilization": 0,
+                "memory_utilization": -1,
+                "utilization_extend": 0,
+            },
+            C.SUCCESS,
+        )

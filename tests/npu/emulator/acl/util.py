@@ -1,4 +1,5 @@
 """acl.util: host pointer helpers, including their traps (dangling bytes, non-contiguous arrays)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -9,9 +10,22 @@ import numpy as np
 from ._runtime import RT, AclFail, entry
 
 # NumPy C type numbers, as ptr_to_numpy takes them.
-_NPY_TYPES = {0: np.bool_, 1: np.int8, 2: np.uint8, 3: np.int16, 4: np.uint16, 5: np.int32,
-              6: np.uint32, 7: np.int64, 8: np.uint64, 9: np.int64, 10: np.uint64,
-              11: np.float32, 12: np.float64, 23: np.float16}
+_NPY_TYPES = {
+    0: np.bool_,
+    1: np.int8,
+    2: np.uint8,
+    3: np.int16,
+    4: np.uint16,
+    5: np.int32,
+    6: np.uint32,
+    7: np.int64,
+    8: np.uint64,
+    9: np.int64,
+    10: np.uint64,
+    11: np.float32,
+    12: np.float64,
+    23: np.float16,
+}
 
 
 @entry("util.bytes_to_ptr", "O")
@@ -37,8 +51,11 @@ def ptr_to_bytes(ptr: int, size: int) -> bytes:
 def numpy_to_ptr(array: np.ndarray) -> int:
     warnings.warn("acl.util.numpy_to_ptr is deprecated", DeprecationWarning, stacklevel=3)
     if not array.flags.c_contiguous:
-        warnings.warn("numpy_to_ptr: array is not C-contiguous; the raw buffer is returned",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "numpy_to_ptr: array is not C-contiguous; the raw buffer is returned",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return int(array.__array_interface__["data"][0])
 
 
