@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench import report as bench_report  # noqa: E402
 from bench import served
 from examples.build_repository import build_simple  # noqa: E402
-from tests.serverproc import free_port  # noqa: E402
+from harness.serverproc import free_port  # noqa: E402
 
 CONCURRENCY = 8
 SERVER_CPU, CLIENT_CPU = 0, 1

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench import served  # noqa: E402
 from bench.cpu_side_by_side import _process_cpu  # noqa: E402
 from examples.build_repository import build_simple, build_simple_batching  # noqa: E402
-from tests.procutil import connection_owners, frontend_children  # noqa: E402
-from tests.serverproc import start_server  # noqa: E402
+from harness.procutil import connection_owners, frontend_children  # noqa: E402
+from harness.serverproc import start_server  # noqa: E402
 
 CONCURRENCY = 16
 MODEL = "simple_batching"  # add/sub of [16] INT32 with dynamic batching (500 µs)

@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 
 from bench.cpu_side_by_side import _process_cpu  # noqa: E402
 from examples.build_repository import build_simple, build_simple_batching  # noqa: E402
-from tests.procutil import connection_peers, frontend_children  # noqa: E402
-from tests.serverproc import ServerProcess, start_server  # noqa: E402
+from harness.procutil import connection_peers, frontend_children  # noqa: E402
+from harness.serverproc import ServerProcess, start_server  # noqa: E402
 
 MODEL = "simple_batching"  # add/sub of [16] INT32 with dynamic batching; or "simple"
 

@@ -148,7 +148,7 @@ def served(
 ) -> list[dict[str, Any]]:
     """perf_analyzer against a server of this checkout serving the model."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from serverproc import running_server
+    from harness.serverproc import running_server
 
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench import served  # noqa: E402
 from bench.cpu_side_by_side import CLIENT_CPU, CONCURRENCY, PinnedServer, _process_cpu  # noqa: E402
 from examples.build_repository import build_simple  # noqa: E402
-from tests.serverproc import free_port  # noqa: E402
+from harness.serverproc import free_port  # noqa: E402
 
 PERF_ANALYZER = "/root/.cache/perf-analyzer/perf_analyzer"
 

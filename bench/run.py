@@ -45,7 +45,7 @@ from examples.build_repository import (  # noqa: E402
     build_simple,
 )
 from examples.mlp_compute import build_mlp_compute  # noqa: E402
-from tests.serverproc import free_port, running_server  # noqa: E402
+from harness.serverproc import free_port, running_server  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONCURRENCIES = (1, 8, 32, 64)

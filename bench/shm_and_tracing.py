@@ -30,7 +30,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from bench.sections import replace_section  # noqa: E402
 from examples.build_repository import build_simple  # noqa: E402
-from tests.serverproc import running_server  # noqa: E402
+from harness.serverproc import running_server  # noqa: E402
 
 ELEMENTS = 1 << 20  # FP32: 4 MiB each way
 _SUMMARY = re.compile(r"Concurrency: (\d+), throughput: ([\d.]+) infer/sec, latency (\d+) usec")

@@ -80,7 +80,7 @@ from bench.soak_measure import (  # noqa: E402
     verdict,
 )
 from examples.build_repository import build_simple, simple_config  # noqa: E402
-from tests.serverproc import start_server  # noqa: E402
+from harness.serverproc import start_server  # noqa: E402
 
 PY_ADD = ROOT / "bench" / "models" / "py_add"
 PY_LEAK = ROOT / "bench" / "soak_models" / "py_leak"

@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 
 from bench.soak_measure import process_age, worker_pids
-from tests.serverproc import ServerProcess
+from harness.serverproc import ServerProcess
 
 STABLE = ("simple", "py_add")
 CYCLED = ("simple_cycle", "py_add_cycle")

@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from tests.serverproc import ServerProcess
+from harness.serverproc import ServerProcess
 
 WORKER_MARK = b"backends.python.worker.main"
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from google.protobuf import text_format
 
+from harness.fakescheduler import InstantScheduler
 from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.traffic import decode_traffic
 from protocol.types import InferRequest, InferResponse, Tensor
@@ -25,7 +26,6 @@ from repository.registry import ModelRegistry, ModelState, VersionRecord
 from scheduler.interface import VersionSpec
 from scheduler.stats import VersionStatistics
 from server.core.inference_path import InferencePath
-from tests.fakescheduler import InstantScheduler
 
 CONFIG = """name: "m" max_batch_size: 0
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]

@@ -23,7 +23,8 @@ from collections import Counter
 import httpx
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
-from serverproc import ROOT, ServerProcess
+
+from harness.serverproc import ROOT, ServerProcess
 
 PROFILE_ENV = "ASCEND_FUZZ"
 EXAMPLES_ENV = "ASCEND_FUZZ_EXAMPLES"

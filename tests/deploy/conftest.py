@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "npu"))
 import om_fixtures as omf
 from entrypoint import console_script, entrypoint_env, fake_cann, start_entrypoint
 from manifests import chart_manifests, chart_values, one
-from procutil import wait_for
-from serverproc import ServerProcess, free_port
 
 from examples.build_repository import build_simple
+from harness.procutil import wait_for
+from harness.serverproc import ServerProcess, free_port
 
 CHART_PORTS = {"--http-port": "http", "--grpc-port": "grpc", "--metrics-port": "metrics"}
 

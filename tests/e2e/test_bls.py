@@ -11,9 +11,10 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from procutil import wait_for
-from serverproc import ServerProcess, running_server
 from streamingmodels import build_streaming_repository
+
+from harness.procutil import wait_for
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

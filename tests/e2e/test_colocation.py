@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverproc import running_server
 
 from examples.build_repository import build_simple
+from harness.serverproc import running_server
 
 pytestmark = [
     pytest.mark.e2e,

@@ -22,10 +22,10 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from serverproc import ServerProcess, running_server
 from tritonclient.grpc import service_pb2
 
 from examples.build_repository import build_simple
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

@@ -23,10 +23,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
-from procutil import wait_for
-from serverproc import ServerProcess, running_server
 from streamingmodels import build_streaming_repository
 from tritonclient.utils import InferenceServerException
+
+from harness.procutil import wait_for
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

@@ -20,11 +20,11 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import CLASSIFIER_LABELS, build_classifier
 from examples.pipeline import build_pipeline, preprocess_reference
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

@@ -20,12 +20,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import procutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from procutil import connection_owners, connection_peers, gone, kill_quietly, wait_for, wait_gone
-from serverproc import ServerProcess, running_server
 from testmodels import (
     SLEEPER_MODEL,
     build_identity_fp32,
@@ -33,6 +30,17 @@ from testmodels import (
     write_python_model,
     write_queued_model,
 )
+
+from harness import procutil
+from harness.procutil import (
+    connection_owners,
+    connection_peers,
+    gone,
+    kill_quietly,
+    wait_for,
+    wait_gone,
+)
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 CONNECTIONS = 12  # enough that the kernel gives every process some

@@ -34,8 +34,8 @@ from fuzzing import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
-from serverproc import running_server
 
+from harness.serverproc import running_server
 from protocol.proto import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,8 @@ from fuzzing import Watch, describe, fuzz_settings
 from fuzzing_http import RELOADABLE, infer_requests, load_requests, other_requests
 from hypothesis import given, reject
 from hypothesis import strategies as st
-from serverproc import running_server
+
+from harness.serverproc import running_server
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from procutil import wait_for
-from serverproc import ServerProcess, running_server
 from streamingmodels import build_streaming_repository
+
+from harness.procutil import wait_for
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

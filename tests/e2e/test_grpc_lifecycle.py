@@ -26,10 +26,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import TensorProto, helper
-from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import IR_VERSION, OPSET, make_dense_compute_model
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

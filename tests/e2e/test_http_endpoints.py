@@ -430,7 +430,7 @@ def test_bad_binary_framing(http: httpx.Client, header, extra, fragment) -> None
 
 
 def test_json_nesting_limit_is_a_setting(example_repository) -> None:
-    from serverproc import running_server
+    from harness.serverproc import running_server
 
     with running_server([example_repository], ["--http-max-json-depth", "4"]) as server:
         deep = {
@@ -450,7 +450,7 @@ def test_raw_binary_bodies_over_the_offload_threshold(example_repository) -> Non
     is a view over the body), gzipped it inflates in a parser process; same answer both ways."""
     import gzip
 
-    from serverproc import running_server
+    from harness.serverproc import running_server
 
     image = np.random.default_rng(2).random((3, 32, 32), dtype=np.float32)
     with running_server([example_repository], ["--http-offload-threshold", "1024"]) as server:

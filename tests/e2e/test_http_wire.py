@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serverproc import ServerProcess, running_server
 
 from examples.build_repository import build_identity_bytes, build_simple
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

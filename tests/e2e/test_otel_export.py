@@ -17,7 +17,8 @@ pytest.importorskip("opentelemetry.proto")
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from serverproc import running_server
+
+from harness.serverproc import running_server
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from serverproc import running_server
 from testmodels import write_python_model
+
+from harness.serverproc import running_server
 
 pytestmark = pytest.mark.e2e
 LENGTHS = (3, 4, 5)

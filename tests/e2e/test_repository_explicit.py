@@ -13,12 +13,12 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from procutil import wait_for
-from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import build_simple, simple_config
 from examples.variants import model_bytes
+from harness.procutil import wait_for
+from harness.serverproc import ServerProcess, running_server
 from repository.overrides import PREFIX
 
 pytestmark = pytest.mark.e2e

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from procutil import wait_for
-from serverproc import ServerProcess, running_server
 
 from examples.build_repository import build_simple, simple_config
 from examples.variants import write_version
+from harness.procutil import wait_for
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

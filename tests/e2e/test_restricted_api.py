@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from serverproc import ROOT, ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
+
+from harness.serverproc import ROOT, ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

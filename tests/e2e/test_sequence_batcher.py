@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.sequences import build_accumulator_onnx, build_sequences, write_accumulator
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

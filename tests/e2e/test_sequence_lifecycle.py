@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from serverproc import running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.sequences import write_accumulator
+from harness.serverproc import running_server
 
 pytestmark = pytest.mark.e2e
 

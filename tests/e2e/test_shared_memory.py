@@ -18,8 +18,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from serverproc import running_server
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
+
+from harness.serverproc import running_server
 
 pytestmark = pytest.mark.e2e
 

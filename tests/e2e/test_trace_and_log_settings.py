@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
+
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -233,7 +234,7 @@ def test_trace_config_is_checked_at_startup(example_repository: Path) -> None:
     import subprocess
     import sys
 
-    from serverproc import ROOT
+    from harness.serverproc import ROOT
 
     for args, text in (
         (["--trace-config", "level=LOUD"], "invalid level 'LOUD'"),

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from procutil import wait_for
-from serverproc import running_server, start_server
 from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import build_simple
+from harness.procutil import wait_for
+from harness.serverproc import running_server, start_server
 
 pytestmark = pytest.mark.e2e
 EXPLICIT = ["--model-control-mode", "explicit"]
@@ -281,7 +281,7 @@ def test_a_port_in_use_stops_the_start_with_tritons_words(
     import subprocess
     import sys
 
-    from serverproc import ROOT, free_port
+    from harness.serverproc import ROOT, free_port
 
     with running_server([repo], log_dir=tmp_path) as first:
         taken = {

@@ -30,10 +30,10 @@ import om_fixtures as omf
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import build_simple
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,9 @@ import om_fixtures as omf
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from serverproc import ServerProcess, running_server
 from tritonclient.utils import InferenceServerException
+
+from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 

@@ -183,7 +183,8 @@ def test_queue_full_reads_the_same(queued_repository: Path, tmp_path: Path) -> N
     """One request fills the queue (it waits 1.5 s for a batch); the next is refused at once,
     with the same status and text over both protocols."""
     import tritonclient.grpc as grpcclient
-    from serverproc import running_server
+
+    from harness.serverproc import running_server
 
     data = np.zeros((1, 256), np.float32)
     tensor = grpcclient.InferInput("INPUT", [1, 256], "FP32")

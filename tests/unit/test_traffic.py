@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakescheduler import InstantScheduler
 from google.protobuf import text_format
 
+from harness.fakescheduler import InstantScheduler
 from protocol.errors import InternalError, InvalidArgument, NotFound
 from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.traffic import decode_traffic

@@ -64,7 +64,8 @@ def test_loads_runs_every_gear_and_releases(kind, tmp_path, device_id):
 @pytest.mark.parametrize("kind", KINDS)
 def test_served_over_http(kind, tmp_path, device_id):
     import tritonclient.http as httpclient
-    from serverproc import running_server
+
+    from harness.serverproc import running_server
 
     config, model_dir, _ = _model_dir(tmp_path / "repo", om_path(kind), device_id)
     with running_server([model_dir.parent], log_dir=tmp_path) as server:

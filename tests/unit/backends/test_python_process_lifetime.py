@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from procutil import gone, kill_quietly, wait_gone
 from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 from backends import registry
@@ -24,6 +23,7 @@ from backends.base import InstanceSpec
 from backends.python import process as python_process
 from backends.python.backend import PythonBackend
 from backends.python.process import WorkerDied, WorkerProcess
+from harness.procutil import gone, kill_quietly, wait_gone
 from protocol.errors import Unavailable
 from repository.config import normalize, parse_config_text
 

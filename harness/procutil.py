@@ -1,9 +1,7 @@
 """Process and waiting helpers for tests that start servers or model workers and must leave
 nothing behind: whether a pid has stopped running, waiting for that (or for anything) with a
 deadline, killing by pid what a test left running, and which processes of a server hold its
-connections (--frontend-processes).
-
-Imported like serverproc (tests/conftest.py puts this folder on sys.path)."""
+connections (--frontend-processes)."""
 
 from __future__ import annotations
 
