@@ -142,15 +142,6 @@ KNOWN_UNTIL_MERGE: set[tuple[str, str, str]] = {
     ("private", "bench.npu_device", "bench.served._call"),
     ("private", "bench.npu_device", "bench.served._read_csv"),
     ("private", "bench.offline", "backends.onnxruntime._session_options"),
-    ("private", "examples.mlp_compute", "examples.build_repository._config"),
-    ("private", "examples.mlp_compute", "examples.build_repository._dynamic_batching"),
-    ("private", "examples.mlp_compute", "examples.build_repository._finish_model"),
-    ("private", "examples.mlp_compute", "examples.build_repository._tensor_block"),
-    ("private", "examples.mlp_compute", "examples.build_repository._write_model_dir"),
-    ("private", "examples.pipeline", "examples.build_repository._write_text"),
-    ("private", "examples.sequences", "examples.build_repository._finish_model"),
-    ("private", "examples.sequences", "examples.build_repository._write_model_dir"),
-    ("private", "examples.sequences", "examples.build_repository._write_text"),
     # the same reach spelled `served._name` after `from bench import served`
     ("private", "bench.cpu_side_by_side", "bench.served._call"),
     ("private", "bench.cpu_side_by_side", "bench.served._model_stats"),
@@ -165,7 +156,6 @@ KNOWN_UNTIL_MERGE: set[tuple[str, str, str]] = {
     ("private", "bench.python_model_ab", "bench.served._read_csv"),
     ("private", "bench.python_model_ab", "bench.served._split"),
     # found while writing this test, owned by no branch yet (see the report of item 7)
-    ("circle", "examples.build_repository", "examples.pipeline"),
     ("server.net", "server.net.listeners", "server.http.fast_path"),
     ("server.net", "server.net.listeners", "server.http.routes"),
     ("protocol", "protocol.shared_memory", "protocol.rest.common"),
