@@ -35,7 +35,7 @@ from examples.build_repository import DEFAULT_OUTPUT, _finish_model, _write_mode
 
 SEQUENCE_MODELS = ("accumulator", "accumulator_oldest", "accumulator_onnx")
 
-ACCUMULATOR_MODEL = '''"""A running sum per sequence: the state lives in the model, keyed by correlation ID."""
+ACCUMULATOR_MODEL = '''"""A running sum per sequence, kept in the model by correlation ID."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

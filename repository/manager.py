@@ -88,10 +88,10 @@ SchedulerFactory = Callable[..., Scheduler]
 
 
 class ModelManager:
-    """`infer` is the server's in-process infer (server/core/inference_path.py), which the ensembles this
-    manager builds send their steps through; `scheduler_factory(spec, stats, infer=...)` builds
-    each version's scheduler (tests hand in fakes). `host` is what backends whose models call
-    other models (BLS) get (backends/base.py BackendHost)."""
+    """`infer` is the server's in-process infer (server/core/inference_path.py), which the ensembles
+    this manager builds send their steps through; `scheduler_factory(spec, stats, infer=...)` builds
+    each version's scheduler (tests hand in fakes). `host` is what backends whose models call other
+    models (BLS) get (backends/base.py BackendHost)."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""A version's `sequence_batching` block, read and checked once, and the control tensors it asks for.
+"""A version's `sequence_batching` block, read and checked once, and its control tensors.
 
 Triton's sequence batcher feeds a stateful model control inputs the client never sends: START,
 END, READY (a pair of false/true values in INT32, FP32 or BOOL) and CORRID (the correlation ID

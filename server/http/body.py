@@ -1,8 +1,8 @@
 """--http-max-input-size for request bodies: the one owner of the limit and of its error.
 
-Why a module: two readers take HTTP bodies (the routed ASGI endpoints in server/http/routes.py and the
-direct infer path in server/http/fast_path.py), and both must refuse the same bodies the same way:
-a declared Content-Length over the limit before anything is read, and a running total over the
+Why a module: two readers take HTTP bodies (the routed ASGI endpoints in server/http/routes.py and
+the direct infer path in server/http/fast_path.py), and both must refuse the same bodies the same
+way: a declared Content-Length over the limit before anything is read, and a running total over the
 limit as chunks arrive, so an oversized body is never buffered.
 """
 
