@@ -84,7 +84,7 @@ class Backend(ABC):
         self.version_dir = version_dir
         self.instance = instance
 
-    @classmethod
+    @classmethod  # noqa: B027  (an optional hook: most backends have nothing to fill in)
     def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         """Fill in what the config leaves out (inputs, outputs, max_batch_size) from the model
         file itself. Called before validation unless auto-complete is disabled."""
@@ -113,7 +113,7 @@ class Backend(ABC):
         `stream`. An entry is None (taken) or the exception that fails that request."""
         raise BackendError(f"backend '{self.backend_name}' does not serve decoupled models")
 
-    def unload(self) -> None:
+    def unload(self) -> None:  # noqa: B027  (an optional hook: not every backend holds anything)
         """Release everything `load` acquired."""
 
     def healthy(self) -> bool:

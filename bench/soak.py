@@ -347,7 +347,10 @@ def _fmt(sample: dict) -> str:
 
 def _print_report(report: dict) -> None:
     v = report["verdicts"]
-    word = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
+
+    def word(ok: bool) -> str:
+        return "PASS" if ok else "FAIL"
+
     print(f"-- {report['label']}: {report['wall_seconds']} s in all")
     rss = v["rss"]
     print(

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Failed:
     reason: str
 
 
-Outcome = Union[InferResponse, Failed]
+Outcome = InferResponse | Failed
 Tag = TypeVar("Tag")
 
 

@@ -158,7 +158,9 @@ class Watch:
         try:
             live = self.client.get("/v2/health/live", timeout=10.0)
         except httpx.HTTPError as exc:
-            raise AssertionError(f"/v2/health/live failed after the case: {exc!r}\ncase: {case}")
+            raise AssertionError(
+                f"/v2/health/live failed after the case: {exc!r}\ncase: {case}"
+            ) from exc
         assert live.status_code == 200, f"live answered {live.status_code}\ncase: {case}"
         log = self.new_log()
         found = BUG_IN_LOG.search(log)

@@ -10,7 +10,7 @@ batch slot. It knows nothing of queues or instances (scheduler/sequence/slots.py
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from protocol.types import Tensor
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.proto.model_config_pb2 import ModelConfig
 
-CorrelationId = Union[int, str]
+CorrelationId = int | str
 
 # Triton's request flags (tritonserver.h): what `request.flags()` gives a Python model.
 FLAG_START = 1

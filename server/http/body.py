@@ -9,11 +9,10 @@ limit as chunks arrive, so an oversized body is never buffered.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Union
 
 from protocol.errors import InvalidArgument, TooLarge
 
-Chunk = Union[bytes, bytearray]
+Chunk = bytes | bytearray
 
 
 class BodyLimit:

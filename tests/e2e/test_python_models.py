@@ -346,7 +346,7 @@ def test_killed_worker_fails_only_in_flight_requests_and_comes_back(server: Serv
 
 
 def test_three_crashes_within_a_minute_make_the_model_unavailable(server: ServerProcess) -> None:
-    for crash in range(3):
+    for _ in range(3):
         wait_model_ready(server, "fragile")
         pid = sleeper_pid(server, "fragile")
         os.kill(pid, signal.SIGKILL)
