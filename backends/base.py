@@ -102,10 +102,13 @@ class Backend(ABC):
         """Run one batch. Inputs and outputs carry the batch dimension when the model batches."""
 
     def execute_requests(
-        self, requests: Sequence[Mapping[str, np.ndarray]]
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        details: Sequence[InferRequest] | None = None,
     ) -> list[dict[str, np.ndarray] | BaseException]:
         """Run several requests at once; only called when `takes_request_lists` is True.
-        An entry may be an exception, which fails that request alone."""
+        An entry may be an exception, which fails that request alone. `details` (the requests
+        themselves) come only to a backend that `wants_request_details`."""
         raise BackendError(f"backend '{self.backend_name}' does not take request lists")
 
     def execute_decoupled(self, requests: Sequence[InferRequest]) -> list[None | BaseException]:

@@ -27,7 +27,7 @@ def _pack_data(data: np.ndarray) -> Any:
         return data
     if not data.flags.c_contiguous:
         data = np.ascontiguousarray(data)
-    return data.dtype.str, data.shape, pickle.PickleBuffer(data)
+    return data.dtype.str, data.shape, pickle.PickleBuffer(data)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
 
 
 def _unpack_data(packed: Any) -> np.ndarray:

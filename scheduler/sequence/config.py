@@ -10,7 +10,7 @@ batch slot. It knows nothing of queues or instances (scheduler/sequence/slots.py
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -210,7 +210,7 @@ def _read_controls(seq, name: str, messages, data_types) -> dict:
     """START / END / READY / CORRID with Triton's checks, in Triton's words."""
     kind_enum = messages.Control.Kind
     seen_tensors: set[str] = set()
-    found: dict[str, tuple[str, object]] = {}
+    found: dict[str, tuple[str, Any]] = {}  # Any: a ModelSequenceBatching.Control
     for control_input in seq.control_input:
         if not control_input.name:
             raise SequenceConfigError(

@@ -49,7 +49,7 @@ class BodyLimit:
         body = BodyBuffer(self)
         async for chunk in chunks:
             body.add(chunk)
-        return body.join()  # type: ignore[return-value]  # chunks are bytes, so is the join
+        return body.join()
 
 
 class BodyBuffer:

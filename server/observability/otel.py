@@ -43,7 +43,9 @@ def build_provider(config: dict[str, Any], processor: Any = None) -> Any:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        options = {BSP_SETTINGS[k]: int(v) for k, v in config.items() if k in BSP_SETTINGS}
+        options: dict[str, Any] = {
+            BSP_SETTINGS[k]: int(v) for k, v in config.items() if k in BSP_SETTINGS
+        }
         processor = BatchSpanProcessor(
             OTLPSpanExporter(endpoint=config.get("url", DEFAULT_URL)), **options
         )
@@ -89,9 +91,11 @@ class OtelTracer(Tracer):
         return settings["trace_level"] != ["OFF"]
 
     def started(self, trace: Trace, parent: Trace | None) -> None:
+        from opentelemetry.context import Context
         from opentelemetry.trace import SpanKind, set_span_in_context
 
         assert isinstance(trace, OtelTrace)
+        context: Context | None
         if isinstance(parent, OtelTrace) and parent.span is not None:
             context = set_span_in_context(parent.span)
         else:

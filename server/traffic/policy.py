@@ -146,10 +146,10 @@ class TrafficControl:
         """The version a request goes to under `policy`, counted by route (unless `count` is
         false: a raw body's version resolved for its decoding, counted when inferred)."""
         if version and version != "-1":
-            record = self.registry.resolve(name, version)
+            named = self.registry.resolve(name, version)
             if count:
-                self.count(name, record.version, NAMED)
-            return record
+                self.count(name, named.version, NAMED)
+            return named
         table = policy.table
         if table is None:
             return self.registry.resolve(name, "")
@@ -161,7 +161,7 @@ class TrafficControl:
             rest = table.only(serving)
             if not rest:
                 return self.registry.resolve(name, "")
-            record = model.versions[rest.pick(key)]  # type: ignore[union-attr]
+            record = model.versions[rest.pick(key)]  # type: ignore[union-attr]  # rest: model is set
         if count:
             self.count(name, record.version, SPLIT if key is None else STICKY)
         return record
