@@ -33,7 +33,7 @@ IMAGE_SHAPE = (32, 32, 3)
 CHANNEL_MEAN = (0.4914, 0.4822, 0.4465)
 CHANNEL_STD = (0.2470, 0.2435, 0.2616)
 
-PREPROCESS_MODEL = '''"""Raw HWC uint8 images -> the normalised CHW float32 tensor the classifier takes."""
+PREPROCESS_MODEL = '''"""Raw HWC uint8 images -> the normalised CHW float32 tensor to classify."""
 import json
 
 import numpy as np

@@ -36,7 +36,7 @@ from examples.common import finish_model, write_model_dir, write_text
 
 SEQUENCE_MODELS = ("accumulator", "accumulator_oldest", "accumulator_onnx")
 
-ACCUMULATOR_MODEL = '''"""A running sum per sequence: the state lives in the model, keyed by correlation ID."""
+ACCUMULATOR_MODEL = '''"""A running sum per sequence, kept in the model by correlation ID."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

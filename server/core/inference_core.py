@@ -266,7 +266,7 @@ class InferenceCore:
             raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
         return []
 
-    # ----- trace and log settings (server/observability/runtime_settings.py) -------------------------------
+    # ----- trace and log settings (server/observability/runtime_settings.py) -----------------
     def trace_settings(
         self, model: str = "", changes: dict[str, list[str] | None] | None = None
     ) -> dict[str, list[str]]:

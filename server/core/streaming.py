@@ -5,8 +5,8 @@ submitted to the version's scheduler, like any request (validation, queue, batch
 and metrics all apply); the scheduler's future then only says whether `execute` took it, and
 the answers come through the stream, a failed one as an item with its error. A model that is
 not decoupled gives its one answer as a final item, and its failure as an exception, like a
-request refused before it ran. When the consumer stops early (a client cancelled, a stream closed), the request is
-cancelled: dropped if still queued, `is_cancelled()` for the model if it runs.
+request refused before it ran. When the consumer stops early (a client cancelled, a stream closed),
+the request is cancelled: dropped if still queued, `is_cancelled()` for the model if it runs.
 """
 
 from __future__ import annotations

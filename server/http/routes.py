@@ -2,8 +2,8 @@
 
 Handlers are plain Starlette endpoints that read the raw body (no pydantic model on the hot
 path), convert once through protocol/rest/decode.py and protocol/rest/encode.py, call
-server/core/inference_core.py, and map every error through protocol/errors.py to `{"error": "..."}` with
-Triton's status codes.
+server/core/inference_core.py, and map every error through protocol/errors.py to `{"error": "..."}`
+with Triton's status codes.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""The core a frontend process serves from: the same API as server/core/inference_core.py, answered by the
-process that owns the models.
+"""The core a frontend process serves from: the same API as server/core/inference_core.py, answered
+by the process that owns the models.
 
-Inference goes over the frontend link (server/multiprocess/link.py: tensors through shared memory, one
-message each way per request, no task per request on the frontend side). Everything else (health,
-metadata, configuration, statistics, the repository API) is a blocking call to the owner over a
-control socket: the frontends call those synchronously from their handlers, they are rare, and
-the owner answers them on its event loop, so what a frontend process reports is exactly what
-the owner knows. Loads and unloads, which take seconds, use a second control socket from a
-thread, so that a health check answered meanwhile never waits behind them.
+Inference goes over the frontend link (server/multiprocess/link.py: tensors through shared memory,
+one message each way per request, no task per request on the frontend side). Everything else
+(health, metadata, configuration, statistics, the repository API) is a blocking call to the owner
+over a control socket: the frontends call those synchronously from their handlers, they are rare,
+and the owner answers them on its event loop, so what a frontend process reports is exactly what the
+owner knows. Loads and unloads, which take seconds, use a second control socket from a thread, so
+that a health check answered meanwhile never waits behind them.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from server.settings import ServerSettings
 
 OWNER_GONE = "the model owner process is gone; the server is restarting or stopping"
 CONTROL_TIMEOUT_S = 30.0  # the longest a frontend waits for the owner to answer a control call
-RULES_TTL_S = 1.0
+RULES_TTL_S = 1.0  # how long a frontend reuses a model's input rules (raw binary requests)
 # A decoupled model streamed over a connection a frontend process accepted is refused so.
-FRONTEND_STREAM_ENDPOINT = "A frontend process (--frontend-processes)"  # how long a frontend reuses a model's input rules (raw binary requests)
+FRONTEND_STREAM_ENDPOINT = "A frontend process (--frontend-processes)"
 
 
 class ControlClient:

@@ -73,7 +73,7 @@ def uvicorn_listener(
         lifespan="off",
         access_log=verbose > 1,
         log_level="info" if verbose else "warning",
-        timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
+        timeout_keep_alive=keep_alive,  # type: ignore[arg-type]  # an int in uvicorn's hints; any number works
         timeout_graceful_shutdown=5,
     )
     listener = Listener(config)

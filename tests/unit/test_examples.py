@@ -15,8 +15,8 @@ if str(ROOT) not in sys.path:
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from examples import build_repository as br  # noqa: E402
-from examples import common  # noqa: E402
+from examples import build_repository as br  # noqa: E402  (only where onnx is, see the skips)
+from examples import common  # noqa: E402  (only where onnx is, see the skips)
 
 MODELS = (
     "simple",
