@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from protocol.errors import InvalidArgument
-from protocol.rest.common import is_uint
+from protocol.values import is_uint
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"

@@ -21,9 +21,10 @@ import orjson
 from protocol import datatypes, shared_memory
 from protocol.datatypes import DataType
 from protocol.errors import InvalidArgument
-from protocol.rest.common import HEADER_LENGTH_HEADER, Buffer, is_bool, is_uint
+from protocol.rest.common import HEADER_LENGTH_HEADER, Buffer
 from protocol.rest.inputs import BinaryCursor, decode_inputs
 from protocol.types import InferRequest, RequestedOutput, Tensor
+from protocol.values import is_bool, is_uint
 
 DEFAULT_MAX_JSON_DEPTH = 100
 

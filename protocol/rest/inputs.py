@@ -17,8 +17,9 @@ import numpy as np
 from protocol import datatypes, shared_memory
 from protocol.datatypes import DataType
 from protocol.errors import InvalidArgument, TooLarge
-from protocol.rest.common import HEADER_LENGTH_HEADER, is_uint
+from protocol.rest.common import HEADER_LENGTH_HEADER
 from protocol.types import Tensor
+from protocol.values import is_uint
 
 MAX_DIMS = datatypes.MAX_DIMS  # numpy's limit on ndim; more dims could never become an array
 _INT64_MAX = 2**63 - 1

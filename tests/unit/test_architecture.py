@@ -158,7 +158,6 @@ KNOWN_UNTIL_MERGE: set[tuple[str, str, str]] = {
     # found while writing this test, owned by no branch yet (see the report of item 7)
     ("server.net", "server.net.listeners", "server.http.fast_path"),
     ("server.net", "server.net.listeners", "server.http.routes"),
-    ("protocol", "protocol.shared_memory", "protocol.rest.common"),
     ("roots", "server.multiprocess.child", "server.cli"),
 }
 
