@@ -9,8 +9,9 @@ import json
 
 import httpx
 import pytest
-from manifests import CHART, DASHBOARD, chart_manifests, one
-from promql import (
+
+from tests.deploy.manifests import CHART, DASHBOARD, chart_manifests, one
+from tests.deploy.promql import (
     adapter_expressions,
     alert_expressions,
     dashboard_expressions,

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import om_fixtures as omf
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -34,6 +33,7 @@ from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import build_simple
 from harness.serverproc import ServerProcess, running_server
+from tests.support import om_fixtures as omf
 
 pytestmark = pytest.mark.e2e
 

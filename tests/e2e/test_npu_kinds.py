@@ -15,13 +15,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import om_fixtures as omf
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from harness.serverproc import ServerProcess, running_server
+from tests.support import om_fixtures as omf
 
 pytestmark = pytest.mark.e2e
 

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import run_qa
+from tests.qa import run_qa
 
 QA_DIR = os.environ.get("ASCEND_QA_DIR")
 SUITES = os.environ.get("ASCEND_QA_SUITES", "L0_model_queue L0_batcher L0_lifecycle").split()

@@ -2,9 +2,7 @@
 infer requests for the example models, valid and then mutated (datatypes, shapes, data, binary
 header lengths, parameters, outputs, compression headers, odd model names and versions); any
 route with any method; and load / unload requests whose config overrides are the models' own
-configs mutated. The property they are checked against is in tests/fuzzing.py.
-
-Imported like fuzzing (tests/conftest.py puts this folder on sys.path)."""
+configs mutated. The property they are checked against is in tests/support/fuzzing.py."""
 
 from __future__ import annotations
 
@@ -16,8 +14,9 @@ from typing import Any
 from urllib.parse import quote
 
 import numpy as np
-from fuzzing import DATATYPES, MODELS, ODD_NAMES, ODD_VERSIONS, OUTPUTS
 from hypothesis import strategies as st
+
+from tests.support.fuzzing import DATATYPES, MODELS, ODD_NAMES, ODD_VERSIONS, OUTPUTS
 
 NUMPY = {
     "BOOL": np.bool_,

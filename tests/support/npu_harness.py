@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import om_fixtures as omf
 from google.protobuf import text_format
 
 from backends.base import InstanceSpec
 from npu.backend import AscendBackend
 from protocol.proto.model_config_pb2 import ModelConfig
+from tests.support import om_fixtures as omf
 
 
 class InstanceThread:

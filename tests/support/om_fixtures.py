@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-EMULATOR_PATH = Path(__file__).resolve().parent / "emulator"
+EMULATOR_PATH = Path(__file__).resolve().parents[1] / "npu" / "emulator"
 
 # Triton wire names -> aclDataType numbers.
 ACL_TYPE = {

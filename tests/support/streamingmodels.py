@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testmodels import write_python_model
+from harness.testmodels import write_python_model
 
 # Sends COUNT responses (OUT = index), paced by the request parameter `delay_ms`; `error_at`
 # makes that response an error; `return_list` makes execute wrongly return responses. After

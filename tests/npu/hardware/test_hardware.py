@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from hw_models import om_path
 
 from backends.base import InstanceSpec
 from npu.backend import AscendBackend
 from protocol.datatypes import BY_CONFIG_NAME, numpy_to_wire
 from protocol.proto.model_config_pb2 import DataType, ModelConfig
+from tests.npu.hardware.hw_models import om_path
 
 KINDS = ["static", "dynamic", "aipp"]
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from npu_harness import InstanceThread
 
-EMULATOR_PATH = Path(__file__).resolve().parent / "emulator"
+from tests.support.npu_harness import InstanceThread
+from tests.support.om_fixtures import EMULATOR_PATH
 
 
 def _forget_acl() -> None:
@@ -25,6 +24,7 @@ def acl_emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.delenv("ACL_EMU_CONFIG", raising=False)
     monkeypatch.delenv("ACL_EMU_REPORT", raising=False)
     _forget_acl()
+    # The one import-path edit under tests/: the emulator must import as top-level `acl`.
     monkeypatch.syspath_prepend(str(EMULATOR_PATH))
     import acl
 

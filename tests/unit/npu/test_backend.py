@@ -6,14 +6,14 @@ import sys
 import time
 
 import numpy as np
-import om_fixtures as omf
 import pytest
-from npu_harness import InstanceThread, backend, prepare, rows
 
 from backends.base import BackendError
 from npu.backend import AscendBackend
 from protocol.errors import InvalidArgument
 from protocol.proto.model_config_pb2 import ModelConfig
+from tests.support import om_fixtures as omf
+from tests.support.npu_harness import InstanceThread, backend, prepare, rows
 
 # -- the happy path ---------------------------------------------------------------------------
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 
-import om_fixtures as omf
-
 from bench import npu_device
+from tests.support import om_fixtures as omf
 
 
 def test_device_only_measures_every_gear(acl_emu, tmp_path):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import om_fixtures as omf
 import pytest
+
+from tests.support import om_fixtures as omf
 
 
 @pytest.fixture

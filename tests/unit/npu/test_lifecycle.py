@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import om_fixtures as omf
 import pytest
-from npu_harness import backend, prepare, rows
 
 from backends.base import BackendError
 from npu import acl as npu_acl
 from npu import device, errors, teardown
+from tests.support import om_fixtures as omf
+from tests.support.npu_harness import backend, prepare, rows
 
 
 # -- 5. teardown ------------------------------------------------------------------------------

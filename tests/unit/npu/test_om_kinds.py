@@ -5,13 +5,13 @@ and reading a description without loading the model."""
 from __future__ import annotations
 
 import numpy as np
-import om_fixtures as omf
 import pytest
-from npu_harness import backend, prepare
 
 from backends.base import BackendError
 from protocol.errors import InvalidArgument
 from protocol.proto.model_config_pb2 import DataType
+from tests.support import om_fixtures as omf
+from tests.support.npu_harness import backend, prepare
 
 IM_INFO = np.array([[2.0, 0.5, 9.0]], dtype=np.float32)
 

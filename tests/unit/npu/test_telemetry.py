@@ -7,10 +7,10 @@ import sys
 import threading
 
 import numpy as np
-from npu_harness import InstanceThread, backend, prepare, rows
 from prometheus_client import CollectorRegistry, generate_latest
 
 from npu.telemetry import npu_collector
+from tests.support.npu_harness import InstanceThread, backend, prepare, rows
 
 
 def samples(collector) -> dict[tuple[str, tuple], float]:

@@ -173,7 +173,7 @@ def test_same_failure_same_answer(
 
 @pytest.fixture(scope="module")
 def queued_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from testmodels import write_queued_model
+    from harness.testmodels import write_queued_model
 
     return write_queued_model(tmp_path_factory.mktemp("queued_models"), 1_500_000)
 

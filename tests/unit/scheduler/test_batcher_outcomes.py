@@ -1,15 +1,15 @@
 """Dynamic batcher outcomes: cancellation, backend errors, response ordering, request-list
-backends, statistics and the pending count, and drain. Harness: batcher_harness.py."""
+backends, statistics and the pending count, and drain. Harness: tests/support/batcher_harness.py."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from batcher_harness import MS, RequestListModel, busy, results, row_values
 
 from protocol.errors import InternalError, Unavailable
 from scheduler.stats import FailureReason
+from tests.support.batcher_harness import MS, RequestListModel, busy, results, row_values
 
 # -- cancellation, errors, ordering -----------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Dynamic batcher queueing: priority levels, the queue policy (max queue size, timeouts,
-timeout actions and overrides), and what the priority queue keeps alive. Harness: batcher_harness.py."""
+timeout actions and overrides), and what the priority queue keeps alive.
+Harness: tests/support/batcher_harness.py."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import weakref
 
 import numpy as np
 import pytest
-from batcher_harness import MS, busy, make_config, results, row_values
 
 from protocol.errors import Overloaded, Unavailable
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import BatchQueue
 from scheduler.queue_scheduler import Entry
 from scheduler.stats import FailureReason, RejectionReason
+from tests.support.batcher_harness import MS, busy, make_config, results, row_values
 
 # -- priorities ---------------------------------------------------------------------------------
 

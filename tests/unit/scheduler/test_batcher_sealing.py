@@ -1,5 +1,5 @@
 """Dynamic batcher: when a batch is sealed and what goes into it (preferred sizes, the queue
-delay, max batch size, multi-row and ragged requests). Harness: batcher_harness.py."""
+delay, max batch size, multi-row and ragged requests). Harness: tests/support/batcher_harness.py."""
 
 from __future__ import annotations
 
@@ -8,13 +8,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from batcher_harness import MS, AddOneModel, Recorder, busy, make_config, results, row_values
 
 from protocol.types import InferRequest, Tensor
 from scheduler.batcher import BatchQueue, DynamicBatcher
 from scheduler.interface import VersionSpec
 from scheduler.queue_scheduler import Entry
 from scheduler.stats import VersionStatistics
+from tests.support.batcher_harness import (
+    MS,
+    AddOneModel,
+    Recorder,
+    busy,
+    make_config,
+    results,
+    row_values,
+)
 
 # -- preferred sizes and the queue delay (qa/L0_batcher cases: max 8, preferred [2, 6]) --------
 

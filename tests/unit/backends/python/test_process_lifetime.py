@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 from backends import registry
 from backends.base import InstanceSpec
@@ -24,10 +23,11 @@ from backends.python import process as python_process
 from backends.python.backend import PythonBackend
 from backends.python.process import WorkerDied, WorkerProcess
 from harness.procutil import gone, kill_quietly, wait_gone
+from harness.testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 from protocol.errors import Unavailable
 from repository.config import normalize, parse_config_text
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SLEEPER_CONFIG = sleeper_config("sleeper")
 
 # A stand-in for the server: starts a worker from a thread that then ends, puts it to sleep

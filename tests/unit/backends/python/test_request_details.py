@@ -15,7 +15,7 @@ import pytest
 from backends.python.backend import PythonBackend
 from protocol.errors import InternalError
 from protocol.types import InferRequest, RequestedOutput, Tensor
-from tests.unit.backends.test_python_backend import make_backend, write_model
+from tests.unit.backends.python.test_backend import make_backend, write_model
 
 ECHO = """
 import json

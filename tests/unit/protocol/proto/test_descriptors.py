@@ -18,7 +18,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 OURS = ("protocol.proto.model_config_pb2", "protocol.proto.grpc_service_pb2")
 TRITON = ("tritonclient.grpc.model_config_pb2", "tritonclient.grpc.service_pb2")

@@ -7,10 +7,19 @@ import struct
 
 import numpy as np
 import pytest
-from rest_cases import MODEL, _bytes_blob, _decode, _fp32, _input, _json, _nested, _with_binary
 
 from protocol.errors import InvalidArgument, ServerError
 from protocol.types import RequestedOutput
+from tests.support.rest_cases import (
+    MODEL,
+    _bytes_blob,
+    _decode,
+    _fp32,
+    _input,
+    _json,
+    _nested,
+    _with_binary,
+)
 
 # --------------------------------------------------------------------------- valid requests
 

@@ -10,7 +10,6 @@ import tracemalloc
 import numpy as np
 import orjson
 import pytest
-from rest_cases import MODEL, _bytes_blob, _decode, _fp32, _input, _json
 
 from protocol.errors import InvalidArgument, TooLarge
 from protocol.rest.decode import (
@@ -21,6 +20,7 @@ from protocol.rest.decode import (
     parse_header_length,
     raw_input_count_message,
 )
+from tests.support.rest_cases import MODEL, _bytes_blob, _decode, _fp32, _input, _json
 
 # --------------------------------------------------------------------------- limits
 

@@ -6,11 +6,21 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
-from rest_cases import MODEL, _blobs, _bytes_blob, _decode, _fp32, _input, _json, _response, _split
 
 from protocol.errors import InternalError
 from protocol.rest.encode import encode_error, encode_infer_response
 from protocol.types import InferResponse, RequestedOutput, Tensor
+from tests.support.rest_cases import (
+    MODEL,
+    _blobs,
+    _bytes_blob,
+    _decode,
+    _fp32,
+    _input,
+    _json,
+    _response,
+    _split,
+)
 
 # --------------------------------------------------------------------------- responses
 

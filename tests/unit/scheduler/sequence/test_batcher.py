@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from batcher_harness import Observer
 from google.protobuf import text_format
 
 from backends.base import Backend
@@ -25,6 +24,7 @@ from scheduler.factory import create_scheduler
 from scheduler.interface import VersionSpec
 from scheduler.sequence.batcher import SequenceBatcher
 from scheduler.stats import VersionStatistics
+from tests.support.batcher_harness import Observer
 
 MS = 1_000_000
 CONTROLS = """
