@@ -17,6 +17,13 @@ from tests.deploy.entrypoint import console_script, entrypoint_env, fake_cann, s
 from tests.deploy.manifests import chart_manifests, chart_values, one
 from tests.support import om_fixtures as omf
 
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every test in tests/deploy is marked `e2e`: the folder belongs with the server it starts
+    the image's way. Called only for items under this folder."""
+    item.add_marker(pytest.mark.e2e)
+
+
 CHART_PORTS = {"--http-port": "http", "--grpc-port": "grpc", "--metrics-port": "metrics"}
 
 

@@ -61,6 +61,7 @@ def test_loads_runs_every_gear_and_releases(kind, tmp_path, device_id):
     assert instance.healthy()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", KINDS)
 def test_served_over_http(kind, tmp_path, device_id):
     import tritonclient.http as httpclient
