@@ -23,7 +23,8 @@ from harness.serverproc import running_server
 from tests.support.fuzzing import Watch, describe, fuzz_settings
 from tests.support.fuzzing_http import RELOADABLE, infer_requests, load_requests, other_requests
 
-pytestmark = pytest.mark.e2e
+# slow as a whole: three fuzzers take about 10 s each, and the last test reads all their counts.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
