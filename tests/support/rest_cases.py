@@ -1,5 +1,6 @@
-"""Shared builders for the REST codec tests (test_rest_decode*.py, test_rest_encode.py): request
-bodies as the HTTP layer hands them over, and helpers that cut an encoded response apart."""
+"""Shared builders for the REST codec tests (tests/unit/protocol/rest/test_decode*.py and
+test_encode.py): request bodies as the HTTP layer hands them over, and helpers that cut an
+encoded response apart."""
 
 from __future__ import annotations
 
