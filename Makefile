@@ -7,7 +7,7 @@ MODELS := examples/models
 PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
 PYTEST_ARGS ?=
 
-.PHONY: run test fuzz install install-dev install-test models proto bench clean
+.PHONY: run test test-fast fuzz install install-dev install-test models proto bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ test: $(VENV)/.installed-test
 		export PERF_ANALYZER; echo "perf_analyzer: $$PERF_ANALYZER"; \
 	fi; \
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The unit tests only (no server subprocess, nothing slow, no soak): well under a minute.
+test-fast: $(VENV)/.installed-test
+	$(PY) -m pytest tests -m "not e2e and not slow and not soak" $(PYTEST_ARGS)
 
 # The fuzz tests (tests/e2e/test_fuzz_*.py) with thousands of cases each, for nightly runs;
 # `make test` runs the same tests with a short budget. Failing cases are kept in .hypothesis/

@@ -36,10 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from testmodels import build_identity_fp32  # noqa: E402
-
 from examples.build_repository import build_simple  # noqa: E402
 from harness.serverproc import start_server  # noqa: E402
+from harness.testmodels import build_identity_fp32  # noqa: E402
 
 HOSTILE = b'{"a":' * ((64 * 1024 * 1024) // 5)  # 67,108,860 bytes: under the 64 MiB limit
 DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"

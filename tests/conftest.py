@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-
-from harness.serverproc import ServerProcess, running_server  # noqa: E402  (needs sys.path above)
+from harness.serverproc import ServerProcess, running_server
 
 
 @pytest.fixture(scope="session")

@@ -4,23 +4,25 @@ real server started the way the image and the chart start it."""
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-# om_fixtures (the pyACL emulator's model files) lives with the NPU tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "npu"))
-
-import om_fixtures as omf
-from entrypoint import console_script, entrypoint_env, fake_cann, start_entrypoint
-from manifests import chart_manifests, chart_values, one
-
 from examples.build_repository import build_simple
 from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, free_port
+from tests.deploy.entrypoint import console_script, entrypoint_env, fake_cann, start_entrypoint
+from tests.deploy.manifests import chart_manifests, chart_values, one
+from tests.support import om_fixtures as omf
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every test in tests/deploy is marked `e2e`: the folder belongs with the server it starts
+    the image's way. Called only for items under this folder."""
+    item.add_marker(pytest.mark.e2e)
+
 
 CHART_PORTS = {"--http-port": "http", "--grpc-port": "grpc", "--metrics-port": "metrics"}
 

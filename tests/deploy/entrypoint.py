@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from om_fixtures import EMULATOR_PATH
+from tests.support.om_fixtures import EMULATOR_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRYPOINT = ROOT / "deploy" / "docker" / "entrypoint.sh"

@@ -8,7 +8,9 @@ from typing import Any
 
 import helm_python as helm
 import pytest
-from manifests import (
+
+from server.cli import build_parser
+from tests.deploy.manifests import (
     CHART,
     KUBERNETES_VERSIONS,
     chart_manifests,
@@ -17,8 +19,6 @@ from manifests import (
     one,
     validation_errors,
 )
-
-from server.cli import build_parser
 
 DEFAULTS = build_parser().parse_args(["--model-repository", "/models"])
 # Helm's lint severities (pkg/lint/support): info 1, warning 2, error 4.

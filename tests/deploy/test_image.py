@@ -14,10 +14,17 @@ from pathlib import Path
 
 import grpc
 import httpx
-from entrypoint import ENTRYPOINT, ROOT, console_script, entrypoint_env, fake_cann, run_entrypoint
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.cli import build_parser
+from tests.deploy.entrypoint import (
+    ENTRYPOINT,
+    ROOT,
+    console_script,
+    entrypoint_env,
+    fake_cann,
+    run_entrypoint,
+)
 
 DOCKERFILE = ROOT / "Dockerfile"
 DEFAULTS = build_parser().parse_args(["--model-repository", "/models"])

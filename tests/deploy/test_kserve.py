@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from manifests import CRDS, KSERVE, crd_sources, file_manifests, one, validation_errors
 
 from server.cli import build_parser
+from tests.deploy.manifests import CRDS, KSERVE, crd_sources, file_manifests, one, validation_errors
 
 RUNTIME = KSERVE / "cluster-serving-runtime.yaml"
 EXAMPLES = sorted(KSERVE.glob("inferenceservice-*.yaml"))

@@ -9,8 +9,9 @@ import json
 
 import httpx
 import pytest
-from manifests import CHART, DASHBOARD, chart_manifests, one
-from promql import (
+
+from tests.deploy.manifests import CHART, DASHBOARD, chart_manifests, one
+from tests.deploy.promql import (
     adapter_expressions,
     alert_expressions,
     dashboard_expressions,
@@ -64,6 +65,7 @@ def test_parser_refuses_what_prometheus_refuses():
             metric_names(broken)
 
 
+@pytest.mark.slow  # about 10 s: the server started the image's way, and its traffic
 def test_every_named_metric_is_exported_by_a_running_server(exported):
     named = {name for _, expression in all_expressions() for name in metric_names(expression)}
     assert named - exported - PROMETHEUS_OWN == set()

@@ -11,10 +11,10 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from streamingmodels import build_streaming_repository
 
 from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, running_server
+from tests.support.streamingmodels import build_streaming_repository
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@ asyncio), the refusals of unary infer, response-sender misuse, cancellation, cus
 and perf_analyzer --streaming.
 
 Models: the example `token_stream` (examples/streaming.py) and the test models in
-tests/streamingmodels.py.
+tests/support/streamingmodels.py.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
-from streamingmodels import build_streaming_repository
 from tritonclient.utils import InferenceServerException
 
 from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, running_server
+from tests.support.streamingmodels import build_streaming_repository
 
 pytestmark = pytest.mark.e2e
 

@@ -23,13 +23,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from testmodels import (
-    SLEEPER_MODEL,
-    build_identity_fp32,
-    sleeper_config,
-    write_python_model,
-    write_queued_model,
-)
 
 from harness import procutil
 from harness.procutil import (
@@ -41,6 +34,13 @@ from harness.procutil import (
     wait_gone,
 )
 from harness.serverproc import ServerProcess, running_server
+from harness.testmodels import (
+    SLEEPER_MODEL,
+    build_identity_fp32,
+    sleeper_config,
+    write_python_model,
+    write_queued_model,
+)
 
 pytestmark = pytest.mark.e2e
 CONNECTIONS = 12  # enough that the kernel gives every process some

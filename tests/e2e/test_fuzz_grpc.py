@@ -5,7 +5,7 @@ outputs, odd names and versions) and then, some of them, mutated as serialized b
 flipped, cut, spliced), sent to ModelInfer and ModelStreamInfer; and the other RPCs' requests
 mutated the same way.
 
-The property (tests/fuzzing.py): no INTERNAL / UNKNOWN answer (UNAVAILABLE and UNIMPLEMENTED
+The property (tests/support/fuzzing.py): no INTERNAL / UNKNOWN answer (UNAVAILABLE and UNIMPLEMENTED
 only for the documented cases), the server stays alive, live after every case, no unexpected
 error in its log (which also catches a stream request answered with an error_message only).
 ASCEND_FUZZ=nightly (`make fuzz`) runs thousands of cases per test."""
@@ -20,7 +20,12 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from fuzzing import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.serverproc import running_server
+from protocol.proto import grpc_service_pb2 as pb
+from tests.support.fuzzing import (
     ALLOWED_501,
     ALLOWED_503,
     DATATYPES,
@@ -32,11 +37,6 @@ from fuzzing import (
     describe,
     fuzz_settings,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from harness.serverproc import running_server
-from protocol.proto import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.e2e
 

@@ -3,10 +3,10 @@ item 6): requests are drawn from the protocol's own shapes, valid ones mutated (
 shapes, data, binary header lengths, parameters, outputs, compression headers, odd model
 names and versions, methods), plus byte-level mutations of whole requests on the wire.
 
-The property (tests/fuzzing.py): no 5xx caused by input, the server stays alive, live after
+The property (tests/support/fuzzing.py): no 5xx caused by input, the server stays alive, live after
 every case, no unexpected error in its log. ASCEND_FUZZ=nightly (`make fuzz`) runs thousands of
 cases per test; the default is a short run for `make test`. The request strategies are in
-tests/fuzzing_http.py."""
+tests/support/fuzzing_http.py."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fuzzing import Watch, describe, fuzz_settings
-from fuzzing_http import RELOADABLE, infer_requests, load_requests, other_requests
 from hypothesis import given, reject
 from hypothesis import strategies as st
 
 from harness.serverproc import running_server
+from tests.support.fuzzing import Watch, describe, fuzz_settings
+from tests.support.fuzzing_http import RELOADABLE, infer_requests, load_requests, other_requests
 
-pytestmark = pytest.mark.e2e
+# slow as a whole: three fuzzers take about 10 s each, and the last test reads all their counts.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from streamingmodels import build_streaming_repository
 
 from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, running_server
+from tests.support.streamingmodels import build_streaming_repository
 
 pytestmark = pytest.mark.e2e
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from testmodels import write_python_model
 from tritonclient.utils import InferenceServerException
 
 from examples.build_repository import simple_config
 from examples.variants import write_version
 from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, running_server
+from harness.testmodels import write_python_model
 
 pytestmark = pytest.mark.e2e
 

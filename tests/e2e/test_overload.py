@@ -15,10 +15,10 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from testmodels import write_queued_model
 from tritonclient.utils import InferenceServerException
 
 from harness.serverproc import ServerProcess, running_server
+from harness.testmodels import write_queued_model
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 

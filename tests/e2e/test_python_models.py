@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 from tritonclient.utils import InferenceServerException
 
 from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, running_server
+from harness.testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 pytestmark = pytest.mark.e2e
 

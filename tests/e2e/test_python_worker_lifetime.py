@@ -17,10 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 from harness.procutil import gone, kill_quietly, wait_for, wait_gone
 from harness.serverproc import ServerProcess, running_server, start_server
+from harness.testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from testmodels import write_python_model
 
 from harness.serverproc import running_server
+from harness.testmodels import write_python_model
 
 pytestmark = pytest.mark.e2e
 LENGTHS = (3, 4, 5)

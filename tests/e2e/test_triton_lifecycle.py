@@ -165,7 +165,7 @@ def test_an_ensemble_counts_a_member_refusal_as_triton_does(tmp_path: Path) -> N
     import json
     import threading
 
-    from testmodels import write_queued_model
+    from harness.testmodels import write_queued_model
 
     root = write_queued_model(tmp_path / "repo", queue_delay_us=1_500_000)
     write_ensemble(

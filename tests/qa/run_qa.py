@@ -73,7 +73,7 @@ NOT_RUN = {
 # A C++ unit test of Triton's own internals, built with Triton (L0_batcher's
 # instance_queue_test): "# name_test: what it checks" up to the `set -e` that closes it.
 CORE_UNIT_TEST = re.compile(r"^# (\w+_test): .*?^set -e\n", re.MULTILINE | re.DOTALL)
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run by hand as a script, so the checkout's packages import
 from server.core.inference_core import SERVER_VERSION  # noqa: E402  what the qa tests compare metadata with
 
 

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import run_qa
+from tests.qa import run_qa
 
 QA_DIR = os.environ.get("ASCEND_QA_DIR")
 SUITES = os.environ.get("ASCEND_QA_SUITES", "L0_model_queue L0_batcher L0_lifecycle").split()
@@ -22,6 +20,7 @@ SUITES = os.environ.get("ASCEND_QA_SUITES", "L0_model_queue L0_batcher L0_lifecy
     reason="set ASCEND_QA_DIR to a triton-inference-server/server "
     "checkout's qa folder to run NVIDIA's qa suites",
 )
+@pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("suite", SUITES)
 def test_nvidia_qa_suite(suite: str) -> None:

@@ -20,7 +20,7 @@ EMULATOR = Path(__file__).resolve().parents[1] / "emulator"
 
 def _real_acl() -> str:
     """'' when the real pyACL is importable, else why not (checked before any test puts the
-    emulator on sys.path)."""
+    emulator on the import path)."""
     spec = importlib.util.find_spec("acl")
     if spec is None:
         return "pyACL (`import acl`) is not available: no Ascend CANN environment on this machine"

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from hw_models import om_path
 
 from backends.base import InstanceSpec
 from npu.backend import AscendBackend
 from protocol.datatypes import BY_CONFIG_NAME, numpy_to_wire
 from protocol.proto.model_config_pb2 import DataType, ModelConfig
+from tests.npu.hardware.hw_models import om_path
 
 KINDS = ["static", "dynamic", "aipp"]
 
@@ -61,6 +61,7 @@ def test_loads_runs_every_gear_and_releases(kind, tmp_path, device_id):
     assert instance.healthy()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", KINDS)
 def test_served_over_http(kind, tmp_path, device_id):
     import tritonclient.http as httpclient

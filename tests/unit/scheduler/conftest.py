@@ -1,9 +1,11 @@
-"""Fixtures for the scheduler tests: `batcher` builds started dynamic batchers (batcher_harness)."""
+"""Fixtures for the scheduler tests: `batcher` builds started dynamic batchers (see
+tests/support/batcher_harness.py)."""
 
 from __future__ import annotations
 
 import pytest
-from batcher_harness import AddOneModel, Harness, make_config
+
+from tests.support.batcher_harness import AddOneModel, Harness, make_config
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A CPU emulator of pyACL, the `acl` module that ships with Huawei CANN.
 
-Put `tests/npu/emulator` first on sys.path (or PYTHONPATH) and `import acl` gives this module:
+Put `tests/npu/emulator` first on the import path (PYTHONPATH) and `import acl` gives this module:
 the same names, argument parsing, return tuples, integer handles and error codes as the real
 binding (see shared reference/pyacl.md), with a device-memory ledger, thread-bound contexts,
 dynamic-batch gears and fault injection behind them. `acl._emu` is the test control API, which

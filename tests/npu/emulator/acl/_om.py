@@ -1,6 +1,6 @@
 """The stand-in `.om` file: a JSON manifest instead of a compiled graph.
 
-Format (written by tests/npu/om_fixtures.py, read here)::
+Format (written by tests/support/om_fixtures.py, read here)::
 
     {"format": "acl-emulator-om", "version": 1,
      "inputs":  [{"name": "x", "dtype": 0, "format": 2, "dims": [-1, 4]}],

@@ -1,0 +1,111 @@
+"""Small models several test files run: a Python model that sleeps and tells its pid, an ONNX
+model whose one-slot queue one request fills, and an ONNX FP32 identity for large bodies (also
+built by bench/hostile.py, hence here beside serverproc)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+# Sleeps SECONDS in execute, then answers PID: the pid of the worker that ran it (so a test
+# knows which process to kill). When it starts it writes its pid to worker.pid in its model
+# directory, where the server gives it one (`args["model_repository"]`).
+SLEEPER_MODEL = """
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if args.get("model_repository"):
+            path = os.path.join(args["model_repository"], "worker.pid")
+            with open(path + ".tmp", "w") as handle:
+                handle.write(str(os.getpid()))
+            os.replace(path + ".tmp", path)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seconds = float(pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()[0])
+            time.sleep(seconds)
+            pid = np.array([os.getpid()], dtype=np.int64)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]))
+        return responses
+"""
+
+
+def sleeper_config(name: str) -> str:
+    """config.pbtxt of SLEEPER_MODEL under `name`: one instance, no batching."""
+    return f'''
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+'''
+
+
+def write_python_model(repo: Path, name: str, source: str, config: str) -> Path:
+    """repo/name/config.pbtxt and repo/name/1/model.py; returns the version directory."""
+    version_dir = repo / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    (version_dir / "model.py").write_text(textwrap.dedent(source))
+    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+    return version_dir
+
+
+def queued_config(queue_delay_us: int) -> str:
+    """A batching model whose queue holds one request, which waits `queue_delay_us` for a
+    batch of 64 that never comes: while it waits, the next request is refused (queue full)."""
+    return f"""
+name: "queued"
+platform: "onnxruntime_onnx"
+max_batch_size: 64
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 256 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 256 ] }} ]
+dynamic_batching {{
+  preferred_batch_size: [ 64 ]
+  max_queue_delay_microseconds: {queue_delay_us}
+  default_queue_policy {{ max_queue_size: 1 }}
+}}
+"""
+
+
+def write_queued_model(repo: Path, queue_delay_us: int) -> Path:
+    """The `queued` model (queued_config) in `repo`; returns `repo`."""
+    from examples.build_repository import make_dense_compute_model
+
+    (repo / "queued" / "1").mkdir(parents=True)
+    (repo / "queued" / "1" / "model.onnx").write_bytes(
+        make_dense_compute_model().SerializeToString()
+    )
+    (repo / "queued" / "config.pbtxt").write_text(queued_config(queue_delay_us))
+    return repo
+
+
+def build_identity_fp32(repo: Path) -> None:
+    """`identity_fp32`: an ONNX Identity over FP32 [-1, -1], no batching (large bodies)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT"], ["OUTPUT"], name="identity")],
+        "identity_fp32",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [-1, -1])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [-1, -1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    directory = repo / "identity_fp32"
+    (directory / "1").mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(directory / "1" / "model.onnx"))
+    (directory / "config.pbtxt").write_text(
+        'name: "identity_fp32"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )

@@ -1,0 +1,1 @@
+"""Helpers the test folders share (model builders, fuzzing strategies, harnesses), imported by package path."""

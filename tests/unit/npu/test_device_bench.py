@@ -1,0 +1,36 @@
+"""bench/npu_device.py on the emulator: the device-only loop per gear and the report files
+(the served half needs perf_analyzer and is exercised on hardware runs)."""
+
+from __future__ import annotations
+
+import json
+
+from bench import npu_device
+from tests.support import om_fixtures as omf
+
+
+def test_device_only_measures_every_gear(acl_emu, tmp_path):
+    results = npu_device.device_only(omf.scale_model(tmp_path / "m.om"), 0, 5, None)
+    assert [(r["gear"], r["rows"], r["loops"]) for r in results] == [
+        ("batch 1", 1, 5),
+        ("batch 2", 2, 5),
+        ("batch 4", 4, 5),
+        ("batch 8", 8, 5),
+    ]
+    assert all(r["rows_per_sec"] > 0 for r in results)
+    model_ids = [m for m in range(1, 10) if acl_emu._emu.last_execution(m)["count"]]
+    assert acl_emu._emu.last_execution(model_ids[-1])["count"] == 4 * (5 + 1)
+
+
+def test_report_without_perf_analyzer(acl_emu, tmp_path, monkeypatch):
+    monkeypatch.delenv("PERF_ANALYZER", raising=False)
+    monkeypatch.setattr(npu_device.shutil, "which", lambda name: None)
+    om = omf.hw_model(tmp_path / "hw.om")
+    assert npu_device.main([str(om), "--loops", "3", "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "npu_device.json").read_text())
+    assert [r["gear"] for r in report["device_only"]] == [
+        "image[1, 3, 16, 16]",
+        "image[1, 3, 32, 24]",
+    ]
+    assert "served: not measured (no perf_analyzer" in report["note"]
+    assert "| image[1, 3, 32, 24] |" in (tmp_path / "out" / "npu_device.md").read_text()

@@ -1,0 +1,363 @@
+"""The pyACL emulator itself: it must behave like the real binding (reference/pyacl.md §9.7)
+for the backend tests to mean anything."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from tests.support import om_fixtures as omf
+
+
+@pytest.fixture
+def ready(acl_emu):
+    """Initialised, device 0 set, an explicit context and a stream on this thread."""
+    acl = acl_emu
+    assert acl.init() == 0
+    assert acl.rt.set_device(0) == 0
+    ctx, ret = acl.rt.create_context(0)
+    stream, ret2 = acl.rt.create_stream()
+    assert ret == ret2 == 0
+    yield acl, ctx, stream
+    acl.rt.destroy_stream(stream)
+    acl.rt.destroy_context(ctx)
+    acl.rt.reset_device(0)
+
+
+def load(acl, path):
+    model_id, ret = acl.mdl.load_from_file(str(path))
+    assert ret == 0, acl.get_recent_err_msg()
+    desc = acl.mdl.create_desc()
+    assert acl.mdl.get_desc(desc, model_id) == 0
+    return model_id, desc
+
+
+def io(acl, desc, n_in, n_out):
+    """Datasets with device buffers at the reported sizes; returns (in_ds, out_ds, ptrs, bufs)."""
+    ptrs, bufs, datasets = [], [], []
+    for count, size_of in (
+        (n_in, acl.mdl.get_input_size_by_index),
+        (n_out, acl.mdl.get_output_size_by_index),
+    ):
+        ds = acl.mdl.create_dataset()
+        for i in range(count):
+            ptr, ret = acl.rt.malloc(size_of(desc, i), 0)
+            assert ret == 0
+            buf = acl.create_data_buffer(ptr, size_of(desc, i))
+            assert acl.mdl.add_dataset_buffer(ds, buf) == (ds, 0)
+            ptrs.append(ptr)
+            bufs.append(buf)
+        datasets.append(ds)
+    return datasets[0], datasets[1], ptrs, bufs
+
+
+def release(acl, model_id, desc, datasets, ptrs, bufs):
+    for ptr in ptrs:
+        assert acl.rt.free(ptr) == 0
+    for buf in bufs:
+        assert acl.destroy_data_buffer(buf) == 0
+    for ds in datasets:
+        assert acl.mdl.destroy_dataset(ds) == 0
+    assert acl.mdl.unload(model_id) == 0
+    assert acl.mdl.destroy_desc(desc) == 0
+
+
+def test_return_shapes_and_argument_parsing(acl_emu):
+    acl = acl_emu
+    assert acl.rt.malloc(16, 0) == (0, 100001)  # before init
+    assert acl.init() == 0 and acl.init() == 100002
+    assert acl.rt.malloc(16, 0) == (0, 107002)  # no context on this thread
+    assert "set_device" in acl.get_recent_err_msg()
+    assert acl.rt.set_device(0) == 0
+    ptr, ret = acl.rt.malloc(16, 0)
+    assert ret == 0 and ptr >= 1 << 48
+    free, total, ret = acl.rt.get_mem_info(1)
+    assert ret == 0 and total - free == 16 + 16 + 32  # rounded up to 32, plus 32
+    with pytest.raises(TypeError, match="args parse failed"):
+        acl.rt.free(None)
+    with pytest.raises(TypeError):
+        acl.rt.malloc(16.0, 0)
+    with pytest.raises(TypeError):
+        acl.rt.malloc(16)
+    assert acl.rt.get_device_count() == (2, 0)
+    assert acl.rt.get_run_mode() == (1, 0)
+    assert acl.rt.free(ptr) == 0
+    assert acl.rt.reset_device(0) == 0
+    assert acl.finalize() == 0 and acl.finalize() == 100037
+
+
+def test_device_memory_ledger(ready):
+    acl, _, _ = ready
+    assert acl.rt.malloc(0, 0) == (0, 100000)
+    acl._emu.configure(memory_bytes=1024)
+    assert acl.rt.malloc(4096, 0) == (0, 207001)
+    ptr, _ = acl.rt.malloc(100, 0)
+    assert acl.rt.free(ptr + 8) == 107000  # interior pointer
+    assert acl.rt.free(ptr) == 0
+    assert acl.rt.free(ptr) == 107000  # double free
+    assert acl.rt.free(0) == 100000
+    assert any("double free" in v for v in acl._emu.violations())
+    with pytest.raises(AssertionError, match="double free"):
+        acl._emu.assert_clean()
+    acl._emu.reset()
+    acl.init(), acl.rt.set_device(0), acl.rt.create_context(0), acl.rt.create_stream()
+
+
+def test_leaks_are_reported_at_reset_device(acl_emu):
+    acl = acl_emu
+    acl.init()
+    acl.rt.set_device(0)
+    acl.rt.malloc(64, 0)
+    acl.create_data_buffer(0, 0)
+    acl.mdl.create_dataset()
+    assert acl.rt.reset_device(0) == 0
+    assert any("reset_device(0) left 1 device allocation" in v for v in acl._emu.violations())
+    with pytest.raises(AssertionError) as info:
+        acl._emu.assert_clean()
+    text = str(info.value)
+    assert "1 data_buffers" in text and "1 datasets" in text and "made at" in text
+    acl._emu.reset()
+
+
+def test_layers_leak_independently(ready, tmp_path):
+    acl, _, _ = ready
+    model_id, desc = load(acl, omf.scale_model(tmp_path / "m.om"))
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, 2, 2)
+    acl.mdl.destroy_dataset(in_ds)
+    acl.mdl.destroy_dataset(out_ds)
+    acl.mdl.unload(model_id)
+    acl.mdl.destroy_desc(desc)
+    stats = acl._emu.stats()
+    assert stats["data_buffers"] == 4 and stats["allocations"] == 4 and stats["models"] == 0
+    for ptr in ptrs:
+        acl.rt.free(ptr)
+    for buf in bufs:
+        acl.destroy_data_buffer(buf)
+
+
+def test_memcpy_checks(ready):
+    acl, _, _ = ready
+    dev, _ = acl.rt.malloc(64, 0)
+    host = np.arange(16, dtype=np.float32)
+    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 0, 1) == 0  # count 0: no-op
+    assert acl.rt.memcpy(0, 64, host.ctypes.data, 64, 1) == 100000
+    assert acl.rt.memcpy(dev, 32, host.ctypes.data, 64, 1) == 107000  # count > dst_max
+    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 64, 2) == 0  # CANN 8: kind is reserved
+    acl._emu.configure(memcpy_kind_reserved=False)  # older CANN checks kind against the pointers
+    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 64, 2) == 107000  # kind says D2H
+    acl._emu.configure(memcpy_kind_reserved=True)
+    assert acl.rt.memcpy(dev + 32, 64, host.ctypes.data, 64, 1) == 107000  # past the end
+    assert acl.rt.memcpy(dev, 64, host.ctypes.data, 64, 1) == 0
+    # D2H into an immutable bytes object, as acllite does
+    target = bytes(64)
+    assert acl.rt.memcpy(acl.util.bytes_to_ptr(target), 64, dev, 64, 2) == 0
+    np.testing.assert_array_equal(np.frombuffer(target, dtype=np.float32), host)
+    assert acl.util.ptr_to_bytes(acl.util.bytes_to_ptr(target), 8) == target[:8]
+    assert acl.rt.memcpy(dev, 64, 12345, 64, 1) == 107000  # unmapped host address, no crash
+    assert acl.rt.free(dev) == 0
+
+
+def test_dangling_bytes_pointer_is_caught(ready):
+    acl, _, _ = ready
+    dev, _ = acl.rt.malloc(8, 0)
+    ptr = acl.util.bytes_to_ptr(bytes(range(9)))  # the bytes object dies at once
+    with pytest.raises(AssertionError, match="outlived its bytes"):
+        acl.rt.memcpy(dev, 8, ptr, 8, 1)
+    acl.rt.free(dev)
+    acl._emu.reset()
+    acl.init(), acl.rt.set_device(0), acl.rt.create_context(0), acl.rt.create_stream()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_numpy_to_ptr_warns(acl_emu):
+    with pytest.warns(RuntimeWarning, match="not C-contiguous"):
+        acl_emu.util.numpy_to_ptr(np.zeros((4, 4))[:, 1])
+
+
+def test_contexts_are_per_thread(ready, tmp_path):
+    acl, ctx, stream = ready
+    model_id, desc = load(acl, omf.scale_model(tmp_path / "m.om"))
+    seen = {}
+
+    def other_thread():
+        seen["malloc"] = acl.rt.malloc(8, 0)[1]
+        seen["sync"] = acl.rt.synchronize_stream(stream)
+        acl.rt.set_device(1)
+        seen["foreign_stream"] = acl.rt.synchronize_stream(stream)
+        seen["foreign_model"] = acl.mdl.unload(model_id)
+        acl.rt.reset_device(1)
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert seen == {
+        "malloc": 107002,
+        "sync": 107002,
+        "foreign_stream": 107003,
+        "foreign_model": 107004,
+    }
+    acl.mdl.unload(model_id)
+    acl.mdl.destroy_desc(desc)
+
+
+def test_model_description(ready, tmp_path):
+    acl, _, _ = ready
+    model_id, desc = load(acl, omf.scale_model(tmp_path / "m.om"))
+    assert acl.mdl.get_num_inputs(desc) == 2  # the gear tensor counts
+    assert acl.mdl.get_input_name_by_index(desc, 1) == "ascend_mbatch_shape_data"
+    assert acl.mdl.get_input_dims(desc, 0) == (
+        {"name": "INPUT0", "dimCount": 2, "dims": [-1, 4]},
+        0,
+    )
+    assert acl.mdl.get_input_size_by_index(desc, 0) == 8 * 4 * 4  # the largest gear
+    assert acl.mdl.get_output_name_by_index(desc, 0) == "PartitionedCall_OUTPUT0_0:0:OUTPUT0"
+    assert acl.mdl.get_input_data_type(desc, 0) == 0
+    assert acl.mdl.get_dynamic_batch(desc) == ({"batchCount": 4, "batch": [4, 1, 8, 2]}, 0)
+    # out of range getters: 0 / "" / -1 / ({}, 100000)
+    assert acl.mdl.get_input_size_by_index(desc, 9) == 0
+    assert acl.mdl.get_input_name_by_index(desc, 9) == ""
+    assert acl.mdl.get_input_data_type(desc, 9) == -1
+    assert acl.mdl.get_input_dims(desc, 9) == ({}, 100000)
+    assert acl.mdl.get_input_index_by_name(desc, "nope") == (0, 100000)
+    assert acl.mdl.get_input_index_by_name(desc, "ascend_mbatch_shape_data") == (1, 0)
+    static_id, static_desc = load(
+        acl, omf.scale_model(tmp_path / "s.om", gears=None, static_batch=2)
+    )
+    assert acl.mdl.get_dynamic_batch(static_desc) == ({"batchCount": 0, "batch": []}, 0)
+    assert acl.mdl.get_num_inputs(static_desc) == 1
+    for mid, d in ((model_id, desc), (static_id, static_desc)):
+        acl.mdl.unload(mid)
+        acl.mdl.destroy_desc(d)
+    assert acl.mdl.load_from_file(str(tmp_path / "missing.om")) == (0, 145002)
+
+
+def test_dynamic_gears(ready, tmp_path):
+    acl, _, stream = ready
+    model_id, desc = load(acl, omf.scale_model(tmp_path / "m.om"))
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, 2, 2)
+    assert acl.mdl.execute_async(model_id, in_ds, out_ds, stream) == 145013  # no gear set
+    assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 1, 3) == 145013
+    assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 1, 0) == 100000
+    # GE writes the gear into whatever buffer sits at the index: here it clobbers INPUT0
+    assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 0, 2) == 0
+    clobbered = np.zeros(2, dtype=np.uint32)
+    acl.rt.memcpy(clobbered.ctypes.data, 8, ptrs[0], 8, 2)
+    assert clobbered.tolist() == [2, 0]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert acl.rt.memcpy(ptrs[0], x.nbytes, x.ctypes.data, x.nbytes, 1) == 0
+    assert acl.mdl.get_input_data_type(desc, 1) == 3  # the gear tensor is INT32 [1], as GE makes it
+    assert acl.mdl.get_input_dims(desc, 1)[0]["dims"] == [1]
+    assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 1, 2) == 0
+    gear_value = np.zeros(1, dtype=np.uint32)
+    acl.rt.memcpy(gear_value.ctypes.data, 4, ptrs[1], 4, 2)
+    assert gear_value[0] == 2
+    assert acl.mdl.execute_async(model_id, in_ds, out_ds, stream) == 0
+    out = np.zeros((2, 4), dtype=np.float32)
+    acl.rt.memcpy(out.ctypes.data, out.nbytes, ptrs[2], out.nbytes, 2)
+    assert not np.array_equal(out, x * 2 + 1)  # the copy does not wait for the stream
+    assert acl.rt.synchronize_stream(stream) == 0
+    acl.rt.memcpy(out.ctypes.data, out.nbytes, ptrs[2], out.nbytes, 2)
+    np.testing.assert_array_equal(out, x * 2 + 1)
+    assert acl.mdl.get_cur_output_dims(desc, 0)[0]["dims"] == [2, 4]
+    release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
+
+
+def test_execute_validation(ready, tmp_path):
+    acl, _, stream = ready
+    model_id, desc = load(
+        acl, omf.scale_model(tmp_path / "s.om", gears=None, static_batch=2, features=64)
+    )
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, 1, 2)
+    assert acl.mdl.execute(model_id, 0, out_ds) == 100000
+    assert acl.mdl.execute(model_id, out_ds, out_ds) == 145000  # buffer count
+    assert acl.mdl.execute(999, in_ds, out_ds) == 145003
+    small, _ = acl.rt.malloc(8, 0)
+    small_buf = acl.create_data_buffer(small, 8)
+    small_ds = acl.mdl.create_dataset()
+    acl.mdl.add_dataset_buffer(small_ds, small_buf)
+    assert acl.mdl.execute(model_id, small_ds, out_ds) == 145000  # 8 + 64 < 512 bytes
+    assert acl.mdl.execute(model_id, in_ds, out_ds) == 0
+    release(acl, model_id, desc, (in_ds, out_ds, small_ds), ptrs + [small], bufs + [small_buf])
+
+
+def test_one_model_entered_from_two_threads_is_caught(ready, tmp_path):
+    acl, ctx, stream = ready
+    model_id, desc = load(acl, omf.scale_model(tmp_path / "m.om"))
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, 2, 2)
+    acl.mdl.set_dynamic_batch_size(model_id, in_ds, 1, 1)
+    assert acl.mdl.execute_async(model_id, in_ds, out_ds, stream) == 0
+    caught = []
+
+    def intruder():
+        acl.rt.set_context(ctx)
+        other, _ = acl.rt.create_stream()
+        try:
+            acl.mdl.execute_async(model_id, in_ds, out_ds, other)
+        except AssertionError as exc:
+            caught.append(exc)
+        acl.rt.destroy_stream(other)
+
+    worker = threading.Thread(target=intruder)
+    worker.start()
+    worker.join()
+    assert caught and type(caught[0]).__name__ == "ConcurrentModelUse"
+    assert acl.rt.synchronize_stream(stream) == 0
+    release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
+    acl._emu.reset()
+    acl.init(), acl.rt.set_device(0), acl.rt.create_context(0), acl.rt.create_stream()
+
+
+def test_fault_injection(ready):
+    acl, _, _ = ready
+    acl._emu.inject("rt.malloc", 207001, count=2, after=1)
+    results = [acl.rt.malloc(8, 0) for _ in range(4)]
+    assert [r[1] for r in results] == [0, 207001, 207001, 0]
+    assert "injected" in acl.get_recent_err_msg()
+    assert acl.get_recent_err_msg() is None  # read once
+    for ptr, ret in results:
+        if ret == 0:
+            acl.rt.free(ptr)
+    acl._emu.lose_device(0)
+    assert acl.rt.malloc(8, 0) == (0, 507010)
+    assert acl.rt.set_device(0) == 507033
+
+
+def test_telemetry_follows_the_ledger(ready):
+    acl, _, _ = ready
+    free, total, _ = acl.rt.get_mem_info(1)
+    assert (free, total) == acl.rt.get_mem_info(0)[:2]  # 310P: HBM redirected to DDR
+    assert acl.rt.get_mem_info(5) == (0, 0, 0)
+    ptr, _ = acl.rt.malloc(1000, 0)
+    assert acl.rt.get_mem_info(1)[0] == free - 1056
+    rates, ret = acl.rt.get_device_utilization_rate(0)
+    assert ret == 0 and set(rates) == {
+        "cube_utilization",
+        "vector_utilization",
+        "aicpu_utilization",
+        "memory_utilization",
+        "utilization_extend",
+    }
+    acl.rt.free(ptr)
+
+
+def test_environment_configures_a_subprocess_emulator(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    env = omf.emulator_env(
+        config={"device_count": 3, "faults": [{"fn": "rt.malloc", "ret": 207001}]},
+        report_path=tmp_path / "report.json",
+    )
+    code = (
+        "import acl; acl.init(); acl.rt.set_device(0); "
+        "print(acl.rt.get_device_count(), acl.rt.malloc(8, 0)[1], acl.rt.malloc(8, 0)[1])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.split() == ["(3,", "0)", "207001", "0"], result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stats"]["allocations"] == 1 and report["stats"]["device_refs"] == 1

@@ -1,0 +1,242 @@
+"""REST response encoding (protocol/rest/encode.py): what the core answers -> the HTTP body, and
+round trips through the decoder and through tritonclient."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from protocol.errors import InternalError
+from protocol.rest.encode import encode_error, encode_infer_response
+from protocol.types import InferResponse, RequestedOutput, Tensor
+from tests.support.rest_cases import (
+    MODEL,
+    _blobs,
+    _bytes_blob,
+    _decode,
+    _fp32,
+    _input,
+    _json,
+    _response,
+    _split,
+)
+
+# --------------------------------------------------------------------------- responses
+
+_F32 = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+_I64 = np.array([[-1, 2**40]], dtype=np.int64)
+_STR = np.array([b"ab", "ç".encode(), b""], dtype=object)
+
+
+def test_json_response_round_trip() -> None:
+    response = _response(
+        Tensor("f", "FP32", (2, 3), _F32),
+        Tensor("i", "INT64", (1, 2), _I64),
+        Tensor("s", "BYTES", (3,), _STR),
+        Tensor("b", "BOOL", (2,), np.array([True, False])),
+        id="r1",
+        parameters={"p": 1},
+    )
+    body, header_length = encode_infer_response(response, None, False)
+    assert header_length is None
+    document = orjson.loads(body)
+    assert list(document) == ["id", "model_name", "model_version", "parameters", "outputs"]
+    assert (document["id"], document["model_name"], document["model_version"]) == ("r1", MODEL, "3")
+    assert document["parameters"] == {"p": 1}
+    f, i, s, b = document["outputs"]
+    assert f == {
+        "name": "f",
+        "datatype": "FP32",
+        "shape": [2, 3],
+        "data": _F32.reshape(-1).tolist(),
+    }
+    assert np.array(i["data"], np.int64).reshape(i["shape"]).tolist() == _I64.tolist()
+    assert s["data"] == ["ab", "ç", ""]
+    assert b["data"] == [True, False]
+
+
+def test_binary_response_round_trip() -> None:
+    response = _response(
+        Tensor("f", "FP32", (2, 3), _F32),
+        Tensor("s", "BYTES", (3,), _STR),
+        Tensor("e", "INT32", (0,), np.zeros(0, np.int32)),
+    )
+    body, header_length = encode_infer_response(response, None, True)
+    document, tail = _split(body, header_length)
+    assert "id" not in document
+    sizes = [o["parameters"]["binary_data_size"] for o in document["outputs"]]
+    assert sizes == [24, 3 * 4 + 4, 0]
+    assert all("data" not in o for o in document["outputs"])
+    blobs = _blobs(document, tail)
+    assert np.frombuffer(blobs["f"], np.float32).reshape(2, 3).tolist() == _F32.tolist()
+    assert blobs["s"] == _bytes_blob(b"ab", "ç".encode(), b"")
+    assert blobs["e"] == b""
+
+
+@pytest.mark.parametrize(
+    "binary_default,requested,expected_binary",
+    [
+        (False, None, {"a": False, "b": False}),
+        (True, None, {"a": True, "b": True}),
+        (True, [RequestedOutput("a", binary=False), RequestedOutput("b")], {"a": False, "b": True}),
+        (
+            False,
+            [RequestedOutput("a", binary=True), RequestedOutput("b", binary=None)],
+            {"a": True, "b": False},
+        ),
+        (False, [RequestedOutput("b", binary=True)], {"a": False, "b": True}),
+    ],
+)
+def test_per_output_binary_beats_the_default(
+    binary_default: bool, requested: list | None, expected_binary: dict
+) -> None:
+    a, b = np.array([1, 2], np.int32), np.array([3.5], np.float64)
+    response = _response(Tensor("a", "INT32", (2,), a), Tensor("b", "FP64", (1,), b))
+    body, header_length = encode_infer_response(response, requested, binary_default)
+    assert (header_length is not None) == any(expected_binary.values())
+    document, tail = _split(body, header_length)
+    blobs = _blobs(document, tail)
+    for output, array in zip(document["outputs"], (a, b), strict=False):
+        binary = expected_binary[output["name"]]
+        assert ("data" not in output) == binary
+        values = (
+            np.frombuffer(blobs[output["name"]], array.dtype)
+            if binary
+            else np.array(output["data"], array.dtype)
+        )
+        assert values.tolist() == array.tolist()
+
+
+def test_json_output_conversions() -> None:
+    strided = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]
+    big_endian = np.array([1, 256], dtype=">i4")
+    response = _response(
+        Tensor("h", "FP16", (2,), np.array([0.5, -1.25], np.float16)),
+        Tensor("bf", "BF16", (2,), np.array([0x3F80, 0xC000], np.uint16)),
+        Tensor("t", "FP64", (3, 2), strided),
+        Tensor("be", "INT32", (2,), big_endian),
+        Tensor("bad", "BYTES", (1,), np.array([b"\xff\xfeok"], dtype=object)),
+        Tensor("u", "BYTES", (1,), np.array(["unicode"])),
+    )
+    document = orjson.loads(encode_infer_response(response, None, False)[0])
+    data = {o["name"]: o["data"] for o in document["outputs"]}
+    assert data["h"] == [0.5, -1.25]
+    assert data["bf"] == [1.0, -2.0]
+    assert data["t"] == strided.reshape(-1).tolist()
+    assert data["be"] == [1, 256]
+    assert data["bad"] == ["\ufffd\ufffdok"]
+    assert data["u"] == ["unicode"]
+
+
+def test_binary_output_normalises_dtype_and_layout() -> None:
+    strided = np.arange(8, dtype=np.int32)[::2]
+    response = _response(
+        Tensor("s", "INT32", (4,), strided),
+        Tensor("d", "FP32", (2,), np.array([1.5, 2.5], np.float64)),
+        Tensor("bf", "BF16", (1,), np.array([1.0], np.float32)),
+    )
+    body, header_length = encode_infer_response(response, None, True)
+    blobs = _blobs(*_split(body, header_length))
+    assert np.frombuffer(blobs["s"], np.int32).tolist() == [0, 2, 4, 6]
+    assert np.frombuffer(blobs["d"], np.float32).tolist() == [1.5, 2.5]
+    assert np.frombuffer(blobs["bf"], np.uint16).tolist() == [0x3F80]
+
+
+def test_output_parameters_and_binary_size_merge() -> None:
+    response = _response(Tensor("a", "INT8", (1,), np.array([1], np.int8), parameters={"k": "v"}))
+    document, _ = _split(*encode_infer_response(response, None, True))
+    assert document["outputs"][0]["parameters"] == {"k": "v", "binary_data_size": 1}
+    document, _ = _split(*encode_infer_response(response, None, False))
+    assert document["outputs"][0]["parameters"] == {"k": "v"}
+
+
+def test_unknown_output_datatype_is_internal() -> None:
+    response = _response(Tensor("a", "FP8", (1,), np.zeros(1)))
+    with pytest.raises(InternalError):
+        encode_infer_response(response, None, False)
+
+
+def test_decoded_request_round_trips_through_the_encoder() -> None:
+    header = _json(
+        _input("x", "FP32", [2, 2], binary_data_size=16),
+        _input("s", "BYTES", [1], ["q"]),
+        outputs=[{"name": "x", "parameters": {"binary_data": True}}, {"name": "s"}],
+    )
+    request = _decode(header + _fp32(1, 2, 3, 4), len(header))
+    response = _response(*request.inputs)
+    body, header_length = encode_infer_response(
+        response, request.outputs, request.parameters.get("binary_data_output", False)
+    )
+    document, tail = _split(body, header_length)
+    assert np.frombuffer(_blobs(document, tail)["x"], np.float32).tolist() == [1, 2, 3, 4]
+    assert document["outputs"][1]["data"] == ["q"]
+
+
+def test_encode_error() -> None:
+    assert orjson.loads(encode_error("bad 'thing' \"quoted\"")) == {
+        "error": "bad 'thing' \"quoted\""
+    }
+
+
+# --------------------------------------------------------------------------- tritonclient
+
+
+def test_tritonclient_request_and_response_round_trip() -> None:
+    """The bodies tritonclient builds decode, and what we encode parses back in tritonclient."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    from protocol.compression import compress
+
+    arrays = {
+        "f32": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "f16": np.array([[0.5, -1.5]], dtype=np.float16),
+        "i32": np.array([[1, -2, 3]], dtype=np.int32),
+        "flag": np.array([[True, False]]),
+        "text": np.array([[b"ab", "ç".encode()]], dtype=object),
+    }
+    datatypes = {"f32": "FP32", "f16": "FP16", "i32": "INT32", "flag": "BOOL", "text": "BYTES"}
+    inputs = []
+    for name, array in arrays.items():
+        infer_input = httpclient.InferInput(name, list(array.shape), datatypes[name])
+        infer_input.set_data_from_numpy(array, binary_data=name not in ("i32", "flag"))
+        inputs.append(infer_input)
+    outputs = [httpclient.InferRequestedOutput(name, binary_data=name != "text") for name in arrays]
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(
+        inputs, outputs, request_id="r9", parameters={"custom": 3}
+    )
+
+    request = _decode(body, json_size)
+    assert request.id == "r9" and request.parameters["custom"] == 3
+    for tensor in request.inputs:
+        assert tensor.data.tolist() == arrays[tensor.name].tolist()
+
+    response = InferResponse(MODEL, "1", request.id, outputs=request.inputs)
+    payload, header_length = encode_infer_response(response, request.outputs, False)
+    for encoding in (None, "gzip", "deflate"):
+        result = httpclient.InferenceServerClient.parse_response_body(
+            compress(payload, encoding), header_length=header_length, content_encoding=encoding
+        )
+        assert result.get_response()["id"] == "r9"
+        for name, array in arrays.items():
+            got = result.as_numpy(name)
+            assert got.shape == array.shape
+            if name == "text":  # JSON BYTES come back to tritonclient as str
+                got = np.vectorize(str.encode, otypes=[object])(got)
+            assert got.tolist() == array.tolist()
+
+
+def test_tritonclient_default_outputs_are_binary() -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    infer_input = httpclient.InferInput("x", [2], "INT64")
+    infer_input.set_data_from_numpy(np.array([7, 8], np.int64))
+    body, json_size = httpclient.InferenceServerClient.generate_request_body([infer_input])
+    request = _decode(body, json_size)
+    assert request.outputs is None
+    assert request.parameters.get("binary_data_output") is True
+    payload, header_length = encode_infer_response(
+        InferResponse(MODEL, "1", outputs=request.inputs), request.outputs, True
+    )
+    result = httpclient.InferenceServerClient.parse_response_body(
+        payload, header_length=header_length
+    )
+    assert result.as_numpy("x").tolist() == [7, 8]
