@@ -34,7 +34,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "scheduler": frozenset({"protocol", "backends"}),
     "repository": frozenset({"protocol", "backends", "scheduler"}),
     "server": frozenset(PRODUCT),
-    "harness": frozenset(PRODUCT),
+    "harness": frozenset(PRODUCT + ("examples",)),
     "examples": frozenset(PRODUCT),
     "bench": frozenset(PRODUCT + ("harness", "examples")),
 }
