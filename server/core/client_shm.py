@@ -4,7 +4,8 @@ them (Triton's shared-memory extension).
 Why a registry of its own: a region is mapped once, at register, and every request that names it
 reads its inputs as numpy views over that mapping, so a large tensor never crosses a socket.
 Only the process that owns the models holds regions (frontend processes forward the calls to it,
-server/multiprocess/remote_core.py), so a region registered over any connection serves every connection.
+server/multiprocess/remote_core.py), so a region registered over any connection serves every
+connection.
 
 Safety: a key names a file directly in /dev/shm (no path, no symlink, a regular file only), the
 server's own segments cannot be registered, and every offset and size is checked against the
@@ -29,7 +30,8 @@ from protocol.types import InferRequest, InferResponse, Tensor
 
 SHM_DIR = "/dev/shm"
 # Keys no client may register: Triton's Python backend's (refused as Triton refuses them) and
-# the files this server itself keeps in /dev/shm (server/http/parsers.py, backends/python/wire/framing.py).
+# the files this server itself keeps in /dev/shm (server/http/parsers.py,
+# backends/python/wire/framing.py).
 RESERVED_PREFIXES = ("triton_python_backend_shm_region_", "ascend-serve-")
 SIZE_MAX = 2**64 - 1
 DEFAULT_MAX_REGIONS = 1024

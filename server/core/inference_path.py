@@ -3,15 +3,15 @@
 Every caller takes this door: both frontends, ensemble steps, and later BLS calls from Python
 models. It is built once in server/app.py and handed to whoever needs it (the model manager
 passes `infer_admitted` to the ensembles it builds), so nothing reaches back into the server
-through a patched attribute. Shadow copies (server/traffic/shadow.py) are the one exception: they are
-not client requests (no routing, no in-flight count, no answer), so they go straight to the
-shadow version's scheduler, which validates and queues them like any request.
+through a patched attribute. Shadow copies (server/traffic/shadow.py) are the one exception:
+they are not client requests (no routing, no in-flight count, no answer), so they go straight to
+the shadow version's scheduler, which validates and queues them like any request.
 
-The path resolves the version (a model's traffic policy, server/traffic/policy.py, picks one when set:
-one dict lookup otherwise), keeps count of what is in flight so shutdown can wait for it, and
-submits to that version's scheduler, which validates and queues (scheduler/interface.py).
-Classification and output selection happen here, once the answer is back, with the labels the
-version read when it loaded.
+The path resolves the version (a model's traffic policy, server/traffic/policy.py, picks one
+when set: one dict lookup otherwise), keeps count of what is in flight so shutdown can wait for
+it, and submits to that version's scheduler, which validates and queues
+(scheduler/interface.py). Classification and output selection happen here, once the answer is
+back, with the labels the version read when it loaded.
 
 Decoupled models answer any number of times: `stream` (server/core/streaming.py) gives every answer
 to the gRPC stream, generate_stream and BLS; `infer` refuses them as Triton does, and

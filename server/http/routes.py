@@ -1,9 +1,9 @@
 """The HTTP/REST frontend: KServe v2 plus Triton's extensions, on FastAPI/Starlette.
 
 Handlers are plain Starlette endpoints that read the raw body (no pydantic model on the hot
-path), convert once through protocol/rest/decode.py and protocol/rest/encode.py, call
-server/core/inference_core.py, and map every error through protocol/errors.py to `{"error": "..."}` with
-Triton's status codes.
+path), convert once through protocol/rest/decode.py and protocol/rest/encode.py, call the core
+(server/core/api.py), and map every error through protocol/errors.py to `{"error": "..."}`
+with Triton's status codes.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from protocol.errors import (
 from protocol.rest import decode as rest_decode
 from protocol.rest import encode as rest_encode
 from protocol.types import InferRequest
-from repository.registry import VersionRecord
-from server.core.inference_core import InferenceCore
+from server.core.api import CoreAPI, InputRule, Resolved
 from server.http.admin import AdminRoutes
 from server.http.body import BodyBuffer, BodyLimit
 from server.http.generate import GenerateEndpoints
@@ -102,7 +101,7 @@ def guarded(handler: Handler) -> Handler:
 
 
 class HttpFrontend:
-    def __init__(self, core: InferenceCore) -> None:
+    def __init__(self, core: CoreAPI) -> None:
         self.core = core
         self.settings = core.settings
         self.body_limit = BodyLimit(self.settings.http_max_input_size)
@@ -270,7 +269,7 @@ class HttpFrontend:
 
     def _decode(
         self, name: str, version: str, headers: Mapping[str, str], body: Any
-    ) -> tuple[InferRequest, VersionRecord | None]:
+    ) -> tuple[InferRequest, Resolved | None]:
         """A small (decompressed) body, decoded here on the loop."""
         header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
         if header_length == 0:
@@ -286,7 +285,7 @@ class HttpFrontend:
 
     async def _decode_large(
         self, name: str, version: str, headers: Mapping[str, str], body: Any
-    ) -> tuple[InferRequest, VersionRecord | None]:
+    ) -> tuple[InferRequest, Resolved | None]:
         """A body over --http-offload-threshold (or one that inflates past it).
 
         Uncompressed JSON+binary bodies whose JSON part is small and holds no BYTES tensor, and
@@ -313,8 +312,8 @@ class HttpFrontend:
                 input_name,
                 rule.wire,
                 list(rule.dims),
-                record.scheduler.rules.max_batch_size,
-            )  # type: ignore[union-attr]
+                self.core.input_rules(record).max_batch_size,
+            )
             return request, record
         if not compressed and header_length is not None and header_length <= self.offload.threshold:
             head = _prefix(parts, header_length)
@@ -325,12 +324,12 @@ class HttpFrontend:
         )
         return request, None
 
-    def _raw_input(self, name: str, version: str) -> tuple[VersionRecord, str, Any]:
+    def _raw_input(self, name: str, version: str) -> tuple[Resolved, str, InputRule]:
         """A raw binary body is the model's one input: the version is resolved first (its
         rules say which input that is), and the request then goes to that same version.
         Returns the version, the input's name and its rule."""
         record = self.core.resolve(name, version)
-        rules = record.scheduler.rules  # type: ignore[union-attr]
+        rules = self.core.input_rules(record)
         if len(rules.inputs) != 1:
             raise InvalidArgument(rest_decode.raw_input_count_message(name, len(rules.inputs)))
         ((input_name, rule),) = rules.inputs.items()
@@ -341,10 +340,10 @@ class HttpFrontend:
         body: Any,
         name: str,
         version: str,
-        resolved: tuple[VersionRecord, str, Any] | None = None,
-    ) -> tuple[InferRequest, VersionRecord]:
+        resolved: tuple[Resolved, str, InputRule] | None = None,
+    ) -> tuple[InferRequest, Resolved]:
         record, input_name, rule = resolved or self._raw_input(name, version)
-        max_batch_size = record.scheduler.rules.max_batch_size  # type: ignore[union-attr]
+        max_batch_size = self.core.input_rules(record).max_batch_size
         request = rest_decode.decode_raw_request(
             body, name, version, input_name, rule.wire, list(rule.dims), max_batch_size
         )

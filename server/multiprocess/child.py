@@ -1,9 +1,11 @@
-"""A frontend process (`python -m server.multiprocess.child`, started by server/multiprocess/pool.py).
+"""A frontend process (`python -m server.multiprocess.child`, started by
+server/multiprocess/pool.py).
 
 It serves the same HTTP and gRPC frontends as the model owner, on the same ports (SO_REUSEPORT),
-over a RemoteCore (server/multiprocess/remote_core.py) that hands every inference to the owner. It holds no
-model and serves no metrics. It ends when the owner sends SIGTERM (closing its listeners after
-what it is writing) and dies with the owner however that goes (the parent-death signal).
+over a RemoteCore (server/multiprocess/remote_core.py) that hands every inference to the owner.
+It holds no model and serves no metrics. It ends when the owner sends SIGTERM (closing its
+listeners after what it is writing) and dies with the owner however that goes (the parent-death
+signal).
 """
 
 from __future__ import annotations
@@ -39,14 +41,10 @@ async def serve(
 
     loop = asyncio.get_running_loop()
     infer_fd, _, _, from_owner_fd, to_owner_fd = fds
-    core = RemoteCore(settings, quick, slow, loop)
-    link = HandoverLink(
-        Arena(shm_bytes, to_owner_fd),
-        Arena(shm_bytes, from_owner_fd),
-        core.on_message,
-        core.on_lost,
+    core = RemoteCore(
+        settings, quick, slow, loop, Arena(shm_bytes, to_owner_fd), Arena(shm_bytes, from_owner_fd)
     )
-    core.link = link
+    link = core.link
     stop = asyncio.Event()
     await loop.connect_accepted_socket(lambda: link, socket.socket(fileno=infer_fd))
     for sig in (signal.SIGTERM, signal.SIGINT):

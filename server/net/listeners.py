@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from server.core.api import CoreAPI
 from server.net.connections import ConnectionLimits, descriptor_limit, resolve_max_connections
 from server.settings import ServerSettings
 
@@ -133,10 +134,10 @@ def metrics_limits(limits: ConnectionLimits) -> ConnectionLimits:
     )
 
 
-def http_frontend_listener(core: Any, settings: ServerSettings) -> tuple[Listener, Any]:
-    """The HTTP frontend over `core` (the model owner's InferenceCore, or a frontend process's
-    RemoteCore) and its uvicorn listener; also returns the frontend's parser-process pool,
-    which the caller closes at shutdown."""
+def http_frontend_listener(core: CoreAPI, settings: ServerSettings) -> tuple[Listener, Any]:
+    """The HTTP frontend over `core` (server/core/api.py: the model owner's InferenceCore, or a
+    frontend process's RemoteCore) and its uvicorn listener; also returns the frontend's
+    parser-process pool, which the caller closes at shutdown."""
     from server.http.fast_path import protocol_class
     from server.http.routes import HttpFrontend
 
