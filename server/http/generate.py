@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from protocol import compression
-from protocol.errors import InvalidArgument, ServerError, client_error
+from protocol.errors import InvalidArgument, ServerError, client_error, http_status
 from protocol.rest import decode as rest_decode
 from protocol.rest.generate import (
     SSE_MEDIA_TYPE,
@@ -108,7 +108,7 @@ class GenerateEndpoints:
         first = await _next_event(answers)  # errors before inference starts: plain JSON
         status = 200
         if first is not None and first.error is not None:
-            status = first.error.http_status()
+            status = http_status(first.error, self.frontend.overload_status)
         return StreamingResponse(
             _events(first, answers), status_code=status, media_type=SSE_MEDIA_TYPE
         )

@@ -24,11 +24,14 @@ from protocol import compression
 from protocol import traffic as traffic_json
 from protocol.config_json import config_to_json
 from protocol.errors import (
+    OVERLOAD_HTTP_STATUSES,
     InvalidArgument,
     Overloaded,
     ServerError,
     Unsupported,
     client_error,
+    http_status,
+    overload_http_status,
     server_exiting,
 )
 from protocol.rest import decode as rest_decode
@@ -67,16 +70,25 @@ def error_headers(error: ServerError) -> dict[str, str]:
     return {}
 
 
-def http_error(exc: BaseException, where: str) -> tuple[int, dict[str, str], bytes]:
+DEFAULT_OVERLOAD_STATUS = OVERLOAD_HTTP_STATUSES[0]
+
+
+def http_error(
+    exc: BaseException, where: str, overload_status: int = DEFAULT_OVERLOAD_STATUS
+) -> tuple[int, dict[str, str], bytes]:
     """Any failure as (status, extra headers, JSON body): the one HTTP mapping of errors, for
-    the routed endpoints and the direct infer path (server/http/fast_path.py) alike.
+    the routed endpoints and the direct infer path (server/http/fast_path.py) alike; a full
+    queue answers `overload_status` (the frontend's --overload-status).
     Unexpected (non-ServerError) exceptions are logged and answered as INTERNAL."""
     error = client_error(exc, log, where)
-    return error.http_status(), error_headers(error), rest_encode.encode_error(error.message)
+    status = http_status(error, overload_status)
+    return status, error_headers(error), rest_encode.encode_error(error.message)
 
 
-def error_response(exc: BaseException, where: str = "") -> Response:
-    status, headers, body = http_error(exc, where)
+def error_response(
+    exc: BaseException, where: str = "", overload_status: int = DEFAULT_OVERLOAD_STATUS
+) -> Response:
+    status, headers, body = http_error(exc, where, overload_status)
     return Response(body, status_code=status, headers=headers, media_type=JSON)
 
 
@@ -87,14 +99,14 @@ def empty(status: int = 200) -> Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def guarded(handler: Handler) -> Handler:
+def guarded(handler: Handler, overload_status: int = DEFAULT_OVERLOAD_STATUS) -> Handler:
     """Every failure becomes a JSON error with its mapped status; nothing escapes as a 500 page."""
 
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
         except Exception as exc:
-            return error_response(exc, request.url.path)
+            return error_response(exc, request.url.path, overload_status)
 
     endpoint.__name__ = handler.__name__
     return endpoint
@@ -105,6 +117,8 @@ class HttpFrontend:
         self.core = core
         self.settings = core.settings
         self.body_limit = BodyLimit(self.settings.http_max_input_size)
+        # --overload-status: the HTTP status of a full queue, for every error this frontend maps.
+        self.overload_status = overload_http_status(self.settings.overload_status)
         # --http-restricted-api (server/restricted.py); None when nothing is restricted.
         restricted = self.settings.http_restricted_api
         self.guard: HttpGuard | None = HttpGuard(restricted) if restricted else None
@@ -411,7 +425,12 @@ class HttpFrontend:
             routes += GenerateEndpoints(self).routes(prefix)
         routes += AdminRoutes(self).routes()  # shared memory, trace, logging
         for path, handler, method in routes:
-            app.add_route(path, guarded(handler), methods=[method], include_in_schema=False)
+            app.add_route(
+                path,
+                guarded(handler, self.overload_status),
+                methods=[method],
+                include_in_schema=False,
+            )
 
         if self.guard is not None:  # before routing: a restricted path is 403 on any method
             app.add_middleware(RestrictionMiddleware, guard=self.guard)
