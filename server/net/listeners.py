@@ -25,7 +25,9 @@ METRICS_MAX_CONNECTIONS = 64
 class Listener(uvicorn.Server):
     """A uvicorn server that leaves signal handling to the application."""
 
-    sockets: list[socket.socket] | None = None
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket] | None = None) -> None:
+        super().__init__(config)
+        self.sockets = sockets  # bound before serving (SO_REUSEPORT), or uvicorn binds
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -77,9 +79,7 @@ def uvicorn_listener(
         timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
         timeout_graceful_shutdown=5,
     )
-    listener = Listener(config)
-    listener.sockets = [listening_socket(service, host, port, reuse_port)]
-    return listener
+    return Listener(config, [listening_socket(service, host, port, reuse_port)])
 
 
 def listening_socket(service: str, host: str, port: int, reuse_port: bool = False) -> socket.socket:
