@@ -3,9 +3,18 @@
 Every caller takes this door: both frontends, ensemble steps, and later BLS calls from Python
 models. It is built once in server/app.py and handed to whoever needs it (the model manager
 passes `infer_admitted` to the ensembles it builds), so nothing reaches back into the server
-through a patched attribute. Shadow copies (server/traffic/shadow.py) are the one exception:
-they are not client requests (no routing, no in-flight count, no answer), so they go straight to
-the shadow version's scheduler, which validates and queues them like any request.
+through a patched attribute.
+
+Two kinds of request do not take this door, and this is the one place that says why. Both are
+submitted straight to one version's scheduler (`Scheduler.submit`), which validates, queues and
+batches them like any request; what they skip is what this path adds for client requests:
+- Warm-up samples (repository/warmup.py) run on a new copy before it is published: no name
+  resolves to it yet, nothing may route to it, and the load (the model manager, which has no
+  path) waits for them itself. Their statistics are reset afterwards.
+- Shadow copies (server/traffic/shadow.py) are not client requests: no routing (the version is
+  the policy's), no in-flight count (shutdown does not wait for them), no traffic counting and
+  no canary outcome (a copy is not a client's request, and is not shadowed again), no output
+  selection (its answer is discarded). They never wait: their own in-flight limit drops them.
 
 The path resolves the version (a model's traffic policy, server/traffic/policy.py, picks one
 when set: one dict lookup otherwise), keeps count of what is in flight so shutdown can wait for
@@ -13,10 +22,10 @@ it, and submits to that version's scheduler, which validates and queues
 (scheduler/interface.py). Classification and output selection happen here, once the answer is
 back, with the labels the version read when it loaded.
 
-Decoupled models answer any number of times: `stream` gives every answer
-to the gRPC stream, generate_stream and BLS; `infer` refuses them as Triton does, and
-`infer_admitted` (ensemble steps) takes their one answer. The path is also the BackendHost
-(backends/base.py) Python models make their BLS calls through.
+Decoupled models answer any number of times: `stream` gives every answer to the gRPC stream,
+generate_stream and BLS; `infer` refuses them as Triton does, and `infer_admitted` (ensemble
+steps) takes their one answer. The path is also the BackendHost (backends/base.py) Python models
+make their BLS calls through.
 """
 
 from __future__ import annotations
