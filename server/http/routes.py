@@ -308,7 +308,7 @@ class HttpFrontend:
         """
         parts = body if type(body) is list else [body]
         encoding = headers.get("content-encoding")
-        compressed = bool(encoding) and any(
+        compressed = encoding is not None and any(
             token.strip().lower() not in ("", "identity") for token in encoding.split(",")
         )
         header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
