@@ -146,8 +146,9 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
 
 def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     """The inverse of serialize_byte_tensor: a 1-D object array of bytes."""
+    # (numpy's stubs give ndarray the buffer protocol, __buffer__, on Python 3.12+ only)
     buffer = memoryview(
-        np.ascontiguousarray(encoded_tensor).view(np.uint8)
+        np.ascontiguousarray(encoded_tensor).view(np.uint8)  # type: ignore[arg-type]  # see above
         if isinstance(encoded_tensor, np.ndarray)
         else encoded_tensor
     ).cast("B")

@@ -84,7 +84,7 @@ class Backend(ABC):
         self.version_dir = version_dir
         self.instance = instance
 
-    @classmethod
+    @classmethod  # noqa: B027  (an optional hook: most backends have nothing to fill in)
     def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         """Fill in what the config leaves out (inputs, outputs, max_batch_size) from the model
         file itself. Called before validation unless auto-complete is disabled."""
@@ -102,10 +102,13 @@ class Backend(ABC):
         """Run one batch. Inputs and outputs carry the batch dimension when the model batches."""
 
     def execute_requests(
-        self, requests: Sequence[Mapping[str, np.ndarray]]
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        details: Sequence[InferRequest] | None = None,
     ) -> list[dict[str, np.ndarray] | BaseException]:
         """Run several requests at once; only called when `takes_request_lists` is True.
-        An entry may be an exception, which fails that request alone."""
+        An entry may be an exception, which fails that request alone. `details` (the requests
+        themselves) come only to a backend that `wants_request_details`."""
         raise BackendError(f"backend '{self.backend_name}' does not take request lists")
 
     def execute_decoupled(self, requests: Sequence[InferRequest]) -> list[None | BaseException]:
@@ -113,7 +116,7 @@ class Backend(ABC):
         `stream`. An entry is None (taken) or the exception that fails that request."""
         raise BackendError(f"backend '{self.backend_name}' does not serve decoupled models")
 
-    def unload(self) -> None:
+    def unload(self) -> None:  # noqa: B027  (an optional hook: not every backend holds anything)
         """Release everything `load` acquired."""
 
     def healthy(self) -> bool:

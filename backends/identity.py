@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from backends.base import Backend, BackendError
 
+if TYPE_CHECKING:
+    from protocol.types import InferRequest
 
-def _parameter(config, key: str, default: float = 0.0) -> float:  # type: ignore[no-untyped-def]
+
+def _parameter(config, key: str, default: float = 0.0) -> float:
     if key not in config.parameters:
         return default
     text = config.parameters[key].string_value
@@ -63,10 +67,12 @@ class IdentityBackend(Backend):
             time.sleep(creation)
 
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.execute_requests([inputs])[0]  # type: ignore[return-value]
+        return self.execute_requests([inputs])[0]  # type: ignore[return-value]  # never an error
 
     def execute_requests(
-        self, requests: Sequence[Mapping[str, np.ndarray]]
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        details: Sequence[InferRequest] | None = None,
     ) -> list[dict[str, np.ndarray] | BaseException]:
         if self._delay_s > 0:
             time.sleep(self._delay_s)  # once per execute, as the C++ backend

@@ -196,7 +196,7 @@ class OnnxRuntimeBackend(Backend):
         path = self.model_path()
         if not path.exists():
             raise BackendError(f"unable to find model file '{path}'")
-        providers = ["CPUExecutionProvider"]
+        providers: list[str | tuple[str, dict[str, int]]] = ["CPUExecutionProvider"]
         if self.instance.kind == "KIND_GPU":
             if "CUDAExecutionProvider" in ort.get_available_providers():
                 providers = [

@@ -230,9 +230,9 @@ def run(
                         time.sleep(0.1)
                     owner = server.pid
                     wanted = (
-                        (lambda pid: pid == owner)
+                        (lambda pid, owner=owner: pid == owner)
                         if processes == 1
-                        else (lambda pid: pid != owner and pid > 0)
+                        else (lambda pid, owner=owner: pid != owner and pid > 0)
                     )
                     for protocol in protocols:
                         r = measure(server, protocol, connections, seconds, wanted)

@@ -147,7 +147,7 @@ def run_round(
             with ThreadPoolExecutor(len(servers)) as pool:
                 done = list(
                     pool.map(
-                        lambda server: measure(
+                        lambda server, protocol=protocol: measure(
                             perf_analyzer, server, args.model, protocol, round_no, args.out_dir
                         ),
                         servers,

@@ -407,8 +407,8 @@ def render(r: Results) -> str:
         f"## Throughput target: `{target}` (compute-bound CNN)",
         [
             f"`{target}`: FP32 [3, 64, 64] -> 4 x (Conv 3x3, 32 channels + Relu), "
-            "GlobalAveragePool, Gemm -> 10, Softmax; about 117 M multiply-adds per inference on one "
-            "ORT thread, so compute (milliseconds) dominates the server's per-request overhead "
+            "GlobalAveragePool, Gemm -> 10, Softmax; about 117 M multiply-adds per inference on "
+            "one ORT thread, so compute (milliseconds) dominates the server's per-request overhead "
             "(well under a millisecond of CPU, on the other core). The throughput target "
             f"(served >= {RATIO_TARGET} x best offline, dynamic batching, concurrency "
             f"{RATIO_CONCURRENCY}) is judged on this model."
@@ -425,10 +425,10 @@ def render(r: Results) -> str:
                 "-> MatMul 2048x16; about 8.9 M multiply-adds per inference from 36 MB of weights, "
                 "with the server's default ONNX Runtime session options (no thread parameters in "
                 "its config). At batch 1 each call streams every weight for one row, at batch 64 "
-                "the same weights serve 64 rows, so offline throughput climbs steeply with the batch "
-                "size: the ratio says whether the server forms the batches that make a fast model "
-                "pay. max_batch_size 64, dynamic batching (preferred 16, 32, 64; 2000 µs), one CPU "
-                f"instance; target: served >= {RATIO_TARGET} x best offline at concurrency "
+                "the same weights serve 64 rows, so offline throughput climbs steeply with the "
+                "batch size: the ratio says whether the server forms the batches that make a fast "
+                "model pay. max_batch_size 64, dynamic batching (preferred 16, 32, 64; 2000 µs), "
+                f"one CPU instance; target: served >= {RATIO_TARGET} x best offline at concurrency "
                 f"{RATIO_CONCURRENCY}."
             ],
         )

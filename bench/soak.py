@@ -338,7 +338,8 @@ def run_soak(
 
 def _fmt(sample: dict) -> str:
     return (
-        f"rss {sample['rss_kb'] / 1024:7.1f} MiB (server {sample['server_rss_kb'] / 1024:5.1f})  fds {sample['fds']:4.0f}  "
+        f"rss {sample['rss_kb'] / 1024:7.1f} MiB "
+        f"(server {sample['server_rss_kb'] / 1024:5.1f})  fds {sample['fds']:4.0f}  "
         f"threads {sample['threads']:3.0f}  memfds {sample['memfds']:3.0f}  "
         f"shm held {sample['shm_held']:.0f}  processes {sample['processes']:.0f}"
     )
@@ -346,12 +347,16 @@ def _fmt(sample: dict) -> str:
 
 def _print_report(report: dict) -> None:
     v = report["verdicts"]
-    word = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
+
+    def word(ok: bool) -> str:
+        return "PASS" if ok else "FAIL"
+
     print(f"-- {report['label']}: {report['wall_seconds']} s in all")
     rss = v["rss"]
     print(
         f"   {word(rss['pass'])} rss      growth {rss['growth'] / 1024:+8.1f} MiB "
-        f"(limit {rss['limit'] / 1024:.0f} MiB; trend {report['trend_per_minute']['rss_kb'] / 1024:+.1f} MiB/min)"
+        f"(limit {rss['limit'] / 1024:.0f} MiB; "
+        f"trend {report['trend_per_minute']['rss_kb'] / 1024:+.1f} MiB/min)"
     )
     for key in ("fds", "threads", "memfds"):
         print(

@@ -41,17 +41,14 @@ model calling it) from ``examples/streaming.py``. Benchmark-only models live in
 
 The ``build_*`` functions take the repository root and write one model directory under it,
 returning that directory; the ``make_*_model`` functions return the ``onnx.ModelProto`` and the
-``*_config`` functions the config.pbtxt text, so tests and benchmarks can reuse either.
+``*onnx_config`` functions the config.pbtxt text, so tests and benchmarks can reuse either.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -62,24 +59,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from onnx import TensorProto, helper, numpy_helper
 
-#: Opset and IR version that onnxruntime >= 1.17 loads.
-OPSET = 17
-IR_VERSION = 8
+from examples.common import (
+    CLASSIFIER_LABELS,
+    dynamic_batching_block,
+    finish_model,
+    onnx_config,
+    tensor_block,
+    write_model_dir,
+    write_text,
+)
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "models"
 
-CLASSIFIER_LABELS = (
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-)
 
 SIMPLE_DIM = 16
 CLASSIFIER_INPUT_DIMS = (3, 32, 32)
@@ -95,140 +86,50 @@ DENSE_SEED = 20240602
 CONV_SEED = 20240603
 
 
-# --------------------------------------------------------------------------------------------
-# file helpers
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _write_text(path: Path, text: str) -> None:
-    _write_bytes(path, text.encode("utf-8"))
-
-
-def _write_model_dir(
-    repo: Path, name: str, model: onnx.ModelProto, config: str, version: int = 1
-) -> Path:
-    model_dir = Path(repo) / name
-    _write_bytes(model_dir / str(version) / "model.onnx", model.SerializeToString())
-    _write_text(model_dir / "config.pbtxt", config)
-    return model_dir
-
-
-def _finish_model(graph: onnx.GraphProto, doc: str) -> onnx.ModelProto:
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="ascend-serve-examples",
-        producer_version="1",
-        doc_string=doc,
-    )
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    return model
-
-
-# --------------------------------------------------------------------------------------------
-# config.pbtxt text
-
-
-def _dims(dims: tuple[int, ...] | list[int]) -> str:
-    return "[ " + ", ".join(str(d) for d in dims) + " ]"
-
-
-def _tensor_block(
-    name: str, data_type: str, dims: tuple[int, ...], label_filename: str | None = None
-) -> str:
-    lines = [
-        "  {",
-        f'    name: "{name}"',
-        f"    data_type: {data_type}",
-        f"    dims: {_dims(dims)}",
-    ]
-    if label_filename is not None:
-        lines.append(f'    label_filename: "{label_filename}"')
-    lines.append("  }")
-    return "\n".join(lines)
-
-
-def _config(
-    name: str,
-    max_batch_size: int,
-    inputs: list[str],
-    outputs: list[str],
-    extra: Sequence[str] = (),
-) -> str:
-    parts = [
-        f'name: "{name}"',
-        'platform: "onnxruntime_onnx"',
-        f"max_batch_size: {max_batch_size}",
-        "input [\n" + ",\n".join(inputs) + "\n]",
-        "output [\n" + ",\n".join(outputs) + "\n]",
-        *extra,
-    ]
-    return "\n".join(parts) + "\n"
-
-
-def _dynamic_batching(max_queue_delay_us: int, preferred: Sequence[int] = ()) -> str:
-    sizes = f"  preferred_batch_size: {_dims(list(preferred))}\n" if preferred else ""
-    return f"dynamic_batching {{\n{sizes}  max_queue_delay_microseconds: {max_queue_delay_us}\n}}"
-
-
 def simple_config(
     name: str = "simple", max_batch_size: int = 8, max_queue_delay_us: int | None = None
 ) -> str:
     """config.pbtxt for the add/sub model; dynamic batching only when a delay is given."""
-    extra: list[str] = [] if max_queue_delay_us is None else [_dynamic_batching(max_queue_delay_us)]
-    return _config(
+    extra: list[str] = (
+        [] if max_queue_delay_us is None else [dynamic_batching_block(max_queue_delay_us)]
+    )
+    return onnx_config(
         name,
         max_batch_size,
         [
-            _tensor_block("INPUT0", "TYPE_INT32", (SIMPLE_DIM,)),
-            _tensor_block("INPUT1", "TYPE_INT32", (SIMPLE_DIM,)),
+            tensor_block("INPUT0", "TYPE_INT32", (SIMPLE_DIM,)),
+            tensor_block("INPUT1", "TYPE_INT32", (SIMPLE_DIM,)),
         ],
         [
-            _tensor_block("OUTPUT0", "TYPE_INT32", (SIMPLE_DIM,)),
-            _tensor_block("OUTPUT1", "TYPE_INT32", (SIMPLE_DIM,)),
+            tensor_block("OUTPUT0", "TYPE_INT32", (SIMPLE_DIM,)),
+            tensor_block("OUTPUT1", "TYPE_INT32", (SIMPLE_DIM,)),
         ],
         extra,
     )
 
 
 def classifier_config(name: str = "classifier") -> str:
-    return _config(
+    return onnx_config(
         name,
         8,
-        [_tensor_block("INPUT", "TYPE_FP32", CLASSIFIER_INPUT_DIMS)],
-        [_tensor_block("PROBABILITIES", "TYPE_FP32", (len(CLASSIFIER_LABELS),), "labels.txt")],
+        [tensor_block("INPUT", "TYPE_FP32", CLASSIFIER_INPUT_DIMS)],
+        [tensor_block("PROBABILITIES", "TYPE_FP32", (len(CLASSIFIER_LABELS),), "labels.txt")],
     )
 
 
 def dense_compute_config(name: str = "dense_compute", dynamic_batching: bool = True) -> str:
     extra: list[str] = []
     if dynamic_batching:
-        extra.append(_dynamic_batching(2000))
+        extra.append(dynamic_batching_block(2000))
     extra.append("instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]")
     extra.append(
         'parameters {\n  key: "intra_op_thread_count"\n  value: {\n    string_value: "1"\n  }\n}'
     )
-    return _config(
+    return onnx_config(
         name,
         64,
-        [_tensor_block("INPUT", "TYPE_FP32", (DENSE_WIDTH,))],
-        [_tensor_block("OUTPUT", "TYPE_FP32", (DENSE_WIDTH,))],
+        [tensor_block("INPUT", "TYPE_FP32", (DENSE_WIDTH,))],
+        [tensor_block("OUTPUT", "TYPE_FP32", (DENSE_WIDTH,))],
         extra,
     )
 
@@ -237,26 +138,26 @@ def conv_compute_config(name: str = "conv_compute", dynamic_batching: bool = Tru
     """`dense_compute`'s serving setup (batching, 1 CPU instance, 1 ORT thread) for the CNN."""
     extra: list[str] = []
     if dynamic_batching:
-        extra.append(_dynamic_batching(2000))
+        extra.append(dynamic_batching_block(2000))
     extra.append("instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]")
     extra.append(
         'parameters {\n  key: "intra_op_thread_count"\n  value: {\n    string_value: "1"\n  }\n}'
     )
-    return _config(
+    return onnx_config(
         name,
         64,
-        [_tensor_block("INPUT", "TYPE_FP32", CONV_INPUT_DIMS)],
-        [_tensor_block("PROBABILITIES", "TYPE_FP32", (CONV_CLASSES,))],
+        [tensor_block("INPUT", "TYPE_FP32", CONV_INPUT_DIMS)],
+        [tensor_block("PROBABILITIES", "TYPE_FP32", (CONV_CLASSES,))],
         extra,
     )
 
 
 def identity_bytes_config(name: str = "identity_bytes") -> str:
-    return _config(
+    return onnx_config(
         name,
         0,
-        [_tensor_block("INPUT", "TYPE_STRING", (-1,))],
-        [_tensor_block("OUTPUT", "TYPE_STRING", (-1,))],
+        [tensor_block("INPUT", "TYPE_STRING", (-1,))],
+        [tensor_block("OUTPUT", "TYPE_STRING", (-1,))],
     )
 
 
@@ -282,7 +183,7 @@ def make_simple_model() -> onnx.ModelProto:
             helper.make_tensor_value_info("OUTPUT1", TensorProto.INT32, shape),
         ],
     )
-    return _finish_model(graph, "Triton's simple example: element-wise add and subtract.")
+    return finish_model(graph, "Triton's simple example: element-wise add and subtract.")
 
 
 def make_classifier_model(seed: int = CLASSIFIER_SEED) -> onnx.ModelProto:
@@ -338,7 +239,7 @@ def make_classifier_model(seed: int = CLASSIFIER_SEED) -> onnx.ModelProto:
         [helper.make_tensor_value_info("PROBABILITIES", TensorProto.FLOAT, ["batch", classes])],
         initializers,
     )
-    return _finish_model(graph, "Small seeded CNN image classifier over 10 CIFAR-10 classes.")
+    return finish_model(graph, "Small seeded CNN image classifier over 10 CIFAR-10 classes.")
 
 
 def make_dense_compute_model(
@@ -367,7 +268,7 @@ def make_dense_compute_model(
         [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", width])],
         initializers,
     )
-    return _finish_model(graph, f"{layers} dense {width}x{width} MatMul + Tanh layers.")
+    return finish_model(graph, f"{layers} dense {width}x{width} MatMul + Tanh layers.")
 
 
 def make_conv_compute_model(
@@ -425,7 +326,7 @@ def make_conv_compute_model(
         ],
         initializers,
     )
-    return _finish_model(
+    return finish_model(
         graph,
         f"{layers} Conv 3x3 x {channels} channels + Relu at full "
         "resolution, then pool and a 10-way softmax: compute-bound.",
@@ -440,7 +341,7 @@ def make_identity_bytes_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("INPUT", TensorProto.STRING, ["n"])],
         [helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, ["n"])],
     )
-    return _finish_model(graph, "BYTES passthrough.")
+    return finish_model(graph, "BYTES passthrough.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,25 +349,25 @@ def make_identity_bytes_model() -> onnx.ModelProto:
 
 
 def build_simple(repo: Path, name: str = "simple") -> Path:
-    return _write_model_dir(repo, name, make_simple_model(), simple_config(name, 8))
+    return write_model_dir(repo, name, make_simple_model(), simple_config(name, 8))
 
 
 def build_simple_batching(repo: Path, name: str = "simple_batching") -> Path:
-    return _write_model_dir(
+    return write_model_dir(
         repo, name, make_simple_model(), simple_config(name, 64, max_queue_delay_us=500)
     )
 
 
 def build_classifier(repo: Path, name: str = "classifier") -> Path:
-    model_dir = _write_model_dir(repo, name, make_classifier_model(), classifier_config(name))
-    _write_text(model_dir / "labels.txt", "".join(f"{label}\n" for label in CLASSIFIER_LABELS))
+    model_dir = write_model_dir(repo, name, make_classifier_model(), classifier_config(name))
+    write_text(model_dir / "labels.txt", "".join(f"{label}\n" for label in CLASSIFIER_LABELS))
     return model_dir
 
 
 def build_dense_compute(
     repo: Path, name: str = "dense_compute", dynamic_batching: bool = True
 ) -> Path:
-    return _write_model_dir(
+    return write_model_dir(
         repo, name, make_dense_compute_model(), dense_compute_config(name, dynamic_batching)
     )
 
@@ -478,7 +379,7 @@ def build_dense_compute_nobatch(repo: Path, name: str = "dense_compute_nobatch")
 def build_conv_compute(
     repo: Path, name: str = "conv_compute", dynamic_batching: bool = True
 ) -> Path:
-    return _write_model_dir(
+    return write_model_dir(
         repo, name, make_conv_compute_model(), conv_compute_config(name, dynamic_batching)
     )
 
@@ -488,7 +389,7 @@ def build_conv_compute_nobatch(repo: Path, name: str = "conv_compute_nobatch") -
 
 
 def build_identity_bytes(repo: Path, name: str = "identity_bytes") -> Path:
-    return _write_model_dir(repo, name, make_identity_bytes_model(), identity_bytes_config(name))
+    return write_model_dir(repo, name, make_identity_bytes_model(), identity_bytes_config(name))
 
 
 BUILDERS = {

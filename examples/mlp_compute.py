@@ -20,12 +20,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from examples.build_repository import (
-    _config,
-    _dynamic_batching,
-    _finish_model,
-    _tensor_block,
-    _write_model_dir,
+from examples.common import (
+    dynamic_batching_block,
+    finish_model,
+    onnx_config,
+    tensor_block,
+    write_model_dir,
 )
 
 MLP_INPUT = 256
@@ -40,14 +40,14 @@ def mlp_compute_config(name: str = "mlp_compute") -> str:
     """Dynamic batching with preferred sizes, 1 CPU instance and no ORT thread parameters: the
     server's ONNX Runtime defaults apply."""
     extra = [
-        _dynamic_batching(2000, MLP_PREFERRED_BATCH_SIZES),
+        dynamic_batching_block(2000, MLP_PREFERRED_BATCH_SIZES),
         "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]",
     ]
-    return _config(
+    return onnx_config(
         name,
         64,
-        [_tensor_block("INPUT", "TYPE_FP32", (MLP_INPUT,))],
-        [_tensor_block("OUTPUT", "TYPE_FP32", (MLP_OUTPUT,))],
+        [tensor_block("INPUT", "TYPE_FP32", (MLP_INPUT,))],
+        [tensor_block("OUTPUT", "TYPE_FP32", (MLP_OUTPUT,))],
         extra,
     )
 
@@ -82,7 +82,7 @@ def make_mlp_compute_model(
         [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", MLP_OUTPUT])],
         initializers,
     )
-    return _finish_model(
+    return finish_model(
         graph,
         f"MLP {MLP_INPUT} -> {layers} x {hidden} (Relu) -> "
         f"{MLP_OUTPUT}: fast per inference once batched.",
@@ -90,7 +90,7 @@ def make_mlp_compute_model(
 
 
 def build_mlp_compute(repo: Path, name: str = "mlp_compute") -> Path:
-    return _write_model_dir(repo, name, make_mlp_compute_model(), mlp_compute_config(name))
+    return write_model_dir(repo, name, make_mlp_compute_model(), mlp_compute_config(name))
 
 
 #: Built by bench/run.py into its own repository, not by examples/build_repository.py.

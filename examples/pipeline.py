@@ -25,13 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from examples.common import CLASSIFIER_LABELS, write_text
+
 PIPELINE_MODELS = ("preprocess", "postprocess", "pipeline")
 IMAGE_SHAPE = (32, 32, 3)
 # Per-channel statistics the preprocessing normalises with (CIFAR-10's).
 CHANNEL_MEAN = (0.4914, 0.4822, 0.4465)
 CHANNEL_STD = (0.2470, 0.2435, 0.2616)
 
-PREPROCESS_MODEL = '''"""Raw HWC uint8 images -> the normalised CHW float32 tensor the classifier takes."""
+PREPROCESS_MODEL = '''"""Raw HWC uint8 images -> the normalised CHW float32 tensor to classify."""
 import json
 
 import numpy as np
@@ -203,15 +205,7 @@ ensemble_scheduling {
 """
 
 
-def _write_text(path: Path, text: str) -> None:
-    from examples.build_repository import _write_text as write  # late: that module imports us
-
-    write(path, text)
-
-
 def _default_labels() -> Sequence[str]:
-    from examples.build_repository import CLASSIFIER_LABELS  # late: that module may import us
-
     return CLASSIFIER_LABELS
 
 
@@ -221,8 +215,8 @@ def preprocess_source() -> str:
 
 def build_preprocess(repo: Path, name: str = "preprocess") -> Path:
     model_dir = Path(repo) / name
-    _write_text(model_dir / "1" / "model.py", preprocess_source())
-    _write_text(model_dir / "config.pbtxt", PREPROCESS_CONFIG.replace('"preprocess"', f'"{name}"'))
+    write_text(model_dir / "1" / "model.py", preprocess_source())
+    write_text(model_dir / "config.pbtxt", PREPROCESS_CONFIG.replace('"preprocess"', f'"{name}"'))
     return model_dir
 
 
@@ -231,19 +225,17 @@ def build_postprocess(
 ) -> Path:
     model_dir = Path(repo) / name
     labels = _default_labels() if labels is None else labels
-    _write_text(model_dir / "1" / "model.py", POSTPROCESS_MODEL)
-    _write_text(model_dir / "labels.txt", "".join(f"{label}\n" for label in labels))
-    _write_text(
-        model_dir / "config.pbtxt", POSTPROCESS_CONFIG.replace('"postprocess"', f'"{name}"')
-    )
+    write_text(model_dir / "1" / "model.py", POSTPROCESS_MODEL)
+    write_text(model_dir / "labels.txt", "".join(f"{label}\n" for label in labels))
+    write_text(model_dir / "config.pbtxt", POSTPROCESS_CONFIG.replace('"postprocess"', f'"{name}"'))
     return model_dir
 
 
 def build_pipeline_ensemble(repo: Path, name: str = "pipeline") -> Path:
     """The ensemble's directory: a config and an empty version folder, as Triton requires."""
     model_dir = Path(repo) / name
-    _write_text(model_dir / "1" / ".gitkeep", "")  # keeps the version folder in git
-    _write_text(model_dir / "config.pbtxt", PIPELINE_CONFIG.replace('"pipeline"', f'"{name}"', 1))
+    write_text(model_dir / "1" / ".gitkeep", "")  # keeps the version folder in git
+    write_text(model_dir / "config.pbtxt", PIPELINE_CONFIG.replace('"pipeline"', f'"{name}"', 1))
     return model_dir
 
 

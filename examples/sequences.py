@@ -31,11 +31,12 @@ from pathlib import Path
 
 from onnx import TensorProto, helper
 
-from examples.build_repository import DEFAULT_OUTPUT, _finish_model, _write_model_dir, _write_text
+from examples.build_repository import DEFAULT_OUTPUT
+from examples.common import finish_model, write_model_dir, write_text
 
 SEQUENCE_MODELS = ("accumulator", "accumulator_oldest", "accumulator_onnx")
 
-ACCUMULATOR_MODEL = '''"""A running sum per sequence: the state lives in the model, keyed by correlation ID."""
+ACCUMULATOR_MODEL = '''"""A running sum per sequence, kept in the model by correlation ID."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -158,14 +159,14 @@ def make_accumulator_onnx():
             for name in ("OUTPUT", "ACC_OUT")
         ],
     )
-    return _finish_model(graph, "A running sum carried in implicit sequence state.")
+    return finish_model(graph, "A running sum carried in implicit sequence state.")
 
 
 def write_accumulator(repo: Path, name: str = "accumulator", **config: object) -> Path:
     """The Python accumulator under `repo/name` (config keywords: see accumulator_config)."""
     model_dir = Path(repo) / name
-    _write_text(model_dir / "1" / "model.py", ACCUMULATOR_MODEL)
-    _write_text(model_dir / "config.pbtxt", accumulator_config(name, **config))  # type: ignore
+    write_text(model_dir / "1" / "model.py", ACCUMULATOR_MODEL)
+    write_text(model_dir / "config.pbtxt", accumulator_config(name, **config))  # type: ignore
     return model_dir
 
 
@@ -179,7 +180,7 @@ def build_accumulator_oldest(repo: Path, name: str = "accumulator_oldest") -> Pa
 
 
 def build_accumulator_onnx(repo: Path, name: str = "accumulator_onnx", **config: object) -> Path:
-    return _write_model_dir(
+    return write_model_dir(
         repo, name, make_accumulator_onnx(), accumulator_onnx_config(name, **config)
     )  # type: ignore
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 STREAMING_MODELS = ("token_stream", "token_join")
 
-TOKEN_STREAM_MODEL = '''"""Streams the words of its input back, one response per word (a stand-in tokenizer)."""
+TOKEN_STREAM_MODEL = '''"""Streams its input's words back, one response each (a mock tokenizer)."""
 import json
 import threading
 import time

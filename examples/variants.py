@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from examples.build_repository import IR_VERSION, OPSET, SIMPLE_DIM, simple_config
+from examples.build_repository import SIMPLE_DIM, simple_config
+from examples.common import IR_VERSION, OPSET
 
 
 def make_offset_model(offset: int) -> onnx.ModelProto:

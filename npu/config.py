@@ -48,9 +48,9 @@ def _declares_full_rank(config: ModelConfig, info: ModelDescription) -> bool:
 def _complete(entries, tensors: Iterable[TensorInfo], batching: bool, outputs: bool) -> None:
     tensors = list(tensors)
     if len(entries) == 0:
-        for tensor in tensors:
+        for info in tensors:
             entry = entries.add()
-            entry.name = tensor.name
+            entry.name = info.name
         lookup = {t.name: t for t in tensors}
     else:
         lookup = {t.name: t for t in tensors}
@@ -168,15 +168,15 @@ def bind(config: ModelConfig, info: ModelDescription) -> Binding:
     model_outputs = {t.name: t for t in info.outputs}
     model_outputs.update({t.raw_name: t for t in info.outputs})
     outputs: list[tuple[str, TensorInfo]] = []
-    for entry in config.output:
-        tensor = model_outputs.get(entry.name)
+    for output in config.output:
+        tensor = model_outputs.get(output.name)
         if tensor is None:
             raise BackendError(
-                f"config output '{entry.name}' is not an output of the model "
+                f"config output '{output.name}' is not an output of the model "
                 f"(model outputs: {', '.join(t.name for t in info.outputs)})"
             )
-        _check_entry("output", entry, tensor, batching)
-        outputs.append((entry.name, tensor))
+        _check_entry("output", output, tensor, batching)
+        outputs.append((output.name, tensor))
     ordered_inputs = tuple((t.name, t) for t in info.inputs)
     if not outputs:
         outputs = [(t.name, t) for t in info.outputs]

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 # The extra input ATC adds to a model compiled with --dynamic_batch_size, --dynamic_image_size
-# or --dynamic_dims (ACL_DYNAMIC_TENSOR_NAME), and the one dynamic AIPP adds (ACL_DYNAMIC_AIPP_NAME),
-# as acl_mdl.h defines them.
+# or --dynamic_dims (ACL_DYNAMIC_TENSOR_NAME), and the one dynamic AIPP adds
+# (ACL_DYNAMIC_AIPP_NAME), as acl_mdl.h defines them.
 DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 DYNAMIC_AIPP_NAME = "ascend_dynamic_aipp_data"
 

@@ -135,6 +135,7 @@ class OmModel:
             model.info = npu_aipp.describe_with(model.info, aipp)
             model._allocate_io()
             if model.info.aipp_index is not None and aipp is not None:
+                assert model._inputs is not None  # allocated just above
                 npu_aipp.apply(
                     model.acl,
                     model.model_id,
@@ -261,7 +262,7 @@ class OmModel:
         gear = gears.batch_gear(info, rows) if rows is not None else None
         for tensor, array in zip(info.inputs, arrays, strict=False):
             slot = self._copy_in(tensor.index, array, tensor.name)
-            if gear is not None and tensor.batched and rows < gear:
+            if gear is not None and rows is not None and tensor.batched and rows < gear:
                 check(
                     acl,
                     acl.rt.memset(
@@ -273,6 +274,7 @@ class OmModel:
                     f"acl.rt.memset (padding of input '{tensor.name}')",
                 )
         if info.dynamic:
+            assert self._inputs is not None
             check(
                 acl,
                 acl.mdl.set_dynamic_batch_size(
@@ -296,6 +298,7 @@ class OmModel:
         and read each output's dims at that gear back from the device."""
         acl, info = self.acl, self.info
         gear = gears.shape_gear(info, [a.shape for a in arrays], rows)
+        assert self._inputs is not None
         for tensor, array, shape in zip(info.inputs, arrays, gear, strict=False):
             self._copy_in(
                 tensor.index, np.ascontiguousarray(gears.pad_to(array, shape)), tensor.name

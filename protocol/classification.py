@@ -12,7 +12,7 @@ from protocol.types import Tensor
 def _format_value(value: np.generic) -> str:
     # C++ std::to_string: "%f" for floating point, plain digits for integers.
     if np.issubdtype(type(value), np.floating):
-        return "%f" % float(value)
+        return f"{float(value):f}"
     if np.issubdtype(type(value), np.bool_):
         return "1" if value else "0"
     return str(int(value))

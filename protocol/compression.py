@@ -9,11 +9,10 @@ identity, and the whole body (JSON plus binary) is compressed.
 from __future__ import annotations
 
 import zlib
-from typing import Union
 
 from protocol.errors import InvalidArgument, TooLarge, Unsupported
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 # The value a 501 answer to an unknown Content-Encoding should carry in its Accept-Encoding header.
 ACCEPT_ENCODING = "gzip, deflate"

@@ -187,4 +187,6 @@ def raw_from_tensor(array: np.ndarray, datatype: str) -> bytes | memoryview:
     if datatype == "BYTES":
         return serialize_bytes(array)
     contiguous = np.ascontiguousarray(array)
-    return memoryview(contiguous).cast("B") if contiguous.size else b""
+    if not contiguous.size:
+        return b""
+    return memoryview(contiguous).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only

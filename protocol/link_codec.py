@@ -4,8 +4,9 @@ the model owner (server/multiprocess/link.py).
 Why not pickle the dataclasses themselves: a slotted dataclass pickles through Python-level
 __getstate__/__setstate__ that set each field one by one, several times per request; tuples,
 strings and dicts pickle in C. Tensor data goes as a PickleBuffer that pickle protocol 5 hands
-over out of band (through shared memory, server/multiprocess/link.py) and comes back as a numpy view. Scheduling fields (batch size, priority, timeout) are left
-out: the owner fills them when it admits the request.
+over out of band (through shared memory, server/multiprocess/link.py) and comes back as a numpy
+view. Scheduling fields (batch size, priority, timeout) are left out: the owner fills them when it
+admits the request.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _pack_data(data: np.ndarray) -> Any:
         return data
     if not data.flags.c_contiguous:
         data = np.ascontiguousarray(data)
-    return data.dtype.str, data.shape, pickle.PickleBuffer(data)
+    return data.dtype.str, data.shape, pickle.PickleBuffer(data)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
 
 
 def _unpack_data(packed: Any) -> np.ndarray:

@@ -24,7 +24,7 @@ class ShadowSpec:
 
 @dataclass(frozen=True)
 class CanarySpec:
-    """A candidate that earns its share step by step, or is rolled back (server/traffic/canary.py)."""
+    """A candidate earning its share step by step, or rolled back (server/traffic/canary.py)."""
 
     baseline: str
     candidate: str

@@ -62,8 +62,8 @@ class InferRequest:
     # The answers of a request to a decoupled model (protocol/stream.py ResponseStream),
     # set by the infer path; None for every other request.
     stream: Any = None
-    # A sampled request's trace record (server/observability/tracing.py), stamped as the request passes,
-    # and the client's W3C traceparent (read only in OpenTelemetry trace mode).
+    # A sampled request's trace record (server/observability/tracing.py), stamped as the request
+    # passes, and the client's W3C traceparent (read only in OpenTelemetry trace mode).
     trace: Any = None
     traceparent: str = ""
     # Where tracing is possible, the frontend's receive timestamps: ((name, ns), ...).

@@ -88,10 +88,10 @@ SchedulerFactory = Callable[..., Scheduler]
 
 
 class ModelManager:
-    """`infer` is the server's in-process infer (server/core/inference_path.py), which the ensembles this
-    manager builds send their steps through; `scheduler_factory(spec, stats, infer=...)` builds
-    each version's scheduler (tests hand in fakes). `host` is what backends whose models call
-    other models (BLS) get (backends/base.py BackendHost)."""
+    """`infer` is the server's in-process infer (server/core/inference_path.py), which the ensembles
+    this manager builds send their steps through; `scheduler_factory(spec, stats, infer=...)` builds
+    each version's scheduler (tests hand in fakes). `host` is what backends whose models call other
+    models (BLS) get (backends/base.py BackendHost)."""
 
     def __init__(
         self,
@@ -257,9 +257,9 @@ class ModelManager:
         private: Path | None = None
         try:
             if model_dir is None:
-                private = model_dir = await asyncio.to_thread(
-                    create_override_directory, files or {}
-                )
+                # (a name of its own: as `model_dir` the call's type would be inferred Optional)
+                created = await asyncio.to_thread(create_override_directory, files or {})
+                private = model_dir = created
             config, available, versions = await asyncio.to_thread(
                 self._prepare, name, model_dir, override, only
             )
@@ -427,8 +427,14 @@ class ModelManager:
                 else registry_backend_class(config.backend, name)
             )
             spec = VersionSpec(
-                name, version, _copy(config), model_dir, version_dir, backend_cls, self._host
-            )  # type: ignore[arg-type]
+                name,
+                version,
+                _copy(config),
+                model_dir,
+                version_dir,
+                backend_cls,  # type: ignore[arg-type]  # None for an ensemble: it runs no backend
+                self._host,
+            )
             stats = VersionStatistics(name, str(version))
             scheduler, labels = await build_version(
                 spec,
@@ -442,7 +448,7 @@ class ModelManager:
             reason = getattr(exc, "message", None) or str(exc)
             log.error("failed to load '%s' version %d: %s", name, version, reason)
             if replacing:
-                old.reason = RELOAD_FAILED + reason  # type: ignore[union-attr]
+                old.reason = RELOAD_FAILED + reason  # type: ignore[union-attr]  # replacing: set
             else:
                 record.versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
             return f"version {version} is at UNAVAILABLE state: {reason};"
@@ -456,7 +462,7 @@ class ModelManager:
         )
         log.info("loaded '%s' version %d in %.2fs", name, version, seconds)
         if replacing:
-            await self._drain_and_stop(name, version, old)  # type: ignore[arg-type]
+            await self._drain_and_stop(name, version, old)  # type: ignore[arg-type]  # replacing: set
         return ""
 
     # ----- retire ---------------------------------------------------------------------------

@@ -44,7 +44,7 @@ class VersionRecord:
         return self.state is ModelState.READY and self.scheduler is not None
 
     def healthy(self) -> bool:
-        return self.serving and self.scheduler.healthy()  # type: ignore[union-attr]
+        return self.serving and self.scheduler.healthy()  # type: ignore[union-attr]  # serving: has one
 
 
 @dataclass
@@ -146,9 +146,9 @@ class ModelRegistry:
         number = parse_version(version, name)
         if number == -1:
             latest: VersionRecord | None = None
-            for record in model.versions.values():  # no sort: this runs per request
-                if record.serving and (latest is None or record.version > latest.version):
-                    latest = record
+            for candidate in model.versions.values():  # no sort: this runs per request
+                if candidate.serving and (latest is None or candidate.version > latest.version):
+                    latest = candidate
             if latest is None:
                 if not model.versions and model.state is ModelState.UNKNOWN:
                     raise NotFound(f"Request for unknown model: '{name}' is not found")

@@ -45,7 +45,9 @@ def snapshot(model_dir: Path) -> LoadedFiles:
         model_dir,
         _frozen(config),
         _frozen(others),
-        {v: _frozen(files) for v, files in scanned.units.items() if v is not MODEL_LEVEL},
+        {
+            v: _frozen(files) for v, files in scanned.units.items() if v is not None
+        },  # None: MODEL_LEVEL
     )
 
 

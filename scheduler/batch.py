@@ -53,7 +53,7 @@ def _join(parts: list[np.ndarray], pad_to: int | None) -> np.ndarray:
 
 
 def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    if dtype == object:
+    if np.dtype(dtype).kind == "O":
         out = np.empty(shape, dtype=object)
         out.fill(b"")
         return out

@@ -1,11 +1,11 @@
 """Triton's dynamic batcher: priority queues with their policies, and the rule that seals a batch.
 
-The dispatcher (scheduler/queue_scheduler.py) asks for a batch only when an instance is free, so while
-every instance is busy requests pile up here and the next batch is bigger. Sealing follows
-Triton's DynamicBatchScheduler::GetDynamicBatch: walk the queue (level 1 first, FIFO within a
-level, delayed requests after the level's others), add whole requests while they fit and share
-shapes, remember the last point that hits a preferred size, then either send that, send
-everything (delay ran out, batch cannot grow, no delay configured) or wait for the delay.
+The dispatcher (scheduler/queue_scheduler.py) asks for a batch only when an instance is free, so
+while every instance is busy requests pile up here and the next batch is bigger. Sealing follows
+Triton's DynamicBatchScheduler::GetDynamicBatch: walk the queue (level 1 first, FIFO within a level,
+delayed requests after the level's others), add whole requests while they fit and share shapes,
+remember the last point that hits a preferred size, then either send that, send everything (delay
+ran out, batch cannot grow, no delay configured) or wait for the delay.
 """
 
 from __future__ import annotations

@@ -247,7 +247,8 @@ class EnsembleScheduler(Scheduler):
             inputs=inputs,
             parameters=dict(request.parameters),
         )
-        # A traced ensemble request traces its steps as its children (server/observability/tracing.py).
+        # A traced ensemble request traces its steps as its children
+        # (server/observability/tracing.py).
         step_trace = request.trace.child(sub_request) if request.trace is not None else None
         where = f"in ensemble '{self._name}', {step.label}"
         response: InferResponse | None = None

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Failed:
     reason: str
 
 
-Outcome = Union[InferResponse, Failed]
+Outcome = InferResponse | Failed
 Tag = TypeVar("Tag")
 
 
@@ -361,7 +361,7 @@ class Instance:
         executed = now()
         try:
             if ragged is not None:
-                pieces: list[Mapping[str, np.ndarray]] = ragged.split(outputs, rows, maps)
+                pieces: Sequence[Mapping[str, np.ndarray]] = ragged.split(outputs, rows, maps)
             elif len(requests) == 1:
                 pieces = [outputs]
             else:
@@ -382,6 +382,7 @@ class Instance:
         start = now()
         inputs = [_input_map(request) for request in requests]
         gathered = now()
+        results: Sequence[dict[str, np.ndarray] | BaseException | None]
         try:
             if backend.decoupled:
                 # The answers travel through each request's stream; its future only says

@@ -340,7 +340,7 @@ class QueueScheduler(Scheduler):
         """Reject expired requests, give batches to free instances; return when to look again.
         `arriving`: the pass of `submit()` (see `BatchingQueue.take`)."""
         now = self._clock.now_ns()
-        queue: BatchingQueue = self._queue  # type: ignore[assignment]
+        queue: BatchingQueue = self._queue  # type: ignore[assignment]  # the default dispatcher's
         for entry in queue.expire(now):
             self._fail_waiting(
                 entry,
@@ -434,7 +434,7 @@ class QueueScheduler(Scheduler):
                 continue
             # Answered now, so the cancel watch has nothing left to do: unhooking it saves
             # the loop a callback per request.
-            future.remove_done_callback(entry.on_cancel)
+            future.remove_done_callback(entry.on_cancel)  # type: ignore[arg-type]  # set at admission
             if isinstance(outcome, Failed):
                 future.set_exception(outcome.error)
                 stats.record_failure(outcome.reason, total)

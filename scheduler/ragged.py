@@ -114,7 +114,7 @@ class RaggedBatching:
         return pieces
 
 
-def _batch_input(kind: str, sources: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+def _batch_input(kind: str, sources: list[np.ndarray], dtype: np.dtype | None) -> np.ndarray:
     counts = np.array([source.size for source in sources], dtype=np.int64)
     if kind == "BATCH_ELEMENT_COUNT":
         return counts.astype(dtype)

@@ -149,7 +149,7 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
                     f"{_prefix(request)}input '{tensor.name}' of shape {_fmt(shape)} cannot be "
                     f"reshaped to {_fmt(target)} as the config of model '{model}' asks"
                 ) from None
-            tensor.shape = tuple(int(d) for d in tensor.data.shape)
+            tensor.shape = tuple(map(int, tensor.data.shape))
     if batching:
         if batch_size < 1 or batch_size > rules.max_batch_size:
             raise InvalidArgument(

@@ -95,7 +95,9 @@ class ServerSettings:
     # request in that category must carry); empty: nothing restricted.
     http_restricted_api: dict[str, Any] = field(default_factory=dict)
     grpc_restricted_protocol: dict[str, Any] = field(default_factory=dict)
-    # Initial trace settings from --trace-config (server/observability/tracing.py), e.g. {"trace_rate": ["1"]}.
+    # Initial trace settings from --trace-config (server/observability/tracing.py),
+    # e.g. {"trace_rate": ["1"]}.
     trace_config: dict[str, list[str]] = field(default_factory=dict)
-    # --trace-config opentelemetry,...: `url`, `resource` (a dict), `bsp_*` (server/observability/otel.py)
+    # --trace-config opentelemetry,...: `url`, `resource` (a dict), `bsp_*`
+    # (server/observability/otel.py)
     otel_config: dict[str, Any] = field(default_factory=dict)

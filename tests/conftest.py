@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from harness.serverproc import ServerProcess, running_server  # noqa: E402
+from harness.serverproc import ServerProcess, running_server  # noqa: E402  (needs sys.path above)
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ every case, and the server logs no unexpected error (a traceback means a bug eve
 answer looked fine, e.g. a stream request answered with an error_message).
 
 The profile comes from the environment: ASCEND_FUZZ=quick (the default, a short run inside
-`make test`, the same cases every run) or ASCEND_FUZZ=nightly (`make fuzz`: thousands of cases per test, failures kept in
-.hypothesis/ and replayed first next time). ASCEND_FUZZ_EXAMPLES overrides the base number of
-cases of either profile.
+`make test`, the same cases every run) or ASCEND_FUZZ=nightly (`make fuzz`: thousands of cases per
+test, failures kept in .hypothesis/ and replayed first next time). ASCEND_FUZZ_EXAMPLES overrides
+the base number of cases of either profile.
 """
 
 from __future__ import annotations
@@ -158,7 +158,9 @@ class Watch:
         try:
             live = self.client.get("/v2/health/live", timeout=10.0)
         except httpx.HTTPError as exc:
-            raise AssertionError(f"/v2/health/live failed after the case: {exc!r}\ncase: {case}")
+            raise AssertionError(
+                f"/v2/health/live failed after the case: {exc!r}\ncase: {case}"
+            ) from exc
         assert live.status_code == 200, f"live answered {live.status_code}\ncase: {case}"
         log = self.new_log()
         found = BUG_IN_LOG.search(log)

@@ -1,5 +1,6 @@
-"""Python test models for decoupled streaming, response senders and BLS (tests/e2e/test_decoupled.py,
-tests/e2e/test_bls.py). Each is written against Triton's python backend API as documented."""
+"""Python test models for decoupled streaming, response senders and BLS
+(tests/e2e/test_decoupled.py, tests/e2e/test_bls.py). Each is written against Triton's python
+backend API as documented."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
+            count = pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()
+            count = int(count.reshape(-1)[0])
             params = json.loads(request.parameters())
             if params.get("return_list"):
                 return [pb_utils.InferenceResponse([]) for _ in requests]
@@ -118,7 +120,8 @@ CHUNK = np.ones(256 * 1024, dtype=np.int8)
 class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
+            count = pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()
+            count = int(count.reshape(-1)[0])
             threading.Thread(target=self.run, args=(request, request.get_response_sender(), count),
                              daemon=True).start()
         return None
@@ -164,7 +167,8 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy().reshape(-1)[0].decode()
+            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()
+            mode = mode.reshape(-1)[0].decode()
             out, err = np.zeros_like(x), ""
             if mode == "exec":
                 answer = call("simple", x).exec()

@@ -3,9 +3,9 @@
 Every call is a strict request/reply on the socket, made from the instance's own thread, so
 the arenas are never written while the other side reads them. Messages that are not replies
 (decoupled responses, BLS requests, custom metrics) go to the backend's `on_message`, on
-whichever thread reads the channel; their tensors travel in the rings (python_ring.py). When the process dies the
-socket reports end-of-file (or is severed by the supervisor), and the pending call raises
-WorkerDied at once. Workers die with the server: the kernel kills them when it goes (see
+whichever thread reads the channel; their tensors travel in the rings (python_ring.py). When the
+process dies the socket reports end-of-file (or is severed by the supervisor), and the pending call
+raises WorkerDied at once. Workers die with the server: the kernel kills them when it goes (see
 _Spawner), and end_workers() kills those still running at its exit deadline.
 """
 

@@ -1,1 +1,1 @@
-"""The gRPC wire form: ModelInfer messages and the traffic service, to and from the internal types."""
+"""The gRPC wire form: ModelInfer messages and the traffic service, to and from internal types."""

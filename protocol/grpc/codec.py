@@ -220,7 +220,7 @@ def _raw_contents(message: pb.ModelInferRequest) -> list[bytes | None]:
     if len(raw) != expected:
         raise InvalidArgument(f"expected {expected} inputs but got {len(raw)} raw input contents")
     if expected == len(in_shm):
-        return raw  # type: ignore[return-value]
+        return raw  # type: ignore[return-value]  # list[bytes] is one, but list is invariant
     entries = iter(raw)
     return [None if shm else next(entries) for shm in in_shm]
 

@@ -1,1 +1,1 @@
-"""The .proto files and the modules protoc generates from them (python -m protocol.proto.generate)."""
+"""The .proto files and the modules protoc makes from them (python -m protocol.proto.generate)."""

@@ -3,9 +3,9 @@ its own so that neither direction imports the other."""
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
 

@@ -325,6 +325,7 @@ def _numbers_from_json(
     `true` or `false` at all.
     """
     target = datatype.numpy
+    assert target is not None  # a numeric datatype has its numpy type
     array = _infer_array(data)
     if array.size == 0:
         return np.empty(0, dtype=target)
@@ -378,6 +379,7 @@ def _exact_ints(name: str, datatype: DataType, data: list, ndim: int) -> np.ndar
 
 
 def _type_error(name: str, datatype: DataType) -> InvalidArgument:
+    assert datatype.numpy is not None  # only numeric datatypes get here
     return InvalidArgument(
         f"Unable to parse 'data' for input '{name}': {datatype.name} expects "
         f"{_KIND_NAMES[datatype.numpy.kind]}"

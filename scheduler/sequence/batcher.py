@@ -12,6 +12,7 @@ the queue scheduler's delivery, padding and state outputs removed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import numpy as np
@@ -60,7 +61,7 @@ class SequenceBatcher(QueueScheduler):
 
     # -- admission --------------------------------------------------------------------------
 
-    def _admit(self, request: InferRequest) -> object:
+    def _admit(self, request: InferRequest) -> asyncio.Future:
         try:
             self._read_sequence(request)
             if not self._accepting and not self._admits_while_draining(request):

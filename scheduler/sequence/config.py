@@ -1,4 +1,4 @@
-"""A version's `sequence_batching` block, read and checked once, and the control tensors it asks for.
+"""A version's `sequence_batching` block, read and checked once, and its control tensors.
 
 Triton's sequence batcher feeds a stateful model control inputs the client never sends: START,
 END, READY (a pair of false/true values in INT32, FP32 or BOOL) and CORRID (the correlation ID
@@ -10,7 +10,7 @@ batch slot. It knows nothing of queues or instances (scheduler/sequence/slots.py
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from protocol.types import Tensor
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.proto.model_config_pb2 import ModelConfig
 
-CorrelationId = Union[int, str]
+CorrelationId = int | str
 
 # Triton's request flags (tritonserver.h): what `request.flags()` gives a Python model.
 FLAG_START = 1
@@ -210,7 +210,7 @@ def _read_controls(seq, name: str, messages, data_types) -> dict:
     """START / END / READY / CORRID with Triton's checks, in Triton's words."""
     kind_enum = messages.Control.Kind
     seen_tensors: set[str] = set()
-    found: dict[str, tuple[str, object]] = {}
+    found: dict[str, tuple[str, Any]] = {}  # Any: a ModelSequenceBatching.Control
     for control_input in seq.control_input:
         if not control_input.name:
             raise SequenceConfigError(

@@ -1,2 +1,2 @@
-"""The core the frontends call: its interface, the in-process implementation, the one infer path,
-client shared-memory regions."""
+"""The core the frontends call: its interface, the in-process implementation, the one infer
+path, client shared-memory regions."""

@@ -4,8 +4,7 @@ them (Triton's shared-memory extension).
 Why a registry of its own: a region is mapped once, at register, and every request that names it
 reads its inputs as numpy views over that mapping, so a large tensor never crosses a socket.
 Only the process that owns the models holds regions (frontend processes forward the calls to it,
-server/multiprocess/remote_core.py), so a region registered over any connection serves every
-connection.
+server/multiprocess/remote_core.py), so a region registered over any connection serves them all.
 
 Safety: a key names a file directly in /dev/shm (no path, no symlink, a regular file only), the
 server's own segments cannot be registered, and every offset and size is checked against the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import cast
+from typing import Any, cast
 
 from protocol import datatypes
 from protocol.config_json import ConfigJsonError, config_from_json
@@ -152,7 +152,7 @@ class InferenceCore:
         config, versions = self._config_for(name, version)
         batch = [-1] if config.max_batch_size > 0 else []
 
-        def describe(tensors) -> list[TensorMetadata]:  # type: ignore[no-untyped-def]
+        def describe(tensors: Any) -> list[TensorMetadata]:  # a repeated ModelInput or ModelOutput
             return [
                 TensorMetadata(
                     t.name,
@@ -271,7 +271,7 @@ class InferenceCore:
             raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
         return []
 
-    # ----- trace and log settings (server/observability/runtime_settings.py) ----------------
+    # ----- trace and log settings (server/observability/runtime_settings.py) -----------------
     def trace_settings(
         self, model: str = "", changes: dict[str, list[str] | None] | None = None
     ) -> dict[str, list[str]]:

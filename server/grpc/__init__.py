@@ -1,1 +1,2 @@
-"""The gRPC frontend: Triton's GRPCInferenceService, the listener, the traffic service and restricted protocols."""
+"""The gRPC frontend: Triton's GRPCInferenceService, the listener, the traffic service and
+restricted protocols."""

@@ -1,5 +1,6 @@
 """The gRPC listener: grpc.aio server options (limits, keepalive, connections), the
-grpc.health.v1 service for Kubernetes probes, and start/stop around server/grpc/services.py's services."""
+grpc.health.v1 service for Kubernetes probes, and start/stop around the services of
+server/grpc/services.py."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """The gRPC frontend's services: Triton's GRPCInferenceService on grpc.aio (the listener, its
 options and grpc.health.v1 are in server/grpc/listener.py).
 
-Every RPC decodes once through protocol/grpc/codec.py, calls server/core/inference_core.py, and maps every
-error through protocol/errors.py, so a failure gives the same message as over HTTP and the
-matching status code. Handlers run as tasks on the server's event loop: when a client cancels
-or its deadline passes, grpc.aio cancels the task, which cancels the awaited scheduler future,
-so a queued request is dropped (and counted CANCELED) instead of executed.
+Every RPC decodes once through protocol/grpc/codec.py, calls server/core/inference_core.py, and maps
+every error through protocol/errors.py, so a failure gives the same message as over HTTP and the
+matching status code. Handlers run as tasks on the server's event loop: when a client cancels or its
+deadline passes, grpc.aio cancels the task, which cancels the awaited scheduler future, so a queued
+request is dropped (and counted CANCELED) instead of executed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The HTTP routes of Triton's admin extensions: system and CUDA shared memory, trace settings
 and log settings. Each one decodes its body through protocol/, calls the core (so a frontend
-process answers from the model owner's state, server/multiprocess/remote_core.py) and encodes the answer.
+process answers from the model owner's state, server/multiprocess/remote_core.py) and encodes
+the answer.
 """
 
 from __future__ import annotations

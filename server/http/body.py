@@ -1,19 +1,18 @@
 """--http-max-input-size for request bodies: the one owner of the limit and of its error.
 
-Why a module: two readers take HTTP bodies (the routed ASGI endpoints in server/http/routes.py and the
-direct infer path in server/http/fast_path.py), and both must refuse the same bodies the same way:
-a declared Content-Length over the limit before anything is read, and a running total over the
+Why a module: two readers take HTTP bodies (the routed ASGI endpoints in server/http/routes.py and
+the direct infer path in server/http/fast_path.py), and both must refuse the same bodies the same
+way: a declared Content-Length over the limit before anything is read, and a running total over the
 limit as chunks arrive, so an oversized body is never buffered.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Union
 
 from protocol.errors import InvalidArgument, TooLarge
 
-Chunk = Union[bytes, bytearray]
+Chunk = bytes | bytearray
 
 
 class BodyLimit:
@@ -50,7 +49,7 @@ class BodyLimit:
         body = BodyBuffer(self)
         async for chunk in chunks:
             body.add(chunk)
-        return body.join()  # type: ignore[return-value]  # chunks are bytes, so is the join
+        return body.join()
 
 
 class BodyBuffer:

@@ -146,7 +146,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     _wait: tuple[bool, float] | None = None
     _health_only: bool = False  # admitted from the health-check reserve
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         limits = self.limits
         over = len(self.connections) - limits.max_connections
@@ -338,8 +338,8 @@ class InferHttpProtocol(BoundedHttpProtocol):
             str(len(payload)).encode("latin-1"),
             b"\r\n",
         ]
-        for key, value in extra.items():  # our own names and values: no CR/LF in them
-            head += [key.lower().encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+        for name, text in extra.items():  # our own names and values: no CR/LF in them
+            head += [name.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n"]
         if not cycle.keep_alive:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")

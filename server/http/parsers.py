@@ -166,7 +166,7 @@ def _as_bytes(item: Any) -> bytes:
 def _pack(request: InferRequest) -> InferRequest:
     for tensor in request.inputs:
         if isinstance(tensor.data, np.ndarray) and tensor.data.dtype == object:
-            tensor.data = _PackedBytes(tensor.data)
+            tensor.data = _PackedBytes(tensor.data)  # type: ignore[assignment]  # unpacked on arrival
     return request
 
 
@@ -207,7 +207,7 @@ def _pack_outputs(response: InferResponse) -> InferResponse:
         data = tensor.data
         if isinstance(data, np.ndarray) and data.dtype == object:
             tensor = copy.copy(tensor)
-            tensor.data = _PackedBytes(data, step=_UNPACK_CHUNK)
+            tensor.data = _PackedBytes(data, step=_UNPACK_CHUNK)  # type: ignore[assignment]  # as above
         outputs.append(tensor)
     packed = copy.copy(response)
     packed.outputs = outputs

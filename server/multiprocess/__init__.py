@@ -1,2 +1,2 @@
-"""--frontend-processes: extra frontend processes, and the link that hands their requests to
-the model owner."""
+"""--frontend-processes: extra frontend processes and the frontend link that hands their
+requests to the model owner."""

@@ -1,11 +1,9 @@
-"""A frontend process (`python -m server.multiprocess.child`, started by
-server/multiprocess/pool.py).
+"""A frontend process (`python -m server.multiprocess.child`), started by pool.py beside it.
 
 It serves the same HTTP and gRPC frontends as the model owner, on the same ports (SO_REUSEPORT),
-over a RemoteCore (server/multiprocess/remote_core.py) that hands every inference to the owner.
-It holds no model and serves no metrics. It ends when the owner sends SIGTERM (closing its
-listeners after what it is writing) and dies with the owner however that goes (the parent-death
-signal).
+over a RemoteCore (server/multiprocess/remote_core.py) that hands every inference to the owner. It
+holds no model and serves no metrics. It ends when the owner sends SIGTERM (closing its listeners
+after what it is writing) and dies with the owner however that goes (the parent-death signal).
 """
 
 from __future__ import annotations

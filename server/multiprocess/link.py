@@ -1,15 +1,14 @@
 """The link between one frontend process and the model owner: messages over a Unix socket pair,
 tensors through shared memory.
 
-A message is any picklable tuple. It is pickled with protocol 5, so numpy arrays leave the
-pickle as out-of-band buffers; buffers of SHM_MIN_BYTES and more in all are copied once into
-this side's arena (server/multiprocess/arena.py) and only their place goes through the socket.
-The receiving side rebuilds the arrays as views over its mapping of those pages: the model owner
-batches a frontend's tensors straight out of shared memory, and a frontend encodes the owner's
-outputs the same way. When the last view of a message is gone, the receiver tells the sender (a
-RELEASE message, sent once per loop turn for all regions freed in it) and the sender reuses the
-space. Smaller messages travel inline: for a few hundred bytes the socket copy costs less than
-the release message.
+A message is any picklable tuple. It is pickled with protocol 5, so numpy arrays leave the pickle
+as out-of-band buffers; buffers of SHM_MIN_BYTES and more in all are copied once into this side's
+arena (server/multiprocess/arena.py) and only their place goes through the socket. The receiving
+side rebuilds the arrays as views over its mapping of those pages: the model owner batches a
+frontend's tensors straight out of shared memory, and a frontend encodes the owner's outputs the
+same way. When the last view of a message is gone, the receiver tells the sender (a RELEASE message,
+sent once per loop turn for all regions freed in it) and the sender reuses the space. Smaller
+messages travel inline: for a few hundred bytes the socket copy costs less than the release message.
 
 Frame: HEAD (length of the rest, pickle length, arena offset or -1 for inline, buffer count),
 the buffer lengths (u64 each), the pickle, then the buffers themselves when inline.

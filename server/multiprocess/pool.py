@@ -4,10 +4,10 @@ that owns the models.
 One event loop is one core, and a request's decoding and encoding cost more CPU than batching
 and running it on a fast device (bench/FINDINGS.md section 9). With N > 1 this process and N-1
 children accept on the same HTTP and gRPC ports (SO_REUSEPORT). A child decodes each request and
-hands it over its link (server/multiprocess/link.py); here it goes through the one infer path
-like any other request, so it joins the same dynamic batcher, and statistics and metrics stay
-one set (served by this process alone). A child that dies is started again; its open connections
-are lost, as they would be with any process.
+hands it over its link (server/multiprocess/link.py); here it goes through the one infer path like
+any other request, so it joins the same dynamic batcher, and statistics and metrics stay one set
+(served by this process alone). A child that dies is started again; its open connections are lost,
+as they would be with any process.
 """
 
 from __future__ import annotations

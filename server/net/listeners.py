@@ -15,7 +15,6 @@ from typing import Any
 
 import uvicorn
 
-from server.core.api import CoreAPI
 from server.net.connections import ConnectionLimits, descriptor_limit, resolve_max_connections
 from server.settings import ServerSettings
 
@@ -76,7 +75,7 @@ def uvicorn_listener(
         lifespan="off",
         access_log=verbose > 1,
         log_level="info" if verbose else "warning",
-        timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
+        timeout_keep_alive=keep_alive,  # type: ignore[arg-type]  # an int in uvicorn's hints; any number works
         timeout_graceful_shutdown=5,
     )
     return Listener(config, [listening_socket(service, host, port, reuse_port)])
@@ -134,7 +133,7 @@ def metrics_limits(limits: ConnectionLimits) -> ConnectionLimits:
     )
 
 
-def http_frontend_listener(core: CoreAPI, settings: ServerSettings) -> tuple[Listener, Any]:
+def http_frontend_listener(core: Any, settings: ServerSettings) -> tuple[Listener, Any]:
     """The HTTP frontend over `core` (server/core/api.py: the model owner's InferenceCore, or a
     frontend process's RemoteCore) and its uvicorn listener; also returns the frontend's
     parser-process pool, which the caller closes at shutdown."""

@@ -83,7 +83,8 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     ),
     "nv_inference_compute_output_duration_us": (
         "counter",
-        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        "Cumulative inference compute output duration in microseconds "
+        "(does not include cached requests)",
     ),
     "nv_inference_pending_request_count": (
         "gauge",
@@ -93,15 +94,19 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     # Beyond Triton: nv_inference_request_failure{reason="REJECTED"} split by why.
     "ascend_sequence_active": (
         "gauge",
-        "Sequences of a sequence-batched model version that started and have neither ended nor been released (holding a slot or waiting for one)",
+        "Sequences of a sequence-batched model version that started and have neither ended "
+        "nor been released (holding a slot or waiting for one)",
     ),
     "ascend_sequence_idle_released_total": (
         "counter",
-        "Sequences released after max_sequence_idle_microseconds without a request; their next request needs the START flag",
+        "Sequences released after max_sequence_idle_microseconds without a request; "
+        "their next request needs the START flag",
     ),
     "ascend_inference_rejected_total": (
         "counter",
-        "Number of inference requests refused for overload, by reason: queue_full (max_queue_size reached, answered at once with a retry hint), queue_timeout (queue timeout expired under timeout_action REJECT)",
+        "Number of inference requests refused for overload, by reason: queue_full "
+        "(max_queue_size reached, answered at once with a retry hint), queue_timeout "
+        "(queue timeout expired under timeout_action REJECT)",
     ),
 }
 

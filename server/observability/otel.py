@@ -3,12 +3,12 @@ become spans, exported over OTLP/HTTP by the OpenTelemetry SDK's batch span proc
 
 Why the inner spans are built when the request ends: the timestamps come from several layers
 (the core, the scheduler's batch, on the loop), so the record collects them as in Triton mode
-(server/observability/tracing.py) and turns them into spans with explicit start and end times once the answer
-is in: `InferRequest` (the whole request, opened when it is sampled, child of the client's W3C
-`traceparent` when it sent one), and under it `queue` (waiting for a batch) and `batch` (the
-execution of the batch the request ran in, with its `batch_size`), which holds `compute` (the
-model's own run); an ensemble's steps are `InferRequest` spans under the ensemble's. The SDK is imported only in this
-mode: it is an optional extra (`ascend-serve[otel]`).
+(server/observability/tracing.py) and turns them into spans with explicit start and end times once
+the answer is in: `InferRequest` (the whole request, opened when it is sampled, child of the
+client's W3C `traceparent` when it sent one), and under it `queue` (waiting for a batch) and `batch`
+(the execution of the batch the request ran in, with its `batch_size`), which holds `compute` (the
+model's own run); an ensemble's steps are `InferRequest` spans under the ensemble's. The SDK is
+imported only in this mode: it is an optional extra (`ascend-serve[otel]`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ def build_provider(config: dict[str, Any], processor: Any = None) -> Any:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        options = {BSP_SETTINGS[k]: int(v) for k, v in config.items() if k in BSP_SETTINGS}
+        options: dict[str, Any] = {
+            BSP_SETTINGS[k]: int(v) for k, v in config.items() if k in BSP_SETTINGS
+        }
         processor = BatchSpanProcessor(
             OTLPSpanExporter(endpoint=config.get("url", DEFAULT_URL)), **options
         )
@@ -96,9 +98,11 @@ class OtelTracer(Tracer):
         return settings["trace_level"] != ["OFF"]
 
     def started(self, trace: Trace, parent: Trace | None) -> None:
+        from opentelemetry.context import Context
         from opentelemetry.trace import SpanKind, set_span_in_context
 
         assert isinstance(trace, OtelTrace)
+        context: Context | None
         if isinstance(parent, OtelTrace) and parent.span is not None:
             context = set_span_in_context(parent.span)
         else:

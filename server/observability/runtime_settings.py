@@ -2,8 +2,9 @@
 
 Why a module of its own: both frontends serve these settings (gRPC's TraceSetting/LogSettings,
 HTTP's /v2/trace/setting and /v2/logging), so the state lives in one object the core owns
-(server/core/inference_core.py; frontend processes ask it through server/multiprocess/remote_core.py): a change made over
-one protocol, on any connection, reads back over the other.
+(server/core/inference_core.py; frontend processes ask it through
+server/multiprocess/remote_core.py): a change made over one protocol, on any connection, reads back
+over the other.
 """
 
 from __future__ import annotations

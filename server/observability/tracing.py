@@ -50,10 +50,10 @@ def parse_trace_config(specs: Iterable[str]) -> tuple[dict[str, list[str]], dict
         key, value = key.strip(), value.strip()
         if mode == "opentelemetry" and eq:
             if key == "resource":
-                name, has_value, text = value.partition("=")
-                if not has_value or not name:
+                attribute, has_value, text = value.partition("=")
+                if not has_value or not attribute:
                     raise ValueError(f"--trace-config: expected resource=<key>=<value> in '{spec}'")
-                otel.setdefault("resource", {})[name] = text
+                otel.setdefault("resource", {})[attribute] = text
                 continue
             if key == "url" or (key in OTEL_BATCH_KEYS and value.isdigit()):
                 otel[key] = value

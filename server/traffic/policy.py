@@ -1,10 +1,10 @@
 """Gray release: each model's traffic policy (weighted split, sticky keys, canary, shadow).
 
-The one infer path (server/core/inference_path.py) looks a model up in `policies` (one dict lookup) and
-only when a policy is set hands the request here, where its version is picked: a version the
-request names always wins; else a `traffic_key` parameter picks by hash, no key picks at random,
-by the weights in force. The canary's gate runs as a periodic task on the event loop while a
-canary is running; shadows go through server/traffic/shadow.py.
+The one infer path (server/core/inference_path.py) looks a model up in `policies` (one dict lookup)
+and only when a policy is set hands the request here, where its version is picked: a version the
+request names always wins; else a `traffic_key` parameter picks by hash, no key picks at random, by
+the weights in force. The canary's gate runs as a periodic task on the event loop while a canary is
+running; shadows go through server/traffic/shadow.py.
 
 The controller also hears the repository manager's version events (`TrafficHooks`): a version
 that stops serving drops out of the policy (weights, shadow, canary), a model with no serving
@@ -135,7 +135,7 @@ class TrafficControl:
         self.policies.pop(name, None)
         return self.status(name)
 
-    # ----- routing (from server/core/inference_path.py, only for models with a policy) ---------------
+    # ----- routing (from server/core/inference_path.py, only for models with a policy) ---------
     def count(self, name: str, version: int, route: str) -> None:
         key = (name, version, route)
         self.counts[key] = self.counts.get(key, 0) + 1
@@ -146,10 +146,10 @@ class TrafficControl:
         """The version a request goes to under `policy`, counted by route (unless `count` is
         false: a raw body's version resolved for its decoding, counted when inferred)."""
         if version and version != "-1":
-            record = self.registry.resolve(name, version)
+            named = self.registry.resolve(name, version)
             if count:
-                self.count(name, record.version, NAMED)
-            return record
+                self.count(name, named.version, NAMED)
+            return named
         table = policy.table
         if table is None:
             return self.registry.resolve(name, "")
@@ -161,7 +161,7 @@ class TrafficControl:
             rest = table.only(serving)
             if not rest:
                 return self.registry.resolve(name, "")
-            record = model.versions[rest.pick(key)]  # type: ignore[union-attr]
+            record = model.versions[rest.pick(key)]  # type: ignore[union-attr]  # rest: model is set
         if count:
             self.count(name, record.version, SPLIT if key is None else STICKY)
         return record

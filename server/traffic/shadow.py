@@ -55,7 +55,7 @@ class ShadowSender:
             name, str(version), id=request.id, inputs=request.inputs, parameters=request.parameters
         )
         try:
-            future = record.scheduler.submit(copy)  # type: ignore[union-attr]
+            future = record.scheduler.submit(copy)  # type: ignore[union-attr]  # serving: has one
         except Exception:
             self._error(name, version)
             return

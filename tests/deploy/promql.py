@@ -43,7 +43,7 @@ def exposed_names(exposition: str) -> set[str]:
     (prometheus_client's parser would rename counters to <name>_total, which Prometheus does
     not)."""
     return {
-        re.split(r"[{\s]", line, 1)[0]
+        re.split(r"[{\s]", line, maxsplit=1)[0]
         for line in exposition.splitlines()
         if line.strip() and not line.startswith("#")
     }

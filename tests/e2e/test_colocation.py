@@ -37,7 +37,7 @@ def allowed_cpus(pid: int) -> dict[int, str]:
             status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
         except OSError:
             continue  # the thread ended meanwhile
-        line = next(l for l in status.splitlines() if l.startswith("Cpus_allowed_list:"))
+        line = next(s for s in status.splitlines() if s.startswith("Cpus_allowed_list:"))
         result[int(tid)] = line.split(":", 1)[1].strip()
     return result
 

@@ -280,7 +280,10 @@ def test_statistics_count_decoupled_requests(server: ServerProcess) -> None:
     before = httpx.get(f"{server.base}/v2/models/token_stream/stats").json()
     _stream(server, "token_stream", [_text("x y")], enable_empty_final_response=True)
     after = httpx.get(f"{server.base}/v2/models/token_stream/stats").json()
-    count = lambda stats: stats["model_stats"][0]["inference_stats"]["success"]["count"]
+
+    def count(stats: dict) -> int:
+        return stats["model_stats"][0]["inference_stats"]["success"]["count"]
+
     assert count(after) == count(before) + 1
 
 

@@ -298,7 +298,9 @@ def test_grpc_streams_through_a_frontend_process(server) -> None:
         before = set(connection_peers(server.grpc_port))
         client = grpcclient.InferenceServerClient(server.grpc_url)
         answers: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.start_stream(
+            callback=lambda result, error, answers=answers: answers.put((result, error))
+        )
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
         for index in range(5):
             client.async_stream_infer(

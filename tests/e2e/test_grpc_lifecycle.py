@@ -28,7 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from examples.build_repository import IR_VERSION, OPSET, make_dense_compute_model
+from examples.build_repository import make_dense_compute_model
+from examples.common import IR_VERSION, OPSET
 from harness.serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e

@@ -63,8 +63,8 @@ def _grpc_refusal(server: ServerProcess) -> grpc.RpcError:
 def _rejected(server: ServerProcess, reason: str) -> int:
     text = httpx.get(server.metrics_url, timeout=10).text
     found = re.search(
-        r'^ascend_inference_rejected_total\{model="queued",reason="%s",'
-        r'version="1"\} (\d+)$' % reason,
+        rf'^ascend_inference_rejected_total\{{model="queued",reason="{reason}",'
+        r'version="1"\} (\d+)$',
         text,
         re.M,
     )

@@ -137,7 +137,8 @@ class TritonPythonModel:
         for request in requests:
             text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
             if any(item == b"fail" for item in text.reshape(-1)):
-                error = pb_utils.TritonError("cannot shout 'fail'", pb_utils.TritonError.INVALID_ARG)
+                code = pb_utils.TritonError.INVALID_ARG
+                error = pb_utils.TritonError("cannot shout 'fail'", code)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
                 continue
             upper = np.array([item.upper() for item in text.reshape(-1)], dtype=np.object_)
@@ -345,7 +346,7 @@ def test_killed_worker_fails_only_in_flight_requests_and_comes_back(server: Serv
 
 
 def test_three_crashes_within_a_minute_make_the_model_unavailable(server: ServerProcess) -> None:
-    for crash in range(3):
+    for _ in range(3):
         wait_model_ready(server, "fragile")
         pid = sleeper_pid(server, "fragile")
         os.kill(pid, signal.SIGKILL)

@@ -381,7 +381,8 @@ WARMUP = """
 model_warmup [ {
   name: "zeros" batch_size: 2 count: 3
   inputs [ { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 16 ] zero_data: true } },
-           { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 16 ] input_data_file: "ones.bin" } } ]
+           { key: "INPUT1"
+             value: { data_type: TYPE_INT32 dims: [ 16 ] input_data_file: "ones.bin" } } ]
 } ]
 """
 

@@ -21,7 +21,7 @@ def _forget_acl() -> None:
 
 @pytest.fixture
 def acl_emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """`import acl` gives a freshly started emulator; at the end nothing may be leaked or misused."""
+    """`import acl` gives a fresh emulator; at the end nothing may be leaked or misused."""
     monkeypatch.delenv("ACL_EMU_CONFIG", raising=False)
     monkeypatch.delenv("ACL_EMU_REPORT", raising=False)
     _forget_acl()

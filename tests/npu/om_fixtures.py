@@ -141,8 +141,8 @@ def write_model_repository(
     if max_batch_size is not None:
         lines.append(f"max_batch_size: {max_batch_size}")
     lines.append(
-        "instance_group [ { kind: KIND_GPU, count: %d, gpus: [ %s ] } ]"
-        % (count, ", ".join(str(g) for g in gpus))
+        f"instance_group [ {{ kind: KIND_GPU, count: {count}, "
+        f"gpus: [ {', '.join(str(g) for g in gpus)} ] }} ]"
     )
     if dynamic_batching:
         lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}")

@@ -66,8 +66,8 @@ NOT_RUN = {
         "test_shutdown_with_live_connection": SHUTDOWN_DEVIATION,
         "test_shutdown_while_loading": "checks the order of two C++ function names in Triton's "
         "verbose log (OnLoadFinal(), AsyncUnload())",
-        "test_model_reload_fail": "needs libtriton_identity.so, a CPU-only build of Triton's identity "
-        "backend that Triton's CI puts beside the suite",
+        "test_model_reload_fail": "needs libtriton_identity.so, a CPU-only build of Triton's "
+        "identity backend that Triton's CI puts beside the suite",
     }
 }
 # A C++ unit test of Triton's own internals, built with Triton (L0_batcher's

@@ -15,7 +15,8 @@ if str(ROOT) not in sys.path:
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from examples import build_repository as br  # noqa: E402
+from examples import build_repository as br  # noqa: E402  (only where onnx is, see the skips)
+from examples import common  # noqa: E402  (only where onnx is, see the skips)
 
 MODELS = (
     "simple",
@@ -79,8 +80,8 @@ def test_models_use_compatible_opset(repo: Path) -> None:
 
     for name in MODELS:
         model = onnx.load(str(repo / name / "1" / "model.onnx"))
-        assert model.ir_version == br.IR_VERSION
-        assert [(o.domain, o.version) for o in model.opset_import] == [("", br.OPSET)]
+        assert model.ir_version == common.IR_VERSION
+        assert [(o.domain, o.version) for o in model.opset_import] == [("", common.OPSET)]
 
 
 @pytest.mark.parametrize("name", ["simple", "simple_batching"])

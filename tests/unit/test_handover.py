@@ -1,5 +1,6 @@
-"""The frontend link (server/multiprocess/link.py, server/multiprocess/arena.py): messages with numpy tensors
-between two ends in one process, through shared memory or inline, and the ring's bookkeeping."""
+"""The frontend link (server/multiprocess/link.py, server/multiprocess/arena.py): messages with
+numpy tensors between two ends in one process, through shared memory or inline, and the ring's
+bookkeeping."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""server/core/inference_path.py: the one in-process infer (resolve, validate on submit, select outputs)."""
+"""server/core/inference_path.py: the one in-process infer (resolve, validate on submit,
+select outputs)."""
 
 from __future__ import annotations
 

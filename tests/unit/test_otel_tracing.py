@@ -1,5 +1,5 @@
-"""server/observability/otel.py with an in-memory span exporter: the spans of a sampled request, their
-times, the batch size, and the client's traceparent as their parent."""
+"""server/observability/otel.py with an in-memory span exporter: the spans of a sampled request,
+their times, the batch size, and the client's traceparent as their parent."""
 
 from __future__ import annotations
 

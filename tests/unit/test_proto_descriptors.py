@@ -257,6 +257,7 @@ def test_grpc_module_imports_and_version_guard_within_pin():
     assert hasattr(grpc_service_pb2_grpc, "add_GRPCInferenceServiceServicer_to_server")
 
 
+# Trailing blanks after a value are part of the case: written \x20 so that editors keep them.
 CONFIG_PBTXT = """
 # A Triton-style config as written by hand and by qa/common/gen_qa_models.py.
 name: "text_classifier"
@@ -292,7 +293,7 @@ output [
     name: "LOGITS"
     data_type: TYPE_FP32
     dims: [ 1000 ]
-    label_filename: "labels.txt"   
+    label_filename: "labels.txt"\x20\x20\x20
   },
   {
     name: "TEXT"

@@ -313,8 +313,8 @@ ERROR_CASES = [
         _json(_input("x", "FP32", [1])),
         None,
         InvalidArgument,
-        "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
-        "'shared_memory_region' in 'parameters'. But no field is set",
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+        "'parameters', 'shared_memory_region' in 'parameters'. But no field is set",
     ),
     (
         "data-and-binary",
@@ -327,8 +327,8 @@ ERROR_CASES = [
         _json(_input("x", "INT32", [2, 2], [1, 2, 3])),
         None,
         InvalidArgument,
-        "Unable to parse 'data': Shape does not match true shape of 'data' field: unexpected number of "
-        "elements for input 'x': shape [2, 2] needs 4, 'data' holds 3",
+        "Unable to parse 'data': Shape does not match true shape of 'data' field: unexpected "
+        "number of elements for input 'x': shape [2, 2] needs 4, 'data' holds 3",
     ),
     (
         "too-many-elements",
@@ -349,7 +349,8 @@ ERROR_CASES = [
         _json(_input("x", "FP16", [1], [1.0])),
         None,
         InvalidArgument,
-        "receiving FP16 data via JSON is not supported. Please use the binary data format for input x",
+        "receiving FP16 data via JSON is not supported. "
+        "Please use the binary data format for input x",
     ),
     (
         "bf16-via-json",

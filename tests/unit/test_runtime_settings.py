@@ -1,4 +1,5 @@
-"""server/observability/runtime_settings.py: trace and log settings, checked whole and applied to logging."""
+"""server/observability/runtime_settings.py: trace and log settings, checked whole and applied
+to logging."""
 
 from __future__ import annotations
 

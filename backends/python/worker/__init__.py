@@ -1,1 +1,2 @@
-"""The process a Python model instance runs in: the main loop, the bridge to the server, the pb_utils API."""
+"""The process a Python model instance runs in: the main loop, the bridge to the server, the
+pb_utils API."""

@@ -228,7 +228,7 @@ async def test_a_version_rewritten_in_place_waits_until_it_settles(repo: Path) -
     model = make_model(repo)
     poller, manager = await started(repo)
     target = model / "1" / "model.onnx"
-    for chunk in range(3):
+    for _ in range(3):
         with open(target, "ab") as handle:
             handle.write(b"more")
         await poll(poller)

@@ -1,4 +1,4 @@
-"""Fixtures for the scheduler tests: `batcher` builds started dynamic batchers (see batcher_harness)."""
+"""Fixtures for the scheduler tests: `batcher` builds started dynamic batchers (batcher_harness)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] },
 ensemble_scheduling {
   step [
     { model_name: "add1" input_map { key: "X" value: "IN" } output_map { key: "Y" value: "a" } },
-    { model_name: "times2" input_map { key: "X" value: "a" } output_map { key: "Y" value: "LEFT" } },
+    { model_name: "times2"
+      input_map { key: "X" value: "a" } output_map { key: "Y" value: "LEFT" } },
     { model_name: "times3" model_version: 2
       input_map { key: "X" value: "a" } output_map { key: "Y" value: "right" } },
     { model_name: "sum" input_map { key: "A" value: "LEFT" } input_map { key: "B" value: "right" }

@@ -1,5 +1,6 @@
 """Dynamic batcher queueing: priority levels, the queue policy (max queue size, timeouts,
-timeout actions and overrides), and what the priority queue keeps alive. Harness: batcher_harness.py."""
+timeout actions and overrides), and what the priority queue keeps alive.
+Harness: batcher_harness.py."""
 
 from __future__ import annotations
 

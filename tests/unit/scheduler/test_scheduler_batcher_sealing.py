@@ -163,7 +163,7 @@ async def test_ragged_inputs_may_share_a_batch():
     queue = BatchQueue(config)
     loop = asyncio.get_running_loop()
     entries = []
-    for number, width in ((1, 2), (2, 3)):
+    for width in (2, 3):
         data = np.zeros((1, width), np.float32)
         request = InferRequest(
             "m", batch_size=1, inputs=[Tensor("INPUT0", "FP32", data.shape, data)]

@@ -280,14 +280,15 @@ async def test_oldest_strategy_batches_oldest_sequences_one_request_each():
     "block, text",
     [
         (
-            'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: '
-            "[0, 1] }, { kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] } ] } ]",
+            'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START '
+            "int32_false_true: [0, 1] }, { kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] } "
+            "] } ]",
             "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for seq",
         ),
         (
-            'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: '
-            '[0, 1] } ] }, { name: "S" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: '
-            "[0, 1] } ] } ]",
+            'control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START '
+            'int32_false_true: [0, 1] } ] }, { name: "S" control [ { kind: CONTROL_SEQUENCE_END '
+            "int32_false_true: [0, 1] } ] } ]",
             "sequence batching control tensor 'S' is specified for multiple control kinds for seq",
         ),
         (

@@ -109,9 +109,5 @@ def data_type_size(dtype: int) -> int:
     return np.dtype(C.DTYPES[dtype]).itemsize if dtype in C.DTYPES else 0
 
 
-from . import (  # noqa: E402  (submodules, attached as attributes like the real one)
-    _emu,
-    mdl,
-    rt,
-    util,
-)
+# The submodules, attached as attributes as in the real binding (acl.rt, acl.mdl, ...).
+from . import _emu, mdl, rt, util  # noqa: E402, F401  (imported to become attributes)

@@ -155,7 +155,7 @@ class OmSpec:
         return shapes
 
     def full_dims_gears(self) -> list[list[int]]:
-        """The dims gears as aclmdlGetInputDynamicDims gives them: every input's dims, concatenated."""
+        """The dims gears as aclmdlGetInputDynamicDims gives them: all inputs' dims in a row."""
         return [
             [d for t in self.inputs for d in self.gear_shapes(g)[t.name]] for g in self.dims_gears
         ]

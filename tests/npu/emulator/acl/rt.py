@@ -1,4 +1,4 @@
-"""acl.rt: devices, contexts, streams, memory and device telemetry, as the real binding shapes them."""
+"""acl.rt: devices, contexts, streams, memory and device telemetry, shaped as the real binding."""
 
 from __future__ import annotations
 
