@@ -1,7 +1,8 @@
 """Every error the server can return, and the one table that maps it to HTTP and gRPC statuses.
 
-Both frontends map errors only through `http_status()` and `grpc_status_name()`, so the same
-failure always gives the matching status and the same message on both protocols (Triton's
+Both frontends map errors only through `http_status()` (the HTTP frontend through the module's
+`http_status`, which adds its --overload-status) and `grpc_status_name()`, so the same failure
+always gives the matching status and the same message on both protocols (Triton's
 HttpCodeFromError and its gRPC status mapping).
 """
 
@@ -45,16 +46,16 @@ _STATUS_TABLE: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.PERMISSION_DENIED: (403, "PERMISSION_DENIED"),
     ErrorCode.OVERLOADED: (503, "UNAVAILABLE"),
 }
-OVERLOAD_HTTP_STATUSES = (503, 429)
+OVERLOAD_HTTP_STATUSES = (503, 429)  # the first is the table's, as Triton answers
 
 
-def set_overload_http_status(status: int) -> None:
-    """The HTTP status of a full queue, for the whole process (--overload-status; set once at
-    startup): 503 as Triton answers, or 429 for clients and proxies that retry on 429 only.
-    gRPC stays UNAVAILABLE either way."""
+def overload_http_status(status: int) -> int:
+    """`status` checked as the HTTP status of a full queue (--overload-status): 503 as Triton
+    answers, or 429 for clients and proxies that retry on 429 only. gRPC stays UNAVAILABLE
+    either way. The HTTP frontend is built with it; the table above is never changed."""
     if status not in OVERLOAD_HTTP_STATUSES:
         raise ValueError(f"overload status must be one of {OVERLOAD_HTTP_STATUSES}, got {status}")
-    _STATUS_TABLE[ErrorCode.OVERLOADED] = (status, "UNAVAILABLE")
+    return status
 
 
 class ServerError(Exception):
@@ -164,6 +165,12 @@ def client_error(exc: BaseException, logger: logging.Logger, where: str) -> Serv
 
 
 SERVER_EXITING = "Server exiting"
+
+
+def http_status(error: ServerError, overload_status: int = OVERLOAD_HTTP_STATUSES[0]) -> int:
+    """The HTTP status a frontend answers `error` with: the table's, except that a full queue
+    answers `overload_status` (what the HTTP frontend was built with, --overload-status)."""
+    return overload_status if error.code is ErrorCode.OVERLOADED else error.http_status()
 
 
 def server_exiting() -> Unavailable:

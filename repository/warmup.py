@@ -3,8 +3,8 @@
 The first requests on a fresh model copy are slow (lazy allocations, kernel selection, NPU
 graph preparation), so each sample runs `count` times through the version's own scheduler while
 the previous copy still serves. The samples enter where client requests do, `Scheduler.submit`
-(validation, queue, batcher), only without resolving the version by name: the new copy is not
-published until its warm-up passed. As in Triton, a sample of batch size N is N single-row requests
+(validation, queue, batcher), not through the infer path (server/core/inference_path.py says
+why). As in Triton, a sample of batch size N is N single-row requests
 sent together, so the batcher can group them. A failing sample fails the load. Afterwards the
 counters start again from zero: statistics and metrics describe client traffic only.
 """

@@ -16,7 +16,6 @@ import time
 from typing import Any
 
 from backends import registry as backend_registry
-from protocol.errors import set_overload_http_status
 from repository import layout
 from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
@@ -65,7 +64,6 @@ _GC_YOUNG_THRESHOLD = 10_000  # objects; CPython's default is 700
 class ServerApp:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        set_overload_http_status(settings.overload_status)  # the error table's queue-full row
         self.registry = ModelRegistry()
         self.metrics = ServerMetrics(restarts=lambda: worker_restarts(self.registry))
         # The one in-process infer: frontends call it through the core, ensembles directly,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
 
 from protocol import datatypes
 from protocol.config_json import ConfigJsonError, config_from_json
@@ -34,6 +35,8 @@ from protocol.types import (
 from repository.manager import UNLOADED, ModelManager
 from repository.registry import ModelRecord, ModelRegistry, ModelState, VersionRecord, parse_version
 from scheduler.interface import LoadError
+from scheduler.validation import RequestRules
+from server.core.api import Resolved
 from server.core.client_shm import Binding, SharedMemoryRegistry
 from server.core.inference_path import InferencePath
 from server.observability.runtime_settings import RuntimeSettings
@@ -65,6 +68,8 @@ FILE_OVERRIDE_FLAG = "--allow-model-load-file-override"
 
 
 class InferenceCore:
+    """The core in the process that owns the models (server/core/api.py's CoreAPI)."""
+
     def __init__(
         self,
         settings: ServerSettings,
@@ -147,7 +152,7 @@ class InferenceCore:
         config, versions = self._config_for(name, version)
         batch = [-1] if config.max_batch_size > 0 else []
 
-        def describe(tensors) -> list[TensorMetadata]:  # type: ignore[no-untyped-def]
+        def describe(tensors: Any) -> list[TensorMetadata]:  # a repeated ModelInput or ModelOutput
             return [
                 TensorMetadata(
                     t.name,
@@ -288,22 +293,32 @@ class InferenceCore:
         """The version an inference request for (name, version) goes to."""
         return self.path.resolve(name, version)
 
+    def input_rules(self, resolved: Resolved) -> RequestRules:
+        """The input rules of a version `resolve` gave (a VersionRecord: this core's own)."""
+        return _record(resolved).scheduler.rules  # type: ignore[union-attr]
+
+    def _begin(self, request: InferRequest) -> tuple[Binding | None, Trace | None]:
+        """What every in-process infer opens with: the request's shared-memory regions bound
+        (raises at once for a bad reference), and its trace when it is sampled."""
+        binding = self.shared_memory.bind(request)
+        trace = self.tracer.sample(request) if self.runtime.trace.active else None
+        return binding, trace
+
     async def infer(
         self,
         request: InferRequest,
-        record: VersionRecord | None = None,
+        record: Resolved | None = None,
         endpoint: str = HTTP_ENDPOINT,
     ) -> InferResponse:
         """The one in-process infer (server/core/inference_path.py); `record` when already resolved;
         `endpoint` names the caller when a decoupled model must be refused. Tensors in
         registered shared memory are read and written here, where the regions are, and
         sampled requests are traced here."""
-        binding = self.shared_memory.bind(request)
-        trace = self.tracer.sample(request) if self.runtime.trace.active else None
+        binding, trace = self._begin(request)
         if binding is None and trace is None:
-            return await self.path.infer(request, record, endpoint)
+            return await self.path.infer(request, _record(record), endpoint)
         try:
-            response = await self.path.infer(request, record, endpoint)
+            response = await self.path.infer(request, _record(record), endpoint)
             return self._finish(response, binding, trace)
         except BaseException:
             if trace is not None and not trace.finished:
@@ -314,16 +329,15 @@ class InferenceCore:
                 binding.release()
 
     def infer_stream(
-        self, request: InferRequest, record: VersionRecord | None = None
+        self, request: InferRequest, record: Resolved | None = None
     ) -> AsyncIterator[StreamItem]:
         """Every answer to a client's request (any number for a decoupled model); each answer
         with outputs in shared memory writes them there (the next one overwrites them)."""
-        binding = self.shared_memory.bind(request)
-        trace = self.tracer.sample(request) if self.runtime.trace.active else None
+        binding, trace = self._begin(request)
         if binding is None and trace is None:
-            return self.path.stream(request, record, admitted=False)
+            return self.path.stream(request, _record(record), admitted=False)
         try:
-            answers = self.path.stream(request, record, admitted=False)
+            answers = self.path.stream(request, _record(record), admitted=False)
         except BaseException:
             self._end(request, None, binding, trace)
             raise
@@ -369,8 +383,7 @@ class InferenceCore:
     ) -> asyncio.Future | None:
         """`infer` for the owner answering a frontend process (InferencePath.infer_nowait:
         no task per request). Raises at once for a bad shared-memory reference."""
-        binding = self.shared_memory.bind(request)
-        trace = self.tracer.sample(request) if self.runtime.trace.active else None
+        binding, trace = self._begin(request)
         if binding is None and trace is None:
             return self.path.infer_nowait(request, on_done, endpoint)
 
@@ -409,6 +422,11 @@ class InferenceCore:
 
     def delete_traffic_policy(self, name: str) -> dict:
         return self.path.traffic.delete(name)
+
+
+def _record(resolved: Resolved | None) -> VersionRecord | None:
+    """A Resolved handed back to this core is one its `resolve` gave: a VersionRecord."""
+    return cast("VersionRecord | None", resolved)
 
 
 def _tracer(settings: ServerSettings, runtime: RuntimeSettings) -> Tracer:

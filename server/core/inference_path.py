@@ -3,20 +3,29 @@
 Every caller takes this door: both frontends, ensemble steps, and later BLS calls from Python
 models. It is built once in server/app.py and handed to whoever needs it (the model manager
 passes `infer_admitted` to the ensembles it builds), so nothing reaches back into the server
-through a patched attribute. Shadow copies (server/traffic/shadow.py) are the one exception: they
-are not client requests (no routing, no in-flight count, no answer), so they go straight to the
-shadow version's scheduler, which validates and queues them like any request.
+through a patched attribute.
 
-The path resolves the version (a model's traffic policy, server/traffic/policy.py, picks one when
-set: one dict lookup otherwise), keeps count of what is in flight so shutdown can wait for it, and
-submits to that version's scheduler, which validates and queues (scheduler/interface.py).
-Classification and output selection happen here, once the answer is back, with the labels the
-version read when it loaded.
+Two kinds of request do not take this door, and this is the one place that says why. Both are
+submitted straight to one version's scheduler (`Scheduler.submit`), which validates, queues and
+batches them like any request; what they skip is what this path adds for client requests:
+- Warm-up samples (repository/warmup.py) run on a new copy before it is published: no name
+  resolves to it yet, nothing may route to it, and the load (the model manager, which has no
+  path) waits for them itself. Their statistics are reset afterwards.
+- Shadow copies (server/traffic/shadow.py) are not client requests: no routing (the version is
+  the policy's), no in-flight count (shutdown does not wait for them), no traffic counting and
+  no canary outcome (a copy is not a client's request, and is not shadowed again), no output
+  selection (its answer is discarded). They never wait: their own in-flight limit drops them.
 
-Decoupled models answer any number of times: `stream` (server/core/streaming.py) gives every answer
-to the gRPC stream, generate_stream and BLS; `infer` refuses them as Triton does, and
-`infer_admitted` (ensemble steps) takes their one answer. The path is also the BackendHost
-(backends/base.py) Python models make their BLS calls through.
+The path resolves the version (a model's traffic policy, server/traffic/policy.py, picks one
+when set: one dict lookup otherwise), keeps count of what is in flight so shutdown can wait for
+it, and submits to that version's scheduler, which validates and queues
+(scheduler/interface.py). Classification and output selection happen here, once the answer is
+back, with the labels the version read when it loaded.
+
+Decoupled models answer any number of times: `stream` gives every answer to the gRPC stream,
+generate_stream and BLS; `infer` refuses them as Triton does, and `infer_admitted` (ensemble
+steps) takes their one answer. The path is also the BackendHost (backends/base.py) Python models
+make their BLS calls through.
 """
 
 from __future__ import annotations
@@ -26,12 +35,17 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from protocol.classification import classify
-from protocol.errors import HTTP_ENDPOINT, InternalError, decoupled_unsupported, server_exiting
-from protocol.stream import StreamItem
+from protocol.errors import (
+    HTTP_ENDPOINT,
+    InternalError,
+    as_server_error,
+    decoupled_unsupported,
+    server_exiting,
+)
+from protocol.stream import ResponseStream, StreamItem
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, VersionRecord
-from server.core import streaming
-from server.traffic.policy import NAMED, TrafficControl
+from server.traffic.policy import NAMED, Policy, TrafficControl
 
 ONE_ANSWER_ERROR = (
     "model '{model}' is decoupled and gave {count}; a caller that expects one "
@@ -109,7 +123,7 @@ class InferencePath:
             if record is not None
             else self.resolve(request.model_name, request.model_version)
         )
-        return streaming.answers(self, request, picked, record)
+        return self._answers(request, picked, record)
 
     async def infer_admitted(
         self, request: InferRequest, record: VersionRecord | None = None, refuse_decoupled: str = ""
@@ -119,19 +133,7 @@ class InferencePath:
         answer (or failure) is reported to it: the canary's outcomes, the shadow copy. A
         decoupled model gives its one answer, or is refused naming `refuse_decoupled`."""
         policy = self._policies.get(request.model_name)  # a traffic policy (gray release)
-        if policy is None:  # as before policies existed, plus counting a named version
-            version = request.model_version
-            if record is None:
-                record = self.registry.route(request)  # a retiring copy's live sequence
-            if version and version != "-1":
-                self.traffic.count(request.model_name, record.version, NAMED)
-            started = 0
-        else:
-            # A live sequence stays on its version whatever the split says.
-            record = self.registry.sequence_home(request) or self.traffic.route(
-                policy, request, record
-            )
-            started = time.perf_counter_ns()
+        record, started = self._route(policy, request, record)
         scheduler = record.scheduler
         assert scheduler is not None
         if scheduler.rules.decoupled:
@@ -144,8 +146,7 @@ class InferencePath:
             if policy is not None:
                 self.traffic.answered(policy, request, record, started, False)
             raise
-        self.inflight += 1
-        self._idle.clear()
+        self.enter()
         try:
             response = await future
         except asyncio.CancelledError:
@@ -155,12 +156,28 @@ class InferencePath:
                 self.traffic.answered(policy, request, record, started, False)
             raise
         finally:
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
+            self.leave()
         if policy is not None:
             self.traffic.answered(policy, request, record, started, True)
         return _select_outputs(response, request.outputs, record)
+
+    def _route(
+        self, policy: Policy | None, request: InferRequest, record: VersionRecord | None
+    ) -> tuple[VersionRecord, int]:
+        """The version `request` runs on, and when a traffic policy began timing it (0 with
+        no policy). With no policy: as before policies existed (`record` when the caller
+        resolved it, else a retiring copy's live sequence or the latest), plus counting a
+        named version. Under a policy a live sequence stays on its version whatever the split
+        says."""
+        if policy is None:
+            version = request.model_version
+            if record is None:
+                record = self.registry.route(request)  # a retiring copy's live sequence
+            if version and version != "-1":
+                self.traffic.count(request.model_name, record.version, NAMED)
+            return record, 0
+        record = self.registry.sequence_home(request) or self.traffic.route(policy, request, record)
+        return record, time.perf_counter_ns()
 
     def infer_nowait(
         self,
@@ -178,16 +195,7 @@ class InferencePath:
         try:
             if self.exiting and not self._continues_sequence(request):
                 raise server_exiting()
-            if policy is None:  # as infer_admitted: inline, this is the hot path
-                version = request.model_version
-                record = self.registry.route(request)  # a retiring copy's live sequence
-                if version and version != "-1":
-                    self.traffic.count(request.model_name, record.version, NAMED)
-            else:
-                record = self.registry.sequence_home(request) or self.traffic.route(
-                    policy, request, None
-                )
-                started = time.perf_counter_ns()
+            record, started = self._route(policy, request, None)
             if record.scheduler.rules.decoupled:  # type: ignore[union-attr]
                 raise decoupled_unsupported(endpoint)
             future = record.scheduler.submit(request)  # type: ignore[union-attr]
@@ -196,13 +204,10 @@ class InferencePath:
                 self.traffic.answered(policy, request, record, started, False)
             on_done(None, exc)
             return None
-        self.inflight += 1
-        self._idle.clear()
+        self.enter()
 
         def finished(done: asyncio.Future) -> None:
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
+            self.leave()
             if done.cancelled():
                 return
             error = done.exception()
@@ -219,6 +224,52 @@ class InferencePath:
         future.add_done_callback(finished)
         return future
 
+    async def _answers(
+        self, request: InferRequest, record: VersionRecord, routed: VersionRecord | None = None
+    ) -> AsyncIterator[StreamItem]:
+        """Every answer of one request, as an async iterator; `record`: the version picked;
+        `routed`: the one the caller resolved itself, if any (a model that is not decoupled
+        is routed again, and counted, by infer_admitted).
+
+        For a decoupled model the request gets a ResponseStream (protocol/stream.py) before it
+        is submitted to the version's scheduler, like any request (validation, queue,
+        batching, statistics and metrics all apply); the scheduler's future then only says
+        whether `execute` took it, and the answers come through the stream, a failed one as an
+        item with its error. A model that is not decoupled gives its one answer as a final
+        item, and its failure as an exception, like a request refused before it ran. When the
+        consumer stops early (a client cancelled, a stream closed), the request is cancelled:
+        dropped if still queued, `is_cancelled()` for the model if it runs."""
+        scheduler = record.scheduler
+        assert scheduler is not None
+        if not scheduler.rules.decoupled:  # its one answer; a failure fails the request
+            yield StreamItem(final=True, response=await self.infer_admitted(request, routed))
+            return
+        stream = ResponseStream(asyncio.get_running_loop())
+        request.stream = stream
+        future = scheduler.submit(request)  # validates; raises at once when refused
+        self.enter()
+
+        def taken(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                stream.fail(as_server_error(done.exception()))  # type: ignore[arg-type]
+
+        future.add_done_callback(taken)
+        try:
+            while True:
+                item = await stream.next()
+                if item.response is not None:
+                    item.response = _select_outputs(
+                        item.response, request.outputs, record, lenient=True
+                    )
+                yield item
+                if item.final:
+                    return
+        finally:
+            if not stream.finished or stream.cancelled:
+                stream.cancel()
+                future.cancel()
+            self.leave()
+
     async def one_answer(
         self, request: InferRequest, record: VersionRecord, error_text: str
     ) -> InferResponse:
@@ -226,7 +277,7 @@ class InferencePath:
         when it gives none or more than one. A second answer ends the call at once (the
         request is cancelled), so a model that streams on is never buffered here."""
         answers: list[InferResponse] = []
-        async for item in streaming.answers(self, request, record):
+        async for item in self._answers(request, record):
             if item.error is not None:
                 raise item.error
             if item.response is not None:
@@ -266,8 +317,9 @@ class InferencePath:
 
     def _live_sequences(self) -> int:
         return sum(
-            record.scheduler.live_sequences()  # type: ignore[union-attr]
+            record.scheduler.live_sequences()
             for _, record in self.registry.serving_versions()
+            if record.scheduler is not None  # always set on a serving version
         )
 
     def _continues_sequence(self, request: InferRequest) -> bool:

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
-from server.core.inference_core import InferenceCore
+from server.core.api import CoreAPI
 from server.grpc.services import (
     HEALTH_POLL_SECONDS,
     InferenceServicer,
@@ -33,7 +33,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
     Like Triton, every service name answers with the server's readiness."""
 
-    def __init__(self, core: InferenceCore, poll_seconds: float = HEALTH_POLL_SECONDS) -> None:
+    def __init__(self, core: CoreAPI, poll_seconds: float = HEALTH_POLL_SECONDS) -> None:
         self.core = core
         self.poll_seconds = poll_seconds
         self.closing = asyncio.Event()
@@ -146,7 +146,7 @@ class GrpcFrontend:
     streams once their in-flight requests are answered), so shutdown need not wait the whole
     grace period for clients that never hang up."""
 
-    def __init__(self, core: InferenceCore, settings: ServerSettings) -> None:
+    def __init__(self, core: CoreAPI, settings: ServerSettings) -> None:
         self.settings = settings
         self.server = grpc.aio.server(
             options=server_options(settings), interceptors=_interceptors(settings)
@@ -183,7 +183,7 @@ def _interceptors(settings: ServerSettings) -> list[grpc.aio.ServerInterceptor]:
     return [RestrictedProtocolInterceptor(settings.grpc_restricted_protocol)]
 
 
-async def start_grpc_server(core: InferenceCore, settings: ServerSettings) -> GrpcFrontend:
+async def start_grpc_server(core: CoreAPI, settings: ServerSettings) -> GrpcFrontend:
     """Bind and start the gRPC listener (raising OSError when the address cannot be bound)."""
     frontend = GrpcFrontend(core, settings)
     await frontend.start()

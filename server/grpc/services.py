@@ -34,7 +34,7 @@ from protocol.grpc import codec
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
 from protocol.types import InferRequest, InferResponse
-from server.core.inference_core import InferenceCore
+from server.core.api import CoreAPI
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ _END = object()
 
 
 async def _infer(
-    core: InferenceCore,
+    core: CoreAPI,
     message: pb.ModelInferRequest,
     traceparent: str = "",
     offload_threshold: int | None = None,
@@ -173,7 +173,7 @@ async def _infer(
 
 
 async def _decode(
-    core: InferenceCore,
+    core: CoreAPI,
     message: pb.ModelInferRequest,
     traceparent: str,
     offload_threshold: int | None,
@@ -205,7 +205,7 @@ async def _encode(
     return codec.encode_infer_response(response, request_id)
 
 
-def _traceparent(core: InferenceCore, context: grpc.aio.ServicerContext) -> str:
+def _traceparent(core: CoreAPI, context: grpc.aio.ServicerContext) -> str:
     """The client's W3C trace context, read only in OpenTelemetry trace mode."""
     if not core.propagates_trace:
         return ""
@@ -216,7 +216,7 @@ def _traceparent(core: InferenceCore, context: grpc.aio.ServicerContext) -> str:
 
 
 async def _stream_answers(
-    core: InferenceCore,
+    core: CoreAPI,
     message: pb.ModelInferRequest,
     traceparent: str = "",
     offload_threshold: int | None = None,
@@ -255,7 +255,7 @@ class InferStream:
 
     def __init__(
         self,
-        core: InferenceCore,
+        core: CoreAPI,
         context: grpc.aio.ServicerContext,
         offload_threshold: int | None = None,
     ) -> None:
@@ -344,7 +344,7 @@ class InferStream:
 
 # ----- the inference service ----------------------------------------------------------------
 class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, core: InferenceCore, offload_threshold: int | None = None) -> None:
+    def __init__(self, core: CoreAPI, offload_threshold: int | None = None) -> None:
         """`offload_threshold`: --grpc-offload-threshold (None: every conversion on the loop)."""
         self.core = core
         self.offload_threshold = offload_threshold

@@ -12,12 +12,12 @@ from protocol.grpc.traffic import encode_policy, policy_document
 from protocol.proto import traffic_service_pb2 as pb
 from protocol.proto.traffic_service_pb2_grpc import TrafficServiceServicer
 from protocol.traffic import decode_traffic
-from server.core.inference_core import InferenceCore
+from server.core.api import CoreAPI
 from server.grpc.services import guarded
 
 
 class TrafficServicer(TrafficServiceServicer):
-    def __init__(self, core: InferenceCore) -> None:
+    def __init__(self, core: CoreAPI) -> None:
         self.core = core
 
     @guarded

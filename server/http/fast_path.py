@@ -271,7 +271,9 @@ class InferHttpProtocol(BoundedHttpProtocol):
         except Exception as exc:
             if cycle.disconnected:
                 return
-            status, extra, payload = http_error(exc, cycle.scope["path"])
+            status, extra, payload = http_error(
+                exc, cycle.scope["path"], self.frontend.overload_status
+            )
             media_type = JSON
             if cycle.more_body:  # refused before the whole body came: do not read the rest
                 cycle.keep_alive = False

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from protocol import compression
-from protocol.errors import InvalidArgument, ServerError, client_error
+from protocol.errors import InvalidArgument, ServerError, client_error, http_status
 from protocol.rest import decode as rest_decode
 from protocol.rest.generate import (
     SSE_MEDIA_TYPE,
@@ -33,7 +33,7 @@ from protocol.rest.generate import (
 )
 from protocol.stream import StreamItem
 from protocol.types import InferRequest
-from repository.registry import VersionRecord
+from server.core.api import InputRules, Resolved
 from server.http.body import BodyBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,9 +48,8 @@ ONE_RESPONSE_ERROR = (
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def input_schemas(record: VersionRecord) -> dict[str, InputSchema]:
+def input_schemas(rules: InputRules) -> dict[str, InputSchema]:
     """Each input's datatype and full shape (a batching model's first dim is the batch, 1)."""
-    rules = record.scheduler.rules  # type: ignore[union-attr]
     batch = (1,) if rules.max_batch_size > 0 else ()
     return {name: InputSchema(rule.wire, batch + rule.dims) for name, rule in rules.inputs.items()}
 
@@ -66,7 +65,7 @@ class GenerateEndpoints:
             (prefix + "/generate_stream", self.generate_stream, "POST"),
         ]
 
-    async def _request(self, request: Request) -> tuple[InferRequest, VersionRecord]:
+    async def _request(self, request: Request) -> tuple[InferRequest, Resolved]:
         params = request.path_params
         name = params["model"]
         version = "" if params.get("version") is None else str(params["version"])
@@ -81,7 +80,9 @@ class GenerateEndpoints:
             buffer.join(), request.headers.get("content-encoding"), settings.http_max_input_size
         )
         rest_decode.check_json_depth(bytes(body), settings.json_max_depth)
-        return decode_generate(bytes(body), name, version, input_schemas(record)), record
+        return decode_generate(
+            bytes(body), name, version, input_schemas(self.core.input_rules(record))
+        ), record
 
     async def generate(self, request: Request) -> Response:
         infer_request, record = await self._request(request)
@@ -107,7 +108,7 @@ class GenerateEndpoints:
         first = await _next_event(answers)  # errors before inference starts: plain JSON
         status = 200
         if first is not None and first.error is not None:
-            status = first.error.http_status()
+            status = http_status(first.error, self.frontend.overload_status)
         return StreamingResponse(
             _events(first, answers), status_code=status, media_type=SSE_MEDIA_TYPE
         )

@@ -1,8 +1,8 @@
 """The HTTP/REST frontend: KServe v2 plus Triton's extensions, on FastAPI/Starlette.
 
 Handlers are plain Starlette endpoints that read the raw body (no pydantic model on the hot
-path), convert once through protocol/rest/decode.py and protocol/rest/encode.py, call
-server/core/inference_core.py, and map every error through protocol/errors.py to `{"error": "..."}`
+path), convert once through protocol/rest/decode.py and protocol/rest/encode.py, call the core
+(server/core/api.py), and map every error through protocol/errors.py to `{"error": "..."}`
 with Triton's status codes.
 """
 
@@ -24,18 +24,20 @@ from protocol import compression
 from protocol import traffic as traffic_json
 from protocol.config_json import config_to_json
 from protocol.errors import (
+    OVERLOAD_HTTP_STATUSES,
     InvalidArgument,
     Overloaded,
     ServerError,
     Unsupported,
     client_error,
+    http_status,
+    overload_http_status,
     server_exiting,
 )
 from protocol.rest import decode as rest_decode
 from protocol.rest import encode as rest_encode
 from protocol.types import InferRequest
-from repository.registry import VersionRecord
-from server.core.inference_core import InferenceCore
+from server.core.api import CoreAPI, InputRule, Resolved
 from server.http.admin import AdminRoutes
 from server.http.body import BodyBuffer, BodyLimit
 from server.http.generate import GenerateEndpoints
@@ -68,16 +70,25 @@ def error_headers(error: ServerError) -> dict[str, str]:
     return {}
 
 
-def http_error(exc: BaseException, where: str) -> tuple[int, dict[str, str], bytes]:
+DEFAULT_OVERLOAD_STATUS = OVERLOAD_HTTP_STATUSES[0]
+
+
+def http_error(
+    exc: BaseException, where: str, overload_status: int = DEFAULT_OVERLOAD_STATUS
+) -> tuple[int, dict[str, str], bytes]:
     """Any failure as (status, extra headers, JSON body): the one HTTP mapping of errors, for
-    the routed endpoints and the direct infer path (server/http/fast_path.py) alike.
+    the routed endpoints and the direct infer path (server/http/fast_path.py) alike; a full
+    queue answers `overload_status` (the frontend's --overload-status).
     Unexpected (non-ServerError) exceptions are logged and answered as INTERNAL."""
     error = client_error(exc, log, where)
-    return error.http_status(), error_headers(error), rest_encode.encode_error(error.message)
+    status = http_status(error, overload_status)
+    return status, error_headers(error), rest_encode.encode_error(error.message)
 
 
-def error_response(exc: BaseException, where: str = "") -> Response:
-    status, headers, body = http_error(exc, where)
+def error_response(
+    exc: BaseException, where: str = "", overload_status: int = DEFAULT_OVERLOAD_STATUS
+) -> Response:
+    status, headers, body = http_error(exc, where, overload_status)
     return Response(body, status_code=status, headers=headers, media_type=JSON)
 
 
@@ -88,24 +99,26 @@ def empty(status: int = 200) -> Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def guarded(handler: Handler) -> Handler:
+def guarded(handler: Handler, overload_status: int = DEFAULT_OVERLOAD_STATUS) -> Handler:
     """Every failure becomes a JSON error with its mapped status; nothing escapes as a 500 page."""
 
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
         except Exception as exc:
-            return error_response(exc, request.url.path)
+            return error_response(exc, request.url.path, overload_status)
 
     endpoint.__name__ = handler.__name__
     return endpoint
 
 
 class HttpFrontend:
-    def __init__(self, core: InferenceCore) -> None:
+    def __init__(self, core: CoreAPI) -> None:
         self.core = core
         self.settings = core.settings
         self.body_limit = BodyLimit(self.settings.http_max_input_size)
+        # --overload-status: the HTTP status of a full queue, for every error this frontend maps.
+        self.overload_status = overload_http_status(self.settings.overload_status)
         # --http-restricted-api (server/restricted.py); None when nothing is restricted.
         restricted = self.settings.http_restricted_api
         self.guard: HttpGuard | None = HttpGuard(restricted) if restricted else None
@@ -270,7 +283,7 @@ class HttpFrontend:
 
     def _decode(
         self, name: str, version: str, headers: Mapping[str, str], body: Any
-    ) -> tuple[InferRequest, VersionRecord | None]:
+    ) -> tuple[InferRequest, Resolved | None]:
         """A small (decompressed) body, decoded here on the loop."""
         header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
         if header_length == 0:
@@ -286,7 +299,7 @@ class HttpFrontend:
 
     async def _decode_large(
         self, name: str, version: str, headers: Mapping[str, str], body: Any
-    ) -> tuple[InferRequest, VersionRecord | None]:
+    ) -> tuple[InferRequest, Resolved | None]:
         """A body over --http-offload-threshold (or one that inflates past it).
 
         Uncompressed JSON+binary bodies whose JSON part is small and holds no BYTES tensor, and
@@ -295,7 +308,7 @@ class HttpFrontend:
         """
         parts = body if type(body) is list else [body]
         encoding = headers.get("content-encoding")
-        compressed = bool(encoding) and any(
+        compressed = encoding is not None and any(
             token.strip().lower() not in ("", "identity") for token in encoding.split(",")
         )
         header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
@@ -313,8 +326,8 @@ class HttpFrontend:
                 input_name,
                 rule.wire,
                 list(rule.dims),
-                record.scheduler.rules.max_batch_size,
-            )  # type: ignore[union-attr]
+                self.core.input_rules(record).max_batch_size,
+            )
             return request, record
         if not compressed and header_length is not None and header_length <= self.offload.threshold:
             head = _prefix(parts, header_length)
@@ -325,12 +338,12 @@ class HttpFrontend:
         )
         return request, None
 
-    def _raw_input(self, name: str, version: str) -> tuple[VersionRecord, str, Any]:
+    def _raw_input(self, name: str, version: str) -> tuple[Resolved, str, InputRule]:
         """A raw binary body is the model's one input: the version is resolved first (its
         rules say which input that is), and the request then goes to that same version.
         Returns the version, the input's name and its rule."""
         record = self.core.resolve(name, version)
-        rules = record.scheduler.rules  # type: ignore[union-attr]
+        rules = self.core.input_rules(record)
         if len(rules.inputs) != 1:
             raise InvalidArgument(rest_decode.raw_input_count_message(name, len(rules.inputs)))
         ((input_name, rule),) = rules.inputs.items()
@@ -341,10 +354,10 @@ class HttpFrontend:
         body: Any,
         name: str,
         version: str,
-        resolved: tuple[VersionRecord, str, Any] | None = None,
-    ) -> tuple[InferRequest, VersionRecord]:
+        resolved: tuple[Resolved, str, InputRule] | None = None,
+    ) -> tuple[InferRequest, Resolved]:
         record, input_name, rule = resolved or self._raw_input(name, version)
-        max_batch_size = record.scheduler.rules.max_batch_size  # type: ignore[union-attr]
+        max_batch_size = self.core.input_rules(record).max_batch_size
         request = rest_decode.decode_raw_request(
             body, name, version, input_name, rule.wire, list(rule.dims), max_batch_size
         )
@@ -412,7 +425,12 @@ class HttpFrontend:
             routes += GenerateEndpoints(self).routes(prefix)
         routes += AdminRoutes(self).routes()  # shared memory, trace, logging
         for path, handler, method in routes:
-            app.add_route(path, guarded(handler), methods=[method], include_in_schema=False)
+            app.add_route(
+                path,
+                guarded(handler, self.overload_status),
+                methods=[method],
+                include_in_schema=False,
+            )
 
         if self.guard is not None:  # before routing: a restricted path is 403 on any method
             app.add_middleware(RestrictionMiddleware, guard=self.guard)

@@ -39,14 +39,10 @@ async def serve(
 
     loop = asyncio.get_running_loop()
     infer_fd, _, _, from_owner_fd, to_owner_fd = fds
-    core = RemoteCore(settings, quick, slow, loop)
-    link = HandoverLink(
-        Arena(shm_bytes, to_owner_fd),
-        Arena(shm_bytes, from_owner_fd),
-        core.on_message,
-        core.on_lost,
+    core = RemoteCore(
+        settings, quick, slow, loop, Arena(shm_bytes, to_owner_fd), Arena(shm_bytes, from_owner_fd)
     )
-    core.link = link
+    link = core.link
     stop = asyncio.Event()
     await loop.connect_accepted_socket(lambda: link, socket.socket(fileno=infer_fd))
     for sig in (signal.SIGTERM, signal.SIGINT):

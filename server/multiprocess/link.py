@@ -157,14 +157,15 @@ class HandoverLink(asyncio.Protocol):
         elif offset >= 0:
             base = np.frombuffer(self.incoming.map, np.uint8, sum(_span(n) for n in sizes), offset)
             weakref.finalize(base, self._released, offset)
-            buffers, start = [], 0
+            buffers: list[np.ndarray | memoryview] = []
+            start = 0
             for n in sizes:
                 buffers.append(base[start : start + n])
                 start += _span(n)
             message = pickle.loads(data, buffers=buffers)
             del base, buffers
         else:
-            buffers = []
+            buffers = []  # views over the frame itself
             for n in sizes:
                 buffers.append(frame[pos : pos + n])
                 pos += n

@@ -27,6 +27,8 @@ from typing import Any
 
 from protocol.errors import InternalError, as_server_error
 from protocol.link_codec import pack_response, unpack_request
+from server.core.api import CONTROL_METHODS
+from server.core.inference_core import InferenceCore
 from server.multiprocess.arena import Arena
 from server.multiprocess.link import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
 from server.multiprocess.remote_core import RemoteRules
@@ -37,36 +39,12 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0  # a frontend process must have its listeners bound by then
 RESTART_DELAY_S = 1.0
 ROOT = Path(__file__).resolve().parents[2]
-# The control calls a frontend process may make: the InferenceCore API, nothing else.
-CONTROL_METHODS = frozenset(
-    {
-        "ready",
-        "server_metadata",
-        "model_metadata",
-        "model_config",
-        "model_ready",
-        "statistics",
-        "repository_index",
-        "load_model",
-        "unload_model",
-        "resolve_rules",
-        "traffic_policy",
-        "set_traffic_policy",
-        "delete_traffic_policy",
-        "register_system_shared_memory",
-        "system_shared_memory_status",
-        "unregister_system_shared_memory",
-        "cuda_shared_memory_status",
-        "trace_settings",
-        "log_settings",
-    }
-)
 
 
 class FrontendProcess:
     """One child frontend: its process, link, control sockets and the requests it handed over."""
 
-    def __init__(self, index: int, settings: ServerSettings, core: Any) -> None:
+    def __init__(self, index: int, settings: ServerSettings, core: InferenceCore) -> None:
         self.index = index
         self.settings = settings
         self.core = core
@@ -204,8 +182,10 @@ class FrontendProcess:
                 )
 
     async def _call(self, method: str, args: tuple) -> Any:
-        if method == "resolve_rules":
-            rules = self.core.resolve(*args).scheduler.rules
+        """A ControlAPI call (server/core/api.py) on the core; what cannot be pickled travels
+        as what the frontend process needs of it."""
+        if method == "resolve":  # a version travels as its input rules
+            rules = self.core.input_rules(self.core.resolve(*args))
             return RemoteRules(rules.max_batch_size, dict(rules.inputs))
         if method == "model_config":  # a protobuf message travels as its serialized bytes
             return self.core.model_config(*args).SerializeToString()
@@ -238,7 +218,7 @@ class FrontendProcess:
 class FrontendPool:
     """The extra frontend processes of one server, restarted when one dies."""
 
-    def __init__(self, settings: ServerSettings, core: Any) -> None:
+    def __init__(self, settings: ServerSettings, core: InferenceCore) -> None:
         self.settings = settings
         self.core = core
         self.children: list[FrontendProcess] = []

@@ -1,13 +1,13 @@
-"""The core a frontend process serves from: the same API as server/core/inference_core.py, answered
-by the process that owns the models.
+"""The core a frontend process serves from: the same API (server/core/api.py's CoreAPI) as
+server/core/inference_core.py, answered by the process that owns the models.
 
-Inference goes over the frontend link (server/multiprocess/link.py: tensors through shared memory,
-one message each way per request, no task per request on the frontend side). Everything else
-(health, metadata, configuration, statistics, the repository API) is a blocking call to the owner
-over a control socket: the frontends call those synchronously from their handlers, they are rare,
-and the owner answers them on its event loop, so what a frontend process reports is exactly what the
-owner knows. Loads and unloads, which take seconds, use a second control socket from a thread, so
-that a health check answered meanwhile never waits behind them.
+Inference goes over the frontend link (server/multiprocess/link.py: tensors through shared
+memory, one message each way per request, no task per request on the frontend side). Everything
+else (health, metadata, configuration, statistics, the repository API) is a blocking call to the
+owner over a control socket: the frontends call those synchronously from their handlers, they
+are rare, and the owner answers them on its event loop, so what a frontend process reports is
+exactly what the owner knows. Loads and unloads, which take seconds, use a second control socket
+from a thread, so that a health check answered meanwhile never waits behind them.
 """
 
 from __future__ import annotations
@@ -17,14 +17,22 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from multiprocessing.connection import Connection
-from types import SimpleNamespace
 from typing import Any
 
 from protocol.errors import HTTP_ENDPOINT, Unavailable, server_exiting
 from protocol.link_codec import pack_request, unpack_response
 from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.stream import StreamItem
-from protocol.types import InferRequest, InferResponse
+from protocol.traffic import TrafficSpec
+from protocol.types import (
+    IndexEntry,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    StatisticsSnapshot,
+)
+from server.core.api import InputRule, InputRules, Resolved
+from server.multiprocess.arena import Arena
 from server.multiprocess.link import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
 from server.observability.runtime_settings import apply_log_settings
 from server.observability.tracing import may_trace
@@ -70,7 +78,9 @@ class ControlClient:
 
 
 class RemoteCore:
-    """server/core/inference_core.py's InferenceCore API, in a frontend process."""
+    """The CoreAPI (server/core/api.py) in a frontend process. It owns the link to the model
+    owner, built here over the two arenas (outgoing, incoming), since the link calls back into
+    this core for every answer."""
 
     def __init__(
         self,
@@ -78,12 +88,14 @@ class RemoteCore:
         quick: ControlClient,
         slow: ControlClient,
         loop: asyncio.AbstractEventLoop,
+        outgoing: Arena,
+        incoming: Arena,
     ) -> None:
         self.settings = settings
         self.quick = quick
         self.slow = slow
         self.loop = loop
-        self.link: HandoverLink | None = None
+        self.link = HandoverLink(outgoing, incoming, self.on_message, self.on_lost)
         self.started = False
         self.exiting = False
         self.inflight = 0
@@ -91,7 +103,7 @@ class RemoteCore:
         self._idle.set()
         self._pending: dict[int, asyncio.Future] = {}
         self._next_id = 0
-        self._rules: dict[tuple[str, str], tuple[float, Any]] = {}
+        self._rules: dict[tuple[str, str], tuple[float, RemoteRules]] = {}
         # OpenTelemetry mode: requests carry the client's traceparent to the owner.
         self.propagates_trace = settings.trace_config.get("trace_mode") == ["opentelemetry"]
         self.may_trace = may_trace(settings)
@@ -126,7 +138,7 @@ class RemoteCore:
     def server_metadata(self) -> dict:
         return self.quick.call("server_metadata")
 
-    def model_metadata(self, name: str, version: str = "") -> Any:
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         return self.quick.call("model_metadata", name, version)
 
     def model_config(self, name: str, version: str = "") -> ModelConfig:
@@ -135,10 +147,10 @@ class RemoteCore:
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.live() and bool(self.quick.call("model_ready", name, version))
 
-    def statistics(self, name: str = "", version: str = "") -> list:
+    def statistics(self, name: str = "", version: str = "") -> list[StatisticsSnapshot]:
         return self.quick.call("statistics", name, version)
 
-    def repository_index(self, ready_only: bool = False) -> list:
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return self.quick.call("repository_index", ready_only)
 
     async def load_model(
@@ -153,14 +165,16 @@ class RemoteCore:
     def traffic_policy(self, name: str) -> dict:
         return self.quick.call("traffic_policy", name)
 
-    def set_traffic_policy(self, name: str, spec: Any) -> dict:
+    def set_traffic_policy(self, name: str, spec: TrafficSpec) -> dict:
         return self.quick.call("set_traffic_policy", name, spec)
 
     def delete_traffic_policy(self, name: str) -> dict:
         return self.quick.call("delete_traffic_policy", name)
 
     # ----- trace and log settings: the owner's, applied to this process's logging too ----
-    def trace_settings(self, model: str = "", changes: dict | None = None) -> dict:
+    def trace_settings(
+        self, model: str = "", changes: dict[str, list[str] | None] | None = None
+    ) -> dict[str, list[str]]:
         return self.quick.call("trace_settings", model, changes)
 
     def log_settings(self, changes: dict | None = None) -> dict:
@@ -184,20 +198,25 @@ class RemoteCore:
         return self.quick.call("cuda_shared_memory_status", name)
 
     # ----- inference -------------------------------------------------------------------
-    def resolve(self, name: str, version: str = "") -> Any:
+    def resolve(self, name: str, version: str = "") -> RemoteRules:
         """What a raw binary body needs of the version it goes to: its input rules (the
-        owner still picks the version the request runs on)."""
+        owner still picks the version the request runs on), reused for RULES_TTL_S."""
         key = (name, version)
         now = time.monotonic()
         cached = self._rules.get(key)
         if cached is None or now - cached[0] > RULES_TTL_S:
             if len(self._rules) > 1024:
                 self._rules.clear()
-            cached = self._rules[key] = (now, self.quick.call("resolve_rules", name, version))
-        return SimpleNamespace(scheduler=SimpleNamespace(rules=cached[1]))
+            cached = self._rules[key] = (now, self.quick.call("resolve", name, version))
+        return cached[1]
+
+    def input_rules(self, resolved: Resolved) -> InputRules:
+        """In a frontend process a resolved version is its input rules (RemoteRules)."""
+        assert isinstance(resolved, RemoteRules)
+        return resolved
 
     async def infer_stream(
-        self, request: InferRequest, record: Any = None
+        self, request: InferRequest, record: Resolved | None = None
     ) -> AsyncIterator[StreamItem]:
         """The one answer of a model that is not decoupled; decoupled models stream only from
         the model owner's own listeners (the link carries one answer per request)."""
@@ -206,12 +225,13 @@ class RemoteCore:
         )
 
     async def infer(
-        self, request: InferRequest, record: Any = None, endpoint: str = HTTP_ENDPOINT
+        self, request: InferRequest, record: Resolved | None = None, endpoint: str = HTTP_ENDPOINT
     ) -> InferResponse:
+        """`record` is not sent: the owner picks the version the request runs on."""
         if self.exiting:
             raise server_exiting()
         link = self.link
-        if link is None or link.closed:
+        if link.closed:
             raise Unavailable(OWNER_GONE)
         self._next_id += 1
         ident = self._next_id
@@ -244,11 +264,12 @@ class RemoteCore:
 
 
 class RemoteRules:
-    """The part of a version's RequestRules a frontend reads (scheduler/validation.py)."""
+    """The part of a version's RequestRules a frontend reads (scheduler/validation.py): the
+    owner's answer to `resolve`, and a frontend process's Resolved."""
 
     __slots__ = ("max_batch_size", "inputs")
 
-    def __init__(self, max_batch_size: int, inputs: dict[str, Any]) -> None:
+    def __init__(self, max_batch_size: int, inputs: dict[str, InputRule]) -> None:
         self.max_batch_size = max_batch_size
         self.inputs = inputs
 

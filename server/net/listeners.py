@@ -24,7 +24,9 @@ METRICS_MAX_CONNECTIONS = 64
 class Listener(uvicorn.Server):
     """A uvicorn server that leaves signal handling to the application."""
 
-    sockets: list[socket.socket] | None = None
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket] | None = None) -> None:
+        super().__init__(config)
+        self.sockets = sockets  # bound before serving (SO_REUSEPORT), or uvicorn binds
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -76,9 +78,7 @@ def uvicorn_listener(
         timeout_keep_alive=keep_alive,  # type: ignore[arg-type]  # an int in uvicorn's hints; any number works
         timeout_graceful_shutdown=5,
     )
-    listener = Listener(config)
-    listener.sockets = [listening_socket(service, host, port, reuse_port)]
-    return listener
+    return Listener(config, [listening_socket(service, host, port, reuse_port)])
 
 
 def listening_socket(service: str, host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -134,9 +134,9 @@ def metrics_limits(limits: ConnectionLimits) -> ConnectionLimits:
 
 
 def http_frontend_listener(core: Any, settings: ServerSettings) -> tuple[Listener, Any]:
-    """The HTTP frontend over `core` (the model owner's InferenceCore, or a frontend process's
-    RemoteCore) and its uvicorn listener; also returns the frontend's parser-process pool,
-    which the caller closes at shutdown."""
+    """The HTTP frontend over `core` (server/core/api.py: the model owner's InferenceCore, or a
+    frontend process's RemoteCore) and its uvicorn listener; also returns the frontend's
+    parser-process pool, which the caller closes at shutdown."""
     from server.http.fast_path import protocol_class
     from server.http.routes import HttpFrontend
 

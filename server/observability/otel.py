@@ -58,8 +58,15 @@ class OtelTrace(Trace):
 
     __slots__ = ("parent", "batch_size", "span", "shift")
 
-    def __init__(self, ident: int, request: InferRequest, settings: dict[str, list[str]]) -> None:
-        super().__init__(ident, request, settings)
+    def __init__(
+        self,
+        ident: int,
+        request: InferRequest,
+        settings: dict[str, list[str]],
+        tracer: Tracer | None = None,
+        parent_id: int = 0,
+    ) -> None:
+        super().__init__(ident, request, settings, tracer, parent_id)
         self.parent = request.traceparent
         self.batch_size = 0
         self.span: Any = None

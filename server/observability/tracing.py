@@ -109,7 +109,14 @@ class Trace:
         "parent_id",
     )
 
-    def __init__(self, ident: int, request: InferRequest, settings: dict[str, list[str]]) -> None:
+    def __init__(
+        self,
+        ident: int,
+        request: InferRequest,
+        settings: dict[str, list[str]],
+        tracer: Tracer | None = None,
+        parent_id: int = 0,
+    ) -> None:
         self.id = ident
         self.model = request.model_name
         self.request_id = request.id
@@ -117,8 +124,8 @@ class Trace:
         self.tensors = "TENSORS" in settings["trace_level"]
         self.timestamps = "TIMESTAMPS" in settings["trace_level"]
         self.finished = False
-        self.tracer: Tracer | None = None  # set by the tracer that made it
-        self.parent_id = 0  # an ensemble step's: the ensemble request's trace id
+        self.tracer = tracer  # the tracer that made it
+        self.parent_id = parent_id  # an ensemble step's: the ensemble request's trace id
         self.stamps: list[tuple[str, int]] = []
         self.activities: list[tuple[str, Tensor]] = []
 
@@ -222,10 +229,9 @@ class Tracer:
         self, request: InferRequest, settings: dict[str, list[str]], parent: Trace | None
     ) -> Trace:
         self.next_id += 1
-        trace = self.record_type(self.next_id, request, settings)
-        trace.tracer = self
-        if parent is not None:
-            trace.parent_id = parent.id
+        trace = self.record_type(
+            self.next_id, request, settings, self, parent.id if parent is not None else 0
+        )
         trace.stamps.extend(request.received)  # the frontend's receive timestamps, if any
         trace.stamp("REQUEST_START")
         if trace.tensors:

@@ -2,8 +2,9 @@
 
 The copy is submitted on the next turn of the event loop after the primary answer is computed
 (so the frontend writes the client's answer first), straight to the shadow version's own
-scheduler. It never waits: a shadow refused by a full queue, or over the in-flight limit, is
-dropped and counted, so it can neither delay nor fail the request it copies.
+scheduler, not through the infer path (server/core/inference_path.py says why). It never waits:
+a shadow refused by a full queue, or over the in-flight limit, is dropped and counted, so it can
+neither delay nor fail the request it copies.
 """
 
 from __future__ import annotations

@@ -127,9 +127,7 @@ KNOWN_UNTIL_MERGE: set[tuple[str, str, str]] = {
     ("circle", "server.http.routes", "server.http.generate"),
     ("circle", "npu.device", "npu.teardown"),
     ("circle", "bench.report", "bench.cpu_side_by_side"),
-    ("circle", "server.core.inference_path", "server.core.streaming"),
     # private names imported across modules
-    ("private", "server.core.streaming", "server.core.inference_path._select_outputs"),
     ("private", "server.multiprocess.child", "server.cli._new_loop"),
     ("private", "protocol.rest.generate", "protocol.rest.encode._json_data"),
     ("private", "protocol.rest.generate", "protocol.rest.inputs._flatten"),

@@ -56,7 +56,7 @@ def test_a_full_queue_says_when_to_retry_on_both_protocols() -> None:
 
     import grpc
 
-    from protocol.errors import Overloaded, set_overload_http_status
+    from protocol.errors import Overloaded, http_status, overload_http_status
     from server.grpc.services import abort
 
     class Context:
@@ -77,13 +77,11 @@ def test_a_full_queue_says_when_to_retry_on_both_protocols() -> None:
         "Exceeds maximum queue size",
         (("retry-after", "7"),),
     )
-    try:
-        set_overload_http_status(429)  # --overload-status=429: HTTP only
-        assert http_error(error, "/")[:2] == (429, {"Retry-After": "7"})
-        assert error.grpc_status_name() == "UNAVAILABLE"
-        assert Unavailable("not ready").http_status() == 503  # only a full queue
-    finally:
-        set_overload_http_status(503)
+    # --overload-status=429: HTTP only; the frontend maps with it, the error table is unchanged
+    assert http_error(error, "/", overload_http_status(429))[:2] == (429, {"Retry-After": "7"})
+    assert error.grpc_status_name() == "UNAVAILABLE"
+    only_a_full_queue = http_status(Unavailable("not ready"), overload_http_status(429))
+    assert only_a_full_queue == 503
     with pytest.raises(ValueError):
-        set_overload_http_status(500)
+        overload_http_status(500)
     assert Overloaded("x", retry_after=0).retry_after == 1  # never "retry at once"
