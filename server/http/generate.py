@@ -14,8 +14,7 @@ backends/python/worker/bridge.py) instead of growing the server's memory.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -34,10 +33,9 @@ from protocol.rest.generate import (
 from protocol.stream import StreamItem
 from protocol.types import InferRequest
 from repository.registry import VersionRecord
-from server.http.body import BodyBuffer
-
-if TYPE_CHECKING:  # pragma: no cover
-    from server.http.routes import HttpFrontend
+from server.core.inference_core import InferenceCore
+from server.http.body import BodyBuffer, BodyLimit
+from server.http.responses import Handler
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +43,6 @@ ONE_RESPONSE_ERROR = (
     "generate expects model to produce exactly 1 response, use generate "
     "stream for model that generates various number of responses"
 )
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 def input_schemas(record: VersionRecord) -> dict[str, InputSchema]:
@@ -56,9 +53,11 @@ def input_schemas(record: VersionRecord) -> dict[str, InputSchema]:
 
 
 class GenerateEndpoints:
-    def __init__(self, frontend: HttpFrontend) -> None:
-        self.frontend = frontend
-        self.core = frontend.core
+    """Both generate routes over one core, reading bodies within the frontend's limit."""
+
+    def __init__(self, core: InferenceCore, body_limit: BodyLimit) -> None:
+        self.core = core
+        self.body_limit = body_limit
 
     def routes(self, prefix: str) -> list[tuple[str, Handler, str]]:
         return [
@@ -71,8 +70,8 @@ class GenerateEndpoints:
         name = params["model"]
         version = "" if params.get("version") is None else str(params["version"])
         record = self.core.resolve(name, version)  # 404 before reading a body for nobody
-        settings = self.frontend.settings
-        limit = self.frontend.body_limit
+        settings = self.core.settings
+        limit = self.body_limit
         limit.check_declared(request.headers)
         buffer = BodyBuffer(limit)
         async for chunk in request.stream():

@@ -65,7 +65,7 @@ class _FakeContext:
 @pytest.mark.parametrize("error_class", ALL_ERROR_CLASSES, ids=lambda c: c.__name__)
 def test_both_frontends_answer_through_the_table(error_class: type[ServerError]) -> None:
     from server.grpc.services import abort
-    from server.http.routes import error_response
+    from server.http.responses import error_response
 
     error = error_class("the same text")
     response = error_response(error)
