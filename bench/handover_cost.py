@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import numpy as np  # noqa: E402
 
-from bench.cpu_side_by_side import _process_cpu  # noqa: E402
+from bench.cpu_time import process_cpu  # noqa: E402
 from examples.build_repository import build_simple, build_simple_batching  # noqa: E402
 from harness.procutil import connection_peers, frontend_children  # noqa: E402
 from harness.serverproc import ServerProcess, start_server  # noqa: E402
@@ -133,9 +133,9 @@ def measure(
         tasks = [asyncio.ensure_future(w) for w in workers]
         await asyncio.sleep(1.0)  # warm up
         start_done, start = done, time.monotonic()
-        before = {pid: _process_cpu(pid) for pid in pids}
+        before = {pid: process_cpu(pid) for pid in pids}
         await asyncio.sleep(seconds)
-        after = {pid: _process_cpu(pid) for pid in pids}
+        after = {pid: process_cpu(pid) for pid in pids}
         served = done - start_done
         elapsed = time.monotonic() - start
         deadline = 0.0

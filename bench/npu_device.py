@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.served import CONVERGE_FLAGS, _call, _read_csv  # noqa: E402
+from bench.served import CONVERGE_FLAGS, read_csv, run_command  # noqa: E402
 from npu import acl as npu_acl  # noqa: E402
 from npu import aipp as npu_aipp  # noqa: E402
 from npu.description import ModelDescription  # noqa: E402
@@ -172,7 +172,7 @@ def served(
                         "-f",
                         str(csv_path),
                     ]
-                    code, output = _call(command, timeout=300)
+                    code, output = run_command(command, timeout=300)
                     (out / f"served-{protocol}-c{level}.log").write_text(output)
                     point: dict[str, Any] = {
                         "protocol": protocol,
@@ -180,7 +180,7 @@ def served(
                         "command": " ".join(command),
                     }
                     if code == 0 and csv_path.exists():
-                        row = _read_csv(csv_path)
+                        row = read_csv(csv_path)
                         point.update(
                             infer_per_sec=float(row["Inferences/Second"]),
                             p99_us=float(row["p99 latency"]),

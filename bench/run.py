@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import cpu_side_by_side, floor, handover_cost, offline, report, served  # noqa: E402
+from bench.machine import load_average, machine_info, portable  # noqa: E402
 from bench.sections import carry_sections  # noqa: E402
 from examples.build_repository import (  # noqa: E402
     build_conv_compute,
@@ -305,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     flags = QUICK_FLAGS if args.quick else served.CONVERGE_FLAGS
     repetitions = 1 if args.quick else 3
-    load_before = report.load_average()
-    machine = report.machine_info(perf_analyzer)
+    load_before = load_average()
+    machine = machine_info(perf_analyzer)
     progress(f"machine: {machine['nproc']} CPUs, {machine['CPU']}, load {load_before}")
 
     repo = args.out_dir / "models"
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         side_by_side=side_by_side,
         handover=handover,
         notes=[
-            f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
+            f"load average (1/5/15 min) before: {load_before}, after: {load_average()}",
             f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
             + (" (--quick: smoke run, not numbers)" if args.quick else ""),
         ],
@@ -397,9 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     # sections the standalone benchmarks wrote (bench/sections.py) are kept
     results_path.write_text(carry_sections(report.render(results), results_path))
     raw_path = args.out_dir / "results.json"
-    raw_path.write_text(
-        report.portable(json.dumps(dataclasses.asdict(results), indent=1), perf_analyzer)
-    )
+    raw_path.write_text(portable(json.dumps(dataclasses.asdict(results), indent=1), perf_analyzer))
     progress(f"wrote {results_path} and {raw_path}")
     for line in report.verdicts(results):
         print(line)
