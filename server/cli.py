@@ -500,7 +500,8 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
     )
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where installed: the server's loop, in the main process and every frontend child."""
     try:
         import uvloop
 
@@ -518,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from server.app import ServerApp
 
-    loop = _new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(ServerApp(settings).run())

@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s frontend-{args.index} %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from server.cli import _new_loop
+    from server.cli import new_event_loop
 
-    loop = _new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(

@@ -31,9 +31,9 @@ from backends.python.wire.framing import (
     ALIGN,
     ArenaReader,
     TensorRef,
-    _round_up,
     map_anonymous,
     plan_group,
+    round_up,
     write_planned,
 )
 
@@ -54,7 +54,7 @@ class RingWriter:
     def __init__(
         self, capacity: int = DEFAULT_RING_BYTES, wait_s: float = 30.0, grow_when_full: bool = False
     ) -> None:
-        self._capacity = _round_up(capacity, mmap.PAGESIZE)
+        self._capacity = round_up(capacity, mmap.PAGESIZE)
         self._wait_s = wait_s
         self._grow_when_full = grow_when_full  # for a writer that must never block (a loop)
         self._map: mmap.mmap | None = None
@@ -105,7 +105,7 @@ class RingWriter:
         return _POSITION.unpack_from(self._map, 0)[0]
 
     def _replace(self, capacity: int) -> int:
-        capacity = _round_up(capacity, mmap.PAGESIZE)
+        capacity = round_up(capacity, mmap.PAGESIZE)
         fd, mapped = map_anonymous(HEADER_BYTES + capacity)
         self.close()
         self._fd, self._map, self._capacity, self._head = fd, mapped, capacity, 0
