@@ -1,9 +1,9 @@
 """Shared-memory rings for the messages that do not wait for a reply.
 
-The request/reply arenas (backends/python/wire/framing.py) are rewritten by every call, which is safe
-only because each call waits for its answer. Decoupled responses and BLS traffic go out while
-other work is in flight, so each side also owns a ring: the writer copies a message's tensors
-into the next free stretch and sends the refs on the socket; the reader copies them out (in
+The request/reply arenas (backends/python/wire/framing.py) are rewritten by every call, which is
+safe only because each call waits for its answer. Decoupled responses and BLS traffic go out
+while other work is in flight, so each side also owns a ring: the writer copies a message's
+tensors into the next free stretch and sends the refs on the socket; the reader copies them out (in
 the order the messages arrive, which is the order they were written) and publishes how far it
 has read in the ring's first eight bytes. The writer reuses space only behind that mark, so a
 tensor is never overwritten before it has been read, and no tensor is ever pickled (BYTES
@@ -11,6 +11,12 @@ tensors, which have no fixed layout, are).
 
 A message bigger than the ring gets a bigger ring: its file descriptor rides with the message,
 and every earlier message, in the old ring, is read before it (one socket, in order).
+
+Why not server/multiprocess/arena.py's RingAllocator, the other memfd ring: that one serves
+zero-copy views that the reader gives back in any order (a message on the link per region) and
+never blocks (no room: the tensors go inline), while here the reader copies every message out in
+the order written and only publishes a read mark in the ring itself, so the writer can wait for
+room or grow the ring and every message's tensors stay off the socket.
 
 Used by both processes, so it imports only the standard library, numpy and python_ipc.
 """
