@@ -12,7 +12,7 @@ for ascend-serve only, the ONNX `simple` model (the Triton wheel has no ONNX Run
 Triton is `tritonserver` from the `nvidia-pytriton==0.7.0` wheel, found in `.venv-triton`
 (`make bench` installs it there) or under $TRITONSERVER_DIST; when absent the report says so.
 
-    .venv/bin/python bench/cpu_side_by_side.py [--rounds 3] [--no-triton]
+    .venv/bin/python -m bench.cpu_side_by_side [--rounds 3] [--no-triton]
 """
 
 from __future__ import annotations
@@ -33,15 +33,13 @@ from pathlib import Path
 
 import httpx
 
+from bench import served
+from bench.cpu_time import process_cpu, process_tree
+from bench.machine import portable
+from examples.build_repository import build_simple
+from harness.serverproc import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench import served  # noqa: E402
-from bench.cpu_time import process_cpu, process_tree  # noqa: E402
-from bench.machine import portable  # noqa: E402
-from examples.build_repository import build_simple  # noqa: E402
-from harness.serverproc import free_port  # noqa: E402
-
 CONCURRENCY = 8
 SERVER_CPU, CLIENT_CPU = 0, 1
 PY_MODEL = "py_add"

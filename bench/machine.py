@@ -92,7 +92,7 @@ def portable(text: str, perf_analyzer: str = "", root: Path = ROOT) -> str:
 
 def _replace_prefix(text: str, prefix: str, inside: str, itself: str) -> str:
     """Paths under `prefix` as `inside` + the rest, `prefix` alone as `itself`; a path that only
-    contains or extends it (/x/work/main, /work/main2 for /work/main) is left alone."""
+    contains or extends it (/x/srv/main, /srv/main2 for /srv/main) is left alone."""
     if prefix in ("", "/"):
         return text
     pattern = r"(?<![\w.~/-])" + re.escape(prefix) + r"(/|(?![\w.-]))"

@@ -1,7 +1,7 @@
 """Run the benchmark end to end and write bench/RESULTS.md.
 
     make bench                                   # or, with a perf_analyzer binary at hand:
-    PERF_ANALYZER=/path/to/perf_analyzer python bench/run.py [--quick] [--results FILE]
+    PERF_ANALYZER=/path/to/perf_analyzer python -m bench.run [--quick] [--results FILE]
 
 Steps: build `conv_compute`, `conv_compute_nobatch`, `dense_compute`, `dense_compute_nobatch`,
 `mlp_compute` and `simple` into bench/out/models (the example builders, so the files are
@@ -31,23 +31,20 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench import cpu_side_by_side, floor, handover_cost, offline, report, served  # noqa: E402
-from bench.machine import load_average, machine_info, portable  # noqa: E402
-from bench.sections import carry_sections  # noqa: E402
-from examples.build_repository import (  # noqa: E402
+from bench import cpu_side_by_side, floor, handover_cost, offline, report, served
+from bench.machine import load_average, machine_info, portable
+from bench.sections import carry_sections
+from examples.build_repository import (
     build_conv_compute,
     build_conv_compute_nobatch,
     build_dense_compute,
     build_dense_compute_nobatch,
     build_simple,
 )
-from examples.mlp_compute import build_mlp_compute  # noqa: E402
-from harness.serverproc import free_port, running_server  # noqa: E402
+from examples.mlp_compute import build_mlp_compute
+from harness.serverproc import free_port, running_server
 
+ROOT = Path(__file__).resolve().parents[1]
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONCURRENCIES = (1, 8, 32, 64)
 PROTOCOLS = ("http", "grpc")

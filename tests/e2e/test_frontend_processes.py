@@ -25,13 +25,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from testmodels import (
     SLEEPER_MODEL,
-    build_identity_fp32,
     sleeper_config,
     write_python_model,
     write_queued_model,
 )
 
 from harness import procutil
+from harness.models import build_identity_fp32
 from harness.procutil import (
     connection_owners,
     connection_peers,

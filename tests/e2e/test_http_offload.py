@@ -29,8 +29,8 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from testmodels import build_identity_fp32
 
+from harness.models import build_identity_fp32
 from harness.serverproc import ServerProcess, running_server
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceStub

@@ -1,4 +1,4 @@
-"""bench/npu_device.py on the emulator: the device-only loop per gear and the report files
+"""bench/studies/npu_device.py on the emulator: the device-only loop per gear and the report files
 (the served half needs perf_analyzer and is exercised on hardware runs)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import om_fixtures as omf
 
-from bench import npu_device
+from bench.studies import npu_device
 
 
 def test_device_only_measures_every_gear(acl_emu, tmp_path):

@@ -4,5 +4,5 @@
 def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
     config.addinivalue_line(
         "markers",
-        "soak: the two-minute soak and chaos run (bench/soak.py) with its negative control",
+        "soak: the two-minute soak and chaos run (bench/soak/run.py) with its negative control",
     )

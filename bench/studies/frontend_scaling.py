@@ -10,7 +10,7 @@ read from /proc during the run, gives h = (owner CPU - own requests * f) / hande
 The frontend process's own cost per request is g. bench/FINDINGS.md 9.9 turns f, g and h into
 throughput against cores.
 
-    .venv/bin/python bench/frontend_scaling.py [--rounds 2] [--protocol http|grpc]
+    .venv/bin/python -m bench.studies.frontend_scaling [--rounds 2] [--protocol http|grpc]
 """
 
 from __future__ import annotations
@@ -19,22 +19,17 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bench import served  # noqa: E402
-from bench.cpu_time import process_cpu  # noqa: E402
-from examples.build_repository import build_simple, build_simple_batching  # noqa: E402
-from harness.procutil import connection_owners, frontend_children  # noqa: E402
-from harness.serverproc import start_server  # noqa: E402
+from bench import served
+from bench.cpu_time import process_cpu
+from examples.build_repository import build_simple, build_simple_batching
+from harness.procutil import connection_owners, frontend_children
+from harness.serverproc import start_server
 
 CONCURRENCY = 16
 MODEL = "simple_batching"  # add/sub of [16] INT32 with dynamic batching (500 µs)

@@ -12,7 +12,7 @@ CPU 0 (their clients share CPU 1), so a neighbour's burst hits both alike; each 
 half the core, which is a different operating point from the interleaved runs (compare A with
 B, not across modes).
 
-    .venv/bin/python bench/python_model_ab.py --a /work/wt-base --b . [--rounds 4]
+    .venv/bin/python -m bench.ab.python_model_ab --a ../base-checkout --b . [--rounds 4]
         [--model py_add] [--protocols http,grpc] [--out-dir bench/out/ab] [--together]
 
 The model comes from this tree's bench/models (the same model.py for both servers); `--model
@@ -33,15 +33,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import served
+from bench.cpu_side_by_side import CLIENT_CPU, CONCURRENCY, PinnedServer
+from bench.cpu_time import process_cpu
+from examples.build_repository import build_simple
+from harness.serverproc import free_port
 
-from bench import served  # noqa: E402
-from bench.cpu_side_by_side import CLIENT_CPU, CONCURRENCY, PinnedServer  # noqa: E402
-from bench.cpu_time import process_cpu  # noqa: E402
-from examples.build_repository import build_simple  # noqa: E402
-from harness.serverproc import free_port  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 PERF_ANALYZER = "/root/.cache/perf-analyzer/perf_analyzer"
 
 
