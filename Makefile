@@ -69,12 +69,12 @@ fuzz: $(VENV)/.installed-test
 		tests/e2e/test_fuzz_http.py tests/e2e/test_fuzz_grpc.py --timeout=0 \
 		--hypothesis-show-statistics $(PYTEST_ARGS)
 
-# The long soak and chaos run (bench/soak.py, see bench/README.md); `make test` runs a
+# The long soak and chaos run (bench/soak/run.py, see bench/README.md); `make test` runs a
 # two-minute one (tests/soak). SOAK_SECONDS sets the length of the chaos.
 .PHONY: soak
 SOAK_SECONDS ?= 1800
 soak: $(VENV)/.installed-test
-	$(PY) bench/soak.py --seconds $(SOAK_SECONDS) --negative-control-seconds 30
+	$(PY) -m bench.soak.run --seconds $(SOAK_SECONDS) --negative-control-seconds 30
 
 # Triton 2.51 for bench/cpu_side_by_side.py (run by bench/run.py): installed into .venv-triton when
 # missing; if that fails the benchmark still runs and its report says Triton was not measured.
@@ -87,7 +87,7 @@ bench: $(VENV)/.installed-test models
 		{ $(PYTHON) -m venv $(TRITON_VENV) && $(TRITON_VENV)/bin/pip install --quiet $(TRITON_WHEEL); } \
 			|| echo "could not install $(TRITON_WHEEL): the report will say Triton was not measured"; \
 	fi
-	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) bench/run.py
+	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) -m bench.run
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache .hypothesis

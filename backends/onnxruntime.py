@@ -69,7 +69,8 @@ def default_intra_op_threads(config: ModelConfig) -> int:
     return max(1, (cpus - 1) // instances)
 
 
-def _session_options(config: ModelConfig) -> Any:
+def session_options(config: ModelConfig) -> Any:
+    """The ORT session options a model's config asks for (bench/offline.py runs with the same)."""
     ort = _import_ort()
     options = ort.SessionOptions()
     params = config.parameters
@@ -211,7 +212,7 @@ class OnnxRuntimeBackend(Backend):
                 )
         try:
             self._session = ort.InferenceSession(
-                str(path), sess_options=_session_options(self.config), providers=providers
+                str(path), sess_options=session_options(self.config), providers=providers
             )
         except Exception as exc:
             raise BackendError(f"unable to load ONNX model '{path}': {exc}") from exc

@@ -12,7 +12,7 @@ for ascend-serve only, the ONNX `simple` model (the Triton wheel has no ONNX Run
 Triton is `tritonserver` from the `nvidia-pytriton==0.7.0` wheel, found in `.venv-triton`
 (`make bench` installs it there) or under $TRITONSERVER_DIST; when absent the report says so.
 
-    .venv/bin/python bench/cpu_side_by_side.py [--rounds 3] [--no-triton]
+    .venv/bin/python -m bench.cpu_side_by_side [--rounds 3] [--no-triton]
 """
 
 from __future__ import annotations
@@ -33,14 +33,13 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench import report as bench_report  # noqa: E402
 from bench import served
-from examples.build_repository import build_simple  # noqa: E402
-from harness.serverproc import free_port  # noqa: E402
+from bench.cpu_time import process_cpu, process_tree
+from bench.machine import portable
+from examples.build_repository import build_simple
+from harness.serverproc import free_port
 
+ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 8
 SERVER_CPU, CLIENT_CPU = 0, 1
 PY_MODEL = "py_add"
@@ -148,7 +147,7 @@ class PinnedServer:
 
     def tree_cpu(self) -> float:
         """CPU seconds of the server and every process below it."""
-        return sum(_process_cpu(pid) for pid in _descendants(self.process.pid))
+        return sum(process_cpu(pid) for pid in process_tree(self.process.pid))
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -159,30 +158,6 @@ class PinnedServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _process_cpu(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_ours(repo: Path, out_dir: Path, round_no: int) -> PinnedServer:
@@ -262,7 +237,7 @@ def measure(
     flags: Sequence[str] = served.CONVERGE_FLAGS,
 ) -> tuple[Sample, list[str]]:
     sample = Sample(server.name, model, protocol, round_no)
-    url = server.http.routes if protocol == "http" else server.grpc.services
+    url = server.http if protocol == "http" else server.grpc
     csv_path = out_dir / f"{server.name}-{model}-{protocol}-r{round_no}.csv"
     csv_path.unlink(missing_ok=True)
     command = [
@@ -282,18 +257,18 @@ def measure(
         "-f",
         str(csv_path),
     ]
-    before_stats = served._model_stats(f"http://{server.http.routes}", model)
+    before_stats = served.model_stats(f"http://{server.http}", model)
     before_cpu = server.tree_cpu()
-    returncode, output = served._call(command, 180)
+    returncode, output = served.run_command(command, 180)
     cpu = server.tree_cpu() - before_cpu
-    after_stats = served._model_stats(f"http://{server.http.routes}", model)
+    after_stats = served.model_stats(f"http://{server.http}", model)
     (out_dir / f"{csv_path.stem}.log").write_text(output)
-    requests = served._split(before_stats, after_stats).requests
+    requests = served.server_split(before_stats, after_stats).requests
     if returncode != 0 or not csv_path.exists() or requests <= 0:
         lines = [line.strip() for line in output.splitlines() if line.strip()]
         sample.error = f"exit {returncode}: " + " / ".join(lines[-2:])
         return sample, command
-    sample.infer_per_sec = float(served._read_csv(csv_path)["Inferences/Second"])
+    sample.infer_per_sec = float(served.read_csv(csv_path)["Inferences/Second"])
     sample.cpu_us = 1e6 * cpu / requests
     return sample, command
 
@@ -309,8 +284,8 @@ def run(
     """Every round: ascend-serve (py_add and simple, HTTP and gRPC), then Triton (py_add).
     `commands` holds the first round's command lines without this machine's paths."""
 
-    def portable(command: list[str]) -> str:
-        return bench_report.portable(shlex.join(command), perf_analyzer)
+    def command_line(command: list[str]) -> str:
+        return portable(shlex.join(command), perf_analyzer)
 
     result = SideBySide()
     if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:
@@ -333,7 +308,7 @@ def run(
         )
     else:
         backends = triton_backends(dist, out_dir)
-        result.triton = f"{TRITON_WHEEL} ({bench_report.portable(str(dist))})"
+        result.triton = f"{TRITON_WHEEL} ({portable(str(dist))})"
     plan: list[tuple[str, list[tuple[str, str]]]] = [
         (
             "ascend-serve",
@@ -352,13 +327,13 @@ def run(
             try:
                 server.wait_ready()
                 if round_no == 1:
-                    result.commands.append(portable(server.command))
+                    result.commands.append(command_line(server.command))
                 for model, protocol in points:
                     sample, command = measure(
                         perf_analyzer, server, model, protocol, round_no, out_dir, flags
                     )
                     if round_no == 1:
-                        result.commands.append(portable(command))
+                        result.commands.append(command_line(command))
                     result.samples.append(sample)
                     progress(
                         f"  round {round_no} {name} {model} {protocol} c{CONCURRENCY}: "

@@ -27,10 +27,6 @@ import httpx
 import numpy as np
 from google.protobuf import json_format
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto import grpc_service_pb2_grpc as service
 

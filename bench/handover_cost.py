@@ -11,7 +11,7 @@ channel), `--connections` of them, in this process; CPU is read from /proc, so t
 not depend on how fast the client is, only the throughput does. bench/FINDINGS.md 9.9 uses
 them.
 
-    .venv/bin/python bench/handover_cost.py [--seconds 8] [--rounds 2]
+    .venv/bin/python -m bench.handover_cost [--seconds 8] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,16 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from bench.cpu_side_by_side import _process_cpu  # noqa: E402
-from examples.build_repository import build_simple, build_simple_batching  # noqa: E402
-from harness.procutil import connection_peers, frontend_children  # noqa: E402
-from harness.serverproc import ServerProcess, start_server  # noqa: E402
+from bench.cpu_time import process_cpu
+from examples.build_repository import build_simple, build_simple_batching
+from harness.procutil import connection_peers, frontend_children
+from harness.serverproc import ServerProcess, start_server
 
 MODEL = "simple_batching"  # add/sub of [16] INT32 with dynamic batching; or "simple"
 
@@ -133,9 +128,9 @@ def measure(
         tasks = [asyncio.ensure_future(w) for w in workers]
         await asyncio.sleep(1.0)  # warm up
         start_done, start = done, time.monotonic()
-        before = {pid: _process_cpu(pid) for pid in pids}
+        before = {pid: process_cpu(pid) for pid in pids}
         await asyncio.sleep(seconds)
-        after = {pid: _process_cpu(pid) for pid in pids}
+        after = {pid: process_cpu(pid) for pid in pids}
         served = done - start_done
         elapsed = time.monotonic() - start
         deadline = 0.0

@@ -1,9 +1,11 @@
-"""The machine description at the top of bench/RESULTS.md: CPUs, memory, versions, load."""
+"""The machine description at the top of bench/RESULTS.md (CPUs, memory, versions, load), and
+`portable`: report text with this machine's paths taken out."""
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -76,3 +78,22 @@ def machine_info(perf_analyzer: str) -> dict[str, str]:
         "perf_analyzer": f"{_command_output([perf_analyzer, '--version'])} ({perf_analyzer})",
         "git": _command_output(["git", "describe", "--always", "--dirty"]),
     }
+
+
+def portable(text: str, perf_analyzer: str = "", root: Path = ROOT) -> str:
+    """`text` without this machine's paths, so reports from different machines diff cleanly:
+    the perf_analyzer binary as `$PERF_ANALYZER`, paths in the checkout relative to its root
+    (the root itself as `.`), and other paths in the home directory under `~`."""
+    if "/" in perf_analyzer:  # a bare name found on PATH is no machine path
+        text = text.replace(perf_analyzer, "$PERF_ANALYZER")
+    text = _replace_prefix(text, str(root), inside="", itself=".")
+    return _replace_prefix(text, str(Path.home()), inside="~/", itself="~")
+
+
+def _replace_prefix(text: str, prefix: str, inside: str, itself: str) -> str:
+    """Paths under `prefix` as `inside` + the rest, `prefix` alone as `itself`; a path that only
+    contains or extends it (/x/srv/main, /srv/main2 for /srv/main) is left alone."""
+    if prefix in ("", "/"):
+        return text
+    pattern = r"(?<![\w.~/-])" + re.escape(prefix) + r"(/|(?![\w.-]))"
+    return re.sub(pattern, lambda m: inside if m.group(1) else itself, text)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 # The server's own options builder (private, but using it is what makes the ratio fair).
-from backends.onnxruntime import _session_options
+from backends.onnxruntime import session_options
 from repository.config import read_config
 
 _RANDOM = {
@@ -59,7 +59,7 @@ def open_session(model_dir: Path, version: str = "1") -> Any:
     config = read_config(model_dir)
     path = model_dir / version / "model.onnx"
     return ort.InferenceSession(
-        str(path), sess_options=_session_options(config), providers=["CPUExecutionProvider"]
+        str(path), sess_options=session_options(config), providers=["CPUExecutionProvider"]
     )
 
 

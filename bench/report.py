@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.machine import load_average, machine_info  # noqa: F401 - bench/run.py uses them
+from bench import cpu_side_by_side, handover_cost
+from bench.machine import portable
 from bench.offline import Latency, Throughput
 from bench.served import RETRY_FLAGS, Point
 
@@ -307,8 +307,6 @@ def verdicts(r: Results) -> list[str]:
             f"{direct.p50_us:,.1f} µs direct = {added:,.0f} µs added{floor_note}"
         )
     if r.side_by_side is not None:
-        from bench import cpu_side_by_side  # not at the top: it imports this module
-
         lines += cpu_side_by_side.verdicts(r.side_by_side)
     return lines + _ratio_lines(r, r.reference_models, target=False)
 
@@ -347,25 +345,6 @@ def _model_section(r: Results, models: dict[str, str], title: str, intro: list[s
         *_throughput_table(r, r.points_of(models)),
         "",
     ]
-
-
-def portable(text: str, perf_analyzer: str = "", root: Path = ROOT) -> str:
-    """`text` without this machine's paths, so reports from different machines diff cleanly:
-    the perf_analyzer binary as `$PERF_ANALYZER`, paths in the checkout relative to its root
-    (the root itself as `.`), and other paths in the home directory under `~`."""
-    if "/" in perf_analyzer:  # a bare name found on PATH is no machine path
-        text = text.replace(perf_analyzer, "$PERF_ANALYZER")
-    text = _replace_prefix(text, str(root), inside="", itself=".")
-    return _replace_prefix(text, str(Path.home()), inside="~/", itself="~")
-
-
-def _replace_prefix(text: str, prefix: str, inside: str, itself: str) -> str:
-    """Paths under `prefix` as `inside` + the rest, `prefix` alone as `itself`; a path that only
-    contains or extends it (/x/work/main, /work/main2 for /work/main) is left alone."""
-    if prefix in ("", "/"):
-        return text
-    pattern = r"(?<![\w.~/-])" + re.escape(prefix) + r"(/|(?![\w.-]))"
-    return re.sub(pattern, lambda m: inside if m.group(1) else itself, text)
 
 
 def render(r: Results) -> str:
@@ -476,11 +455,7 @@ def render(r: Results) -> str:
         )
         out += [title, "", *_latency_table(r, model), ""]
     if r.side_by_side is not None:
-        from bench import cpu_side_by_side  # not at the top: it imports this module
-
         out += cpu_side_by_side.report(r.side_by_side)
     if r.handover is not None:
-        from bench import handover_cost  # not at the top: it starts servers
-
         out += handover_cost.report(r.handover)
     return portable("\n".join(out), r.perf_analyzer)

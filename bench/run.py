@@ -1,7 +1,7 @@
 """Run the benchmark end to end and write bench/RESULTS.md.
 
     make bench                                   # or, with a perf_analyzer binary at hand:
-    PERF_ANALYZER=/path/to/perf_analyzer python bench/run.py [--quick] [--results FILE]
+    PERF_ANALYZER=/path/to/perf_analyzer python -m bench.run [--quick] [--results FILE]
 
 Steps: build `conv_compute`, `conv_compute_nobatch`, `dense_compute`, `dense_compute_nobatch`,
 `mlp_compute` and `simple` into bench/out/models (the example builders, so the files are
@@ -31,22 +31,20 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench import cpu_side_by_side, floor, handover_cost, offline, report, served  # noqa: E402
-from bench.sections import carry_sections  # noqa: E402
-from examples.build_repository import (  # noqa: E402
+from bench import cpu_side_by_side, floor, handover_cost, offline, report, served
+from bench.machine import load_average, machine_info, portable
+from bench.sections import carry_sections
+from examples.build_repository import (
     build_conv_compute,
     build_conv_compute_nobatch,
     build_dense_compute,
     build_dense_compute_nobatch,
     build_simple,
 )
-from examples.mlp_compute import build_mlp_compute  # noqa: E402
-from harness.serverproc import free_port, running_server  # noqa: E402
+from examples.mlp_compute import build_mlp_compute
+from harness.serverproc import free_port, running_server
 
+ROOT = Path(__file__).resolve().parents[1]
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONCURRENCIES = (1, 8, 32, 64)
 PROTOCOLS = ("http", "grpc")
@@ -305,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     flags = QUICK_FLAGS if args.quick else served.CONVERGE_FLAGS
     repetitions = 1 if args.quick else 3
-    load_before = report.load_average()
-    machine = report.machine_info(perf_analyzer)
+    load_before = load_average()
+    machine = machine_info(perf_analyzer)
     progress(f"machine: {machine['nproc']} CPUs, {machine['CPU']}, load {load_before}")
 
     repo = args.out_dir / "models"
@@ -388,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         side_by_side=side_by_side,
         handover=handover,
         notes=[
-            f"load average (1/5/15 min) before: {load_before}, after: {report.load_average()}",
+            f"load average (1/5/15 min) before: {load_before}, after: {load_average()}",
             f"run took {time.monotonic() - _START:.0f}s; perf_analyzer flags: {' '.join(flags)}"
             + (" (--quick: smoke run, not numbers)" if args.quick else ""),
         ],
@@ -397,9 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     # sections the standalone benchmarks wrote (bench/sections.py) are kept
     results_path.write_text(carry_sections(report.render(results), results_path))
     raw_path = args.out_dir / "results.json"
-    raw_path.write_text(
-        report.portable(json.dumps(dataclasses.asdict(results), indent=1), perf_analyzer)
-    )
+    raw_path.write_text(portable(json.dumps(dataclasses.asdict(results), indent=1), perf_analyzer))
     progress(f"wrote {results_path} and {raw_path}")
     for line in report.verdicts(results):
         print(line)

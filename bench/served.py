@@ -103,7 +103,7 @@ class Point:
         return shlex.join(self.command)
 
 
-def _model_stats(base_url: str, model: str) -> dict | None:
+def model_stats(base_url: str, model: str) -> dict | None:
     try:
         response = httpx.get(f"{base_url}/v2/models/{model}/stats", timeout=10.0)
         response.raise_for_status()
@@ -112,7 +112,7 @@ def _model_stats(base_url: str, model: str) -> dict | None:
         return None
 
 
-def _split(before: dict | None, after: dict | None) -> ServerSplit:
+def server_split(before: dict | None, after: dict | None) -> ServerSplit:
     if not before or not after:
         return ServerSplit()
 
@@ -178,7 +178,7 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _read_csv(path: Path) -> dict[str, str]:
+def read_csv(path: Path) -> dict[str, str]:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:
@@ -186,7 +186,7 @@ def _read_csv(path: Path) -> dict[str, str]:
     return rows[0]
 
 
-def _call(command: list[str], timeout: float) -> tuple[int, str]:
+def run_command(command: list[str], timeout: float) -> tuple[int, str]:
     try:
         run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         return run.returncode, run.stdout + run.stderr
@@ -213,7 +213,7 @@ def run_point(
     does not stabilise); never raises for a failed measurement."""
     stem = f"{model}-{protocol}-c{concurrency}"
     csv_path = out_dir / f"{stem}.csv"
-    before = _model_stats(http_base, model)
+    before = model_stats(http_base, model)
     threads_before, client_before = _thread_cpu(server_pid), _children_cpu()
     start = time.monotonic()
     for attempt in (flags, RETRY_FLAGS):
@@ -232,19 +232,19 @@ def run_point(
             "-f",
             str(csv_path),
         ]
-        returncode, output = _call(command, timeout)
+        returncode, output = run_command(command, timeout)
         if returncode == 0 or "stable measurement" not in output:
             break
     point = Point(model, protocol, concurrency, command, retried=attempt is RETRY_FLAGS)
     point.seconds = time.monotonic() - start
     point.cpu = _cpu(server_pid, threads_before, _children_cpu() - client_before)
-    point.server = _split(before, _model_stats(http_base, model))
+    point.server = server_split(before, model_stats(http_base, model))
     (out_dir / f"{stem}.log").write_text(output)
     if returncode != 0 or not csv_path.exists():
         lines = [line.strip() for line in output.splitlines() if line.strip()]
         point.error = f"exit {returncode}: " + (" / ".join(lines[-3:]) or "no output")
         return point
-    row = _read_csv(csv_path)
+    row = read_csv(csv_path)
     point.infer_per_sec = float(row["Inferences/Second"])
     point.p50_us = float(row["p50 latency"])
     point.p99_us = float(row["p99 latency"])

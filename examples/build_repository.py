@@ -167,7 +167,7 @@ def identity_bytes_config(name: str = "identity_bytes") -> str:
 
 def make_simple_model() -> onnx.ModelProto:
     """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1; INT32 ['batch', 16]."""
-    shape = ["batch", SIMPLE_DIM]
+    shape: list[str | int | None] = ["batch", SIMPLE_DIM]
     graph = helper.make_graph(
         [
             helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"], name="add"),

@@ -251,7 +251,7 @@ def build_pipeline(repo: Path) -> list[Path]:
     return [build(Path(repo)) for build in PIPELINE_BUILDERS.values()]
 
 
-def preprocess_reference(image):  # type: ignore[no-untyped-def]
+def preprocess_reference(image):
     """What `preprocess` computes, in numpy, for tests: [N, 32, 32, 3] uint8 -> [N, 3, 32, 32]."""
     import numpy as np
 

@@ -1,5 +1,6 @@
-"""A scheduler with nothing to start or stop, for tests (and bench/traffic_routing.py) that drive
-server/core/inference_path.py over a registry of fake versions: subclasses write `_admit` only."""
+"""A scheduler with nothing to start or stop, for tests (and bench/studies/traffic_routing.py)
+that drive server/core/inference_path.py over a registry of fake versions: subclasses write
+`_admit` only."""
 
 from __future__ import annotations
 

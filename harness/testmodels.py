@@ -1,6 +1,6 @@
 """Small models several test files run: a Python model that sleeps and tells its pid, an ONNX
-model whose one-slot queue one request fills, and an ONNX FP32 identity for large bodies (also
-built by bench/hostile.py, hence here beside serverproc)."""
+model whose one-slot queue one request fills, and an ONNX FP32 identity for large bodies (which
+bench/studies/hostile.py builds too)."""
 
 from __future__ import annotations
 

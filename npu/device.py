@@ -2,9 +2,11 @@
 
 `acl.init` may run once per process, so it is done here behind a lock (a second init's
 "already initialised" counts as success); `npu/teardown.py` finalizes at exit, after every
-session still open is closed. Each instance opens its own `DeviceSession` on its own thread: a
-device reference, an explicit context bound to that thread, and one stream. Open sessions are
-listed for the telemetry collector and for that teardown.
+session still open is closed (it hands this module that cleanup through `set_exit_cleanup`, so
+this state never imports the teardown that reads it). Each instance opens its own
+`DeviceSession` on its own thread: a device reference, an explicit context bound to that
+thread, and one stream. Open sessions are listed for the telemetry collector and for that
+teardown.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ T = TypeVar("T")
 _init_lock = threading.Lock()
 _initialised: ModuleType | None = None  # the acl module this process initialised
 _atexit_registered = False
+_exit_cleanup: Callable[[], None] | None = None  # npu/teardown.py `at_exit`, once it is imported
 
 _registry_lock = threading.Lock()
 _sessions: list[DeviceSession] = []  # those telemetry reads
@@ -59,6 +62,27 @@ def forget(acl: ModuleType) -> None:
             _initialised = None
 
 
+def reset() -> None:
+    """Forget every session and take new work again, as in a fresh process: for a test that ran
+    the exit teardown, or failed before unloading (its sessions would stay listed)."""
+    global _closing
+    _closing = False
+    with _registry_lock:
+        _sessions.clear()
+        _open.clear()
+
+
+def set_exit_cleanup(cleanup: Callable[[], None]) -> None:
+    """What runs at exit once acl.init has run (registered with atexit by the first init)."""
+    global _exit_cleanup
+    _exit_cleanup = cleanup
+
+
+def _at_exit() -> None:
+    if _exit_cleanup is not None:
+        _exit_cleanup()
+
+
 def ensure_initialised(acl: ModuleType) -> None:
     """acl.init once per process (per acl module object, which is the same thing outside tests)."""
     global _initialised, _atexit_registered
@@ -70,9 +94,7 @@ def ensure_initialised(acl: ModuleType) -> None:
             raise AclError("acl.init", ret, recent_message(acl))
         _initialised = acl
         if not _atexit_registered:
-            from npu import teardown
-
-            atexit.register(teardown.at_exit)
+            atexit.register(_at_exit)
             _atexit_registered = True
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+import npu.teardown  # noqa: F401  (importing it arms the ordered NPU teardown at exit)
 from backends.base import BackendError
 from npu import acl as npu_acl
 from npu import aipp as npu_aipp

@@ -68,8 +68,12 @@ def shutdown(wait_s: float) -> bool:
 
 
 def at_exit() -> None:
-    """Registered with atexit by the first acl.init."""
+    """Run at exit after the first acl.init (npu/device.py registers it with atexit)."""
     try:
         shutdown(exit_wait_s())
     except Exception as exc:  # interpreter teardown: log and let the process end
         log.warning("NPU teardown at exit failed: %s", exc)
+
+
+# Importing this module arms it: npu/om_model.py (what loads models) imports it.
+device.set_exit_cleanup(at_exit)

@@ -83,7 +83,7 @@ def normalize(
         )
     config.name = name
     if config.platform == "ensemble":
-        _normalize_common(config, name)
+        normalize_common(config, name)
         return config
     backend_name = _resolve_backend(config, name, version_dirs)
     backend_cls = registry_backend_class(backend_name, name)
@@ -97,7 +97,7 @@ def normalize(
             backend_cls.auto_complete(config, model_dir, version_dirs[-1])
         except BackendError as exc:
             raise ConfigError(f"model '{name}': auto-complete failed: {exc.message}") from None
-    _normalize_common(config, name)
+    normalize_common(config, name)
     _fill_instance_groups(config, name, backend_name)
     validate(config)
     return config
@@ -112,7 +112,8 @@ def registry_backend_class(backend_name: str, model_name: str) -> Any:
         ) from None
 
 
-def _normalize_common(config: ModelConfig, name: str) -> None:
+def normalize_common(config: ModelConfig, name: str) -> None:
+    """Triton's defaults every config gets, whichever backend it names (in place)."""
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     if config.HasField("sequence_batching"):  # Triton's defaults, shown in /config too

@@ -173,7 +173,9 @@ class FifoQueue(BatchingQueue):
 
 
 @dataclass(slots=True, eq=False)
-class _Batch:
+class Batch:
+    """One batch on its way to an instance: the requests it holds, and what running it gave."""
+
     entries: list[Entry]
     instance: Instance
     rows: int
@@ -206,8 +208,8 @@ class QueueScheduler(Scheduler):
         self._task: asyncio.Task | None = None
         self._timer: TimerHandle | None = None
         self._timer_at: int | None = None  # when `_timer` fires
-        self._running: set[_Batch] = set()
-        self._in_order: deque[_Batch] = deque()
+        self._running: set[Batch] = set()
+        self._in_order: deque[Batch] = deque()
         self._settled: asyncio.Event | None = None
         self._drain = DrainRate()  # how fast the queue empties: a full queue's Retry-After
         # Kept at start: asking asyncio for the running loop costs a getpid() syscall per call
@@ -374,13 +376,13 @@ class QueueScheduler(Scheduler):
         self._stats.pending_changed(-len(entries))
         self._drain.add(len(entries), now)
         rows = [entry.rows for entry in entries]
-        batch = _Batch(entries, instance, sum(rows))
+        batch = Batch(entries, instance, sum(rows))
         self._running.add(batch)
         if self._preserve_ordering:
             self._in_order.append(batch)
         instance.execute([entry.request for entry in entries], rows, self._batch_finished, batch)
 
-    def _batch_finished(self, batch: _Batch, result: BatchRun) -> None:
+    def _batch_finished(self, batch: Batch, result: BatchRun) -> None:
         """On the loop, once per batch (the instance thread's only call back)."""
         batch.result = result
         instance = batch.instance
@@ -415,7 +417,7 @@ class QueueScheduler(Scheduler):
             self._fail_queued(self._not_ready(), FailureReason.OTHER)
         self._check_settled()
 
-    def _deliver(self, batch: _Batch) -> None:
+    def _deliver(self, batch: Batch) -> None:
         """Set each request's result or error, and record it, once."""
         self._running.discard(batch)
         result = batch.result

@@ -73,7 +73,7 @@ class RaggedBatching:
             else:
                 inputs[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         for kind, targets, dtype, source in self.batch_inputs:
-            tensor = _batch_input(kind, [request[source] for request in requests], dtype)
+            tensor = batch_input(kind, [request[source] for request in requests], dtype)
             for target in targets:
                 inputs[target] = tensor
         return inputs
@@ -114,7 +114,8 @@ class RaggedBatching:
         return pieces
 
 
-def _batch_input(kind: str, sources: list[np.ndarray], dtype: np.dtype | None) -> np.ndarray:
+def batch_input(kind: str, sources: list[np.ndarray], dtype: np.dtype | None) -> np.ndarray:
+    """One BATCH_* input of `kind` computed from the requests' `sources` tensors."""
     counts = np.array([source.size for source in sources], dtype=np.int64)
     if kind == "BATCH_ELEMENT_COUNT":
         return counts.astype(dtype)

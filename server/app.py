@@ -24,12 +24,12 @@ from scheduler import affinity
 from server.core.inference_core import InferenceCore
 from server.core.inference_path import InferencePath
 from server.http.fast_path import bounded_protocol_class
+from server.http.listener import http_frontend_listener
 from server.http.parsers import BodyOffload
 from server.multiprocess.pool import FrontendPool
 from server.net.listeners import (
     Listener,
     ServiceStartError,
-    http_frontend_listener,
     http_limits,
     metrics_limits,
     uvicorn_listener,

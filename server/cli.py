@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from server.net.loop import new_event_loop
 from server.settings import DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, SERVER_NAME, ServerSettings
 
 
@@ -500,15 +501,6 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
     )
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # uvloop is optional (not on Windows)
-        return asyncio.new_event_loop()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(argv)
     logging.basicConfig(
@@ -518,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from server.app import ServerApp
 
-    loop = _new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(ServerApp(settings).run())

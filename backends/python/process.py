@@ -119,7 +119,7 @@ class _Spawner:
 
 _spawner = _Spawner()
 # Every worker not closed yet, so the server can end them at its exit deadline.
-_live: set[WorkerProcess] = set()
+live_workers: set[WorkerProcess] = set()
 _live_lock = threading.Lock()
 _ended = False
 
@@ -131,7 +131,7 @@ def end_workers() -> int:
     global _ended
     with _live_lock:
         _ended = True
-        workers = list(_live)
+        workers = list(live_workers)
     killed = 0
     for worker in workers:
         if worker.process.poll() is None:
@@ -207,7 +207,7 @@ class WorkerProcess:
             finally:
                 child.close()
             worker = cls(process, parent, on_message, pumped)
-            _live.add(worker)
+            live_workers.add(worker)
         return worker
 
     @property
@@ -412,7 +412,7 @@ class WorkerProcess:
             self.kill()
             self.process.wait()
         with _live_lock:
-            _live.discard(self)
+            live_workers.discard(self)
         self._outputs.close()
 
     def _exit_code(self) -> int | None:

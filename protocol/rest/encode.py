@@ -61,7 +61,7 @@ def encode_infer_response(
             blobs.append(blob)
         else:
             entry = _output_entry(tensor, None)
-            entry["data"] = _json_data(tensor)
+            entry["data"] = json_data(tensor)
             entries.append(entry)
     header = _dumps(_response_document(response, entries))
     if not blobs:
@@ -117,7 +117,7 @@ def _float_to_bf16_bits(array: np.ndarray) -> np.ndarray:
     return (np.ascontiguousarray(array, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def _json_data(tensor: Tensor) -> Any:
+def json_data(tensor: Tensor) -> Any:
     """Flat row-major JSON data: numpy arrays go to orjson as is; BYTES become strings."""
     array = _wire_array(tensor)
     if tensor.datatype == "BYTES":

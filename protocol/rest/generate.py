@@ -19,8 +19,8 @@ import orjson
 
 from protocol import datatypes
 from protocol.errors import InvalidArgument
-from protocol.rest.encode import _json_data
-from protocol.rest.inputs import _flatten, _tensor_from_json
+from protocol.rest.encode import json_data
+from protocol.rest.inputs import flatten, tensor_from_json
 from protocol.types import InferRequest, InferResponse, Tensor
 
 SSE_MEDIA_TYPE = "text/event-stream; charset=utf-8"
@@ -97,9 +97,9 @@ def _tensor(name: str, schema: InputSchema, value: Any) -> Tensor:
             f"input '{name}' has datatype {schema.datatype}, which the "
             f"generate extension cannot fill from JSON"
         )
-    count = len(_flatten(data))
+    count = len(flatten(data))
     try:
-        flat = _tensor_from_json(name, datatype, (count,), count, data, True)
+        flat = tensor_from_json(name, datatype, (count,), count, data, True)
     except InvalidArgument as exc:
         if schema.datatype in _NON_JSON:
             raise InvalidArgument(
@@ -149,7 +149,7 @@ def encode_generate(response: InferResponse) -> dict[str, Any]:
     document["model_name"] = response.model_name
     document["model_version"] = response.model_version
     for tensor in response.outputs:
-        data = _json_data(tensor)
+        data = json_data(tensor)
         values = data.tolist() if hasattr(data, "tolist") else list(data)
         document[tensor.name] = values[0] if len(values) == 1 else values
     return document

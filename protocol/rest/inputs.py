@@ -127,7 +127,7 @@ def _decode_input(
         )
     budget.claim(name, shape, datatype, count)
     if binary_size is None:
-        data = _tensor_from_json(name, datatype, shape, count, entry["data"], may_hold_bools)
+        data = tensor_from_json(name, datatype, shape, count, entry["data"], may_hold_bools)
     else:
         segment = cursor.take(name, binary_size)
         data = _tensor_from_binary(name, datatype, shape, count, segment, cursor.model_name)
@@ -242,7 +242,7 @@ def _tensor_from_binary(
     return datatypes.tensor_from_raw(datatype, shape, segment, name)
 
 
-def _tensor_from_json(
+def tensor_from_json(
     name: str,
     datatype: DataType,
     shape: tuple[int, ...],
@@ -250,6 +250,7 @@ def _tensor_from_json(
     data: Any,
     may_hold_bools: bool,
 ) -> np.ndarray:
+    """One input's JSON `data` as an array of `shape` (also for generate's JSON inputs)."""
     if not datatype.json_allowed:
         raise InvalidArgument(
             f"receiving {datatype.name} data via JSON is not supported. Please use the binary "
@@ -270,7 +271,7 @@ def _tensor_from_json(
     return flat.reshape(shape)
 
 
-def _flatten(data: list) -> list:
+def flatten(data: list) -> list:
     """Leaves of arbitrarily nested lists, row-major, without recursion."""
     leaves: list = []
     stack = [iter(data)]
@@ -290,7 +291,7 @@ def _bytes_from_json(name: str, data: list) -> np.ndarray:
     try:
         encoded = [item.encode("utf-8") for item in data]
     except AttributeError:  # a nested list (or a non-string): flatten, then check the leaves
-        encoded = _encode_strings(name, _flatten(data))
+        encoded = _encode_strings(name, flatten(data))
     out = np.empty(len(encoded), dtype=object)
     out[:] = encoded
     return out
@@ -349,9 +350,9 @@ def _infer_array(data: list) -> np.ndarray:
     except (ValueError, OverflowError, TypeError):
         # Ragged nesting ([[1, 2], [3]]): Triton accepts any nesting whose leaf count matches.
         try:
-            return np.array(_flatten(data))
+            return np.array(flatten(data))
         except (ValueError, OverflowError, TypeError):
-            return np.array(_flatten(data), dtype=object)
+            return np.array(flatten(data), dtype=object)
 
 
 def _leaf_types(data: list, ndim: int) -> set[type]:
@@ -361,7 +362,7 @@ def _leaf_types(data: list, ndim: int) -> set[type]:
         leaves = chain.from_iterable(leaves)
     types = set(map(type, leaves))
     if list in types:  # ragged nesting: numpy saw the flattened leaves
-        types = set(map(type, _flatten(data)))
+        types = set(map(type, flatten(data)))
     return types
 
 
@@ -369,7 +370,7 @@ def _exact_ints(name: str, datatype: DataType, data: list, ndim: int) -> np.ndar
     """Integers numpy could not infer as one integer dtype, converted exactly (or refused)."""
     if _leaf_types(data, ndim) != {int}:
         raise _type_error(name, datatype)
-    leaves = data if ndim <= 1 and not any(type(x) is list for x in data) else _flatten(data)
+    leaves = data if ndim <= 1 and not any(type(x) is list for x in data) else flatten(data)
     try:
         return np.array(leaves, dtype=datatype.numpy)
     except OverflowError:

@@ -22,7 +22,7 @@ from protocol.types import InferRequest, InferResponse, Tensor
 from scheduler.clock import Clock
 from scheduler.interface import VersionSpec
 from scheduler.pool import BatchRun, Instance, instance_specs
-from scheduler.queue_scheduler import QueueScheduler, _Batch
+from scheduler.queue_scheduler import Batch, QueueScheduler
 from scheduler.sequence.config import (
     FLAG_END,
     FLAG_START,
@@ -192,7 +192,7 @@ class SequenceBatcher(QueueScheduler):
                 entry.started_ns = now
         self._stats.pending_changed(-len(entries))
         self._drain.add(len(entries), now)
-        batch = _Batch(entries, instance, len(entries), padding=len(pairs) - len(entries))
+        batch = Batch(entries, instance, len(entries), padding=len(pairs) - len(entries))
         self._running.add(batch)
         self._report_active()
         instance.execute(requests, [1] * len(requests), self._slots_finished, (batch, pairs))
@@ -239,7 +239,7 @@ class SequenceBatcher(QueueScheduler):
             arrival_ns=like.arrival_ns,
         )
 
-    def _slots_finished(self, tag: tuple[_Batch, list[Pair]], result: BatchRun) -> None:
+    def _slots_finished(self, tag: tuple[Batch, list[Pair]], result: BatchRun) -> None:
         """On the loop, once per batch: keep each sequence's new state, drop the padding's
         answers, then deliver as any batch is delivered."""
         batch, pairs = tag

@@ -7,32 +7,32 @@ the answer.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from protocol import shared_memory
 from protocol.errors import InvalidArgument
 from protocol.rest import settings as rest_settings
+from server.core.api import CoreAPI
+from server.http.responses import Handler, json_response
 
-if TYPE_CHECKING:
-    from server.http.routes import HttpFrontend
-
-Handler = Callable[[Request], Awaitable[Response]]
+# `decoder(*args, document)` of a request's JSON body: the frontend's body reader
+# (server/http/routes.py `HttpFrontend.json_document`), with its size limit and parser processes.
+JsonDocument = Callable[..., Awaitable[Any]]
 
 
 class AdminRoutes:
-    """Shared memory, trace and logging endpoints over one HttpFrontend's core."""
+    """Shared memory, trace and logging endpoints over one core."""
 
-    def __init__(self, frontend: HttpFrontend) -> None:
-        self.frontend = frontend
-        self.core = frontend.core
+    def __init__(self, core: CoreAPI, json_document: JsonDocument) -> None:
+        self.core = core
+        self.json_document = json_document
 
     @staticmethod
     def _json(payload: Any) -> Response:
-        return Response(orjson.dumps(payload), media_type="application/json")
+        return json_response(payload)
 
     # ----- system shared memory ------------------------------------------------------------
     async def system_status(self, request: Request) -> Response:
@@ -45,9 +45,7 @@ class AdminRoutes:
             raise InvalidArgument(
                 "'region name' is necessary to register system shared memory region"
             )
-        key, offset, byte_size = await self.frontend.json_document(
-            request, shared_memory.decode_register
-        )
+        key, offset, byte_size = await self.json_document(request, shared_memory.decode_register)
         self.core.register_system_shared_memory(name, key, offset, byte_size)
         return Response(b"", status_code=200)
 
@@ -76,7 +74,7 @@ class AdminRoutes:
         )
 
     async def trace_post(self, request: Request) -> Response:
-        changes = await self.frontend.json_document(request, rest_settings.decode_trace_settings)
+        changes = await self.json_document(request, rest_settings.decode_trace_settings)
         return self._json(
             rest_settings.encode_trace_settings(
                 self.core.trace_settings(request.path_params.get("model", ""), changes or None)
@@ -87,7 +85,7 @@ class AdminRoutes:
         return self._json(self.core.log_settings())
 
     async def log_post(self, request: Request) -> Response:
-        changes = await self.frontend.json_document(request, rest_settings.decode_log_settings)
+        changes = await self.json_document(request, rest_settings.decode_log_settings)
         return self._json(self.core.log_settings(changes or None))
 
     def routes(self) -> list[tuple[str, Handler, str]]:

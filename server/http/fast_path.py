@@ -34,7 +34,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from protocol.errors import Cancelled
 from server.http.body import BodyBuffer
-from server.http.routes import JSON, http_error
+from server.http.responses import JSON, http_error
 from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,7 @@ backends/python/worker/bridge.py) instead of growing the server's memory.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -33,11 +32,9 @@ from protocol.rest.generate import (
 )
 from protocol.stream import StreamItem
 from protocol.types import InferRequest
-from server.core.api import InputRules, Resolved
-from server.http.body import BodyBuffer
-
-if TYPE_CHECKING:  # pragma: no cover
-    from server.http.routes import HttpFrontend
+from server.core.api import CoreAPI, InputRules, Resolved
+from server.http.body import BodyBuffer, BodyLimit
+from server.http.responses import DEFAULT_OVERLOAD_STATUS, Handler
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +42,6 @@ ONE_RESPONSE_ERROR = (
     "generate expects model to produce exactly 1 response, use generate "
     "stream for model that generates various number of responses"
 )
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 def input_schemas(rules: InputRules) -> dict[str, InputSchema]:
@@ -55,9 +51,15 @@ def input_schemas(rules: InputRules) -> dict[str, InputSchema]:
 
 
 class GenerateEndpoints:
-    def __init__(self, frontend: HttpFrontend) -> None:
-        self.frontend = frontend
-        self.core = frontend.core
+    """Both generate routes over one core, reading bodies within the frontend's limit; a stream
+    whose first answer is a full queue answers the frontend's --overload-status."""
+
+    def __init__(
+        self, core: CoreAPI, body_limit: BodyLimit, overload_status: int = DEFAULT_OVERLOAD_STATUS
+    ) -> None:
+        self.core = core
+        self.body_limit = body_limit
+        self.overload_status = overload_status
 
     def routes(self, prefix: str) -> list[tuple[str, Handler, str]]:
         return [
@@ -70,8 +72,8 @@ class GenerateEndpoints:
         name = params["model"]
         version = "" if params.get("version") is None else str(params["version"])
         record = self.core.resolve(name, version)  # 404 before reading a body for nobody
-        settings = self.frontend.settings
-        limit = self.frontend.body_limit
+        settings = self.core.settings
+        limit = self.body_limit
         limit.check_declared(request.headers)
         buffer = BodyBuffer(limit)
         async for chunk in request.stream():
@@ -108,7 +110,7 @@ class GenerateEndpoints:
         first = await _next_event(answers)  # errors before inference starts: plain JSON
         status = 200
         if first is not None and first.error is not None:
-            status = http_status(first.error, self.frontend.overload_status)
+            status = http_status(first.error, self.overload_status)
         return StreamingResponse(
             _events(first, answers), status_code=status, media_type=SSE_MEDIA_TYPE
         )

@@ -114,7 +114,7 @@ def _json_job(
     return decoder(*args, document)
 
 
-class _PackedBytes:
+class PackedBytes:
     """A BYTES tensor in transit: element lengths and their concatenation (cheap to pickle)."""
 
     __slots__ = ("lengths", "blob", "shape")
@@ -166,7 +166,7 @@ def _as_bytes(item: Any) -> bytes:
 def _pack(request: InferRequest) -> InferRequest:
     for tensor in request.inputs:
         if isinstance(tensor.data, np.ndarray) and tensor.data.dtype == object:
-            tensor.data = _PackedBytes(tensor.data)  # type: ignore[assignment]  # unpacked on arrival
+            tensor.data = PackedBytes(tensor.data)  # type: ignore[assignment]  # unpacked on arrival
     return request
 
 
@@ -195,7 +195,7 @@ def _encode_job(
     response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
 ) -> tuple[bytes, int | None]:
     for tensor in response.outputs:
-        if isinstance(tensor.data, _PackedBytes):
+        if isinstance(tensor.data, PackedBytes):
             tensor.data = tensor.data.unpack()
     return rest_encode.encode_infer_response(response, requested, binary_default)
 
@@ -207,7 +207,7 @@ def _pack_outputs(response: InferResponse) -> InferResponse:
         data = tensor.data
         if isinstance(data, np.ndarray) and data.dtype == object:
             tensor = copy.copy(tensor)
-            tensor.data = _PackedBytes(data, step=_UNPACK_CHUNK)  # type: ignore[assignment]  # as above
+            tensor.data = PackedBytes(data, step=_UNPACK_CHUNK)  # type: ignore[assignment]  # as above
         outputs.append(tensor)
     packed = copy.copy(response)
     packed.outputs = outputs
@@ -248,13 +248,13 @@ def _unlink(path: str) -> None:
 
 def _unpack_all(request: InferRequest) -> InferRequest:
     for tensor in request.inputs:
-        if isinstance(tensor.data, _PackedBytes):
+        if isinstance(tensor.data, PackedBytes):
             tensor.data = tensor.data.unpack()
     return request
 
 
 def _has_packed(request: InferRequest) -> bool:
-    return any(isinstance(tensor.data, _PackedBytes) for tensor in request.inputs)
+    return any(isinstance(tensor.data, PackedBytes) for tensor in request.inputs)
 
 
 class BodyOffload:

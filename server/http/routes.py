@@ -2,19 +2,17 @@
 
 Handlers are plain Starlette endpoints that read the raw body (no pydantic model on the hot
 path), convert once through protocol/rest/decode.py and protocol/rest/encode.py, call the core
-(server/core/api.py), and map every error through protocol/errors.py to `{"error": "..."}`
-with Triton's status codes.
+(server/core/api.py), and map every error through protocol/errors.py (by
+server/http/responses.py) to `{"error": "..."}` with Triton's status codes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import orjson
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -24,13 +22,8 @@ from protocol import compression
 from protocol import traffic as traffic_json
 from protocol.config_json import config_to_json
 from protocol.errors import (
-    OVERLOAD_HTTP_STATUSES,
     InvalidArgument,
-    Overloaded,
-    ServerError,
     Unsupported,
-    client_error,
-    http_status,
     overload_http_status,
     server_exiting,
 )
@@ -48,68 +41,10 @@ from server.http.parsers import (
     json_output_size,
     parse_json_document,
 )
+from server.http.responses import JSON, Handler, empty, error_response, guarded, json_response
 from server.restricted import HttpGuard, RestrictionMiddleware
 
-log = logging.getLogger(__name__)
-
-JSON = "application/json"
 HEADER_LENGTH = "inference-header-content-length"
-
-
-def json_response(payload: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type=JSON)
-
-
-def error_headers(error: ServerError) -> dict[str, str]:
-    """An unknown Content-Encoding answer tells the client which encodings work; a full queue
-    (503, or 429 with --overload-status) says in whole seconds when to come back."""
-    if isinstance(error, Overloaded):
-        return {"Retry-After": str(error.retry_after)}
-    if isinstance(error, Unsupported) and "compression" in error.message:
-        return {"Accept-Encoding": compression.ACCEPT_ENCODING}
-    return {}
-
-
-DEFAULT_OVERLOAD_STATUS = OVERLOAD_HTTP_STATUSES[0]
-
-
-def http_error(
-    exc: BaseException, where: str, overload_status: int = DEFAULT_OVERLOAD_STATUS
-) -> tuple[int, dict[str, str], bytes]:
-    """Any failure as (status, extra headers, JSON body): the one HTTP mapping of errors, for
-    the routed endpoints and the direct infer path (server/http/fast_path.py) alike; a full
-    queue answers `overload_status` (the frontend's --overload-status).
-    Unexpected (non-ServerError) exceptions are logged and answered as INTERNAL."""
-    error = client_error(exc, log, where)
-    status = http_status(error, overload_status)
-    return status, error_headers(error), rest_encode.encode_error(error.message)
-
-
-def error_response(
-    exc: BaseException, where: str = "", overload_status: int = DEFAULT_OVERLOAD_STATUS
-) -> Response:
-    status, headers, body = http_error(exc, where, overload_status)
-    return Response(body, status_code=status, headers=headers, media_type=JSON)
-
-
-def empty(status: int = 200) -> Response:
-    return Response(b"", status_code=status)
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def guarded(handler: Handler, overload_status: int = DEFAULT_OVERLOAD_STATUS) -> Handler:
-    """Every failure becomes a JSON error with its mapped status; nothing escapes as a 500 page."""
-
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Exception as exc:
-            return error_response(exc, request.url.path, overload_status)
-
-    endpoint.__name__ = handler.__name__
-    return endpoint
 
 
 class HttpFrontend:
@@ -414,6 +349,7 @@ class HttpFrontend:
             ("/v2/models/{model}/traffic", self.traffic_put, "PUT"),
             ("/v2/models/{model}/traffic", self.traffic_delete, "DELETE"),
         ]
+        generate = GenerateEndpoints(self.core, self.body_limit, self.overload_status)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:int}"):
             routes += [
                 (prefix, self.model_metadata, "GET"),
@@ -422,8 +358,8 @@ class HttpFrontend:
                 (prefix + "/stats", self.model_stats, "GET"),
                 (prefix + "/infer", self.infer, "POST"),
             ]
-            routes += GenerateEndpoints(self).routes(prefix)
-        routes += AdminRoutes(self).routes()  # shared memory, trace, logging
+            routes += generate.routes(prefix)
+        routes += AdminRoutes(self.core, self.json_document).routes()  # shm, trace, logging
         for path, handler, method in routes:
             app.add_route(
                 path,

@@ -7,6 +7,12 @@ the same pages (no copy) and says when the last view is gone, which gives the re
 The arena is a memfd (an anonymous file that lives only as long as some process maps it), handed
 to the frontend process as an inherited descriptor: nothing is left in /dev/shm when a process is
 killed, and no other process can open it by name.
+
+Why not backends/python/wire/ring.py's RingWriter, the other memfd ring: a Python model's reader
+copies each message out in order and publishes one read mark in the ring, so that writer may
+wait or grow; here the reader keeps numpy views over the pages for as long as a request lives
+and releases them in any order, and the writer never waits, so regions are tracked per start
+and a full ring sends the tensors inline.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 from server.multiprocess.arena import Arena
 from server.multiprocess.link import HandoverLink
 from server.multiprocess.remote_core import ControlClient, RemoteCore
+from server.net.loop import new_event_loop
 from server.settings import ServerSettings
 
 log = logging.getLogger("ascend_serve.frontend")
@@ -35,7 +36,8 @@ async def serve(
     slow: ControlClient,
 ) -> int:
     from server.grpc.listener import start_grpc_server
-    from server.net.listeners import http_frontend_listener, wait_started
+    from server.http.listener import http_frontend_listener
+    from server.net.listeners import wait_started
 
     loop = asyncio.get_running_loop()
     infer_fd, _, _, from_owner_fd, to_owner_fd = fds
@@ -107,9 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s frontend-{args.index} %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from server.cli import _new_loop
 
-    loop = _new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(

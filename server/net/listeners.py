@@ -133,27 +133,6 @@ def metrics_limits(limits: ConnectionLimits) -> ConnectionLimits:
     )
 
 
-def http_frontend_listener(core: Any, settings: ServerSettings) -> tuple[Listener, Any]:
-    """The HTTP frontend over `core` (server/core/api.py: the model owner's InferenceCore, or a
-    frontend process's RemoteCore) and its uvicorn listener; also returns the frontend's
-    parser-process pool, which the caller closes at shutdown."""
-    from server.http.fast_path import protocol_class
-    from server.http.routes import HttpFrontend
-
-    s = settings
-    frontend = HttpFrontend(core)
-    listener = uvicorn_listener(
-        frontend.build_app(),
-        s.http_address,
-        s.http_port,
-        s.log_verbose,
-        protocol_class(frontend, http_limits(s)),
-        s.http_keep_alive_timeout_secs,
-        reuse_port=s.frontend_processes > 1,
-    )
-    return listener, frontend.offload
-
-
 async def wait_started(listeners: list[Listener], tasks: list[Any]) -> bool:
     """Wait until every listener is bound; False when one failed (its error is raised)."""
     import asyncio

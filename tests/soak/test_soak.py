@@ -1,8 +1,8 @@
-"""The two-minute soak (issue #13, item 11): bench/soak.py for 60 s of chaos (HTTP and gRPC
+"""The two-minute soak (issue #13, item 11): bench/soak/run.py for 60 s of chaos (HTTP and gRPC
 clients, load/unload cycles, abandoned requests, Python worker kills) against a server that
 must come out of it with flat RSS, descriptors, threads, memfd arenas and /dev/shm, no request
 lost and nothing left running; then 20 s with the deliberately leaking model, which the same
-check must catch. The long version: `python bench/soak.py --seconds 1800`.
+check must catch. The long version: `python -m bench.soak.run --seconds 1800`.
 
 Deselect with `-m "not soak"`."""
 
@@ -39,7 +39,8 @@ def test_soak_is_flat_and_the_leaking_model_is_caught(tmp_path: Path) -> None:
     completed = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "soak.py"),
+            "-m",
+            "bench.soak.run",
             "--seconds",
             str(CLEAN_SECONDS),
             "--negative-control-seconds",

@@ -1,1 +1,2 @@
-"""Helpers the test folders share (model builders, fuzzing strategies, harnesses), imported by package path."""
+"""Helpers several test folders share (model builders, fuzzing strategies, harnesses),
+imported by package path."""

@@ -19,7 +19,9 @@ MODEL = "m"
 # --------------------------------------------------------------------------- builders
 
 
-def _input(name: str, datatype: str, shape: list, data: Any = None, **parameters: Any) -> dict:
+def tensor_entry(
+    name: str, datatype: str, shape: list, data: Any = None, **parameters: Any
+) -> dict:
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
     if data is not None:
         entry["data"] = data
@@ -28,41 +30,41 @@ def _input(name: str, datatype: str, shape: list, data: Any = None, **parameters
     return entry
 
 
-def _json(*inputs: dict, **fields: Any) -> bytes:
+def json_body(*inputs: dict, **fields: Any) -> bytes:
     return orjson.dumps({"inputs": list(inputs), **fields})
 
 
-def _with_binary(header: bytes, *blobs: bytes) -> tuple[bytes, int]:
+def with_binary(header: bytes, *blobs: bytes) -> tuple[bytes, int]:
     return header + b"".join(blobs), len(header)
 
 
-def _bytes_blob(*items: bytes) -> bytes:
+def bytes_blob(*items: bytes) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
-def _nested(depth: int) -> bytes:
+def nested_json(depth: int) -> bytes:
     data = b"[" * depth + b"1" + b"]" * depth
     return b'{"inputs":[{"name":"x","datatype":"INT32","shape":[1],"data":' + data + b"}]}"
 
 
-def _fp32(*values: float) -> bytes:
+def fp32_bytes(*values: float) -> bytes:
     return np.array(values, dtype=np.float32).tobytes()
 
 
-def _decode(body: bytes, header_length: int | None = None, **kwargs: Any):
+def decode_body(body: bytes, header_length: int | None = None, **kwargs: Any):
     return decode_infer_request(body, header_length, MODEL, "1", **kwargs)
 
 
 # --------------------------------------------------------------------------- responses
 
 
-def _split(body: bytes, header_length: int | None) -> tuple[dict, bytes]:
+def split_body(body: bytes, header_length: int | None) -> tuple[dict, bytes]:
     if header_length is None:
         return orjson.loads(body), b""
     return orjson.loads(body[:header_length]), body[header_length:]
 
 
-def _blobs(document: dict, tail: bytes) -> dict[str, bytes]:
+def binary_blobs(document: dict, tail: bytes) -> dict[str, bytes]:
     """Cut the binary tail the way tritonclient does: in output order, by binary_data_size."""
     out, offset = {}, 0
     for output in document["outputs"]:
@@ -74,5 +76,5 @@ def _blobs(document: dict, tail: bytes) -> dict[str, bytes]:
     return out
 
 
-def _response(*outputs: Tensor, **fields: Any) -> InferResponse:
+def make_response(*outputs: Tensor, **fields: Any) -> InferResponse:
     return InferResponse(model_name=MODEL, model_version="3", outputs=list(outputs), **fields)

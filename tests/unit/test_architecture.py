@@ -119,45 +119,9 @@ FRAMEWORK_FREE = (
     "triton_python_backend_utils",
 )
 
-# Violations other branches of issue 25 remove; the lead empties this set after merging them.
-# Each entry is (rule, importer, imported) exactly as the failure message names them.
-KNOWN_UNTIL_MERGE: set[tuple[str, str, str]] = {
-    # circles being broken
-    ("circle", "server.http.routes", "server.http.admin"),
-    ("circle", "server.http.routes", "server.http.generate"),
-    ("circle", "npu.device", "npu.teardown"),
-    ("circle", "bench.report", "bench.cpu_side_by_side"),
-    # private names imported across modules
-    ("private", "server.multiprocess.child", "server.cli._new_loop"),
-    ("private", "protocol.rest.generate", "protocol.rest.encode._json_data"),
-    ("private", "protocol.rest.generate", "protocol.rest.inputs._flatten"),
-    ("private", "protocol.rest.generate", "protocol.rest.inputs._tensor_from_json"),
-    ("private", "scheduler.sequence.batcher", "scheduler.queue_scheduler._Batch"),
-    ("private", "backends.python.wire.ring", "backends.python.wire.framing._round_up"),
-    ("private", "bench.frontend_scaling", "bench.cpu_side_by_side._process_cpu"),
-    ("private", "bench.handover_cost", "bench.cpu_side_by_side._process_cpu"),
-    ("private", "bench.python_model_ab", "bench.cpu_side_by_side._process_cpu"),
-    ("private", "bench.npu_device", "bench.served._call"),
-    ("private", "bench.npu_device", "bench.served._read_csv"),
-    ("private", "bench.offline", "backends.onnxruntime._session_options"),
-    # the same reach spelled `served._name` after `from bench import served`
-    ("private", "bench.cpu_side_by_side", "bench.served._call"),
-    ("private", "bench.cpu_side_by_side", "bench.served._model_stats"),
-    ("private", "bench.cpu_side_by_side", "bench.served._read_csv"),
-    ("private", "bench.cpu_side_by_side", "bench.served._split"),
-    ("private", "bench.frontend_scaling", "bench.served._call"),
-    ("private", "bench.frontend_scaling", "bench.served._model_stats"),
-    ("private", "bench.frontend_scaling", "bench.served._read_csv"),
-    ("private", "bench.frontend_scaling", "bench.served._split"),
-    ("private", "bench.python_model_ab", "bench.served._call"),
-    ("private", "bench.python_model_ab", "bench.served._model_stats"),
-    ("private", "bench.python_model_ab", "bench.served._read_csv"),
-    ("private", "bench.python_model_ab", "bench.served._split"),
-    # found while writing this test, owned by no branch yet (see the report of item 7)
-    ("server.net", "server.net.listeners", "server.http.fast_path"),
-    ("server.net", "server.net.listeners", "server.http.routes"),
-    ("roots", "server.multiprocess.child", "server.cli"),
-}
+# Violations tolerated for now: none. An entry is (rule, importer, imported) exactly as the
+# failure message names them, with a comment saying why and until when; a stale entry fails.
+TOLERATED: set[tuple[str, str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -325,8 +289,8 @@ def where(imp: Import) -> str:
 
 
 def failures(found: list[tuple[tuple[str, str, str], str]]) -> list[str]:
-    """The messages of violations not on the KNOWN_UNTIL_MERGE list."""
-    return sorted({msg for key, msg in found if key not in KNOWN_UNTIL_MERGE})
+    """The messages of violations not on the TOLERATED list."""
+    return sorted({msg for key, msg in found if key not in TOLERATED})
 
 
 def edges() -> Iterator[tuple[Import, str]]:
@@ -469,7 +433,7 @@ def test_no_import_circle() -> None:
         message += "\n    ".join(where(i) for i in inside)
         # the circle is known when one of its edges is on the list (any edge names it)
         keys = {("circle", i.importer, i.internal or "") for i in inside}
-        key = next(iter(sorted(keys & KNOWN_UNTIL_MERGE)), ("circle", component[0], ""))
+        key = next(iter(sorted(keys & TOLERATED)), ("circle", component[0], ""))
         found.append((key, message))
     assert not failures(found), "\n".join(failures(found))
 
@@ -483,13 +447,13 @@ def test_no_private_name_from_another_module() -> None:
     assert not failures(found), "\n".join(failures(found))
 
 
-def test_known_until_merge_entries_are_still_real() -> None:
+def test_tolerated_entries_are_still_real() -> None:
     """An entry whose violation is gone must leave the list, so the list only shrinks."""
     g = graph()
     real = {(i.importer, i.internal or i.target) for i in g.imports}
     real |= {(i.importer, i.private) for i in g.imports if i.private}
-    stale = sorted(k for k in KNOWN_UNTIL_MERGE if (k[1], k[2]) not in real)
-    assert not stale, "KNOWN_UNTIL_MERGE names violations that are gone: " + repr(stale)
+    stale = sorted(k for k in TOLERATED if (k[1], k[2]) not in real)
+    assert not stale, "TOLERATED names violations that are gone: " + repr(stale)
 
 
 # The document: every package named, no path that does not exist.

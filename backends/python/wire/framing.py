@@ -148,7 +148,8 @@ def _anonymous_file() -> int:
     return fd
 
 
-def _round_up(value: int, step: int) -> int:
+def round_up(value: int, step: int) -> int:
+    """`value` up to a multiple of `step` (alignment, page size)."""
     return (value + step - 1) // step * step
 
 
@@ -168,7 +169,7 @@ def plan_group(group: Mapping[str, Any], offset: int = 0) -> tuple[Plan, int]:
             blob = array_value
             nbytes = array_value.nbytes
         plan.append((name, blob, offset, nbytes))
-        offset = _round_up(offset + nbytes, ALIGN)
+        offset = round_up(offset + nbytes, ALIGN)
     return plan, offset
 
 
@@ -229,7 +230,7 @@ class ArenaWriter:
     def _reserve(self, needed: int) -> int | None:
         if self._map is not None and needed <= self.size:
             return None
-        size = _round_up(max(needed, 2 * self.size, self._min_size), mmap.PAGESIZE)
+        size = round_up(max(needed, 2 * self.size, self._min_size), mmap.PAGESIZE)
         fd, mapped = map_anonymous(size)
         self.close()
         self._fd, self._map, self.size = fd, mapped, size

@@ -1,16 +1,22 @@
 """Shared-memory rings for the messages that do not wait for a reply.
 
 The request/reply arenas (backends/python/wire/framing.py) are rewritten by every call, which is
-safe only because each call waits for its answer. Decoupled responses and BLS traffic go out while
-other work is in flight, so each side also owns a ring: the writer copies a message's tensors into
-the next free stretch and sends the refs on the socket; the reader copies them out (in the order the
-messages arrive, which is the order they were written) and publishes how far it has read in the
-ring's first eight bytes. The writer reuses space only behind that mark, so a tensor is never
-overwritten before it has been read, and no tensor is ever pickled (BYTES tensors, which have no
-fixed layout, are).
+safe only because each call waits for its answer. Decoupled responses and BLS traffic go out
+while other work is in flight, so each side also owns a ring: the writer copies a message's
+tensors into the next free stretch and sends the refs on the socket; the reader copies them out (in
+the order the messages arrive, which is the order they were written) and publishes how far it
+has read in the ring's first eight bytes. The writer reuses space only behind that mark, so a
+tensor is never overwritten before it has been read, and no tensor is ever pickled (BYTES
+tensors, which have no fixed layout, are).
 
 A message bigger than the ring gets a bigger ring: its file descriptor rides with the message,
 and every earlier message, in the old ring, is read before it (one socket, in order).
+
+Why not server/multiprocess/arena.py's RingAllocator, the other memfd ring: that one serves
+zero-copy views that the reader gives back in any order (a message on the link per region) and
+never blocks (no room: the tensors go inline), while here the reader copies every message out in
+the order written and only publishes a read mark in the ring itself, so the writer can wait for
+room or grow the ring and every message's tensors stay off the socket.
 
 Used by both processes, so it imports only the standard library, numpy and python_ipc.
 """
@@ -31,9 +37,9 @@ from backends.python.wire.framing import (
     ALIGN,
     ArenaReader,
     TensorRef,
-    _round_up,
     map_anonymous,
     plan_group,
+    round_up,
     write_planned,
 )
 
@@ -54,7 +60,7 @@ class RingWriter:
     def __init__(
         self, capacity: int = DEFAULT_RING_BYTES, wait_s: float = 30.0, grow_when_full: bool = False
     ) -> None:
-        self._capacity = _round_up(capacity, mmap.PAGESIZE)
+        self._capacity = round_up(capacity, mmap.PAGESIZE)
         self._wait_s = wait_s
         self._grow_when_full = grow_when_full  # for a writer that must never block (a loop)
         self._map: mmap.mmap | None = None
@@ -105,7 +111,7 @@ class RingWriter:
         return _POSITION.unpack_from(self._map, 0)[0]
 
     def _replace(self, capacity: int) -> int:
-        capacity = _round_up(capacity, mmap.PAGESIZE)
+        capacity = round_up(capacity, mmap.PAGESIZE)
         fd, mapped = map_anonymous(HEADER_BYTES + capacity)
         self.close()
         self._fd, self._map, self._capacity, self._head = fd, mapped, capacity, 0

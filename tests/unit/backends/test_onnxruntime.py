@@ -77,19 +77,19 @@ def test_server_defaults_leave_the_loop_a_cpu_and_do_not_spin(
     from backends import onnxruntime as backend_module
 
     monkeypatch.setattr(backend_module.os, "sched_getaffinity", lambda pid: set(range(9)))
-    one = backend_module._session_options(_config_with("instance_group [{ count: 1 }]"))
+    one = backend_module.session_options(_config_with("instance_group [{ count: 1 }]"))
     assert one.intra_op_num_threads == 8
     assert one.get_session_config_entry(backend_module.SPINNING_KEY) == "0"
     four = _config_with("instance_group [{ count: 2 }, { count: 2 }]")
-    assert backend_module._session_options(four).intra_op_num_threads == 2
+    assert backend_module.session_options(four).intra_op_num_threads == 2
     monkeypatch.setattr(backend_module.os, "sched_getaffinity", lambda pid: {0})
-    assert backend_module._session_options(four).intra_op_num_threads == 1
+    assert backend_module.session_options(four).intra_op_num_threads == 1
 
 
 def test_config_parameters_override_the_defaults() -> None:
     from backends import onnxruntime as backend_module
 
-    options = backend_module._session_options(
+    options = backend_module.session_options(
         _config_with(
             'parameters { key: "intra_op_thread_count" value: { string_value: "3" } } '
             'parameters { key: "session.intra_op.allow_spinning" value: { string_value: "1" } }'

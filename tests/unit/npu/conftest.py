@@ -36,14 +36,9 @@ def acl_emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         from npu import device
 
         device.forget(acl)
-        device._closing = False  # a test may have run the exit teardown
-        # A test that failed before unloading leaves its sessions listed for telemetry; drop
-        # them so the next test starts clean (the emulator above already reported the leak).
-        from npu import device
-
-        with device._registry_lock:
-            device._sessions.clear()
-            device._open.clear()
+        # A test may have run the exit teardown, or failed before unloading and left its
+        # sessions listed; the next test starts clean (the emulator above reported any leak).
+        device.reset()
 
 
 @pytest.fixture

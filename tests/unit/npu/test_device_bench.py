@@ -1,11 +1,11 @@
-"""bench/npu_device.py on the emulator: the device-only loop per gear and the report files
+"""bench/studies/npu_device.py on the emulator: the device-only loop per gear and the report files
 (the served half needs perf_analyzer and is exercised on hardware runs)."""
 
 from __future__ import annotations
 
 import json
 
-from bench import npu_device
+from bench.studies import npu_device
 from tests.support import om_fixtures as omf
 
 

@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 from protocol.proto.model_config_pb2 import ModelConfig
-from scheduler.ragged import RaggedBatching, _batch_input
+from scheduler.ragged import RaggedBatching, batch_input
 
 
 def _config(text: str) -> ModelConfig:
@@ -32,15 +32,15 @@ def test_plain_models_have_no_ragged_plan() -> None:
 def test_batch_inputs(kind: str, expected: list) -> None:
     # A batch-2 request with shape [3, 1] per row, and a batch-1 request with shape [2, 2].
     sources = [np.zeros((2, 3, 1), np.float32), np.zeros((1, 2, 2), np.float32)]
-    value = _batch_input(kind, sources, np.dtype(np.int32))
+    value = batch_input(kind, sources, np.dtype(np.int32))
     assert value.tolist() == expected and value.dtype == np.int32
 
 
 def test_max_element_count_is_a_shape() -> None:
     sources = [np.zeros((1, 3)), np.zeros((1, 7)), np.zeros((1, 5))]
-    assert _batch_input(
-        "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", sources, np.dtype(np.float32)
-    ).shape == (7,)
+    assert batch_input("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", sources, np.dtype(np.float32)).shape == (
+        7,
+    )
 
 
 def test_gather_and_split() -> None:

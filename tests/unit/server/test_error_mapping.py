@@ -1,5 +1,5 @@
-"""One mapping of errors per protocol: server/http/routes.py `http_error` (routed endpoints and the
-direct infer path) and server/grpc/services.py `abort`/`rpc_error` (unary RPCs and streams)."""
+"""One mapping of errors per protocol: server/http/responses.py `http_error` (routed endpoints and
+the direct infer path) and server/grpc/services.py `abort`/`rpc_error` (unary RPCs and streams)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from protocol import compression
 from protocol.errors import InternalError, NotFound, Unavailable, Unsupported, server_exiting
 from server.grpc.services import rpc_error
-from server.http.routes import error_response, http_error
+from server.http.responses import error_response, http_error
 
 
 def test_server_errors_map_through_the_table_without_logging(

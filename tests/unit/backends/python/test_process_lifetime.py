@@ -153,6 +153,6 @@ def test_end_workers_kills_a_busy_worker_and_starts_no_more(
 
 def test_workers_are_forgotten_once_closed(sleeper: PythonBackend) -> None:
     worker = sleeper._worker
-    assert worker in python_process._live
+    assert worker in python_process.live_workers
     sleeper.unload()
-    assert worker not in python_process._live
+    assert worker not in python_process.live_workers

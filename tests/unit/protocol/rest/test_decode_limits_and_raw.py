@@ -20,32 +20,41 @@ from protocol.rest.decode import (
     parse_header_length,
     raw_input_count_message,
 )
-from tests.support.rest_cases import MODEL, _bytes_blob, _decode, _fp32, _input, _json
+from tests.support.rest_cases import (
+    MODEL,
+    bytes_blob,
+    decode_body,
+    fp32_bytes,
+    json_body,
+    tensor_entry,
+)
 
 # --------------------------------------------------------------------------- limits
 
 
 def test_dtype_expansion_beyond_the_limit_is_refused_before_decoding() -> None:
-    body = _json(_input("x", "FP64", [1000], [0] * 1000))  # ~2 KB of JSON, 8 KB as FP64
+    body = json_body(tensor_entry("x", "FP64", [1000], [0] * 1000))  # ~2 KB of JSON, 8 KB as FP64
     with pytest.raises(TooLarge) as caught:
-        _decode(body, max_bytes=4096)
+        decode_body(body, max_bytes=4096)
     assert "exceeds the maximum allowed input size of 4096 bytes" in caught.value.message
     assert "--http-max-input-size" in caught.value.message
-    assert _decode(body, max_bytes=8000).inputs[0].data.nbytes == 8000
+    assert decode_body(body, max_bytes=8000).inputs[0].data.nbytes == 8000
 
 
 def test_claimed_shapes_add_up_across_inputs() -> None:
-    body = _json(_input("a", "INT32", [2], [1, 2]), _input("b", "INT32", [2], [3, 4]))
+    body = json_body(
+        tensor_entry("a", "INT32", [2], [1, 2]), tensor_entry("b", "INT32", [2], [3, 4])
+    )
     with pytest.raises(TooLarge, match="input 'b'"):
-        _decode(body, max_bytes=12)
+        decode_body(body, max_bytes=12)
 
 
 def test_huge_claimed_shape_allocates_nothing() -> None:
-    header = _json(_input("x", "BYTES", [2**30], binary_data_size=8))
+    header = json_body(tensor_entry("x", "BYTES", [2**30], binary_data_size=8))
     tracemalloc.start()
     try:
         with pytest.raises(InvalidArgument):
-            _decode(header + _bytes_blob(b"", b""), len(header))
+            decode_body(header + bytes_blob(b"", b""), len(header))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -63,7 +72,7 @@ def test_depth_250000_fails_fast_without_recursion() -> None:
     body = b"[" * 250_000 + b"]" * 250_000
     start = time.perf_counter()
     with pytest.raises(InvalidArgument, match="nesting depth"):
-        _decode(body)
+        decode_body(body)
     assert time.perf_counter() - start < 1.0
 
 
@@ -71,7 +80,7 @@ def test_unterminated_strings_do_not_make_the_scan_quadratic() -> None:
     body = b"[" * 101 + b'"' + b'\\"' * 2_000_000
     start = time.perf_counter()
     with pytest.raises(InvalidArgument):
-        _decode(body)
+        decode_body(body)
     assert time.perf_counter() - start < 1.0
 
 
@@ -79,11 +88,12 @@ def test_unterminated_strings_do_not_make_the_scan_quadratic() -> None:
 
 
 def test_binary_inputs_are_zero_copy_views_of_the_body() -> None:
-    header = _json(
-        _input("a", "FP32", [2], binary_data_size=8), _input("b", "INT64", [1], binary_data_size=8)
+    header = json_body(
+        tensor_entry("a", "FP32", [2], binary_data_size=8),
+        tensor_entry("b", "INT64", [1], binary_data_size=8),
     )
-    body = header + _fp32(1, 2) + struct.pack("<q", -3)
-    request = _decode(body, len(header))
+    body = header + fp32_bytes(1, 2) + struct.pack("<q", -3)
+    request = decode_body(body, len(header))
     body_array = np.frombuffer(body, dtype=np.uint8)
     for tensor in request.inputs:
         assert np.shares_memory(tensor.data, body_array)
@@ -92,13 +102,13 @@ def test_binary_inputs_are_zero_copy_views_of_the_body() -> None:
 
 
 def test_memoryview_and_bytearray_bodies() -> None:
-    header = _json(_input("x", "FP32", [1], binary_data_size=4))
-    for body in (bytearray(header + _fp32(2)), memoryview(header + _fp32(2))):
-        assert _decode(body, len(header)).inputs[0].data.tolist() == [2.0]
-    nested = bytearray(_json(_input("x", "INT32", [1], [[[[1]]]])))  # depth 3 + 4
-    assert _decode(nested, None, max_json_depth=7).inputs[0].data.tolist() == [1]
+    header = json_body(tensor_entry("x", "FP32", [1], binary_data_size=4))
+    for body in (bytearray(header + fp32_bytes(2)), memoryview(header + fp32_bytes(2))):
+        assert decode_body(body, len(header)).inputs[0].data.tolist() == [2.0]
+    nested = bytearray(json_body(tensor_entry("x", "INT32", [1], [[[[1]]]])))  # depth 3 + 4
+    assert decode_body(nested, None, max_json_depth=7).inputs[0].data.tolist() == [1]
     with pytest.raises(InvalidArgument, match=r"limit \(6\)"):
-        _decode(nested, None, max_json_depth=6)
+        decode_body(nested, None, max_json_depth=6)
 
 
 # --------------------------------------------------------------------------- header parsing
@@ -130,7 +140,7 @@ def test_check_header_length_bounds() -> None:
 
 
 def test_raw_fixed_shape() -> None:
-    body = _fp32(1, 2, 3, 4)
+    body = fp32_bytes(1, 2, 3, 4)
     request = decode_raw_request(body, MODEL, "1", "INPUT0", "TYPE_FP32", [2, 2], 0)
     tensor = request.inputs[0]
     assert (tensor.name, tensor.datatype, tensor.shape) == ("INPUT0", "FP32", (2, 2))
@@ -141,7 +151,7 @@ def test_raw_fixed_shape() -> None:
 
 
 def test_raw_variable_dim_is_deduced_and_batching_adds_batch_one() -> None:
-    request = decode_raw_request(_fp32(*range(6)), MODEL, "1", "INPUT0", "FP32", [-1, 2], 8)
+    request = decode_raw_request(fp32_bytes(*range(6)), MODEL, "1", "INPUT0", "FP32", [-1, 2], 8)
     assert request.inputs[0].shape == (1, 3, 2)
 
 
@@ -159,7 +169,7 @@ def test_raw_bytes_input_is_one_element() -> None:
         (
             "FP32",
             [-1, -1],
-            _fp32(1),
+            fp32_bytes(1),
             "The shape of the raw input 'INPUT0' can not be deduced because "
             "there are more than one variable-sized dimension",
         ),
@@ -173,7 +183,7 @@ def test_raw_bytes_input_is_one_element() -> None:
         (
             "FP32",
             [4],
-            _fp32(1, 2, 3),
+            fp32_bytes(1, 2, 3),
             "input byte size mismatch for input 'INPUT0' for model 'm'. Expected 16, got 12",
         ),
         ("FP32", [-1], b"\0" * 6, "Expected 4, got 6"),

@@ -12,14 +12,14 @@ from protocol.rest.encode import encode_error, encode_infer_response
 from protocol.types import InferResponse, RequestedOutput, Tensor
 from tests.support.rest_cases import (
     MODEL,
-    _blobs,
-    _bytes_blob,
-    _decode,
-    _fp32,
-    _input,
-    _json,
-    _response,
-    _split,
+    binary_blobs,
+    bytes_blob,
+    decode_body,
+    fp32_bytes,
+    json_body,
+    make_response,
+    split_body,
+    tensor_entry,
 )
 
 # --------------------------------------------------------------------------- responses
@@ -30,7 +30,7 @@ _STR = np.array([b"ab", "ç".encode(), b""], dtype=object)
 
 
 def test_json_response_round_trip() -> None:
-    response = _response(
+    response = make_response(
         Tensor("f", "FP32", (2, 3), _F32),
         Tensor("i", "INT64", (1, 2), _I64),
         Tensor("s", "BYTES", (3,), _STR),
@@ -57,20 +57,20 @@ def test_json_response_round_trip() -> None:
 
 
 def test_binary_response_round_trip() -> None:
-    response = _response(
+    response = make_response(
         Tensor("f", "FP32", (2, 3), _F32),
         Tensor("s", "BYTES", (3,), _STR),
         Tensor("e", "INT32", (0,), np.zeros(0, np.int32)),
     )
     body, header_length = encode_infer_response(response, None, True)
-    document, tail = _split(body, header_length)
+    document, tail = split_body(body, header_length)
     assert "id" not in document
     sizes = [o["parameters"]["binary_data_size"] for o in document["outputs"]]
     assert sizes == [24, 3 * 4 + 4, 0]
     assert all("data" not in o for o in document["outputs"])
-    blobs = _blobs(document, tail)
+    blobs = binary_blobs(document, tail)
     assert np.frombuffer(blobs["f"], np.float32).reshape(2, 3).tolist() == _F32.tolist()
-    assert blobs["s"] == _bytes_blob(b"ab", "ç".encode(), b"")
+    assert blobs["s"] == bytes_blob(b"ab", "ç".encode(), b"")
     assert blobs["e"] == b""
 
 
@@ -92,11 +92,11 @@ def test_per_output_binary_beats_the_default(
     binary_default: bool, requested: list | None, expected_binary: dict
 ) -> None:
     a, b = np.array([1, 2], np.int32), np.array([3.5], np.float64)
-    response = _response(Tensor("a", "INT32", (2,), a), Tensor("b", "FP64", (1,), b))
+    response = make_response(Tensor("a", "INT32", (2,), a), Tensor("b", "FP64", (1,), b))
     body, header_length = encode_infer_response(response, requested, binary_default)
     assert (header_length is not None) == any(expected_binary.values())
-    document, tail = _split(body, header_length)
-    blobs = _blobs(document, tail)
+    document, tail = split_body(body, header_length)
+    blobs = binary_blobs(document, tail)
     for output, array in zip(document["outputs"], (a, b), strict=False):
         binary = expected_binary[output["name"]]
         assert ("data" not in output) == binary
@@ -111,7 +111,7 @@ def test_per_output_binary_beats_the_default(
 def test_json_output_conversions() -> None:
     strided = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]
     big_endian = np.array([1, 256], dtype=">i4")
-    response = _response(
+    response = make_response(
         Tensor("h", "FP16", (2,), np.array([0.5, -1.25], np.float16)),
         Tensor("bf", "BF16", (2,), np.array([0x3F80, 0xC000], np.uint16)),
         Tensor("t", "FP64", (3, 2), strided),
@@ -131,45 +131,47 @@ def test_json_output_conversions() -> None:
 
 def test_binary_output_normalises_dtype_and_layout() -> None:
     strided = np.arange(8, dtype=np.int32)[::2]
-    response = _response(
+    response = make_response(
         Tensor("s", "INT32", (4,), strided),
         Tensor("d", "FP32", (2,), np.array([1.5, 2.5], np.float64)),
         Tensor("bf", "BF16", (1,), np.array([1.0], np.float32)),
     )
     body, header_length = encode_infer_response(response, None, True)
-    blobs = _blobs(*_split(body, header_length))
+    blobs = binary_blobs(*split_body(body, header_length))
     assert np.frombuffer(blobs["s"], np.int32).tolist() == [0, 2, 4, 6]
     assert np.frombuffer(blobs["d"], np.float32).tolist() == [1.5, 2.5]
     assert np.frombuffer(blobs["bf"], np.uint16).tolist() == [0x3F80]
 
 
 def test_output_parameters_and_binary_size_merge() -> None:
-    response = _response(Tensor("a", "INT8", (1,), np.array([1], np.int8), parameters={"k": "v"}))
-    document, _ = _split(*encode_infer_response(response, None, True))
+    response = make_response(
+        Tensor("a", "INT8", (1,), np.array([1], np.int8), parameters={"k": "v"})
+    )
+    document, _ = split_body(*encode_infer_response(response, None, True))
     assert document["outputs"][0]["parameters"] == {"k": "v", "binary_data_size": 1}
-    document, _ = _split(*encode_infer_response(response, None, False))
+    document, _ = split_body(*encode_infer_response(response, None, False))
     assert document["outputs"][0]["parameters"] == {"k": "v"}
 
 
 def test_unknown_output_datatype_is_internal() -> None:
-    response = _response(Tensor("a", "FP8", (1,), np.zeros(1)))
+    response = make_response(Tensor("a", "FP8", (1,), np.zeros(1)))
     with pytest.raises(InternalError):
         encode_infer_response(response, None, False)
 
 
 def test_decoded_request_round_trips_through_the_encoder() -> None:
-    header = _json(
-        _input("x", "FP32", [2, 2], binary_data_size=16),
-        _input("s", "BYTES", [1], ["q"]),
+    header = json_body(
+        tensor_entry("x", "FP32", [2, 2], binary_data_size=16),
+        tensor_entry("s", "BYTES", [1], ["q"]),
         outputs=[{"name": "x", "parameters": {"binary_data": True}}, {"name": "s"}],
     )
-    request = _decode(header + _fp32(1, 2, 3, 4), len(header))
-    response = _response(*request.inputs)
+    request = decode_body(header + fp32_bytes(1, 2, 3, 4), len(header))
+    response = make_response(*request.inputs)
     body, header_length = encode_infer_response(
         response, request.outputs, request.parameters.get("binary_data_output", False)
     )
-    document, tail = _split(body, header_length)
-    assert np.frombuffer(_blobs(document, tail)["x"], np.float32).tolist() == [1, 2, 3, 4]
+    document, tail = split_body(body, header_length)
+    assert np.frombuffer(binary_blobs(document, tail)["x"], np.float32).tolist() == [1, 2, 3, 4]
     assert document["outputs"][1]["data"] == ["q"]
 
 
@@ -205,7 +207,7 @@ def test_tritonclient_request_and_response_round_trip() -> None:
         inputs, outputs, request_id="r9", parameters={"custom": 3}
     )
 
-    request = _decode(body, json_size)
+    request = decode_body(body, json_size)
     assert request.id == "r9" and request.parameters["custom"] == 3
     for tensor in request.inputs:
         assert tensor.data.tolist() == arrays[tensor.name].tolist()
@@ -230,7 +232,7 @@ def test_tritonclient_default_outputs_are_binary() -> None:
     infer_input = httpclient.InferInput("x", [2], "INT64")
     infer_input.set_data_from_numpy(np.array([7, 8], np.int64))
     body, json_size = httpclient.InferenceServerClient.generate_request_body([infer_input])
-    request = _decode(body, json_size)
+    request = decode_body(body, json_size)
     assert request.outputs is None
     assert request.parameters.get("binary_data_output") is True
     payload, header_length = encode_infer_response(

@@ -370,10 +370,10 @@ def test_dynamic_and_sequence_batching_together_do_not_parse(tmp_path):
 
 
 def test_defaults_are_tritons():
-    from repository.config import _normalize_common
+    from repository.config import normalize_common
 
     config = make_config("oldest { max_candidate_sequences: 2 }", idle_us=0)
-    _normalize_common(config, "seq")
+    normalize_common(config, "seq")
     assert config.sequence_batching.max_sequence_idle_microseconds == 1_000_000
     assert list(config.sequence_batching.oldest.preferred_batch_size) == [2]
 

@@ -13,7 +13,7 @@ import pytest
 
 from protocol.errors import InvalidArgument, TooLarge
 from protocol.rest.decode import check_json_depth
-from server.http.parsers import _PackedBytes, inflate_small, parse_json_document
+from server.http.parsers import PackedBytes, inflate_small, parse_json_document
 
 
 def test_small_compressed_bodies_inflate_inline_and_large_ones_are_left_to_a_worker() -> None:
@@ -31,7 +31,7 @@ def test_packed_bytes_round_trip_in_steps() -> None:
     array[:] = items
     array = array.reshape(100, 200)
     for step in (None, 7, 1 << 16):
-        packed = _PackedBytes(array, step=step)
+        packed = PackedBytes(array, step=step)
         out = packed.unpack()
         assert out.shape == (100, 200) and out.dtype == object
         assert out.reshape(-1).tolist() == items

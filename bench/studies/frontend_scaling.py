@@ -10,7 +10,7 @@ read from /proc during the run, gives h = (owner CPU - own requests * f) / hande
 The frontend process's own cost per request is g. bench/FINDINGS.md 9.9 turns f, g and h into
 throughput against cores.
 
-    .venv/bin/python bench/frontend_scaling.py [--rounds 2] [--protocol http|grpc]
+    .venv/bin/python -m bench.studies.frontend_scaling [--rounds 2] [--protocol http|grpc]
 """
 
 from __future__ import annotations
@@ -19,22 +19,17 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bench import served  # noqa: E402
-from bench.cpu_side_by_side import _process_cpu  # noqa: E402
-from examples.build_repository import build_simple, build_simple_batching  # noqa: E402
-from harness.procutil import connection_owners, frontend_children  # noqa: E402
-from harness.serverproc import start_server  # noqa: E402
+from bench import served
+from bench.cpu_time import process_cpu
+from examples.build_repository import build_simple, build_simple_batching
+from harness.procutil import connection_owners, frontend_children
+from harness.serverproc import start_server
 
 CONCURRENCY = 16
 MODEL = "simple_batching"  # add/sub of [16] INT32 with dynamic batching (500 µs)
@@ -90,23 +85,23 @@ def measure(perf_analyzer: str, repo: Path, processes: int, protocol: str, log_d
             "-f",
             str(csv_path),
         ]
-        before = served._model_stats(server.base, MODEL)
-        cpu_before = {pid: _process_cpu(pid) for pid in [server.pid, *children]}
+        before = served.model_stats(server.base, MODEL)
+        cpu_before = {pid: process_cpu(pid) for pid in [server.pid, *children]}
         shares: list[float] = []
         stop = threading.Event()
         watcher = threading.Thread(
             target=_connection_split, args=(port, server.pid, stop, shares), daemon=True
         )
         watcher.start()
-        code, output = served._call(command, 180)
+        code, output = served.run_command(command, 180)
         stop.set()
         watcher.join()
-        cpu = {pid: _process_cpu(pid) - cpu_before[pid] for pid in cpu_before}
-        requests = served._split(before, served._model_stats(server.base, MODEL)).requests
+        cpu = {pid: process_cpu(pid) - cpu_before[pid] for pid in cpu_before}
+        requests = served.server_split(before, served.model_stats(server.base, MODEL)).requests
         if code != 0 or requests <= 0:
             run.error = f"exit {code}: {output.strip().splitlines()[-1:]}"
             return run
-        run.infer_per_sec = float(served._read_csv(csv_path)["Inferences/Second"])
+        run.infer_per_sec = float(served.read_csv(csv_path)["Inferences/Second"])
         run.owner_share = statistics.median(shares) if shares else 1.0
         run.owner_cpu_us = 1e6 * cpu[server.pid] / requests
         if children:

@@ -8,7 +8,7 @@ that an untraced request pays one sampling decision, so `simple` is measured wit
 configuration, with tracing configured but OFF, and with TIMESTAMPS on at a rate that samples
 (almost) nothing.
 
-    PERF_ANALYZER=... .venv/bin/python bench/shm_and_tracing.py [--seconds 3]
+    PERF_ANALYZER=... .venv/bin/python -m bench.studies.shm_and_tracing [--seconds 3]
 """
 
 from __future__ import annotations
@@ -17,21 +17,17 @@ import argparse
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+import onnx
+from onnx import TensorProto, helper
 
-import onnx  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
+from bench.sections import replace_section
+from examples.build_repository import build_simple
+from harness.serverproc import running_server
 
-from bench.sections import replace_section  # noqa: E402
-from examples.build_repository import build_simple  # noqa: E402
-from harness.serverproc import running_server  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 ELEMENTS = 1 << 20  # FP32: 4 MiB each way
 _SUMMARY = re.compile(r"Concurrency: (\d+), throughput: ([\d.]+) infer/sec, latency (\d+) usec")
 _P50 = re.compile(r"p50 latency: (\d+) usec")
@@ -96,7 +92,7 @@ def main() -> int:
         print("set PERF_ANALYZER (../shared/tools/install-perf-analyzer prints its path)")
         return 2
     lines = [
-        "## Shared memory and tracing (`bench/shm_and_tracing.py`)",
+        "## Shared memory and tracing (`bench/studies/shm_and_tracing.py`)",
         "",
         f"perf_analyzer at concurrency 1, {args.seconds:g} s windows, on this shared "
         "machine (compare within a table, not across runs).",

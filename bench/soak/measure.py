@@ -1,4 +1,4 @@
-"""What the soak (bench/soak.py) measures: the server's process tree (the server and its Python
+"""What the soak (bench/soak/run.py) measures: the server's process tree (the server and its Python
 workers, found through /proc/*/stat), sampled for RSS, descriptors, threads, memfd arenas and
 /dev/shm; medians, trends, and the verdicts on growth, on /dev/shm entries left behind and on
 processes that outlive the server."""

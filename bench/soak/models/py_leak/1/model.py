@@ -1,4 +1,4 @@
-"""A deliberately leaking Python model: the negative control of bench/soak.py.
+"""A deliberately leaking Python model: the negative control of bench/soak/run.py.
 
 Answers like bench/models/py_add (OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1), and on
 every request keeps `leak_bytes` of freshly written memory (so it is resident, not just

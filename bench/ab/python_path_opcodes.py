@@ -14,7 +14,8 @@ interpreter executes (sys.settrace opcode events) for one `execute` of one reque
 The request is a gRPC client's as perf_analyzer sends it (both outputs named, the
 `triton_enable_empty_final_response` parameter); `--plain` sends one with neither.
 
-    .venv/bin/python bench/python_path_opcodes.py [--tree /work/wt-base] [--plain] [--by-function]
+    .venv/bin/python -m bench.ab.python_path_opcodes [--tree ../base-checkout] [--plain]
+        [--by-function]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "bench" / "models" / "py_add"
 
 

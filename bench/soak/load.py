@@ -1,4 +1,4 @@
-"""The soak's load and chaos (bench/soak.py): steady HTTP and gRPC inference clients whose every
+"""The soak's load and chaos (bench/soak/run.py): steady HTTP and gRPC inference clients whose every
 answer is checked and classified, a cycler unloading and loading the `*_cycle` models, a
 disconnecter abandoning requests, a killer of Python workers; and the calls around them (wait
 for readiness, touch every model, read the restarts metric)."""
@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.soak_measure import process_age, worker_pids
+from bench.soak.measure import process_age, worker_pids
 from harness.serverproc import ServerProcess
 
 STABLE = ("simple", "py_add")

@@ -1,6 +1,6 @@
 """The first run on an Atlas box: how fast the device runs an `.om`, and how close the server gets.
 
-    python -m bench.npu_device model.om [--device 0] [--config extra.pbtxt] [--out DIR]
+    python -m bench.studies.npu_device model.om [--device 0] [--config extra.pbtxt] [--out DIR]
 
 1. Device only, per gear (each dynamic batch size, the static batch, or each image-size / dims
    gear): inputs copied to the device once and left there, the gear set once, then
@@ -33,17 +33,13 @@ from typing import Any
 import numpy as np
 from google.protobuf import text_format
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.served import CONVERGE_FLAGS, _call, _read_csv  # noqa: E402
-from npu import acl as npu_acl  # noqa: E402
-from npu import aipp as npu_aipp  # noqa: E402
-from npu.description import ModelDescription  # noqa: E402
-from npu.device import DeviceSession  # noqa: E402
-from npu.om_model import OmModel  # noqa: E402
-from protocol.proto.model_config_pb2 import ModelConfig  # noqa: E402
+from bench.served import CONVERGE_FLAGS, read_csv, run_command
+from npu import acl as npu_acl
+from npu import aipp as npu_aipp
+from npu.description import ModelDescription
+from npu.device import DeviceSession
+from npu.om_model import OmModel
+from protocol.proto.model_config_pb2 import ModelConfig
 
 DEFAULT_LOOPS = 200
 DEFAULT_CONCURRENCY = (1, 4, 16)
@@ -147,7 +143,6 @@ def served(
     perf_args: list[str],
 ) -> list[dict[str, Any]]:
     """perf_analyzer against a server of this checkout serving the model."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from harness.serverproc import running_server
 
     points: list[dict[str, Any]] = []
@@ -172,7 +167,7 @@ def served(
                         "-f",
                         str(csv_path),
                     ]
-                    code, output = _call(command, timeout=300)
+                    code, output = run_command(command, timeout=300)
                     (out / f"served-{protocol}-c{level}.log").write_text(output)
                     point: dict[str, Any] = {
                         "protocol": protocol,
@@ -180,7 +175,7 @@ def served(
                         "command": " ".join(command),
                     }
                     if code == 0 and csv_path.exists():
-                        row = _read_csv(csv_path)
+                        row = read_csv(csv_path)
                         point.update(
                             infer_per_sec=float(row["Inferences/Second"]),
                             p99_us=float(row["p99 latency"]),

@@ -15,7 +15,7 @@ Verdicts (issue #13): in phase 2 live p99 < 50 ms and small-inference p99 < 3x i
 value; in phase 3 no live poll waits more than 0.5 s. Extra arguments after `--` go to the
 server (`-- --http-parser-processes 0` measures the event-loop-only parse).
 
-    .venv/bin/python bench/hostile.py [--hostile-secs 20] [-- server flags]
+    .venv/bin/python -m bench.studies.hostile [--hostile-secs 20] [-- server flags]
 """
 
 from __future__ import annotations
@@ -32,13 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from examples.build_repository import build_simple  # noqa: E402
-from harness.serverproc import start_server  # noqa: E402
-from harness.testmodels import build_identity_fp32  # noqa: E402
+from examples.build_repository import build_simple
+from harness.serverproc import start_server
+from harness.testmodels import build_identity_fp32
 
 HOSTILE = b'{"a":' * ((64 * 1024 * 1024) // 5)  # 67,108,860 bytes: under the 64 MiB limit
 DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"

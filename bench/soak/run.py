@@ -1,7 +1,7 @@
 """Soak and chaos, bounded and repeatable (issue #13, item 11).
 
-    .venv/bin/python bench/soak.py --seconds 1800                 # the long version
-    .venv/bin/python bench/soak.py --seconds 60 --negative-control-seconds 20   # make test's
+    .venv/bin/python -m bench.soak.run --seconds 1800                 # the long version
+    .venv/bin/python -m bench.soak.run --seconds 60 --negative-control-seconds 20   # make test's
 
 Loopback only (every socket is 127.0.0.1), bounded in time (`--seconds` of chaos, plus a few
 seconds of start, warm-up and settling), repeatable (`--seed`: every random choice, the models
@@ -11,7 +11,7 @@ machine does not).
 One run: build a repository in a temporary directory (ONNX `simple` from
 examples/build_repository.py and bench/models/py_add, each twice: a stable copy that is never
 unloaded and a `*_cycle` copy that is unloaded and loaded again and again; with `--leak`, also
-bench/soak_models/py_leak, the deliberately leaking model), start the server in explicit
+bench/soak/models/py_leak, the deliberately leaking model), start the server in explicit
 model-control mode on free 127.0.0.1 ports, warm it up with every kind of traffic, let it
 settle and sample the server's process tree (the server and its Python workers): RSS (summed),
 open descriptors (/proc/<pid>/fd), threads, memfd arenas, and the /dev/shm entries. Then, for
@@ -46,8 +46,8 @@ memory and a descriptor per request, so the RSS and descriptor verdicts must FAI
 `--negative-control-seconds N` runs that after the clean run and exits 0 only when the clean run
 passed and the leak was caught. A JSON report goes to `--report` (default bench/out/soak/).
 
-This file is the command line and the run; the clients and the chaos are in bench/soak_load.py,
-the sampling of the process tree and the verdicts' measures in bench/soak_measure.py.
+This file is the command line and the run; the clients and the chaos are in bench/soak/load.py,
+the sampling of the process tree and the verdicts' measures in bench/soak/measure.py.
 """
 
 from __future__ import annotations
@@ -62,12 +62,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.soak_load import CYCLED, STABLE, Chaos, Tally, restarts_metric, touch, wait_ready  # noqa: E402
-from bench.soak_measure import (  # noqa: E402
+from bench.soak.load import CYCLED, STABLE, Chaos, Tally, restarts_metric, touch, wait_ready
+from bench.soak.measure import (
     Limits,
     left_behind,
     median_sample,
@@ -79,11 +75,12 @@ from bench.soak_measure import (  # noqa: E402
     trend_per_minute,
     verdict,
 )
-from examples.build_repository import build_simple, simple_config  # noqa: E402
-from harness.serverproc import start_server  # noqa: E402
+from examples.build_repository import build_simple, simple_config
+from harness.serverproc import start_server
 
+ROOT = Path(__file__).resolve().parents[2]
 PY_ADD = ROOT / "bench" / "models" / "py_add"
-PY_LEAK = ROOT / "bench" / "soak_models" / "py_leak"
+PY_LEAK = ROOT / "bench" / "soak" / "models" / "py_leak"
 
 
 # ----- the repository ----------------------------------------------------------------------

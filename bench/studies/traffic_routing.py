@@ -1,12 +1,12 @@
 """What gray release costs the infer path per request (issue 15): no policy, a weighted split,
 a sticky key. Without a policy the path makes one dict lookup (and a version check, to count
 named requests) more than before policies existed: measured against that
-server/core/inference_path.py on the same registry, about 0.1 µs per request (2.45 -> 2.51 µs in a
-quiet run), within noise next to the ~130 µs of server CPU an HTTP inference costs.
+server/core/inference_path.py on the same registry, about 0.1 µs per request (2.45 -> 2.51 µs
+in a quiet run), within noise next to the ~130 µs of server CPU an HTTP inference costs.
 
 Runs the real InferencePath over a registry of three versions whose scheduler answers at once,
 so what is timed is resolve + submit + await, not a model. Prints microseconds per request
-(best of several repetitions, on this machine, now). Usage: python -m bench.traffic_routing
+(best of several repetitions, on this machine, now). Usage: python -m bench.studies.traffic_routing
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ CPU 0 (their clients share CPU 1), so a neighbour's burst hits both alike; each 
 half the core, which is a different operating point from the interleaved runs (compare A with
 B, not across modes).
 
-    .venv/bin/python bench/python_model_ab.py --a /work/wt-base --b . [--rounds 4]
+    .venv/bin/python -m bench.ab.python_model_ab --a ../base-checkout --b . [--rounds 4]
         [--model py_add] [--protocols http,grpc] [--out-dir bench/out/ab] [--together]
 
 The model comes from this tree's bench/models (the same model.py for both servers); `--model
@@ -33,14 +33,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import served
+from bench.cpu_side_by_side import CLIENT_CPU, CONCURRENCY, PinnedServer
+from bench.cpu_time import process_cpu
+from examples.build_repository import build_simple
+from harness.serverproc import free_port
 
-from bench import served  # noqa: E402
-from bench.cpu_side_by_side import CLIENT_CPU, CONCURRENCY, PinnedServer, _process_cpu  # noqa: E402
-from examples.build_repository import build_simple  # noqa: E402
-from harness.serverproc import free_port  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 PERF_ANALYZER = "/root/.cache/perf-analyzer/perf_analyzer"
 
 
@@ -93,7 +92,7 @@ def measure(
     out_dir: Path,
 ) -> Run:
     run = Run(server.name, protocol, round_no)
-    url = server.http.routes if protocol == "http" else server.grpc.services
+    url = server.http if protocol == "http" else server.grpc
     csv_path = out_dir / f"{server.name}-{protocol}-r{round_no}.csv"
     csv_path.unlink(missing_ok=True)
     command = [
@@ -113,16 +112,16 @@ def measure(
         "-f",
         str(csv_path),
     ]
-    before = served._model_stats(f"http://{server.http.routes}", model)
-    tree_before, own_before = server.tree_cpu(), _process_cpu(server.process.pid)
-    code, output = served._call(command, 180)
-    tree, own = server.tree_cpu() - tree_before, _process_cpu(server.process.pid) - own_before
-    split = served._split(before, served._model_stats(f"http://{server.http.routes}", model))
+    before = served.model_stats(f"http://{server.http}", model)
+    tree_before, own_before = server.tree_cpu(), process_cpu(server.process.pid)
+    code, output = served.run_command(command, 180)
+    tree, own = server.tree_cpu() - tree_before, process_cpu(server.process.pid) - own_before
+    split = served.server_split(before, served.model_stats(f"http://{server.http}", model))
     (out_dir / f"{csv_path.stem}.log").write_text(output)
     if code != 0 or not csv_path.exists() or split.requests <= 0:
         run.error = f"exit {code}: " + " / ".join(output.strip().splitlines()[-2:])
         return run
-    run.infer_per_sec = float(served._read_csv(csv_path)["Inferences/Second"])
+    run.infer_per_sec = float(served.read_csv(csv_path)["Inferences/Second"])
     run.cpu_us = 1e6 * tree / split.requests
     run.server_us = 1e6 * own / split.requests
     run.batch = split.avg_batch
