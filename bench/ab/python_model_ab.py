@@ -14,11 +14,14 @@ B, not across modes).
 
     .venv/bin/python -m bench.ab.python_model_ab --a ../base-checkout --b . [--rounds 4]
         [--model py_add] [--protocols http,grpc] [--out-dir bench/out/ab] [--together]
+        [--concurrency 8]
 
 The model comes from this tree's bench/models (the same model.py for both servers); `--model
 simple` builds the ONNX `simple` model instead, as a reference that has no Python worker
 (its config names no instance count: 2 CPU instances, ONNX Runtime's default, in every tree;
-a5095ba changed the default of the other backends only).
+a5095ba changed the default of the other backends only), and `--model mlp_compute` the fast MLP
+of `make bench`'s batching section (with `--concurrency 32`, its batching point: the batch size
+and inf/s then say whether the batcher forms the same batches in both trees).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from bench import served
 from bench.cpu_side_by_side import CLIENT_CPU, CONCURRENCY, PinnedServer
 from bench.cpu_time import process_cpu
 from examples.build_repository import build_simple
+from examples.mlp_compute import BENCH_BUILDERS
 from harness.serverproc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +94,7 @@ def measure(
     protocol: str,
     round_no: int,
     out_dir: Path,
+    concurrency: int = CONCURRENCY,
 ) -> Run:
     run = Run(server.name, protocol, round_no)
     url = server.http if protocol == "http" else server.grpc
@@ -107,7 +112,7 @@ def measure(
         "-u",
         url,
         "--concurrency-range",
-        str(CONCURRENCY),
+        str(concurrency),
         *served.CONVERGE_FLAGS,
         "-f",
         str(csv_path),
@@ -147,7 +152,13 @@ def run_round(
                 done = list(
                     pool.map(
                         lambda server, protocol=protocol: measure(
-                            perf_analyzer, server, args.model, protocol, round_no, args.out_dir
+                            perf_analyzer,
+                            server,
+                            args.model,
+                            protocol,
+                            round_no,
+                            args.out_dir,
+                            args.concurrency,
                         ),
                         servers,
                     )
@@ -214,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--model", default="py_add")
     parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        help="perf_analyzer's concurrency (32 for mlp_compute: the batching point of make bench)",
+    )
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "ab")
     parser.add_argument(
         "--together",
@@ -230,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(repo, ignore_errors=True)
     if args.model == "simple":  # the ONNX reference, built as `make run` builds it
         build_simple(repo)
+    elif args.model in BENCH_BUILDERS:  # mlp_compute: batching when the model is fast
+        BENCH_BUILDERS[args.model](repo)
     else:
         shutil.copytree(ROOT / "bench" / "models" / args.model, repo / args.model)
     trees = [(args.label_a, args.a.resolve()), (args.label_b, args.b.resolve())]
