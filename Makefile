@@ -60,13 +60,13 @@ test: $(VENV)/.installed-test
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest tests -m "not e2e and not slow and not soak" $(PYTEST_ARGS)
 
-# The fuzz tests (tests/e2e/test_fuzz_*.py) with thousands of cases each, for nightly runs;
+# The fuzz tests (tests/e2e/hostile_input/test_fuzz_*.py) with thousands of cases each, for nightly runs;
 # `make test` runs the same tests with a short budget. Failing cases are kept in .hypothesis/
 # and replayed first next time. FUZZ_EXAMPLES=N sets the base number of cases per test.
 FUZZ_EXAMPLES ?=
 fuzz: $(VENV)/.installed-test
 	ASCEND_FUZZ=nightly ASCEND_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest \
-		tests/e2e/test_fuzz_http.py tests/e2e/test_fuzz_grpc.py --timeout=0 \
+		tests/e2e/hostile_input/test_fuzz_http.py tests/e2e/hostile_input/test_fuzz_grpc.py --timeout=0 \
 		--hypothesis-show-statistics $(PYTEST_ARGS)
 
 # The long soak and chaos run (bench/soak/run.py, see bench/README.md); `make test` runs a

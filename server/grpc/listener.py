@@ -92,7 +92,7 @@ def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
     the only bound it applies while inflating is `grpc.max_receive_message_length`; with 2 GiB
     there, a 2.2 MB gzip request inflated to 2 GiB. With this bound a request that would inflate
     past it is refused with RESOURCE_EXHAUSTED ("Decompressed message larger than max") and
-    inflating stops there (tests/e2e/test_connection_limits.py measures the RSS). The same
+    inflating stops there (tests/e2e/http/test_connection_limits.py measures the RSS). The same
     number bounds uncompressed requests: grpcio cannot tell the two apart.
 
     Connections: keepalive with Triton's flags; an idle connection (no call) is sent GOAWAY,

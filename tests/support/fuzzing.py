@@ -1,6 +1,6 @@
-"""What the fuzz tests (tests/e2e/test_fuzz_http.py, test_fuzz_grpc.py) share: the Hypothesis
-profile, the request models they start from, and the property every case must keep. (The HTTP
-fuzzer's request strategies are in tests/support/fuzzing_http.py.)
+"""What the fuzz tests (tests/e2e/hostile_input/test_fuzz_http.py, test_fuzz_grpc.py) share:
+the Hypothesis profile, the request models they start from, and the property every case must
+keep. (The HTTP fuzzer's request strategies are in tests/support/fuzzing_http.py.)
 
 The property (issue #13, item 6): input never causes a 5xx (HTTP status below 500; 501 only
 for the documented unsupported cases, 503 only for the documented unavailable ones; over gRPC

@@ -1,4 +1,4 @@
-"""The requests tests/e2e/test_fuzz_http.py sends, as Hypothesis strategies (issue #13, item 6):
+"""The requests tests/e2e/hostile_input/test_fuzz_http.py sends, as Hypothesis strategies:
 infer requests for the example models, valid and then mutated (datatypes, shapes, data, binary
 header lengths, parameters, outputs, compression headers, odd model names and versions); any
 route with any method; and load / unload requests whose config overrides are the models' own

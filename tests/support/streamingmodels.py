@@ -1,6 +1,6 @@
 """Python test models for decoupled streaming, response senders and BLS
-(tests/e2e/test_decoupled.py, tests/e2e/test_bls.py). Each is written against Triton's python
-backend API as documented."""
+(tests/e2e/streaming/test_decoupled.py, tests/e2e/python_models/test_bls.py). Each is written
+against Triton's python backend API as documented."""
 
 from __future__ import annotations
 

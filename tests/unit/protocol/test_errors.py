@@ -1,6 +1,6 @@
 """One error table for both frontends: every error class has its HTTP status and gRPC code, the
 frontends use exactly those. (That real failures read the same over HTTP and gRPC is in
-tests/e2e/test_error_table.py.)"""
+tests/e2e/hostile_input/test_error_table.py.)"""
 
 from __future__ import annotations
 

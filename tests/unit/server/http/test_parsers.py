@@ -1,6 +1,6 @@
 """server/http/parsers.py's pieces that need no process: the inline-or-offload decision for
 compressed bodies, BYTES tensors in transit, and the vectorised nesting check (issue 13, item 1).
-The processes themselves are exercised end to end in tests/e2e/test_http_offload.py."""
+The processes themselves are exercised end to end in tests/e2e/http/test_offload.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """server/net/connections.py and the connection settings: defaults, flags, gRPC server options.
-(The behaviour on the wire is in tests/e2e/test_connection_limits.py.)"""
+(The behaviour on the wire is in tests/e2e/http/test_connection_limits.py.)"""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from tests.support import om_fixtures as omf
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QUEUE_DELAY_US = 300_000  # concurrent requests from a test always meet in one batch
 AIPP_PARAMETERS = """
 parameters { key: "aipp_input_format" value { string_value: "YUV420SP_U8" } }

@@ -37,7 +37,7 @@ from tests.support import om_fixtures as omf
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FEATURES = 4
 GEARS = (4, 1, 8, 2)  # as compiled: unsorted on purpose
 SCALE, BIAS = 2.0, 1.0  # om_fixtures.scale_model defaults: OUTPUT0 = x * 2 + 1, OUTPUT1 = row sums
