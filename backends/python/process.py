@@ -3,7 +3,7 @@
 Every call is a strict request/reply on the socket, made from the instance's own thread, so
 the arenas are never written while the other side reads them. Messages that are not replies
 (decoupled responses, BLS requests, custom metrics) go to the backend's `on_message`, on
-whichever thread reads the channel; their tensors travel in the rings (python_ring.py). When the
+whichever thread reads the channel; their tensors travel in the rings (wire/ring.py). When the
 process dies the socket reports end-of-file (or is severed by the supervisor), and the pending call
 raises WorkerDied at once. Workers die with the server: the kernel kills them when it goes (see
 _Spawner), and end_workers() kills those still running at its exit deadline.
@@ -85,7 +85,7 @@ class _Spawner:
     """Starts every worker process from one thread that lives as long as the server.
 
     A worker asks the kernel to SIGKILL it when its parent goes (PR_SET_PDEATHSIG, in
-    python_worker.py), and Linux sends that signal when the *thread* that forked it ends, not
+    worker/main.py), and Linux sends that signal when the *thread* that forked it ends, not
     the process. Forking from one long-lived daemon thread ties each worker to the server
     process itself, whichever thread (instance, supervisor, executor) asked for it. The
     thread is first started by a load (an instance or executor thread, which hold the

@@ -1,5 +1,5 @@
 """The server's side of what a Python model sends besides `execute` replies: the answers of
-decoupled requests, BLS requests, and custom metrics (the worker's side is python_bridge.py).
+decoupled requests, BLS requests, and custom metrics (the worker's side is worker/bridge.py).
 
 Messages arrive on whichever thread reads the worker's channel; their tensors are copied out
 of the worker's ring at once (so the ring never waits on a slow client) and handed to the

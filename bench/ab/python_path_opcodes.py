@@ -112,7 +112,7 @@ def server_side(plain: bool, count: int) -> OpcodeCounter:
 def worker_side(plain: bool, count: int) -> OpcodeCounter:
     import numpy as np
 
-    from backends.python.wire import framing as python_ipc
+    from backends.python.wire import framing
     from backends.python.worker.main import WorkerLoop
 
     server, worker = socket.socketpair()
@@ -130,14 +130,14 @@ def worker_side(plain: bool, count: int) -> OpcodeCounter:
         },
         [],
     )
-    arena = python_ipc.ArenaWriter()
+    arena = framing.ArenaWriter()
     refs, fd = arena.pack(
         [{"INPUT0": np.ones((1, 16), np.float32), "INPUT1": np.ones((1, 16), np.float32)}]
     )
     message: dict[str, Any] = {"op": "execute", "requests": refs, "outputs": ["OUTPUT0", "OUTPUT1"]}
     if not plain:  # what the server sends for it (older trees send no details at all)
         message["meta"] = [("", {"triton_enable_empty_final_response": True})]
-    replies = python_ipc.Receiver(server)
+    replies = framing.Receiver(server)
     channel = getattr(loop, "channel", None)
 
     def serve_one() -> None:
@@ -145,12 +145,12 @@ def worker_side(plain: bool, count: int) -> OpcodeCounter:
         reply, reply_fds = loop.on_execute(received, fds)
         loop.reply(reply, reply_fds)
 
-    python_ipc.send_message(server, message, [fd])
+    framing.send_message(server, message, [fd])
     serve_one()
     replies.recv()
     counter = OpcodeCounter()
     for _ in range(count):
-        python_ipc.send_message(server, message)
+        framing.send_message(server, message)
         counter.trace(serve_one)
         replies.recv()
     server.close()

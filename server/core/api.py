@@ -1,4 +1,4 @@
-"""CoreAPI: everything the frontends (server/http, server/grpc, server/net) may call on the core.
+"""CoreAPI: everything the frontends (server/http, server/grpc) may call on the core.
 
 Two classes implement it: InferenceCore (server/core/inference_core.py), in the process that
 owns the models, and RemoteCore (server/multiprocess/remote_core.py), in a frontend process,

@@ -88,9 +88,7 @@ class InferenceCore:
         self.shared_memory = SharedMemoryRegistry(settings.max_shared_memory_regions)
         # Trace and log settings: one state, read and changed over both protocols.
         self.runtime = RuntimeSettings.create(settings.log_verbose, settings.trace_config)
-        self.tracer = _tracer(
-            settings, self.runtime
-        )  # server/observability/tracing.py, otel_tracing.py
+        self.tracer = _tracer(settings, self.runtime)  # server/observability/tracing.py, otel.py
         # OpenTelemetry mode: the frontends read each request's W3C traceparent.
         self.propagates_trace = settings.trace_config.get("trace_mode") == ["opentelemetry"]
         # Whether a request may ever be traced (a trace file, or OpenTelemetry, at startup):

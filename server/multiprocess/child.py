@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from server.multiprocess.arena import Arena
-from server.multiprocess.link import HandoverLink
+from server.multiprocess.link import FrontendLink
 from server.multiprocess.remote_core import ControlClient, RemoteCore
 from server.net.loop import new_event_loop
 from server.settings import ServerSettings
@@ -84,7 +84,7 @@ async def serve(
     return 0
 
 
-async def _owner_gone(link: HandoverLink, stop: asyncio.Event) -> None:
+async def _owner_gone(link: FrontendLink, stop: asyncio.Event) -> None:
     """Stop when the owner's link closes (the owner is gone or restarting this process)."""
     while not link.closed:
         await asyncio.sleep(0.2)

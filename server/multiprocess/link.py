@@ -45,7 +45,7 @@ def _span(size: int) -> int:
     return (size + ALIGN - 1) & ~(ALIGN - 1)
 
 
-class HandoverLink(asyncio.Protocol):
+class FrontendLink(asyncio.Protocol):
     """One end of a frontend link. `on_message(message)` gets every message but RELEASE;
     `on_lost(exc)` is called once when the socket closes."""
 

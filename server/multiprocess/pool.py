@@ -30,7 +30,7 @@ from protocol.link_codec import pack_response, unpack_request
 from server.core.api import CONTROL_METHODS
 from server.core.inference_core import InferenceCore
 from server.multiprocess.arena import Arena
-from server.multiprocess.link import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
+from server.multiprocess.link import CANCEL, ERROR, EXITING, INFER, RESULT, FrontendLink
 from server.multiprocess.remote_core import RemoteRules
 from server.settings import ServerSettings
 
@@ -49,7 +49,7 @@ class FrontendProcess:
         self.settings = settings
         self.core = core
         self.process: subprocess.Popen | None = None
-        self.link: HandoverLink | None = None
+        self.link: FrontendLink | None = None
         self.path = core.path  # the one infer path (server/core/inference_path.py)
         self.inflight: dict[int, asyncio.Future] = {}  # handed over, not yet answered
         self.stopping = False
@@ -88,7 +88,7 @@ class FrontendProcess:
             sock.close()
         to_owner.close_fd()
         to_frontend.close_fd()
-        self.link = HandoverLink(to_frontend, to_owner, self._on_message, self._on_lost)
+        self.link = FrontendLink(to_frontend, to_owner, self._on_message, self._on_lost)
         await self.loop.connect_accepted_socket(lambda: self.link, infer_here)  # type: ignore
         quick = Connection(quick_here.detach())
         slow = Connection(slow_here.detach())

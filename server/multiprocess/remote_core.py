@@ -33,7 +33,7 @@ from protocol.types import (
 )
 from server.core.api import InputRule, InputRules, Resolved
 from server.multiprocess.arena import Arena
-from server.multiprocess.link import CANCEL, ERROR, EXITING, INFER, RESULT, HandoverLink
+from server.multiprocess.link import CANCEL, ERROR, EXITING, INFER, RESULT, FrontendLink
 from server.observability.runtime_settings import apply_log_settings
 from server.observability.tracing import may_trace
 from server.settings import ServerSettings
@@ -95,7 +95,7 @@ class RemoteCore:
         self.quick = quick
         self.slow = slow
         self.loop = loop
-        self.link = HandoverLink(outgoing, incoming, self.on_message, self.on_lost)
+        self.link = FrontendLink(outgoing, incoming, self.on_message, self.on_lost)
         self.started = False
         self.exiting = False
         self.inflight = 0

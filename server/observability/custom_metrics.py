@@ -1,11 +1,11 @@
 """Python models' own metrics (pb_utils.MetricFamily), served on :8002 beside Triton's.
 
 A model declares a family and changes its series in its worker; each change arrives here as a
-small update (backends/python/worker/bridge.py -> python_streams.py -> the infer path's loop) and is
-applied on the event loop, so no lock is needed. Families and series live as long as the
-server (a model reloaded keeps counting where it was, as its instances all report into one
-family). The number of families and of series per family is bounded by named limits; updates
-past them are dropped and logged once.
+small update (backends/python/worker/bridge.py -> backends/python/streams.py -> the infer path's
+loop) and is applied on the event loop, so no lock is needed. Families and series live as long as
+the server (a model reloaded keeps counting where it was, as its instances all report into one
+family). The number of families and of series per family is bounded by named limits; updates past
+them are dropped and logged once.
 """
 
 from __future__ import annotations

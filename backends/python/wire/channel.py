@@ -10,7 +10,7 @@ waiting (a model without any of this) that thread simply reads its reply, as bef
 only one thread can ever wait (the server's side of a model that is not decoupled) no turns
 are taken at all.
 
-Used by both processes: the standard library and python_ipc only.
+Used by both processes: the standard library and framing.py only.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ never blocks (no room: the tensors go inline), while here the reader copies ever
 the order written and only publishes a read mark in the ring itself, so the writer can wait for
 room or grow the ring and every message's tensors stay off the socket.
 
-Used by both processes, so it imports only the standard library, numpy and python_ipc.
+Used by both processes, so it imports only the standard library, numpy and framing.py.
 """
 
 from __future__ import annotations

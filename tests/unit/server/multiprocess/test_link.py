@@ -15,7 +15,7 @@ import pytest
 from protocol.errors import Overloaded
 from protocol.types import InferRequest, Tensor
 from server.multiprocess.arena import ALIGN, Arena, RingAllocator
-from server.multiprocess.link import SHM_MIN_BYTES, HandoverLink
+from server.multiprocess.link import SHM_MIN_BYTES, FrontendLink
 
 
 def test_ring_hands_out_aligned_regions_in_order_and_wraps() -> None:
@@ -63,8 +63,8 @@ class _Pair:
         # Each end maps the other's outgoing arena through its own descriptor, as a child does.
         a_in = Arena(arena_bytes, os.dup(b_out.fd))
         b_in = Arena(arena_bytes, os.dup(a_out.fd))
-        self.a = HandoverLink(a_out, a_in, self.received["a"].append, lambda exc: None)
-        self.b = HandoverLink(b_out, b_in, self.received["b"].append, lambda exc: None)
+        self.a = FrontendLink(a_out, a_in, self.received["a"].append, lambda exc: None)
+        self.b = FrontendLink(b_out, b_in, self.received["b"].append, lambda exc: None)
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -134,8 +134,8 @@ def test_small_messages_and_tensors_too_big_for_the_arena_travel_inline() -> Non
 @pytest.mark.parametrize("chunk", [1, 7, 4096])
 def test_frames_split_anywhere_by_the_socket_are_put_back_together(chunk: int) -> None:
     got: list = []
-    sender = HandoverLink(Arena(1 << 16), Arena(1 << 16), lambda m: None, lambda e: None)
-    receiver = HandoverLink(Arena(1 << 16), Arena(1 << 16), got.append, lambda e: None)
+    sender = FrontendLink(Arena(1 << 16), Arena(1 << 16), lambda m: None, lambda e: None)
+    receiver = FrontendLink(Arena(1 << 16), Arena(1 << 16), got.append, lambda e: None)
 
     class _Capture:
         def __init__(self) -> None:
