@@ -323,7 +323,7 @@ class WorkerProcess:
         """Run one list of requests; each result is its outputs or the model's error for it.
         `rids`: a decoupled model's requests, answered through messages. `details`: the
         per-request lists a model's accessors read ("requested", "meta", "sequence"), only
-        those some request needs (python.py). Raises WorkerReplyError when the model's execute
+        those some request needs (backend.py). Raises WorkerReplyError when the model's execute
         raised (the whole list failed). Only ever called from one thread at a time (the
         instance's), like the arenas' use."""
         with self._call_lock:

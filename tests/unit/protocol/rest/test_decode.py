@@ -1,4 +1,4 @@
-"""Golden wire cases for REST request decoding (protocol/rest/decode.py, rest_inputs.py): what the
+"""Golden wire cases for REST request decoding (protocol/rest/decode.py, inputs.py): what the
 HTTP body says -> what the core sees, and which bodies are refused with which message."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""REST request decoding at the edges (protocol/rest/decode.py, rest_inputs.py): size and JSON
+"""REST request decoding at the edges (protocol/rest/decode.py, inputs.py): size and JSON
 depth limits, zero-copy binary inputs, Inference-Header-Content-Length parsing and raw requests."""
 
 from __future__ import annotations

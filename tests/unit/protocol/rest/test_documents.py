@@ -1,4 +1,4 @@
-"""The REST codec's documents besides infer (protocol/rest/encode.py, rest_decode.py): model
+"""The REST codec's documents besides infer (protocol/rest/encode.py, decode.py): model
 metadata, statistics and the repository index as exact JSON bytes, and the repository
 index / load / unload request bodies with their error texts."""
 
