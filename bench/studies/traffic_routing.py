@@ -43,7 +43,7 @@ class _Immediate(InstantScheduler):
         return future
 
 
-def _path() -> InferencePath:
+def build_path() -> InferencePath:
     registry = ModelRegistry()
     config = text_format.Parse(CONFIG, ModelConfig())
     for version in (1, 2, 3):
@@ -72,7 +72,7 @@ async def _per_request_us(path: InferencePath, key: str | None) -> float:
 
 
 async def main() -> None:
-    path = _path()
+    path = build_path()
     rows = [("no policy", await _per_request_us(path, None))]
     path.traffic.replace("m", decode_traffic({"weights": {"1": 90, "2": 10}}))
     rows.append(("weights 90/10, random split", await _per_request_us(path, None)))
