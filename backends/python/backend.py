@@ -21,7 +21,8 @@ Streaming limits, as config `parameters`: `response_buffer_size` (default 64): h
 of one decoupled request may wait for a slow client before the model's `send` blocks;
 `response_send_timeout_s` (default 60): how long `send` blocks before it raises;
 `response_ring_bytes` (default 8 MiB): the worker's shared-memory ring for those answers and
-BLS inputs (a bigger message gets a bigger ring).
+BLS inputs (a bigger message gets a bigger ring). Their ranges are `parameter_bounds`, checked
+when the config loads (repository/bounds.py).
 """
 
 from __future__ import annotations
