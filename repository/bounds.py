@@ -38,6 +38,7 @@ class ModelBounds:
     max_warmup_requests: int = 65536  # --model-warmup-max-requests: batch_size x count, summed
     max_config_tensor_bytes: int = 64 * MIB  # --model-config-max-tensor-bytes
     max_response_ring_bytes: int = 1 << 30  # --python-max-response-ring-bytes
+    max_delay_secs: float = 86400.0  # --model-max-delay-secs: queue delays, sequence idle time
 
 
 DEFAULT_BOUNDS = ModelBounds()
@@ -49,6 +50,7 @@ FLAGS = {
     "max_warmup_requests": "--model-warmup-max-requests",
     "max_config_tensor_bytes": "--model-config-max-tensor-bytes",
     "max_response_ring_bytes": "--python-max-response-ring-bytes",
+    "max_delay_secs": "--model-max-delay-secs",
 }
 
 
@@ -77,6 +79,7 @@ def check(
     if config.HasField("sequence_batching"):
         _check_sequence(config, bounds, instances)
     _check_warmup(config, bounds)
+    _check_delays(config, bounds)
     _check_parameters(config, bounds, parameters)
 
 
@@ -142,6 +145,41 @@ def _check_warmup(config: ModelConfig, bounds: ModelBounds) -> None:
                 _elements(item.dims) * _itemsize(item.data_type),
                 bounds,
                 "max_config_tensor_bytes",
+            )
+
+
+def _check_delays(config: ModelConfig, bounds: ModelBounds) -> None:
+    """Times a request or a sequence is held by: a delay past the bound would hold them for
+    ever in practice (2^63 microseconds), and a load override is a client's choice."""
+    delays = []
+    if config.HasField("dynamic_batching"):
+        delays.append(
+            (
+                "dynamic_batching max_queue_delay_microseconds",
+                config.dynamic_batching.max_queue_delay_microseconds,
+            )
+        )
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        strategy = sequence.WhichOneof("strategy_choice") or "direct"
+        delays.append(
+            (
+                f"sequence_batching {strategy} max_queue_delay_microseconds",
+                getattr(sequence, strategy).max_queue_delay_microseconds,
+            )
+        )
+        delays.append(
+            (
+                "sequence_batching max_sequence_idle_microseconds",
+                sequence.max_sequence_idle_microseconds,
+            )
+        )
+    limit_us = int(bounds.max_delay_secs * 1_000_000)
+    for what, value in delays:
+        if int(value) > limit_us:
+            raise BoundExceeded(
+                f"{what} {int(value)} exceeds the limit {limit_us} "
+                f"({_show(bounds.max_delay_secs)} s, set by {FLAGS['max_delay_secs']})"
             )
 
 

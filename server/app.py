@@ -95,6 +95,7 @@ class ServerApp:
                     settings.model_warmup_max_requests,
                     settings.model_config_max_tensor_bytes,
                     settings.python_max_response_ring_bytes,
+                    settings.model_max_delay_secs,
                 ),
             ),
             self.registry,

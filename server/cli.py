@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="N",
             help=f"{what}; a config over it does not load (default {default})",
         )
+    add(
+        "--model-max-delay-secs",
+        type=_positive_float,
+        default=86400.0,
+        help="longest max_queue_delay_microseconds or max_sequence_idle_microseconds a config "
+        "may set, in seconds; a config over it does not load (default 86400)",
+    )
     flag(
         "--colocate-cheap-instances",
         True,
@@ -519,6 +526,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         model_warmup_max_requests=args.model_warmup_max_requests,
         model_config_max_tensor_bytes=args.model_config_max_tensor_bytes,
         python_max_response_ring_bytes=args.python_max_response_ring_bytes,
+        model_max_delay_secs=args.model_max_delay_secs,
         metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,

@@ -40,6 +40,7 @@ class ServerSettings:
     model_warmup_max_requests: int = 65536
     model_config_max_tensor_bytes: int = 64 * 1024 * 1024
     python_max_response_ring_bytes: int = 1 << 30
+    model_max_delay_secs: float = 86400.0
     colocate_cheap_instances: bool = True  # scheduler/affinity.py
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     json_max_depth: int = 100

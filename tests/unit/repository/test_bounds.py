@@ -18,6 +18,7 @@ SMALL = ModelBounds(
     max_warmup_requests=100,
     max_config_tensor_bytes=4096,
     max_response_ring_bytes=1 << 20,
+    max_delay_secs=2.0,
 )
 TENSORS = (
     'input [ { name: "I" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
@@ -113,6 +114,26 @@ CASES = [
         "max_batch_size: 64\n" + _warmup(1, 1, "1024"),
         "max_batch_size: 64\n" + _warmup(1, 1, "1025"),
         ["model_warmup 'w' input 'I'", "4100", "4096", "--model-config-max-tensor-bytes"],
+    ),
+    (
+        "dynamic_batching max_queue_delay_microseconds",
+        "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 2000000 }\n",
+        "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 2000001 }\n",
+        ["max_queue_delay_microseconds 2000001", "2000000", "--model-max-delay-secs"],
+    ),
+    (
+        "sequence oldest max_queue_delay_microseconds",
+        "max_batch_size: 4\n"
+        "sequence_batching { oldest { max_queue_delay_microseconds: 2000000 } }\n",
+        "max_batch_size: 4\n"
+        "sequence_batching { oldest { max_queue_delay_microseconds: 2000001 } }\n",
+        ["oldest max_queue_delay_microseconds 2000001", "--model-max-delay-secs"],
+    ),
+    (
+        "max_sequence_idle_microseconds",
+        "max_batch_size: 4\nsequence_batching { max_sequence_idle_microseconds: 2000000 }\n",
+        "max_batch_size: 4\nsequence_batching { max_sequence_idle_microseconds: 2000001 }\n",
+        ["max_sequence_idle_microseconds 2000001", "2000000", "--model-max-delay-secs"],
     ),
     (
         "response_ring_bytes",
