@@ -200,8 +200,8 @@ def _check_parameters(
             kind = "an integer" if bound.integer else "a number"
             where = f" (set by {bound.flag})" if bound.flag else ""
             raise BoundExceeded(
-                f"parameter '{key}' {text} must be {kind} between {_show(bound.low)} and "
-                f"{_show(high)}{where}"
+                f"parameter '{key}' must be {kind} between {_show(bound.low)} and "
+                f"{_show(high)}{where}, got '{text}'"
             )
 
 
