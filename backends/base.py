@@ -58,6 +58,19 @@ class BackendError(Exception):
         self.fatal = fatal
 
 
+@dataclass(frozen=True)
+class ParameterBound:
+    """The range a numeric config `parameters` entry of a backend must lie in (checked when
+    the config loads, repository/bounds.py): `setting` names the server setting that replaces
+    `high` (a bound an operator may need to raise), and `flag` the flag that sets it."""
+
+    low: float
+    high: float
+    integer: bool = False
+    setting: str = ""
+    flag: str = ""
+
+
 class Backend(ABC):
     """One loaded model copy. Subclasses set the class attributes and implement the methods."""
 
@@ -75,6 +88,9 @@ class Backend(ABC):
     wants_request_details: ClassVar[bool] = False
     # True when the backend's constructor takes `host` (a BackendHost, for BLS).
     uses_host: ClassVar[bool] = False
+    # Numeric config `parameters` the backend allocates, waits or starts threads by: checked
+    # against these ranges before anything loads.
+    parameter_bounds: ClassVar[Mapping[str, ParameterBound]] = {}
 
     def __init__(
         self, config: ModelConfig, model_dir: Path, version_dir: Path, instance: InstanceSpec

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.base import Backend, BackendError
+from backends.base import Backend, BackendError, ParameterBound
 
 if TYPE_CHECKING:
     from protocol.types import InferRequest
@@ -41,6 +41,12 @@ class IdentityBackend(Backend):
     # Like the C++ backend, each request of a batch is copied on its own (one execute call per
     # batch): ragged inputs keep each request's shape, nothing is joined.
     takes_request_lists = True
+    # Waits on each execute and on load: bounded so that no load or request waits for ever.
+    parameter_bounds = {
+        "execute_delay_ms": ParameterBound(0.0, 3_600_000.0),
+        "instance_wise_delay_multiplier": ParameterBound(0.0, 1000.0),
+        "creation_delay_sec": ParameterBound(0.0, 3600.0),
+    }
 
     def load(self) -> None:
         config = self.config

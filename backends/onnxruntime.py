@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.base import Backend, BackendError
+from backends.base import Backend, BackendError, ParameterBound
 from protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,6 +124,11 @@ class OnnxRuntimeBackend(Backend):
     backend_name = "onnxruntime"
     platforms = ("onnxruntime_onnx",)
     default_model_filename = "model.onnx"
+    # Threads ONNX Runtime starts per session (0: its own choice).
+    parameter_bounds = {
+        "intra_op_thread_count": ParameterBound(0, 1024, integer=True),
+        "inter_op_thread_count": ParameterBound(0, 1024, integer=True),
+    }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

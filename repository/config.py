@@ -15,6 +15,8 @@ from google.protobuf import text_format
 from backends import registry
 from backends.base import BackendError
 from protocol.proto.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
+from repository import bounds as config_bounds
+from repository.bounds import DEFAULT_BOUNDS, BoundExceeded, ModelBounds
 from scheduler.sequence.config import DEFAULT_IDLE_US, SequenceConfigError, read_settings
 
 
@@ -74,8 +76,10 @@ def normalize(
     version_dirs: list[Path],
     *,
     auto_complete: bool = True,
+    bounds: ModelBounds = DEFAULT_BOUNDS,
 ) -> ModelConfig:
-    """Fill defaults and auto-complete in place, then validate. Returns the same message."""
+    """Fill defaults and auto-complete in place, check the numbers against `bounds`
+    (repository/bounds.py), then validate. Returns the same message."""
     if config.name and config.name != name:
         raise ConfigError(
             f"model '{name}': the config's name '{config.name}' must match the "
@@ -99,6 +103,11 @@ def normalize(
             raise ConfigError(f"model '{name}': auto-complete failed: {exc.message}") from None
     normalize_common(config, name)
     _fill_instance_groups(config, name, backend_name)
+    # Before validate: reading the sequence settings already allocates their initial states.
+    try:
+        config_bounds.check(config, bounds, backend_cls.parameter_bounds)
+    except BoundExceeded as exc:
+        raise ConfigError(f"model '{name}': {exc}") from None
     validate(config)
     return config
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from protocol.proto.model_config_pb2 import ModelConfig
 from repository import layout
+from repository.bounds import DEFAULT_BOUNDS, ModelBounds
 from repository.config import ConfigError, normalize, read_config, registry_backend_class
 from repository.dependents import ensembles_using, ready_to_reload
 from repository.overrides import (
@@ -61,6 +62,8 @@ class ManagerSettings:
     load_dependencies: bool = False
     # Tries after a version's first failed load (Triton's --model-load-retry-count).
     load_retries: int = 0
+    # What a config's numbers may ask for (repository/bounds.py), checked before any work.
+    bounds: ModelBounds = DEFAULT_BOUNDS
 
 
 def not_in_repository(name: str) -> str:
@@ -175,7 +178,14 @@ class ModelManager:
         # Auto-complete reads the newest version the policy serves (as Triton's backends read
         # the version they load): a newer folder the policy skips may hold no model at all.
         selected_dirs = [available[v] for v in (versions or sorted(available))]
-        normalize(config, name, model_dir, selected_dirs, auto_complete=self.settings.auto_complete)
+        normalize(
+            config,
+            name,
+            model_dir,
+            selected_dirs,
+            auto_complete=self.settings.auto_complete,
+            bounds=self.settings.bounds,
+        )
         if not versions:
             raise ConfigError(
                 f"at least one version must be available under the version policy of model '{name}'"

@@ -285,10 +285,15 @@ class Instance:
     def _put(self, job: _Job) -> None:
         if self._thread is None:
             # A daemon thread: a process that exits without unloading must not hang on it.
-            self._thread = threading.Thread(
-                target=self._serve, name=f"instance-{self.name}", daemon=True
-            )
-            self._thread.start()
+            thread = threading.Thread(target=self._serve, name=f"instance-{self.name}", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # a thread or process limit: no thread will serve
+                # Recorded only once started, or an unload would queue a job nobody runs.
+                self._closed = True
+                logger.error("instance '%s': cannot start its thread: %s", self.name, exc)
+                raise LoadError(str(exc) or "cannot start a thread") from exc
+            self._thread = thread
         self._jobs.put(job)
 
     def _close(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from backends import registry as backend_registry
 from repository import layout
+from repository.bounds import ModelBounds
 from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
@@ -87,6 +88,15 @@ class ServerApp:
                 settings.model_config_name,
                 load_dependencies=settings.model_control_mode == "explicit",
                 load_retries=settings.model_load_retry_count,
+                bounds=ModelBounds(
+                    settings.model_max_batch_size,
+                    settings.model_max_instances,
+                    settings.model_max_sequence_slots,
+                    settings.model_warmup_max_requests,
+                    settings.model_config_max_tensor_bytes,
+                    settings.python_max_response_ring_bytes,
+                    settings.model_max_delay_secs,
+                ),
             ),
             self.registry,
             TrafficHooks(self.metrics, self.traffic),

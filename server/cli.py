@@ -88,6 +88,44 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="load a version that failed to load up to N more times (default 0), as Triton",
     )
+    for name, default, what in (
+        ("--model-max-batch-size", 1 << 20, "largest max_batch_size a config may set"),
+        ("--model-max-instances", 128, "most instances (count x gpus) of one model version"),
+        (
+            "--model-max-sequence-slots",
+            65536,
+            "most sequence slots of one version (slots per instance x instances)",
+        ),
+        (
+            "--model-warmup-max-requests",
+            65536,
+            "most warm-up requests of one version (batch_size x count over its samples)",
+        ),
+        (
+            "--model-config-max-tensor-bytes",
+            64 * 1024 * 1024,
+            "largest warm-up input or sequence state a config may describe, in bytes",
+        ),
+        (
+            "--python-max-response-ring-bytes",
+            1 << 30,
+            "largest response_ring_bytes a Python model may ask for",
+        ),
+    ):
+        add(
+            name,
+            type=_positive_int,
+            default=default,
+            metavar="N",
+            help=f"{what}; a config over it does not load (default {default})",
+        )
+    add(
+        "--model-max-delay-secs",
+        type=_positive_float,
+        default=86400.0,
+        help="longest max_queue_delay_microseconds or max_sequence_idle_microseconds a config "
+        "may set, in seconds; a config over it does not load (default 86400)",
+    )
     flag(
         "--colocate-cheap-instances",
         True,
@@ -482,6 +520,13 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_handshake_timeout_ms=args.grpc_handshake_timeout,
         model_config_name=args.model_config_name,
         model_load_retry_count=args.model_load_retry_count,
+        model_max_batch_size=args.model_max_batch_size,
+        model_max_instances=args.model_max_instances,
+        model_max_sequence_slots=args.model_max_sequence_slots,
+        model_warmup_max_requests=args.model_warmup_max_requests,
+        model_config_max_tensor_bytes=args.model_config_max_tensor_bytes,
+        python_max_response_ring_bytes=args.python_max_response_ring_bytes,
+        model_max_delay_secs=args.model_max_delay_secs,
         metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,

@@ -32,6 +32,15 @@ class ServerSettings:
     auto_complete_config: bool = True
     exit_on_error: bool = True
     model_load_retry_count: int = 0  # more tries for a version that failed to load
+    # What a config (or a load request's override) may ask for (repository/bounds.py): past
+    # these the load is refused naming the field and the bound.
+    model_max_batch_size: int = 1 << 20
+    model_max_instances: int = 128
+    model_max_sequence_slots: int = 65536
+    model_warmup_max_requests: int = 65536
+    model_config_max_tensor_bytes: int = 64 * 1024 * 1024
+    python_max_response_ring_bytes: int = 1 << 30
+    model_max_delay_secs: float = 86400.0
     colocate_cheap_instances: bool = True  # scheduler/affinity.py
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     json_max_depth: int = 100

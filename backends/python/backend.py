@@ -21,7 +21,8 @@ Streaming limits, as config `parameters`: `response_buffer_size` (default 64): h
 of one decoupled request may wait for a slow client before the model's `send` blocks;
 `response_send_timeout_s` (default 60): how long `send` blocks before it raises;
 `response_ring_bytes` (default 8 MiB): the worker's shared-memory ring for those answers and
-BLS inputs (a bigger message gets a bigger ring).
+BLS inputs (a bigger message gets a bigger ring). Their ranges are `parameter_bounds`, checked
+when the config loads (repository/bounds.py).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.base import Backend, BackendError, BackendHost
+from backends.base import Backend, BackendError, BackendHost, ParameterBound
 from backends.python.process import (
     Result,
     WorkerDied,
@@ -102,6 +103,21 @@ class PythonBackend(Backend):
     takes_request_lists = True
     wants_request_details = True
     uses_host = True
+    # Checked when the config loads (repository/bounds.py): the ring is shared memory mapped
+    # in the worker, the window is answers held per request, the timeouts are waits.
+    parameter_bounds = {
+        "response_buffer_size": ParameterBound(1, 65536, integer=True),
+        "response_send_timeout_s": ParameterBound(0.001, 86400.0),
+        "response_ring_bytes": ParameterBound(
+            4096,
+            1 << 30,
+            integer=True,
+            setting="max_response_ring_bytes",
+            flag="--python-max-response-ring-bytes",
+        ),
+        "max_worker_crashes": ParameterBound(0, 1_000_000, integer=True),
+        "worker_crash_window_s": ParameterBound(0.0, 86400.0 * 365),
+    }
 
     _READY, _RESTARTING, _FAILED, _STOPPED = "ready", "restarting", "failed", "stopped"
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from examples.build_repository import build_simple
+from examples.streaming import build_streaming
 from harness.serverproc import start_server
 from harness.testmodels import build_identity_fp32
 
@@ -109,6 +110,104 @@ def post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
         return response.status, response.read()
     finally:
         conn.close()
+
+
+# Issue 28 item 2: load-API config overrides whose numbers used to freeze the loop, exhaust
+# memory or run a load for ever; each must be refused with 400 at once, live answering.
+_TENSORS = {
+    "backend": "onnxruntime",
+    "input": [{"name": f"INPUT{i}", "data_type": "TYPE_INT32", "dims": [16]} for i in (0, 1)],
+    "output": [{"name": f"OUTPUT{i}", "data_type": "TYPE_INT32", "dims": [16]} for i in (0, 1)],
+}
+_ZERO = {"data_type": "TYPE_INT32", "dims": [16], "zero_data": True}
+OVERRIDE_CASES: list[tuple[str, str, dict]] = [
+    (
+        "sequence max_batch_size 4,000,000",
+        "simple",
+        {**_TENSORS, "max_batch_size": 4_000_000, "sequence_batching": {"direct": {}}},
+    ),
+    (
+        "sequence max_batch_size 2^31-1",
+        "simple",
+        {**_TENSORS, "max_batch_size": 2**31 - 1, "sequence_batching": {"direct": {}}},
+    ),
+    (
+        "max_candidate_sequences 2^31-1",
+        "simple",
+        {
+            **_TENSORS,
+            "max_batch_size": 8,
+            "sequence_batching": {"oldest": {"max_candidate_sequences": 2**31 - 1}},
+        },
+    ),
+    *(
+        (
+            f"warm-up {field} 2^31-1",
+            "simple",
+            {
+                **_TENSORS,
+                "max_batch_size": 8,
+                "model_warmup": [
+                    {
+                        "name": "w",
+                        "batch_size": 2**31 - 1 if field == "batch_size" else 1,
+                        "count": 2**31 - 1 if field == "count" else 1,
+                        "inputs": {"INPUT0": _ZERO, "INPUT1": _ZERO},
+                    }
+                ],
+            },
+        )
+        for field in ("batch_size", "count")
+    ),
+    (
+        "instance count 2^31-1",
+        "simple",
+        {
+            **_TENSORS,
+            "max_batch_size": 8,
+            "instance_group": [{"kind": "KIND_CPU", "count": 2**31 - 1}],
+        },
+    ),
+    (
+        'response_ring_bytes "1e15"',
+        "token_stream",
+        {
+            "backend": "python",
+            "model_transaction_policy": {"decoupled": True},
+            "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}],
+            "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [1]}],
+            "parameters": {"response_ring_bytes": {"string_value": "1e15"}},
+        },
+    ),
+]
+
+
+def config_override_bounds() -> list[tuple[str, bool]]:
+    """Each OVERRIDE_CASES load on an explicit-mode server: 400 within 3 s, live < 1 s."""
+    repo = Path(tempfile.mkdtemp(prefix="hostile-bounds-"))
+    build_simple(repo)
+    build_streaming(repo)
+    server = start_server([repo], ["--model-control-mode", "explicit", "--load-model", "simple"])
+    verdicts: list[tuple[str, bool]] = []
+    try:
+        live = Poller(server.http_port, "GET", "/v2/health/live")
+        live.start()
+        for name, model, config in OVERRIDE_CASES:
+            body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+            before = len(live.waits)
+            began = time.monotonic()
+            status, reply = post(server.http_port, f"/v2/repository/models/{model}/load", body)
+            took = time.monotonic() - began
+            time.sleep(0.1)
+            worst = max(live.waits[before:], default=0.0)
+            error = json.loads(reply).get("error", "")
+            print(f"load override {name}: {status} in {took:.2f} s, live max {ms(worst)}: {error}")
+            verdicts.append((f"override {name}: 400 within 3 s", status == 400 and took < 3.0))
+            verdicts.append((f"override {name}: live under 1 s", worst < 1.0))
+        live.running = False
+    finally:
+        server.stop()
+    return verdicts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         verdicts.append(("no poll failed", errors == 0))
     finally:
         server.stop()
+    verdicts += config_override_bounds()
     for name, ok in verdicts:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return 0 if all(ok for _, ok in verdicts) else 1
