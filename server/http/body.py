@@ -55,9 +55,6 @@ class BodyBudgetExhausted(Overloaded):
     """A body refused because the bodies of all connections together would pass the budget;
     its answer also closes the connection (the rest of the body is never read)."""
 
-    def __reduce__(self) -> tuple:
-        return type(self), (self.message,)
-
 
 class BodyLimit:
     """The size limit of one HTTP frontend (built once, read on every request)."""
