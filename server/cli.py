@@ -190,6 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
         "after they began (slowloris; default 30)",
     )
     add(
+        "--http-body-timeout-secs",
+        type=_positive_float,
+        default=60.0,
+        help="abandon a request body whose bytes stop arriving for this many seconds: 408, "
+        "then the connection is closed (default 60, as nginx's client_body_timeout)",
+    )
+    add(
+        "--http-max-inflight-body-size",
+        type=_positive_int,
+        default=None,
+        metavar="BYTES",
+        help="request body bytes all HTTP connections of a server process may hold at once; a "
+        "body that would pass it gets 503 with Retry-After and its connection is closed "
+        "(default 1 GiB, at least twice --http-max-input-size)",
+    )
+    add(
         "--http-idle-timeout-secs",
         type=_positive_float,
         default=60.0,
@@ -474,6 +490,13 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
             _require_otel()
     except ValueError as exc:
         parser.error(str(exc))
+    budget = args.http_max_inflight_body_size
+    if budget is not None and budget < args.http_max_input_size:
+        # a body within its own limit would always be refused as if the server were busy
+        parser.error(
+            f"--http-max-inflight-body-size {budget} is below --http-max-input-size "
+            f"{args.http_max_input_size}"
+        )
     return ServerSettings(
         model_repositories=[p.resolve() for p in args.model_repositories],
         server_id=args.server_id,
@@ -502,6 +525,8 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_idle_timeout_secs=args.http_idle_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
+        http_max_inflight_body_size=args.http_max_inflight_body_size,
         http_keep_alive_timeout_secs=args.http_keep_alive_timeout_secs,
         http_max_connections=args.http_max_connections,
         http_health_reserved_connections=args.http_health_reserved_connections,

@@ -15,6 +15,14 @@ Verdicts (issue #13): in phase 2 live p99 < 50 ms and small-inference p99 < 3x i
 value; in phase 3 no live poll waits more than 0.5 s. Extra arguments after `--` go to the
 server (`-- --http-parser-processes 0` measures the event-loop-only parse).
 
+Then the cases of issue #28, each against its own server:
+
+- unfinished bodies (item 5): 8 connections each send 56 MiB of a declared 60 MiB body and
+  stall, against --http-max-inflight-body-size 128 MiB and --http-body-timeout-secs 3; the
+  server must grow less than the budget plus 96 MiB (it used to grow by all 448 MiB), refuse
+  the bodies past the budget (503, or reset while they still send), answer the others 408
+  after the timeout, and keep answering live.
+
     .venv/bin/python -m bench.studies.hostile [--hostile-secs 20] [-- server flags]
 """
 
@@ -23,6 +31,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import re
+import socket
 import sys
 import tempfile
 import threading
@@ -208,6 +218,89 @@ def config_override_bounds() -> list[tuple[str, bool]]:
     finally:
         server.stop()
     return verdicts
+BODY_BUDGET = 128 * 1024 * 1024
+BODY_DECLARED = 60 * 1024 * 1024
+BODY_SENT = 56 * 1024 * 1024
+BODY_CONNECTIONS = 8
+
+
+def _rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"VmRSS:\s+(\d+)", status)
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def _stall_body(port: int, outcomes: list[bytes]) -> None:
+    """Send most of a body, then wait for whatever the server answers before it closes."""
+    head = f"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY_DECLARED}"
+    out = b""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+            try:
+                sock.sendall(head.encode() + b"\r\n\r\n" + bytes(BODY_SENT))
+            except OSError:  # refused and closed while sending
+                pass
+            while chunk := sock.recv(65536):
+                out += chunk
+    except OSError:
+        pass
+    outcomes.append(out)
+
+
+def unfinished_bodies(repo: Path) -> list[tuple[str, bool]]:
+    """Issue #28 item 5: stalled bodies are bounded by the in-flight budget and the timeout."""
+    server = start_server(
+        [repo],
+        ["--http-max-inflight-body-size", str(BODY_BUDGET), "--http-body-timeout-secs", "3"],
+        log_dir=Path(tempfile.mkdtemp(prefix="hostile-logs-")),
+    )
+    try:
+        port = server.http_port
+        post(port, "/v2/models/simple/infer", SMALL)
+        before = peak = _rss_bytes(server.pid)
+        outcomes: list[bytes] = []
+        threads = [
+            threading.Thread(target=_stall_body, args=(port, outcomes), daemon=True)
+            for _ in range(BODY_CONNECTIONS)
+        ]
+        began = time.monotonic()
+        for thread in threads:
+            thread.start()
+        live_max = 0.0
+        while any(thread.is_alive() for thread in threads) and time.monotonic() - began < 120:
+            peak = max(peak, _rss_bytes(server.pid))
+            t0 = time.perf_counter()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", "/v2/health/live")
+            conn.getresponse().read()
+            conn.close()
+            live_max = max(live_max, time.perf_counter() - t0)
+            time.sleep(0.05)
+        took = time.monotonic() - began
+        timed_out = sum(out.startswith(b"HTTP/1.1 408 ") for out in outcomes)
+        refused = sum(out == b"" or out.startswith(b"HTTP/1.1 503 ") for out in outcomes)
+        status, _ = post(port, "/v2/models/simple/infer", SMALL)
+        grown = peak - before
+        print(
+            f"unfinished bodies ({BODY_CONNECTIONS} x {BODY_SENT >> 20} MiB of "
+            f"{BODY_DECLARED >> 20} MiB, budget {BODY_BUDGET >> 20} MiB, timeout 3 s): grew "
+            f"{grown / 2**20:.0f} MiB, {refused} refused, {timed_out} answered 408, all done "
+            f"in {took:.1f} s; live max {ms(live_max)}; infer after: {status}"
+        )
+        return [
+            (
+                "stalled bodies grow the server less than the budget + 96 MiB",
+                grown < BODY_BUDGET + 96 * 2**20,
+            ),
+            (
+                "every stalled body refused or answered 408",
+                refused + timed_out == BODY_CONNECTIONS and timed_out > 0,
+            ),
+            ("live answered within 1 s meanwhile", live_max < 1.0),
+            ("a normal inference succeeds after", status == 200),
+        ]
+    finally:
+        server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     verdicts += config_override_bounds()
+    verdicts += unfinished_bodies(repo)
     for name, ok in verdicts:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return 0 if all(ok for _, ok in verdicts) else 1

@@ -126,6 +126,24 @@ async def _health_only(scope: Any, receive: Any, send: Any) -> None:
 _HEALTH_ONLY_IDLE = 5.0
 
 
+def _body_timeout_answer(cycle: RequestResponseCycle, timeout: float) -> bytes:
+    """The 408 of a body abandoned by --http-body-timeout-secs, as one write."""
+    body = (
+        b'{"error":"request body not received in time: no bytes for %d s '
+        b'(--http-body-timeout-secs)"}' % round(timeout)
+    )
+    head = [STATUS_LINE[408]]
+    for key, value in cycle.default_headers:  # server, date
+        head += [key, b": ", value, b"\r\n"]
+    head += [
+        b"content-type: application/json\r\ncontent-length: ",
+        str(len(body)).encode("latin-1"),
+        b"\r\nconnection: close\r\n\r\n",
+        body,
+    ]
+    return b"".join(head)
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's protocol with connections bounded in number and in waiting time.
 
@@ -135,16 +153,25 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     waiting for a request's headers (a partial request, or blank lines), re-armed for what is
     left of the header (or idle / keep-alive) deadline. A request that arrives whole in one read
     costs nothing more than in uvicorn: its timer was cancelled by the read, and uvicorn arms
-    the keep-alive one after the response. The body is not timed here: a handler reading it
-    waits for it as before (bounded by --http-max-input-size).
+    the keep-alive one after the response.
+
+    A body is timed by a second timer, armed by the first read that leaves a request's body
+    incomplete (a request that arrives whole never arms it) and kept for the connection's later
+    bodies: each read of an incomplete body notes the loop time, and the timer, when it fires,
+    re-arms itself for what is left of --http-body-timeout-secs after that read, or abandons the
+    body (`_abandon_body`). Time while this side has paused reading (flow control, a pipelined
+    request) is not the client's and does not count.
     """
 
     limits: ConnectionLimits = ConnectionLimits()
     _refusals: RateLimitedLog = RateLimitedLog(log)
+    _abandoned: RateLimitedLog = RateLimitedLog(log)  # bodies dropped by the body timeout
     # (waiting for a request's headers?, loop time by which the wait must end); None while a
     # request is being served (class defaults: no per-connection cost to set them up).
     _wait: tuple[bool, float] | None = None
     _health_only: bool = False  # admitted from the health-check reserve
+    _body_timer: asyncio.TimerHandle | None = None
+    _body_read_at: float = 0.0  # loop time of the last read of an incomplete body
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -170,10 +197,63 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # cancels the timer; parses; may start a request
+        cycle = self.cycle
         if self.timeout_keep_alive_task is None:
-            cycle = self.cycle
             if cycle is None or cycle.response_complete:  # nothing to serve yet: still waiting
                 self._arm_wait()
+                return
+        if cycle is not None and cycle.more_body and not cycle.response_complete:
+            self._body_read_at = self.loop.time()  # a body is still coming: time it
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(
+                    self.limits.body_timeout, self._body_timeout
+                )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        timer = self._body_timer
+        if timer is not None:
+            timer.cancel()
+            self._body_timer = None
+
+    def _body_timeout(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if (
+            cycle is None
+            or not cycle.more_body
+            or cycle.response_complete
+            or cycle.disconnected
+            or self.transport.is_closing()
+        ):
+            return  # no body being received: the next incomplete one arms the timer again
+        now = self.loop.time()
+        if self.flow.read_paused:  # this side stopped reading: the client is not late
+            self._body_read_at = now
+        left = self._body_read_at + self.limits.body_timeout - now
+        if left > 0:
+            self._body_timer = self.loop.call_later(left, self._body_timeout)
+            return
+        self._abandon_body(cycle)
+
+    def _abandon_body(self, cycle: RequestResponseCycle) -> None:
+        """A body whose bytes stopped arriving: 408 if no answer has started, then closed.
+
+        The request's reader wakes to a disconnected cycle (the direct path raises, ASGI gets
+        http.disconnect), so what it buffered is dropped and given back to the body budget.
+        """
+        self._abandoned.warning(
+            "HTTP request body from %s abandoned: no bytes for %.0f s (--http-body-timeout-secs)",
+            self.client[0] if self.client else "?",
+            self.limits.body_timeout,
+        )
+        if not cycle.response_started:
+            cycle.response_started = True
+            self.transport.write(_body_timeout_answer(cycle, self.limits.body_timeout))
+        cycle.keep_alive = False
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self.transport.close()
 
     def _arm_wait(self) -> None:
         transport = self.transport
@@ -250,8 +330,9 @@ class InferHttpProtocol(BoundedHttpProtocol):
             for key, value in cycle.scope["headers"]
             if key in _WANTED_HEADERS
         }
+        held = 0  # body bytes charged to the frontend's budget, given back when answered
         try:
-            body = await self._read_body(cycle, headers)
+            body, held = await self._read_body(cycle, headers)
             received = (
                 (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns()))
                 if start
@@ -275,18 +356,26 @@ class InferHttpProtocol(BoundedHttpProtocol):
                 exc, cycle.scope["path"], self.frontend.overload_status
             )
             media_type = JSON
-            if cycle.more_body:  # refused before the whole body came: do not read the rest
+            # refused before the whole body came, or by the body budget: do not read more
+            if extra.pop("Connection", None) or cycle.more_body:
                 cycle.keep_alive = False
         finally:
             self._infer_task = None
+            if held:
+                self.frontend.body_limit.budget.held -= held
         await self._respond(cycle, status, media_type, payload, extra)
 
-    async def _read_body(self, cycle: RequestResponseCycle, headers: Mapping[str, str]) -> Any:
-        """The body uvicorn buffered; waits for the rest only when it has not all arrived.
+    async def _read_body(
+        self, cycle: RequestResponseCycle, headers: Mapping[str, str]
+    ) -> tuple[Any, int]:
+        """The body uvicorn buffered, and its size charged to the body budget (the caller gives
+        it back); waits for the rest only when it has not all arrived.
 
         A small request arrives with its headers, so the usual case awaits nothing. Large ones
         are taken chunk by chunk (no copy: each chunk is uvicorn's own buffer), refused once
-        they pass --http-max-input-size (the frontend's BodyLimit, as on the routed path).
+        they pass --http-max-input-size or the frontend's --http-max-inflight-body-size (its
+        BodyLimit and BodyBudget, as on the routed path); a refused body's bytes are given back
+        here.
         """
         limit = self.frontend.body_limit
         limit.check_declared(headers)
@@ -296,24 +385,35 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if not cycle.more_body:
             body = cycle.body
             cycle.body = bytearray()
-            if len(body) > limit.max_bytes:  # limit.check, inlined: this is every small request
+            size = len(body)
+            # BodyBuffer.add, inlined: this is every small request
+            if size > limit.max_bytes:
                 raise limit.too_large()
-            return body
+            budget = limit.budget
+            if budget.held + size > budget.max_bytes:
+                raise budget.exhausted()
+            budget.held += size
+            return body, size
         buffer = BodyBuffer(limit)
-        while True:
-            chunk = cycle.body
-            if chunk:
-                cycle.body = bytearray()
-                buffer.add(chunk)
-            if cycle.disconnected:
-                raise Cancelled("the client disconnected before sending the whole request")
-            if not cycle.more_body:
-                break
-            cycle.flow.resume_reading()
-            await cycle.message_event.wait()
-            cycle.message_event.clear()
+        try:
+            while True:
+                chunk = cycle.body
+                if chunk:
+                    cycle.body = bytearray()
+                    buffer.add(chunk)
+                if cycle.disconnected:
+                    raise Cancelled("the client disconnected before sending the whole request")
+                if not cycle.more_body:
+                    break
+                cycle.flow.resume_reading()
+                await cycle.message_event.wait()
+                cycle.message_event.clear()
+        except BaseException:
+            buffer.release()
+            raise
         # A large body stays in its chunks: it goes to a parser process (server/http/parsers.py).
-        return buffer.parts if self.frontend.offload.wants(buffer.total) else buffer.join()
+        total = buffer.total
+        return buffer.parts if self.frontend.offload.wants(total) else buffer.join(), total
 
     async def _respond(
         self,

@@ -76,15 +76,18 @@ class GenerateEndpoints:
         limit = self.body_limit
         limit.check_declared(request.headers)
         buffer = BodyBuffer(limit)
-        async for chunk in request.stream():
-            buffer.add(chunk)
-        body = compression.decompress(
-            buffer.join(), request.headers.get("content-encoding"), settings.http_max_input_size
-        )
-        rest_decode.check_json_depth(bytes(body), settings.json_max_depth)
-        return decode_generate(
-            bytes(body), name, version, input_schemas(self.core.input_rules(record))
-        ), record
+        try:
+            async for chunk in request.stream():
+                buffer.add(chunk)
+            body = compression.decompress(
+                buffer.join(), request.headers.get("content-encoding"), settings.http_max_input_size
+            )
+            rest_decode.check_json_depth(bytes(body), settings.json_max_depth)
+            return decode_generate(
+                bytes(body), name, version, input_schemas(self.core.input_rules(record))
+            ), record
+        finally:
+            buffer.release()  # decoded: the request holds its own copy
 
     async def generate(self, request: Request) -> Response:
         infer_request, record = await self._request(request)

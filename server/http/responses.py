@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from protocol import compression
@@ -25,6 +25,7 @@ from protocol.errors import (
     http_status,
 )
 from protocol.rest import encode as rest_encode
+from server.http.body import BodyBudgetExhausted
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,11 @@ def empty(status: int = 200) -> Response:
 
 def error_headers(error: ServerError) -> dict[str, str]:
     """An unknown Content-Encoding answer tells the client which encodings work; a full queue
-    (503, or 429 with --overload-status) says in whole seconds when to come back."""
+    (503, or 429 with --overload-status) says in whole seconds when to come back; a body refused
+    by the in-flight budget closes its connection (the rest of it is never read)."""
     if isinstance(error, Overloaded):
+        if isinstance(error, BodyBudgetExhausted):
+            return {"Retry-After": str(error.retry_after), "Connection": "close"}
         return {"Retry-After": str(error.retry_after)}
     if isinstance(error, Unsupported) and "compression" in error.message:
         return {"Accept-Encoding": compression.ACCEPT_ENCODING}
@@ -79,6 +83,8 @@ def guarded(handler: Handler, overload_status: int = DEFAULT_OVERLOAD_STATUS) ->
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
+        except ClientDisconnect:  # gone, or its body abandoned (--http-body-timeout-secs)
+            return empty(400)  # never sent: uvicorn drops answers to a disconnected request
         except Exception as exc:
             return error_response(exc, request.url.path, overload_status)
 

@@ -32,7 +32,7 @@ from protocol.rest import encode as rest_encode
 from protocol.types import InferRequest
 from server.core.api import CoreAPI, InputRule, Resolved
 from server.http.admin import AdminRoutes
-from server.http.body import BodyBuffer, BodyLimit
+from server.http.body import BodyBudget, BodyBuffer, BodyLimit, resolve_inflight_budget
 from server.http.generate import GenerateEndpoints
 from server.http.parsers import (
     BodyOffload,
@@ -51,7 +51,15 @@ class HttpFrontend:
     def __init__(self, core: CoreAPI) -> None:
         self.core = core
         self.settings = core.settings
-        self.body_limit = BodyLimit(self.settings.http_max_input_size)
+        # --http-max-input-size per body; --http-max-inflight-body-size for all of them at once
+        # (one budget for the routed endpoints and the direct infer path of this process).
+        max_input = self.settings.http_max_input_size
+        self.body_limit = BodyLimit(
+            max_input,
+            BodyBudget(
+                resolve_inflight_budget(self.settings.http_max_inflight_body_size, max_input)
+            ),
+        )
         # --overload-status: the HTTP status of a full queue, for every error this frontend maps.
         self.overload_status = overload_http_status(self.settings.overload_status)
         # --http-restricted-api (server/restricted.py); None when nothing is restricted.
@@ -73,8 +81,21 @@ class HttpFrontend:
         headers = request.headers
         self.body_limit.check_declared(headers)
         buffer = BodyBuffer(self.body_limit)
-        async for chunk in request.stream():
-            buffer.add(chunk)
+        try:
+            async for chunk in request.stream():
+                buffer.add(chunk)
+            return await self._json_document(buffer, headers, decoder, *args)
+        finally:
+            buffer.release()
+
+    async def _json_document(
+        self,
+        buffer: BodyBuffer,
+        headers: Mapping[str, str],
+        decoder: Callable[..., Any],
+        *args: Any,
+    ) -> Any:
+        """json_document once the body is read (while the budget still counts it)."""
         encoding = headers.get("content-encoding")
         max_size = self.settings.http_max_input_size
         offload = self.offload
@@ -150,13 +171,18 @@ class HttpFrontend:
         start = time.monotonic_ns() if self.core.may_trace else 0
         self.body_limit.check_declared(headers)
         buffer = BodyBuffer(self.body_limit)
-        async for chunk in chunks:
-            buffer.add(chunk)
-        body = buffer.parts if self.offload.wants(buffer.total) else buffer.join()
-        received = (
-            (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns())) if start else ()
-        )
-        return await self.infer_body(name, version, headers, body, received)
+        try:
+            async for chunk in chunks:
+                buffer.add(chunk)
+            body = buffer.parts if self.offload.wants(buffer.total) else buffer.join()
+            received = (
+                (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns()))
+                if start
+                else ()
+            )
+            return await self.infer_body(name, version, headers, body, received)
+        finally:
+            buffer.release()  # the body is counted until its request is answered
 
     async def infer_body(
         self, name: str, version: str, headers: Mapping[str, str], body: Any, received: tuple = ()

@@ -8,6 +8,9 @@ to exhaust the process's descriptor limit and lock out HTTP and gRPC alike. The 
 - idle timeout: a new connection must start a request within `idle_timeout` seconds;
 - header timeout: a request's headers must be complete `header_timeout` seconds after they began;
 - keep-alive timeout: after a response, the next request must start within this (uvicorn's);
+- body timeout: once a request's headers are complete, its body's bytes may stop arriving for
+  at most `body_timeout` seconds (nginx's client_body_timeout); then it is answered 408 if no
+  answer has started, the connection is closed and the body's memory released;
 - `max_connections` open at once; past it, `health_reserve` more connections are accepted that
   may only ask `/v2/health/live` or `/v2/health/ready` (anything else: 503, then closed), so that
   liveness probes keep answering while the limit is hit; past those, new connections are closed
@@ -37,6 +40,7 @@ class ConnectionLimits:
     health_reserve: int = 16
     idle_timeout: float = 60.0
     header_timeout: float = 30.0
+    body_timeout: float = 60.0
 
 
 def descriptor_limit(raise_soft: bool = True) -> int | None:

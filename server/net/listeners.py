@@ -121,6 +121,7 @@ def http_limits(s: ServerSettings) -> ConnectionLimits:
         health_reserve=s.http_health_reserved_connections,
         idle_timeout=s.http_idle_timeout_secs,
         header_timeout=s.http_header_timeout_secs,
+        body_timeout=s.http_body_timeout_secs,
     )
 
 

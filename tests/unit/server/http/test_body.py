@@ -7,8 +7,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from protocol.errors import InvalidArgument, TooLarge
-from server.http.body import BodyBuffer, BodyLimit
+from protocol.errors import InvalidArgument, Overloaded, TooLarge
+from server.http.body import (
+    BodyBudget,
+    BodyBudgetExhausted,
+    BodyBuffer,
+    BodyLimit,
+    resolve_inflight_budget,
+)
 
 TOO_LARGE = (
     "request body size exceeds the maximum allowed input size of 10 bytes. "
@@ -77,3 +83,65 @@ def test_the_buffer_keeps_uvicorn_chunks_without_copying() -> None:
     assert buffer.join() == b"1234567890"
     with pytest.raises(TooLarge):
         buffer.add(b"1")
+
+
+# ----- --http-max-inflight-body-size: the bodies of all connections together -------------------
+def test_the_budget_is_charged_per_chunk_and_given_back_once() -> None:
+    budget = BodyBudget(10)
+    limit = BodyLimit(8, budget)
+    first, second = BodyBuffer(limit), BodyBuffer(limit)
+    first.add(b"1234")
+    second.add(b"123")
+    assert budget.held == 7
+    first.release()
+    first.release()  # a second release gives nothing back twice
+    assert budget.held == 3
+    second.release()
+    assert budget.held == 0
+
+
+def test_a_chunk_past_the_budget_refuses_its_body_and_its_bytes_come_back() -> None:
+    budget = BodyBudget(10)
+    limit = BodyLimit(8, budget)
+    holder, refused = BodyBuffer(limit), BodyBuffer(limit)
+    holder.add(b"123456")
+    refused.add(b"12")
+    with pytest.raises(BodyBudgetExhausted) as error:
+        refused.add(b"123")  # 6 + 5 > 10, though this body (5) is within its own limit
+    assert isinstance(error.value, Overloaded) and error.value.retry_after == 1
+    assert error.value.message == (
+        "request bodies in flight exceed the server's budget of 10 bytes "
+        "(--http-max-inflight-body-size); retry later"
+    )
+    refused.release()
+    assert budget.held == 6  # only the holder's bytes are still counted
+    holder.release()
+    fresh = BodyBuffer(limit)
+    fresh.add(b"12345678")  # with the others given back, a whole body fits again
+    assert budget.held == 8
+
+
+def test_a_body_refused_for_its_own_size_gives_its_bytes_back() -> None:
+    budget = BodyBudget(100)
+    buffer = BodyBuffer(BodyLimit(4, budget))
+    with pytest.raises(TooLarge):
+        buffer.add(b"12345")
+    buffer.release()
+    assert budget.held == 0
+
+
+def test_collect_gives_the_budget_back_whether_it_joins_or_refuses() -> None:
+    budget = BodyBudget(100)
+    limit = BodyLimit(10, budget)
+    assert _collect(limit, [b"12345", b"678"])[0] == b"12345678"
+    assert budget.held == 0
+    with pytest.raises(TooLarge):
+        _collect(limit, [b"123456", b"78901"])
+    assert budget.held == 0
+
+
+def test_the_default_budget_holds_16_default_bodies_and_at_least_two_of_the_limit() -> None:
+    assert resolve_inflight_budget(None, 64 * 1024 * 1024) == 1 << 30
+    assert resolve_inflight_budget(None, 1 << 30) == 2 << 30
+    assert resolve_inflight_budget(5000, 4096) == 5000
+    assert BodyLimit(10).budget.max_bytes == 1 << 30

@@ -139,3 +139,34 @@ def test_protocol_class_binds_the_limits() -> None:
     bound = protocol_class(object(), limits)
     assert issubclass(bound, BoundedHttpProtocol) and bound.limits is limits
     assert protocol_class(object()).limits == ConnectionLimits()
+
+
+def test_body_flags_and_defaults() -> None:
+    from server.net.listeners import http_limits
+
+    defaults = settings_from_args(["--model-repository", "/tmp"])
+    assert defaults.http_body_timeout_secs == 60.0
+    assert defaults.http_max_inflight_body_size is None  # 1 GiB, at least 2 x the body limit
+    assert http_limits(defaults).body_timeout == 60.0
+    given = settings_from_args(
+        [
+            "--model-repository",
+            "/tmp",
+            "--http-body-timeout-secs",
+            "2.5",
+            "--http-max-input-size",
+            "1000",
+            "--http-max-inflight-body-size",
+            "1000",
+        ]
+    )
+    assert given.http_body_timeout_secs == 2.5 and given.http_max_inflight_body_size == 1000
+    assert http_limits(given).body_timeout == 2.5
+    for bad in (
+        ["--http-body-timeout-secs", "0"],
+        ["--http-max-inflight-body-size", "0"],
+        # a budget below one body's limit would refuse valid bodies as if the server were busy
+        ["--http-max-input-size", "1000", "--http-max-inflight-body-size", "999"],
+    ):
+        with pytest.raises(SystemExit):
+            settings_from_args(["--model-repository", "/tmp", *bad])
