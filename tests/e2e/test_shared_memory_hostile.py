@@ -368,3 +368,87 @@ def test_bytes_in_and_out_through_regions_past_the_offload_threshold(server, reg
     finally:
         _unregister(server, name_in)
         _unregister(server, name_out)
+
+
+# ----- the other ways in: frontend processes, gRPC streams ------------------------------------
+def _bytes_round_trip(server: ServerProcess, regions: Any, count: int = 100_000) -> None:
+    """BYTES in and out through regions, past the offload threshold (thread on both ways)."""
+    size = count * 16
+    key_in, _ = regions(size)
+    key_out, _ = regions(size)
+    with open(f"/dev/shm/{key_in[1:]}", "r+b") as file:
+        file.write(_strings(count, 12))
+    name_in, name_out = f"rin_{uuid.uuid4().hex[:6]}", f"rout_{uuid.uuid4().hex[:6]}"
+    _register(server, name_in, key_in, size)
+    _register(server, name_out, key_out, size)
+    try:
+        reply = _bytes_infer(server, name_in, count, size, _in_region(name_out, 0, size))
+        assert reply.status_code == 200, reply.text[:300]
+        with open(f"/dev/shm/{key_out[1:]}", "rb") as file:
+            assert file.read(size) == _strings(count, 12)
+    finally:
+        _unregister(server, name_in)
+        _unregister(server, name_out)
+
+
+def test_through_a_frontend_process(tmp_path: Path, regions) -> None:
+    """The owner reads and writes regions for requests a frontend process hands it."""
+    repo = tmp_path / "models"
+    build_simple(repo)
+    _build_identity_bytes(repo)
+    with running_server(
+        [repo], ["--frontend-processes", "1", "--exit-timeout-secs", "5"], log_dir=tmp_path
+    ) as server:
+        _bytes_round_trip(server, regions)
+        key, handle = regions(128)
+        shm.set_shared_memory_region(handle, [A, A])
+        _register(server, "trunc", key, 128)
+        _truncate(key)
+        reply = httpx.post(
+            f"{server.base}/v2/models/simple/infer",
+            json=_simple_body(_in_region("trunc"), _in_region("trunc", 64)),
+            timeout=10,
+        )
+        assert reply.status_code == 400 and "'trunc'" in reply.json()["error"], reply.text
+        data = {"data": list(range(16))}
+        reply = httpx.post(
+            f"{server.base}/v2/models/simple/infer",
+            json=_simple_body(data, data, _in_region("trunc")),
+            timeout=10,
+        )
+        assert reply.status_code == 400 and "'trunc'" in reply.json()["error"], reply.text
+        _assert_serving(server)
+
+
+def test_a_large_region_input_over_a_grpc_stream(server, regions) -> None:
+    """A stream's request with a BYTES input past the threshold is read in a thread first;
+    a truncated region on the same stream is an error for that request only."""
+    import queue
+
+    count = 100_000
+    size = count * 16
+    key, _ = regions(size)
+    with open(f"/dev/shm/{key[1:]}", "r+b") as file:
+        file.write(_strings(count, 12))
+    name = f"stream_{uuid.uuid4().hex[:6]}"
+    _register(server, name, key, size)
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        tensor = grpcclient.InferInput("INPUT", [count], "BYTES")
+        tensor.set_shared_memory(name, size)
+        client.async_stream_infer("identity_bytes", [tensor])
+        result, error = answers.get(timeout=60)
+        assert error is None, error
+        out = result.as_numpy("OUTPUT")
+        assert out.shape == (count,) and out[0] == b"x" * 12 and out[-1] == b"x" * 12
+        _truncate(key)
+        client.async_stream_infer("identity_bytes", [tensor])
+        result, error = answers.get(timeout=60)
+        assert error is not None and f"'{name}'" in str(error)
+    finally:
+        client.stop_stream()
+        client.close()
+        _unregister(server, name)
+    _assert_serving(server)
