@@ -11,6 +11,12 @@ connection and a small `simple` inference sent on another (10 ms apart each):
 3. valid: one JSON infer request with 5 million FP32 elements to `identity_fp32` (its answer
    is checked).
 
+Then issue #28's client shared-memory cases (their own functions below): a region whose file is
+truncated to 0 under it, named by an input and by an output (400 naming the region, the server
+alive and serving: it used to die of SIGBUS), and BYTES regions named by small requests: 64 MiB
+and a little more (413 at once: a body of that data is over --http-max-input-size) and 5 million
+strings under the limit (parsed in a thread, not on the loop), with live polled throughout.
+
 Verdicts (issue #13): in phase 2 live p99 < 50 ms and small-inference p99 < 3x its phase-1
 value; in phase 3 no live poll waits more than 0.5 s. Extra arguments after `--` go to the
 server (`-- --http-parser-processes 0` measures the event-loop-only parse).
@@ -31,8 +37,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import re
 import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -218,6 +226,8 @@ def config_override_bounds() -> list[tuple[str, bool]]:
     finally:
         server.stop()
     return verdicts
+
+
 BODY_BUDGET = 128 * 1024 * 1024
 BODY_DECLARED = 60 * 1024 * 1024
 BODY_SENT = 56 * 1024 * 1024
@@ -313,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path(tempfile.mkdtemp(prefix="hostile-models-"))
     build_simple(repo)
     build_identity_fp32(repo)
+    build_shm_models(repo)
     server = start_server(
         [repo],
         ["--exit-timeout-secs", "5", *args.server_args],
@@ -389,7 +400,6 @@ def main(argv: list[str] | None = None) -> int:
             reply["secs"] = time.perf_counter() - t0
 
         valid_live, _ = phase(live, small, 0, valid)
-        live.running = small.running = False
         correct = False
         if reply["status"] == 200:
             (output,) = json.loads(reply["body"])["outputs"]
@@ -401,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         verdicts.append(("the 5-million-element request answered correctly", correct))
         verdicts.append(("no live poll > 0.5 s during it", max(valid_live, default=0.0) < 0.5))
+        verdicts += shm_truncation_verdicts(port, server.alive)
+        verdicts += shm_bytes_verdicts(port, live, small)
+        live.running = small.running = False
         errors = live.errors + small.errors
         verdicts.append(("no poll failed", errors == 0))
     finally:
@@ -410,6 +423,134 @@ def main(argv: list[str] | None = None) -> int:
     for name, ok in verdicts:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return 0 if all(ok for _, ok in verdicts) else 1
+
+
+# ----- issue #28: client shared memory (items 1 and 6) ----------------------------------------
+def build_shm_models(repo: Path) -> None:
+    """BYTES in and out on the identity backend: `identity_bytes` ([-1]) and `two_strings` ([2])."""
+    for name, dims in (("identity_bytes", "-1"), ("two_strings", "2")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "identity"\nmax_batch_size: 0\n'
+            f'input [ {{ name: "INPUT" data_type: TYPE_STRING dims: [ {dims} ] }} ]\n'
+            f'output [ {{ name: "OUTPUT" data_type: TYPE_STRING dims: [ {dims} ] }} ]\n'
+        )
+
+
+def _shm_file(data: bytes) -> str:
+    """A fresh /dev/shm file holding `data`; its key."""
+    name = f"ascend_hostile_{os.getpid()}_{time.monotonic_ns()}"
+    with open(f"/dev/shm/{name}", "wb") as handle:
+        handle.write(data)
+    return "/" + name
+
+
+def _register(port: int, region: str, key: str, byte_size: int) -> int:
+    body = json.dumps({"key": key, "byte_size": byte_size}).encode()
+    return post(port, f"/v2/systemsharedmemory/region/{region}/register", body)[0]
+
+
+def _in_region(region: str, byte_size: int) -> dict:
+    return {"parameters": {"shared_memory_region": region, "shared_memory_byte_size": byte_size}}
+
+
+def _error(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("error", ""))
+    except ValueError:
+        return ""
+
+
+def shm_truncation_verdicts(port: int, alive: Callable[[], bool]) -> list[tuple[str, bool]]:
+    """A region's file truncated to 0, then named by an input and by an output."""
+    key = _shm_file(np.arange(32, dtype=np.int32).tobytes())
+    verdicts = []
+    try:
+        assert _register(port, "hostile_trunc", key, 128) == 200
+        os.truncate(f"/dev/shm/{key[1:]}", 0)
+        as_input = {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": [1, 16],
+                    "datatype": "INT32",
+                    **_in_region("hostile_trunc", 64),
+                }
+                for name in ("INPUT0", "INPUT1")
+            ]
+        }
+        as_output = {
+            **json.loads(SMALL),
+            "outputs": [{"name": "OUTPUT0", **_in_region("hostile_trunc", 64)}],
+        }
+        for what, body in (("input", as_input), ("output", as_output)):
+            try:
+                status, reply = post(port, "/v2/models/simple/infer", json.dumps(body).encode())
+            except (OSError, http.client.HTTPException):
+                status, reply = 0, b""
+            print(f"shm truncated under an {what}: {status} {_error(reply)!r}")
+            verdicts.append(
+                (
+                    f"a truncated region named by an {what}: 400 naming it",
+                    status == 400 and "'hostile_trunc'" in _error(reply),
+                )
+            )
+        serving = alive() and post(port, "/v2/models/simple/infer", SMALL)[0] == 200
+        verdicts.append(("the server serves after the truncated regions", serving))
+        post(port, "/v2/systemsharedmemory/region/hostile_trunc/unregister", b"")
+    finally:
+        os.unlink(f"/dev/shm/{key[1:]}")
+    return verdicts
+
+
+def shm_bytes_verdicts(port: int, live: Poller, small: Poller) -> list[tuple[str, bool]]:
+    """BYTES regions named by small requests: over the size limit (the issue's 64 MiB: 6.4 s of
+    health held, 700 MB grown), and 5 million strings under it (parsed off the loop)."""
+    verdicts = []
+    cases = (
+        ("64 MiB + 5 KiB of 1-byte strings", (64 * 1024 * 1024 + 5 * 1024) // 5, 1, 413),
+        ("5 million 4-byte strings", 5_000_000, 4, 400),  # refused by two_strings' shape
+    )
+    for label, count, length, expected in cases:
+        size = count * (4 + length)
+        key = _shm_file((struct.pack("<I", length) + b"x" * length) * count)
+        region = f"hostile_bytes_{length}"
+        model = "identity_bytes" if expected == 413 else "two_strings"
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT",
+                        "shape": [count],
+                        "datatype": "BYTES",
+                        **_in_region(region, size),
+                    }
+                ]
+            }
+        ).encode()
+        reply: dict = {}
+
+        def infer(body: bytes = body, model: str = model, reply: dict = reply) -> None:
+            t0 = time.perf_counter()
+            reply["status"], reply["body"] = post(port, f"/v2/models/{model}/infer", body)
+            reply["secs"] = time.perf_counter() - t0
+
+        try:
+            assert _register(port, region, key, size) == 200
+            waits, _ = phase(live, small, 0, infer)
+            post(port, f"/v2/systemsharedmemory/region/{region}/unregister", b"")
+        finally:
+            os.unlink(f"/dev/shm/{key[1:]}")
+        worst = max(waits, default=0.0)
+        print(
+            f"shm BYTES region, {label} ({len(body)}-byte request): answered {reply['status']} "
+            f"in {reply['secs']:.2f} s {_error(reply['body'])[:120]!r}; live max {ms(worst)}"
+        )
+        verdicts.append(
+            (f"BYTES region of {label}: answered {expected}", reply["status"] == expected)
+        )
+        verdicts.append((f"BYTES region of {label}: no live poll > 0.5 s", worst < 0.5))
+    return verdicts
 
 
 if __name__ == "__main__":

@@ -1,29 +1,38 @@
 """System shared memory regions that clients register, and the tensors read from and written to
 them (Triton's shared-memory extension).
 
-Why a registry of its own: a region is mapped once, at register, and every request that names it
-reads its inputs as numpy views over that mapping, so a large tensor never crosses a socket.
+Why a registry of its own: a region is opened once, at register, and every request that names it
+reads its inputs from it and writes its outputs to it, so a large tensor never crosses a socket.
 Only the process that owns the models holds regions (frontend processes forward the calls to it,
 server/multiprocess/remote_core.py), so a region registered over any connection serves them all.
 
+Why pread/pwrite on a descriptor, not a mapping: the file is the client's, and a client can
+shrink it (ftruncate) at any moment; a page of a mapping past the file's new end raises SIGBUS
+on the first touch, anywhere (the model's thread included), and kills the server. A read from
+the descriptor returns short instead, and a write checks the file's size first (a write racing
+a truncation extends the file, never faults). Each tensor is therefore a private copy: inputs
+are read into fresh buffers at bind (off the event loop past the offload threshold, as bodies
+are), outputs written after inference (the copy a mapping would have made anyway).
+
 Safety: a key names a file directly in /dev/shm (no path, no symlink, a regular file only), the
 server's own segments cannot be registered, and every offset and size is checked against the
-region before it is touched. An unregister only forgets the name: the mapping lives as long as a
-request (or a numpy view over it) still uses it, so nothing is ever unmapped under a request.
+region before it is touched. An unregister only forgets the name: the descriptor lives as long
+as the Region object (a request, or a thread still reading for one), so it is never closed, or
+its number reused, under a request.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from protocol import datatypes
-from protocol.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from protocol.errors import AlreadyExists, InvalidArgument, NotFound, TooLarge, Unavailable
 from protocol.shared_memory import BYTE_SIZE, OFFSET, PARAMETERS, REGION
 from protocol.types import InferRequest, InferResponse, Tensor
 
@@ -34,22 +43,31 @@ SHM_DIR = "/dev/shm"
 RESERVED_PREFIXES = ("triton_python_backend_shm_region_", "ascend-serve-")
 SIZE_MAX = 2**64 - 1
 DEFAULT_MAX_REGIONS = 1024
+DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024  # --http-max-input-size's default
+DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024  # --http-offload-threshold's default
+_IO_STEP = 1 << 30  # bytes per pread/pwrite call (Linux moves at most 2 GiB - 4 KiB per call)
 
 
 @dataclass(eq=False)
 class Region:
-    """One registered region: `view` covers exactly [offset, offset + byte_size) of the file."""
+    """One registered region: [offset, offset + byte_size) of the file open as `fd`."""
 
     name: str
     key: str
     offset: int
     byte_size: int
-    view: memoryview
+    fd: int
     users: int = 0  # requests using it now
     retiring: bool = False  # unregistered while in use: goes when the last user is done
+    closer: Any = field(default=None, repr=False)
 
-    def slice(self, offset: int, byte_size: int) -> memoryview:
-        """The bytes a tensor names, checked against the region first (Triton's texts)."""
+    def __post_init__(self) -> None:
+        # The descriptor goes with the object, not with the name: a thread still reading for a
+        # request holds the object, so its descriptor is never closed (or reused) under it.
+        self.closer = weakref.finalize(self, os.close, self.fd)
+
+    def check(self, offset: int, byte_size: int) -> None:
+        """The bytes a tensor names, checked against the region (Triton's texts)."""
         if offset >= self.byte_size and not (offset == 0 and byte_size == 0):
             raise InvalidArgument(f"Invalid offset for shared memory region: '{self.name}'")
         if byte_size > SIZE_MAX - offset:
@@ -61,7 +79,48 @@ class Region:
             raise InvalidArgument(
                 f"Invalid offset + byte size for shared memory region: '{self.name}'"
             )
-        return self.view[offset : offset + byte_size]
+
+    def read(self, offset: int, byte_size: int) -> memoryview:
+        """A private copy of `byte_size` bytes at `offset` (checked); a file that shrank under
+        the region is an error naming it, never a signal."""
+        # np.empty: no zero-filling of a buffer about to be overwritten (bytearray fills it).
+        view = memoryview(np.empty(byte_size, dtype=np.uint8))  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+        done = 0
+        while done < byte_size:
+            try:
+                count = os.preadv(
+                    self.fd, [view[done : done + _IO_STEP]], self.offset + offset + done
+                )
+            except OSError as exc:
+                raise self._failed("read", exc) from None
+            if count <= 0:
+                raise self._shrunk(offset, byte_size)
+            done += count
+        return view
+
+    def write(self, offset: int, data: memoryview) -> None:
+        """Write `data` at `offset` (checked) if the file still holds it; pwrite never faults
+        (a truncation between the check and the write only makes the file longer again)."""
+        start = self.offset + offset
+        try:
+            if os.fstat(self.fd).st_size < start + data.nbytes:
+                raise self._shrunk(offset, data.nbytes)
+            done = 0
+            while done < data.nbytes:
+                done += os.pwrite(self.fd, data[done : done + _IO_STEP], start + done)
+        except OSError as exc:
+            raise self._failed("write", exc) from None
+
+    def _shrunk(self, offset: int, byte_size: int) -> InvalidArgument:
+        return InvalidArgument(
+            f"shared memory region '{self.name}' no longer holds {byte_size} bytes at offset "
+            f"{offset}: its file was truncated after it was registered"
+        )
+
+    def _failed(self, what: str, exc: OSError) -> InvalidArgument:
+        return InvalidArgument(
+            f"failed to {what} shared memory region '{self.name}': {exc.strerror or exc}"
+        )
 
     def status(self) -> dict[str, Any]:
         return {
@@ -73,7 +132,7 @@ class Region:
 
 
 def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
-    """Map [offset, offset + byte_size) of /dev/shm/<key>, read-write, at any offset."""
+    """Open /dev/shm/<key> read-write, checked to hold [offset, offset + byte_size)."""
     base = key.lstrip("/")  # as shm_open reads it
     if not base:
         raise InvalidArgument(
@@ -94,27 +153,34 @@ def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
         raise InvalidArgument(f"Unable to open shared memory region: '{key}'") from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        # A regular file of /dev/shm's own filesystem: no device, FIFO or directory, and no
+        # hard link to a file elsewhere (O_NOFOLLOW already refused symlinks).
+        if not stat.S_ISREG(info.st_mode) or info.st_dev != os.stat(SHM_DIR).st_dev:
             raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
         if byte_size == 0 or offset + byte_size > info.st_size:
             raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap wants an aligned offset
-        mapping = mmap.mmap(fd, byte_size + offset - start, offset=start)
-    except OSError as exc:
-        raise InvalidArgument(
-            f"failed to register shared memory region '{name}': {exc.strerror or exc}"
-        ) from None
-    finally:
-        os.close(fd)  # the mapping keeps what it needs
-    view = memoryview(mapping)[offset - start :]
-    return Region(name, key, offset, byte_size, view)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Region(name, key, offset, byte_size, fd)
 
 
 class SharedMemoryRegistry:
-    """The system shared memory regions of this server, by name."""
+    """The system shared memory regions of this server, by name.
 
-    def __init__(self, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
+    `max_input_bytes`: what one request's inputs may take from regions (a body of that data
+    would be held to the request size limit; here it becomes private copies). Inputs larger
+    than `offload_threshold` are read and parsed off the event loop (Binding.read_deferred)."""
+
+    def __init__(
+        self,
+        max_regions: int = DEFAULT_MAX_REGIONS,
+        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+        offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD,
+    ) -> None:
         self.max_regions = max_regions
+        self.max_input_bytes = max_input_bytes
+        self.offload_threshold = offload_threshold
         self.regions: dict[str, Region] = {}
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
@@ -143,7 +209,7 @@ class SharedMemoryRegistry:
     def unregister(self, name: str = "") -> None:
         """Unregister one region (unknown names are no error, as in Triton) or all of them. A
         region in use stays (listed, and usable) until its last request is done, as in Triton;
-        the mapping itself lives as long as any tensor view over it."""
+        the descriptor itself lives as long as anything holds the Region."""
         for region in (
             [self.regions[name]]
             if name in self.regions
@@ -169,61 +235,77 @@ class SharedMemoryRegistry:
 
     # ----- requests ----------------------------------------------------------------------
     def bind(self, request: InferRequest) -> Binding | None:
-        """Read `request`'s shared-memory inputs in place and check its shared-memory outputs;
-        None when it uses no shared memory (the common case: a dict lookup per tensor). The
-        returned binding writes the outputs once the response is there, and must be released
-        however the request ends."""
+        """Check `request`'s shared-memory inputs and outputs and read the small inputs; None
+        when it uses no shared memory (the common case: a dict lookup per tensor). Inputs over
+        the offload threshold are left in `deferred` for Binding.read_deferred, which the
+        caller runs in a thread. The binding writes the outputs once the response is there,
+        and must be released however the request ends."""
         binding: Binding | None = None
         try:
+            total = 0
             for tensor in request.inputs:
                 if REGION in tensor.parameters:
                     binding = binding or Binding(self)
-                    self._read_input(tensor, request.model_name, binding)
+                    total += self._bind_input(tensor, request.model_name, binding, total)
             for output in request.outputs or ():
                 parameters = output.parameters
                 if REGION in parameters:
                     name, offset, byte_size = _location(parameters, f"output '{output.name}'")
                     binding = binding or Binding(self)
                     region = binding.hold(self.get(name))
-                    binding.targets[output.name] = (
-                        region.slice(offset, byte_size),
-                        name,
-                        byte_size,
-                    )
+                    region.check(offset, byte_size)
+                    binding.targets[output.name] = (region, offset, byte_size)
         except BaseException:
             if binding is not None:
                 binding.release()
             raise
         return binding
 
-    def _read_input(self, tensor: Tensor, model: str, binding: Binding) -> None:
+    def _bind_input(self, tensor: Tensor, model: str, binding: Binding, before: int) -> int:
+        """Check one input against its region and the request's budget; read it now when
+        small. Returns its byte size."""
         name, offset, byte_size = _location(tensor.parameters, f"input '{tensor.name}'")
-        raw = binding.hold(self.get(name)).slice(offset, byte_size)
+        region = binding.hold(self.get(name))
+        region.check(offset, byte_size)
         datatype = datatypes.lookup(tensor.datatype)
-        if datatype.name != "BYTES":
-            expected = (
-                datatypes.checked_element_count(tensor.name, tensor.shape, datatype)
-                * datatype.itemsize
+        count = datatypes.checked_element_count(tensor.name, tensor.shape, datatype)
+        if datatype.name != "BYTES" and count * datatype.itemsize != byte_size:
+            raise InvalidArgument(
+                f"input byte size mismatch for input '{tensor.name}' for "
+                f"model '{model}'. Expected {count * datatype.itemsize}, got {byte_size}"
             )
-            if expected != byte_size:
-                raise InvalidArgument(
-                    f"input byte size mismatch for input '{tensor.name}' for "
-                    f"model '{model}'. Expected {expected}, got {byte_size}"
-                )
-        tensor.data = datatypes.tensor_from_raw(datatype, tensor.shape, raw, tensor.name)
+        if before + byte_size > self.max_input_bytes:
+            raise TooLarge(
+                f"input '{tensor.name}' in shared memory region '{name}' takes the request's "
+                f"inputs to {before + byte_size} bytes, over the request size limit of "
+                f"{self.max_input_bytes} bytes (--http-max-input-size, --grpc-max-input-size)"
+            )
         tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in PARAMETERS}
+        if byte_size > self.offload_threshold:
+            binding.deferred.append((tensor, region, offset, byte_size))
+        else:
+            _read_input(tensor, region, offset, byte_size)
+        return byte_size
+
+
+def _read_input(tensor: Tensor, region: Region, offset: int, byte_size: int) -> None:
+    raw = region.read(offset, byte_size)
+    datatype = datatypes.lookup(tensor.datatype)
+    tensor.data = datatypes.tensor_from_raw(datatype, tensor.shape, raw, tensor.name)
 
 
 class Binding:
-    """One request's use of regions: held while it runs, and where each shared-memory output
-    goes, written after inference."""
+    """One request's use of regions: held while it runs, the inputs still to read, and where
+    each shared-memory output goes, written after inference."""
 
-    __slots__ = ("registry", "held", "targets")
+    __slots__ = ("registry", "threshold", "held", "targets", "deferred")
 
     def __init__(self, registry: SharedMemoryRegistry) -> None:
         self.registry: SharedMemoryRegistry | None = registry
+        self.threshold = registry.offload_threshold
         self.held: list[Region] = []
-        self.targets: dict[str, tuple[memoryview, str, int]] = {}
+        self.targets: dict[str, tuple[Region, int, int]] = {}
+        self.deferred: list[tuple[Tensor, Region, int, int]] = []
 
     def hold(self, region: Region) -> Region:
         if region not in self.held:
@@ -238,6 +320,25 @@ class Binding:
             for region in self.held:
                 registry._released(region)
 
+    def read_deferred(self) -> None:
+        """Read (and parse) the inputs over the offload threshold: run in a thread. preadv
+        releases the GIL; a BYTES parse is Python code, which hands the GIL back to the event
+        loop every switch interval."""
+        deferred, self.deferred = self.deferred, []
+        for tensor, region, offset, byte_size in deferred:
+            _read_input(tensor, region, offset, byte_size)
+
+    def heavy(self, response: InferResponse) -> bool:
+        """Whether writing `response`'s shared-memory outputs is work for a thread (over the
+        offload threshold, BYTES counted at 8 bytes an element as gRPC's offload counts)."""
+        for tensor in response.outputs:
+            if tensor.name in self.targets:
+                data = tensor.data
+                size = data.size * 8 if tensor.datatype == "BYTES" else data.nbytes
+                if size > self.threshold:
+                    return True
+        return False
+
     def finish(self, response: InferResponse) -> InferResponse:
         """Copy each shared-memory output into its region; the response keeps its name,
         datatype and shape and carries no data for it."""
@@ -249,26 +350,32 @@ class Binding:
             if target is None:
                 outputs.append(tensor)
                 continue
-            view, region, byte_size = target
+            region, offset, byte_size = target
+            if tensor.datatype == "BYTES" and tensor.data.size * 4 > byte_size:
+                _too_small(tensor.name, byte_size, tensor.data.size * 4)  # before serializing
             raw = memoryview(datatypes.raw_from_tensor(tensor.data, tensor.datatype)).cast("B")
             if raw.nbytes > byte_size:
-                raise InvalidArgument(
-                    f"shared memory size specified with the request for output "
-                    f"'{tensor.name}' ({byte_size} bytes) should be at least {raw.nbytes} "
-                    f"bytes to hold the results"
-                )
-            view[: raw.nbytes] = raw
+                _too_small(tensor.name, byte_size, raw.nbytes)
+            region.write(offset, raw)
             outputs.append(
                 Tensor(
                     tensor.name,
                     tensor.datatype,
                     tensor.shape,
                     np.empty(0, dtype=np.uint8),
-                    {REGION: region, BYTE_SIZE: raw.nbytes},
+                    {REGION: region.name, BYTE_SIZE: raw.nbytes},
                 )
             )
         response.outputs = outputs
         return response
+
+
+def _too_small(name: str, byte_size: int, needed: int) -> None:
+    raise InvalidArgument(
+        f"shared memory size specified with the request for output "
+        f"'{name}' ({byte_size} bytes) should be at least {needed} "
+        f"bytes to hold the results"
+    )
 
 
 def _location(parameters: dict[str, Any], what: str) -> tuple[str, int, int]:

@@ -85,7 +85,13 @@ class InferenceCore:
         # Set at startup when a --model-repository path does not exist and --exit-on-error is
         # off: the server keeps answering metadata but is not live, as Triton is not.
         self.repository_failure = ""
-        self.shared_memory = SharedMemoryRegistry(settings.max_shared_memory_regions)
+        self.shared_memory = SharedMemoryRegistry(
+            settings.max_shared_memory_regions,
+            # What a request may take from regions: as much as the larger body limit allows
+            # (the core does not know which frontend a forwarded request came through).
+            max(settings.http_max_input_size, settings.grpc_max_input_size or 0),
+            min(settings.http_offload_threshold, settings.grpc_offload_threshold),
+        )
         # Trace and log settings: one state, read and changed over both protocols.
         self.runtime = RuntimeSettings.create(settings.log_verbose, settings.trace_config)
         self.tracer = _tracer(settings, self.runtime)  # server/observability/tracing.py, otel.py
@@ -315,9 +321,21 @@ class InferenceCore:
         binding, trace = self._begin(request)
         if binding is None and trace is None:
             return await self.path.infer(request, _record(record), endpoint)
+        return await self._infer_bound(request, record, endpoint, binding, trace)
+
+    async def _infer_bound(
+        self,
+        request: InferRequest,
+        record: Resolved | None,
+        endpoint: str,
+        binding: Binding | None,
+        trace: Trace | None,
+    ) -> InferResponse:
         try:
+            if binding is not None and binding.deferred:
+                await asyncio.to_thread(binding.read_deferred)  # large inputs: off the loop
             response = await self.path.infer(request, _record(record), endpoint)
-            return self._finish(response, binding, trace)
+            return await self._finish_async(response, binding, trace)
         except BaseException:
             if trace is not None and not trace.finished:
                 self.tracer.finish(trace, None, request.model_version)
@@ -334,12 +352,28 @@ class InferenceCore:
         binding, trace = self._begin(request)
         if binding is None and trace is None:
             return self.path.stream(request, _record(record), admitted=False)
+        if binding is not None and binding.deferred:
+            return self._read_then_stream(request, record, binding, trace)
         try:
             answers = self.path.stream(request, _record(record), admitted=False)
         except BaseException:
             self._end(request, None, binding, trace)
             raise
         return self._bound_answers(request, answers, binding, trace)
+
+    async def _read_then_stream(
+        self, request: InferRequest, record: Resolved | None, binding: Binding, trace: Trace | None
+    ) -> AsyncIterator[StreamItem]:
+        """infer_stream for a request with large shared-memory inputs: read them in a thread
+        first."""
+        try:
+            await asyncio.to_thread(binding.read_deferred)
+            answers = self.path.stream(request, _record(record), admitted=False)
+        except BaseException:
+            self._end(request, None, binding, trace)
+            raise
+        async for item in self._bound_answers(request, answers, binding, trace):
+            yield item
 
     async def _bound_answers(
         self,
@@ -354,7 +388,7 @@ class InferenceCore:
                 if item.response is not None:
                     last = item.response
                     if binding is not None:
-                        item.response = binding.finish(item.response)
+                        item.response = await _write_outputs(binding, item.response)
                 yield item
         finally:
             self._end(request, last, binding, trace)
@@ -384,8 +418,17 @@ class InferenceCore:
         binding, trace = self._begin(request)
         if binding is None and trace is None:
             return self.path.infer_nowait(request, on_done, endpoint)
+        if binding is not None and binding.deferred:  # large inputs: read in a thread first
+            return asyncio.ensure_future(
+                self._answer_later(request, on_done, endpoint, binding, trace)
+            )
 
         def done(response: InferResponse | None, error: BaseException | None) -> None:
+            if error is None and response is not None and binding and binding.heavy(response):
+                asyncio.ensure_future(
+                    self._finish_later(request, response, on_done, binding, trace)
+                )
+                return
             if error is None and response is not None:
                 try:
                     response = self._finish(response, binding, trace)
@@ -399,12 +442,54 @@ class InferenceCore:
             future.add_done_callback(lambda _: binding.release())
         return future
 
+    async def _answer_later(
+        self,
+        request: InferRequest,
+        on_done: Callable[[InferResponse | None, BaseException | None], None],
+        endpoint: str,
+        binding: Binding,
+        trace: Trace | None,
+    ) -> None:
+        """infer_nowait for a request whose inputs are read in a thread (a cancel of the task
+        answers nothing, as a cancelled request does)."""
+        try:
+            response = await self._infer_bound(request, None, endpoint, binding, trace)
+        except Exception as exc:
+            on_done(None, exc)
+        else:
+            on_done(response, None)
+
+    async def _finish_later(
+        self,
+        request: InferRequest,
+        response: InferResponse,
+        on_done: Callable[[InferResponse | None, BaseException | None], None],
+        binding: Binding,
+        trace: Trace | None,
+    ) -> None:
+        """infer_nowait's answer when its shared-memory outputs are written in a thread."""
+        error: BaseException | None = None
+        try:
+            answer: InferResponse | None = await self._finish_async(response, binding, trace)
+        except Exception as exc:
+            answer, error = None, exc
+        self._end(request, None, binding, trace)
+        on_done(answer, error)
+
     def _finish(
         self, response: InferResponse, binding: Binding | None, trace: Trace | None
     ) -> InferResponse:
         if trace is not None:
             self.tracer.finish(trace, response, response.model_version)
         return response if binding is None else binding.finish(response)
+
+    async def _finish_async(
+        self, response: InferResponse, binding: Binding | None, trace: Trace | None
+    ) -> InferResponse:
+        """_finish, with large shared-memory outputs serialized and written in a thread."""
+        if trace is not None:
+            self.tracer.finish(trace, response, response.model_version)
+        return response if binding is None else await _write_outputs(binding, response)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no inference is in flight; False if the timeout passed first."""
@@ -420,6 +505,13 @@ class InferenceCore:
 
     def delete_traffic_policy(self, name: str) -> dict:
         return self.path.traffic.delete(name)
+
+
+async def _write_outputs(binding: Binding, response: InferResponse) -> InferResponse:
+    """binding.finish, in a thread when the outputs are over the offload threshold."""
+    if binding.heavy(response):
+        return await asyncio.to_thread(binding.finish, response)
+    return binding.finish(response)
 
 
 def _record(resolved: Resolved | None) -> VersionRecord | None:
