@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from server.net.loop import new_event_loop
-from server.settings import DEFAULT_MAX_INPUT_SIZE, GRPC_MAX_MESSAGE, SERVER_NAME, ServerSettings
+from server.settings import (
+    DEFAULT_MAX_INPUT_SIZE,
+    GRPC_MAX_MESSAGE,
+    GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS,
+    GRPC_STREAM_PENDING_SIZE,
+    SERVER_NAME,
+    ServerSettings,
+)
 
 
 def _bool(value: str) -> bool:
@@ -302,6 +309,24 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 1000)",
     )
     add(
+        "--grpc-max-stream-pending-size",
+        type=_positive_int,
+        default=GRPC_STREAM_PENDING_SIZE,
+        metavar="BYTES",
+        help="bytes one ModelStreamInfer call may hold in requests being answered and answers "
+        "the client has not read; past it the stream's next requests are not read until the "
+        f"client reads (default {GRPC_STREAM_PENDING_SIZE})",
+    )
+    add(
+        "--grpc-stream-first-request-timeout",
+        type=_non_negative_int,
+        default=GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS,
+        metavar="MS",
+        help="end (UNAVAILABLE) a ModelStreamInfer call that sends no request this many "
+        "milliseconds after it opens; 0: no limit "
+        f"(default {GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS})",
+    )
+    add(
         "--grpc-handshake-timeout",
         type=_positive_int,
         default=30_000,
@@ -541,6 +566,8 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
         grpc_max_connection_idle_ms=args.grpc_max_connection_idle,
         grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
+        grpc_max_stream_pending_size=args.grpc_max_stream_pending_size,
+        grpc_stream_first_request_timeout_ms=args.grpc_stream_first_request_timeout,
         grpc_max_connections=args.grpc_max_connections,
         grpc_handshake_timeout_ms=args.grpc_handshake_timeout,
         model_config_name=args.model_config_name,

@@ -9,6 +9,10 @@ from typing import Any
 SERVER_NAME = "ascend-serve"  # what server metadata names us unless --id says otherwise
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 GRPC_MAX_MESSAGE = 2**31 - 1
+# One ModelStreamInfer call: bytes of requests in flight and answers not yet written, past
+# which its requests are not read (server/grpc/services.py); and the time to its first request.
+GRPC_STREAM_PENDING_SIZE = 16 * 1024 * 1024
+GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS = 60_000
 
 
 @dataclass
@@ -79,6 +83,8 @@ class ServerSettings:
     grpc_max_connection_idle_ms: int = 60_000
     grpc_max_connections: int | None = None  # None: as http_max_connections' default
     grpc_max_concurrent_streams: int = 1000
+    grpc_max_stream_pending_size: int = GRPC_STREAM_PENDING_SIZE
+    grpc_stream_first_request_timeout_ms: int = GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS  # 0: none
     grpc_handshake_timeout_ms: int = 30_000
     grpc_max_message_size: int = GRPC_MAX_MESSAGE
     grpc_infer_response_compression_level: str = "none"

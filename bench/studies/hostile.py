@@ -29,6 +29,11 @@ Then the cases of issue #28, each against its own server:
   the bodies past the budget (503, or reset while they still send), answer the others 408
   after the timeout, and keep answering live.
 
+Issue 28's gRPC cases (`GRPC_CASES`, about 30 s): a ModelStreamInfer client that sends 3,000 x
+60 KB and reads nothing (server growth < 200 MB, its requests left unread, all answered once it
+reads), a stream that sends no request (UNAVAILABLE), and 5,000 calls 300 at a time past
+`--grpc-max-concurrent-streams 10` on a warm channel (all succeed).
+
     .venv/bin/python -m bench.studies.hostile [--hostile-secs 20] [-- server flags]
 """
 
@@ -45,14 +50,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from examples.build_repository import build_simple
 from examples.streaming import build_streaming
-from harness.serverproc import start_server
+from harness.serverproc import ServerProcess, start_server
 from harness.testmodels import build_identity_fp32
 
 HOSTILE = b'{"a":' * ((64 * 1024 * 1024) // 5)  # 67,108,860 bytes: under the 64 MiB limit
@@ -313,6 +319,144 @@ def unfinished_bodies(repo: Path) -> list[tuple[str, bool]]:
         server.stop()
 
 
+# ----- gRPC cases of issue 28 (items 4 and 7) -----------------------------------------------
+Verdicts = list[tuple[str, bool]]
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def grpc_unread_stream(server: ServerProcess, repo: Path) -> Verdicts:
+    """Item 4: 3,000 requests of 60 KB on one stream whose answers are not read for 10 s."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    total, elements = 3000, 15_000
+    payload = np.ones(elements, np.float32).tobytes()
+    sent = [0]
+
+    def requests() -> Iterator[service_pb2.ModelInferRequest]:
+        for index in range(total):
+            request = service_pb2.ModelInferRequest(model_name="identity_fp32", id=str(index))
+            tensor = request.inputs.add(name="INPUT", datatype="FP32")
+            tensor.shape.extend([1, elements])
+            request.raw_input_contents.append(payload)
+            yield request
+            sent[0] += 1
+
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        before = rss_mb(server.pid)
+        answers = stub.ModelStreamInfer(requests(), timeout=120)
+        peak, deadline = before, time.monotonic() + 10
+        while time.monotonic() < deadline:
+            peak = max(peak, rss_mb(server.pid))
+            time.sleep(0.25)
+        taken = sent[0]
+        read = 0
+        for answer in answers:
+            read += not answer.error_message
+            if read == total:
+                break
+        answers.cancel()
+    print(
+        f"unread gRPC stream: {taken} of {total} requests taken while unread, server "
+        f"+{peak - before:.0f} MB; {read} answered once read"
+    )
+    return [
+        ("unread stream: server grew < 200 MB", peak - before < 200),
+        ("unread stream: requests past the bound not read", taken < total),
+        ("unread stream: every request answered once read", read == total),
+    ]
+
+
+def grpc_stream_without_request(server: ServerProcess, repo: Path) -> Verdicts:
+    """A stream opened without a request, on a server with a 1 s first-request timeout."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    hold = threading.Event()
+
+    def nothing() -> Iterator[Any]:
+        hold.wait(30)
+        yield from ()
+
+    idle = start_server(
+        [repo],
+        ["--grpc-stream-first-request-timeout", "1000"],
+        log_dir=Path(tempfile.mkdtemp(prefix="hostile-logs-")),
+    )
+    code, began = None, time.monotonic()
+    try:
+        with grpc.insecure_channel(idle.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            try:
+                for _ in stub.ModelStreamInfer(nothing(), timeout=30):
+                    pass
+            except grpc.RpcError as error:
+                code = error.code()
+    finally:
+        hold.set()
+        idle.stop()
+    took = time.monotonic() - began
+    print(f"stream without a request: ended with {code} after {took:.1f} s")
+    return [
+        (
+            "stream without a request: UNAVAILABLE within 5 s",
+            (code == grpc.StatusCode.UNAVAILABLE and took < 5),
+        )
+    ]
+
+
+def grpc_calls_past_stream_limit(server: ServerProcess, repo: Path) -> Verdicts:
+    """Item 7: 5,000 calls, 300 at a time, past --grpc-max-concurrent-streams 10."""
+    import tritonclient.grpc as grpcclient
+
+    total, concurrency = 5000, 300
+    limited = start_server(
+        [repo],
+        ["--grpc-max-concurrent-streams", "10"],
+        log_dir=Path(tempfile.mkdtemp(prefix="hostile-logs-")),
+    )
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = [grpcclient.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a)
+    slots, lock, done = threading.Semaphore(concurrency), threading.Lock(), threading.Event()
+    counts = {"ok": 0, "failed": 0}
+
+    def callback(result: Any, error: Any) -> None:
+        with lock:
+            counts["failed" if error is not None else "ok"] += 1
+            if counts["ok"] + counts["failed"] == total:
+                done.set()
+        slots.release()
+
+    try:
+        with grpcclient.InferenceServerClient(limited.grpc_url) as client:
+            client.infer("simple", inputs)  # a warm channel
+            for _ in range(total):
+                slots.acquire()
+                client.async_infer("simple", inputs, callback)
+            done.wait(120)
+    finally:
+        limited.stop()
+    print(f"calls past the stream limit: {counts['ok']} of {total} succeeded")
+    return [("calls past the stream limit all succeed", counts["ok"] == total)]
+
+
+GRPC_CASES: list[Callable[[ServerProcess, Path], Verdicts]] = [
+    grpc_unread_stream,
+    grpc_stream_without_request,
+    grpc_calls_past_stream_limit,
+]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quiet-secs", type=float, default=8.0)
@@ -416,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         live.running = small.running = False
         errors = live.errors + small.errors
         verdicts.append(("no poll failed", errors == 0))
+        for case in GRPC_CASES:
+            verdicts.extend(case(server, repo))
     finally:
         server.stop()
     verdicts += config_override_bounds()

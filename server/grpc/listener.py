@@ -17,6 +17,7 @@ from server.core.api import CoreAPI
 from server.grpc.services import (
     HEALTH_POLL_SECONDS,
     InferenceServicer,
+    StreamLimits,
     Undecodable,
     abort,
     add_service,
@@ -97,7 +98,8 @@ def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
 
     Connections: keepalive with Triton's flags; an idle connection (no call) is sent GOAWAY,
     a silent one that never completes its HTTP/2 handshake is closed, calls per connection are
-    bounded (clients queue past it), and so are connections (past it new ones are closed; the
+    bounded (clients queue past it, and wait: see the overload protection option below), and so
+    are connections (past it new ones are closed; the
     default fits the descriptor limit beside HTTP's, see server/net/connections.py).
     """
     size = settings.grpc_max_message_size
@@ -122,6 +124,10 @@ def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
         ("grpc.http2.max_ping_strikes", settings.grpc_http2_max_ping_strikes),
         ("grpc.max_connection_idle_ms", settings.grpc_max_connection_idle_ms),
         ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
+        # Off: with it, grpc-core counts a call until the server has freed it, after the client
+        # saw it end, and refuses the client's next queued call (REFUSED_STREAM); without it the
+        # limit counts open HTTP/2 streams, as the client does, so calls past it wait.
+        ("grpc.http.overload_protection", 0),
         (
             "grpc.max_allowed_incoming_connections",
             settings.grpc_max_connections
@@ -151,7 +157,9 @@ class GrpcFrontend:
         self.server = grpc.aio.server(
             options=server_options(settings), interceptors=_interceptors(settings)
         )
-        self.inference = InferenceServicer(core, settings.grpc_offload_threshold)
+        self.inference = InferenceServicer(
+            core, settings.grpc_offload_threshold, StreamLimits.of(settings)
+        )
         self.health = HealthServicer(core)
         add_service(self.server, add_GRPCInferenceServiceServicer_to_server, self.inference)
         add_service(self.server, health_pb2_grpc.add_HealthServicer_to_server, self.health)

@@ -26,6 +26,7 @@ from protocol.errors import (
     InvalidArgument,
     Overloaded,
     ServerError,
+    Unavailable,
     Unsupported,
     client_error,
     server_exiting,
@@ -35,6 +36,11 @@ from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
 from protocol.types import InferRequest, InferResponse
 from server.core.api import CoreAPI
+from server.settings import (
+    GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS,
+    GRPC_STREAM_PENDING_SIZE,
+    ServerSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -248,29 +254,59 @@ def _wants_status_errors(context: grpc.aio.ServicerContext) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class StreamLimits:
+    """What one ModelStreamInfer call may hold (--grpc-max-stream-pending-size,
+    --grpc-stream-first-request-timeout): bytes of requests read but not yet answered plus
+    answers not yet taken by grpc (past it, the stream's requests are not read until the client
+    reads answers: HTTP/2 flow control then stops the client), and how long a stream may stay
+    open before its first request (None: for ever)."""
+
+    pending_bytes: int = GRPC_STREAM_PENDING_SIZE
+    first_request_seconds: float | None = GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS / 1000
+
+    @classmethod
+    def of(cls, settings: ServerSettings) -> StreamLimits:
+        timeout_ms = settings.grpc_stream_first_request_timeout_ms
+        return cls(settings.grpc_max_stream_pending_size, timeout_ms / 1000 if timeout_ms else None)
+
+
 class InferStream:
     """One ModelStreamInfer call. Each request runs in its own task, so several are in flight
     at once; answers go out in completion order, each carrying its request's id. The stream
-    ends once reading has stopped and every request has been answered."""
+    ends once reading has stopped and every request has been answered.
+
+    Back-pressure: grpc.aio's write of an answer completes only once HTTP/2 flow control lets
+    it out (the client's window), so a client that never reads leaves answers here. `held`
+    counts their bytes and those of the requests in flight; while it is over the limit the
+    reader reads no request, so grpc stops taking the client's (its window fills) and memory
+    stays bounded. A request larger than the limit is still read when nothing else is held."""
 
     def __init__(
         self,
         core: CoreAPI,
         context: grpc.aio.ServicerContext,
         offload_threshold: int | None = None,
+        limits: StreamLimits = StreamLimits(),
     ) -> None:
         self.core = core
         self.context = context
         self.offload_threshold = offload_threshold
+        self.limits = limits
         self.raise_errors = _wants_status_errors(context)
         self.traceparent = _traceparent(core, context)
         # Bounded: a decoupled model's answers wait here for a slow client, and past this many
         # its answers stay unread, so its sender blocks (backends/python/worker/bridge.py).
-        self.outbox: asyncio.Queue[Any] = asyncio.Queue(STREAM_OUTBOX_SIZE)
+        # Entries are (answer, its bytes).
+        self.outbox: asyncio.Queue[tuple[Any, int]] = asyncio.Queue(STREAM_OUTBOX_SIZE)
         self.tasks: set[asyncio.Task] = set()
         self.reader: asyncio.Task | None = None
+        self.held = 0  # bytes of requests in flight and of answers not yet written
+        self.room = asyncio.Event()  # set while `held` is within the limit
+        self.room.set()
         self.closing = False
         self.cut_short = False  # shutdown stopped reading before the client finished
+        self.no_request = False  # no first request within limits.first_request_seconds
         self._ended = False
 
     async def responses(
@@ -281,17 +317,21 @@ class InferStream:
         self.reader = asyncio.create_task(self._read(requests))
         self.reader.add_done_callback(lambda _: self._end_when_settled())
         try:
-            while (item := await self.outbox.get()) is not _END:
+            while (entry := await self.outbox.get())[0] is not _END:
+                item, size = entry
                 if isinstance(item, _Failure):
                     if self.raise_errors:
                         await abort(self.context, item.error)
                     yield codec.stream_error(item.error.message, item.request_id)
                 else:
-                    yield item
+                    yield item  # resumes once grpc has taken it (flow control)
+                self._release(size)
         finally:
             self._cancel_all()
         if self.cut_short:
             await abort(self.context, server_exiting())
+        if self.no_request:
+            await abort(self.context, no_first_request(self.limits.first_request_seconds))
 
     def close(self) -> None:
         """Server shutdown: read no more requests, answer those in flight, then end."""
@@ -301,16 +341,43 @@ class InferStream:
             self.reader.cancel()
 
     async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
+        """Read requests, none while over the pending limit; the first within its time."""
+        iterator = requests.__aiter__()
+        limit = self.limits.pending_bytes
         try:
-            async for message in requests:
-                self._spawn(message)
+            first = True
+            while True:
+                if self.held > limit:
+                    self.room.clear()
+                    await self.room.wait()
+                try:
+                    if first:
+                        first = False
+                        message = await asyncio.wait_for(
+                            iterator.__anext__(), self.limits.first_request_seconds
+                        )
+                    else:
+                        message = await iterator.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:  # only the first read has a time limit
+                    self.no_request = True
+                    return
+                self._admit(message)
         except Exception as exc:
             log.debug("stream read ended: %s", exc)
 
-    def _spawn(self, message: pb.ModelInferRequest) -> None:
-        task = asyncio.create_task(self._answer(message))
+    def _admit(self, message: pb.ModelInferRequest) -> None:
+        size = message.ByteSize() if type(message) is not Undecodable else 0
+        self.held += size
+        task = asyncio.create_task(self._answer(message, size))
         self.tasks.add(task)
         task.add_done_callback(self._answered)
+
+    def _release(self, size: int) -> None:
+        self.held -= size
+        if self.held <= self.limits.pending_bytes:
+            self.room.set()
 
     def _answered(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
@@ -321,18 +388,26 @@ class InferStream:
         if not self._ended and self.reader is not None and self.reader.done() and not self.tasks:
             self._ended = True
             if self.outbox.full():  # the consumer is draining it; it ends after the rest
-                asyncio.get_running_loop().create_task(self.outbox.put(_END))
+                asyncio.get_running_loop().create_task(self.outbox.put((_END, 0)))
             else:
-                self.outbox.put_nowait(_END)
+                self.outbox.put_nowait((_END, 0))
 
-    async def _answer(self, message: pb.ModelInferRequest) -> None:
+    async def _answer(self, message: pb.ModelInferRequest, size: int) -> None:
+        """Every answer to one request into the outbox; the request's bytes count until then."""
         try:
             async for item in _stream_answers(
                 self.core, message, self.traceparent, self.offload_threshold
             ):
-                await self.outbox.put(item)
+                await self._put(item)
         except Exception as exc:
-            await self.outbox.put(_Failure(rpc_error(exc, "a streamed inference"), message.id))
+            await self._put(_Failure(rpc_error(exc, "a streamed inference"), message.id))
+        finally:
+            self._release(size)
+
+    async def _put(self, item: Any) -> None:
+        size = len(item.error.message) if type(item) is _Failure else item.ByteSize()
+        self.held += size
+        await self.outbox.put((item, size))
 
     def _cancel_all(self) -> None:
         """The call ended (client cancel, deadline, error): nothing it started may run on."""
@@ -342,12 +417,26 @@ class InferStream:
             task.cancel()
 
 
+def no_first_request(seconds: float | None) -> Unavailable:
+    """A stream that sent no request in time: UNAVAILABLE, which clients may retry."""
+    return Unavailable(
+        f"no request on this stream within {seconds:g} s (--grpc-stream-first-request-timeout)"
+    )
+
+
 # ----- the inference service ----------------------------------------------------------------
 class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, core: CoreAPI, offload_threshold: int | None = None) -> None:
-        """`offload_threshold`: --grpc-offload-threshold (None: every conversion on the loop)."""
+    def __init__(
+        self,
+        core: CoreAPI,
+        offload_threshold: int | None = None,
+        stream_limits: StreamLimits = StreamLimits(),
+    ) -> None:
+        """`offload_threshold`: --grpc-offload-threshold (None: every conversion on the loop);
+        `stream_limits`: what one ModelStreamInfer call may hold."""
         self.core = core
         self.offload_threshold = offload_threshold
+        self.stream_limits = stream_limits
         self.streams: set[InferStream] = set()
         self.closing = False
 
@@ -422,7 +511,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         request_iterator: AsyncIterator[pb.ModelInferRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        stream = InferStream(self.core, context, self.offload_threshold)
+        stream = InferStream(self.core, context, self.offload_threshold, self.stream_limits)
         if self.closing:
             stream.close()
         self.streams.add(stream)
