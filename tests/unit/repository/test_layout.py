@@ -52,3 +52,17 @@ def test_a_model_in_two_repositories_is_reported(tmp_path: Path) -> None:
     assert list(unique) == ["solo"]
     assert list(duplicates) == ["dup"]
     assert DUPLICATE_REASON == "model appears in two or more repositories"
+
+
+def test_symlinked_model_and_version_directories_are_followed(tmp_path: Path) -> None:
+    """README, Limits and security: a symlink in the repository serves what it points to."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "real_model" / "1").mkdir(parents=True)
+    (elsewhere / "v2").mkdir()
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    (repository / "linked").symlink_to(elsewhere / "real_model")
+    (elsewhere / "real_model" / "2").symlink_to(elsewhere / "v2")
+    models, duplicates = scan_repositories([repository])
+    assert list(models) == ["linked"] and not duplicates
+    assert sorted(version_directories(models["linked"].path)) == [1, 2]
