@@ -4,6 +4,7 @@ for the backend tests to mean anything."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -361,3 +362,134 @@ def test_environment_configures_a_subprocess_emulator(tmp_path):
     assert result.stdout.split() == ["(3,", "0)", "207001", "0"], result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["stats"]["allocations"] == 1 and report["stats"]["device_refs"] == 1
+
+
+# ----- time and the GIL, as the real binding spends them (reference/pyacl.md, section 6) -----
+
+
+class Ticker:
+    """A pure-Python thread that ticks every 5 ms: the longest gap between ticks is how long
+    something kept the GIL from every other thread (the event loop of a server, say)."""
+
+    def __init__(self) -> None:
+        self.ticks: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.ticks.append(time.monotonic())
+            time.sleep(0.005)
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.05)
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def longest_gap(self) -> float:
+        return max(b - a for a, b in zip(self.ticks, self.ticks[1:], strict=False))
+
+
+def test_load_memcpy_and_sync_execute_hold_the_gil(ready, tmp_path):
+    acl, _, _ = ready
+    path = omf.with_fields(omf.scale_model, load_ms=800)(tmp_path / "slow.om")
+    with Ticker() as ticker:
+        model_id, desc = load(acl, path)
+    assert ticker.longest_gap > 0.5  # the whole load stalled the other thread
+    acl._emu.configure(copy_bytes_per_s=100e6)
+    size = 60 << 20  # 0.6 s at 100 MB/s
+    ptr, _ = acl.rt.malloc(size, 0)
+    host = np.zeros(size, dtype=np.uint8)
+    with Ticker() as ticker:
+        started = time.monotonic()
+        assert acl.rt.memcpy(ptr, size, host.ctypes.data, size, 1) == 0
+        took = time.monotonic() - started
+    assert took > 0.4 and ticker.longest_gap > 0.4  # in proportion to the bytes, GIL held
+    acl.rt.free(ptr)
+    acl._emu.configure(copy_bytes_per_s=0)
+    acl.mdl.unload(model_id)
+    acl.mdl.destroy_desc(desc)
+    static = omf.scale_model(tmp_path / "s.om", gears=None, latency_ms={"fixed": 800})
+    model_id, desc = load(acl, static)
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, 1, 2)
+    with Ticker() as ticker:
+        assert acl.mdl.execute(model_id, in_ds, out_ds) == 0
+    assert ticker.longest_gap > 0.5
+    release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
+
+
+def test_configured_calls_and_the_first_set_device_hold_the_gil(acl_emu):
+    acl = acl_emu
+    acl._emu.configure(gil_s={"rt.set_device": 0.8, "rt.get_run_mode": 0.8})
+    assert acl.init() == 0
+    with Ticker() as ticker:
+        assert acl.rt.set_device(1) == 0
+    assert ticker.longest_gap > 0.5
+    with Ticker() as ticker:
+        assert acl.rt.set_device(1) == 0  # only the first open of a device is slow
+        assert acl.rt.reset_device(1) == 0
+    assert ticker.longest_gap < 0.5
+    with Ticker() as ticker:
+        assert acl.rt.get_run_mode()[1] == 0
+    assert ticker.longest_gap > 0.5
+    acl._emu.configure(gil_s={})
+    assert acl.rt.reset_device(1) == 0
+
+
+def _run_on(acl, device, model_path, gear, results):
+    """One thread: its own context and stream on `device`, one execution at `gear`."""
+    ctx, _ = acl.rt.create_context(device)
+    stream, _ = acl.rt.create_stream()
+    model_id, desc = load(acl, model_path)
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, 2, 2)
+    assert acl.mdl.set_dynamic_batch_size(model_id, in_ds, 1, gear) == 0
+    results.append(("ready", time.monotonic()))
+    assert acl.mdl.execute_async(model_id, in_ds, out_ds, stream) == 0
+    assert acl.rt.synchronize_stream(stream) == 0
+    results.append(("done", time.monotonic()))
+    release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
+    acl.rt.destroy_stream(stream)
+    acl.rt.destroy_context(ctx)
+
+
+def _two_executions(acl, devices, model_path, gear=1):
+    acl.rt.set_device(0), acl.rt.set_device(1)
+    results: list = []
+    threads = [
+        threading.Thread(target=_run_on, args=(acl, d, model_path, gear, results)) for d in devices
+    ]
+    with Ticker() as ticker:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    acl.rt.reset_device(0), acl.rt.reset_device(1)
+    done = [t for kind, t in results if kind == "done"]
+    started = max(t for kind, t in results if kind == "ready")
+    return max(done) - started, ticker.longest_gap
+
+
+def test_devices_run_in_parallel_streams_on_one_device_serialise(acl_emu, tmp_path):
+    acl = acl_emu
+    assert acl.init() == 0
+    path = omf.scale_model(tmp_path / "m.om", latency_ms={"fixed": 500})
+    apart, gap = _two_executions(acl, (0, 1), path)
+    assert apart < 0.85  # two devices: side by side
+    assert gap < 0.4  # synchronize_stream waits with the GIL released
+    together, _ = _two_executions(acl, (0, 0), path)
+    assert together > 0.9  # two streams on one device: one after the other
+
+
+def test_device_time_depends_on_the_gear(acl_emu, tmp_path):
+    acl = acl_emu
+    assert acl.init() == 0
+    path = omf.scale_model(tmp_path / "m.om", latency_ms={"fixed": 0, "per_sample": 100})
+    small, _ = _two_executions(acl, (0,), path, gear=1)
+    large, _ = _two_executions(acl, (0,), path, gear=8)
+    assert small < 0.5 < large

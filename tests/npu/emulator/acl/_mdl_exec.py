@@ -1,6 +1,8 @@
 """acl.mdl's execution: the checks GE makes before a model runs, reading the inputs at the
-current gear (AIPP applied), the stand-in compute, and the outputs written back; synchronous
-execute holds the emulator lock for its latency as the real one holds the GIL."""
+current gear (AIPP applied), the stand-in compute, and the outputs written back. The device
+time (fixed + per sample x gear) is spent holding the device's engine, so one device runs one
+execution at a time; a synchronous execute also holds the GIL (and the emulator lock) for it,
+as the real one does, while synchronize_stream waits with the GIL released."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from . import _codes as C
 from . import _om
-from ._runtime import RT, AclFail, ConcurrentModelUse, entry, ret_only
+from ._runtime import RT, AclFail, ConcurrentModelUse, entry, hold_gil, ret_only
 
 if TYPE_CHECKING:  # pragma: no cover
     from .mdl import Model
@@ -221,14 +223,18 @@ def _compute(task: Task) -> int:
 
 
 def run_task(task: Task, hold_lock: bool) -> int:
-    """Wait out the emulated latency (holding the lock for a synchronous execute, as the real
-    one holds the GIL; without it under synchronize_stream), then compute."""
+    """Wait out the emulated device time on the model's device (holding the GIL and the lock
+    for a synchronous execute, as the real one holds the GIL; with neither under
+    synchronize_stream), then compute."""
+    engine = RT.devices[task.model.device].engine
     try:
         if hold_lock:
             with RT.lock:
-                time.sleep(task.latency_s)
+                with engine:
+                    hold_gil(task.latency_s)
                 return _compute(task)
-        time.sleep(task.latency_s)
+        with engine:
+            time.sleep(task.latency_s)
         with RT.lock:
             return _compute(task)
     finally:

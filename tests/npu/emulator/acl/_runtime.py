@@ -1,12 +1,18 @@
 """The emulator's process-wide state: devices, contexts, streams, handles, faults, violations.
 
-Everything lives on one `Runtime` object (`RT`) guarded by one re-entrant lock, so every call
-into the fake binding is serialised the way the real binding serialises on the GIL; calls that
-really release the GIL (`synchronize_stream`) drop the lock while they wait.
+Everything lives on one `Runtime` object (`RT`) guarded by one re-entrant lock. Time is modelled
+the way the real binding spends it (shared reference/pyacl.md, section 6): the calls whose
+wrappers keep the GIL (a synchronous execute, memcpy, load_from_file, get_desc, gear setting,
+the first set_device) wait in `hold_gil`, a C sleep made through `ctypes.PyDLL` that keeps the
+real GIL, so every other Python thread of the process, an event loop included, stalls as it
+would on hardware. `synchronize_stream` waits with `time.sleep`, which releases it. Each
+device runs one execution at a time (`Device.engine`): streams on one device serialise, devices
+run in parallel.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
 import json
@@ -59,6 +65,13 @@ class Config:
     # False gives older CANN's check of kind against the pointers (107000 on a mismatch).
     memcpy_kind_reserved: bool = True
     latency_scale: float = 1.0  # multiplies every model's latency_ms
+    # A synchronous memcpy from pageable host memory holds the GIL for count / this (bytes/s);
+    # 0: copies take no time.
+    copy_bytes_per_s: float = 4e9
+    # Seconds a call holds the GIL besides its copies and the model's load_ms / latency, by
+    # call name ("mdl.get_desc", "mdl.set_dynamic_batch_size", ...; "rt.set_device" counts
+    # only for a device's first set_device in the process).
+    gil_s: dict = field(default_factory=dict)
     fill_byte: int = 0xA5  # fresh device memory is not zeroed
 
 
@@ -105,12 +118,15 @@ class Device:
     id: int
     base: int
     refcount: int = 0
+    opened: bool = False  # set_device ran once in this process (the slow first open)
     default_ctx: Context | None = None
     charged: int = 0
     lost: bool = False
     next_addr: int = 0
     busy_s: float = 0.0
     window_start: float = field(default_factory=time.monotonic)
+    # Held while the device computes: one execution at a time per device, whatever the stream.
+    engine: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(eq=False)
@@ -271,6 +287,35 @@ def _env_lost_devices() -> list[int]:
     return list(json.loads(os.environ.get("ACL_EMU_CONFIG", "{}") or "{}").get("lost_devices", []))
 
 
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_GIL_HOLDER = ctypes.PyDLL(None)  # PyDLL: the GIL stays held for the whole foreign call
+_GIL_HOLDER.nanosleep.argtypes = [ctypes.POINTER(_Timespec), ctypes.POINTER(_Timespec)]
+
+
+def hold_gil(seconds: float) -> None:
+    """Sleep without releasing the GIL, as a pyACL call that never calls PyEval_SaveThread
+    does: no other Python thread of this process runs meanwhile."""
+    if seconds <= 0:
+        return
+    whole = int(seconds)
+    request = _Timespec(whole, int((seconds - whole) * 1e9))
+    remaining = _Timespec(0, 0)
+    while _GIL_HOLDER.nanosleep(ctypes.byref(request), ctypes.byref(remaining)) != 0:
+        if remaining.tv_sec <= 0 and remaining.tv_nsec <= 0:
+            break  # interrupted by a signal right at the end
+        request = _Timespec(remaining.tv_sec, remaining.tv_nsec)
+
+
+def hold_gil_for_call(name: str) -> None:
+    """The configured extra GIL time of one call (Config.gil_s)."""
+    extra = RT.config.gil_s.get(name) if RT.config.gil_s else None
+    if extra:
+        hold_gil(float(extra))
+
+
 _INT_CODES = frozenset("kKIibhB")
 
 
@@ -324,6 +369,9 @@ def entry(
                     raise
                 RT.set_err(failure.message)
                 return fail(failure.code)
+            finally:
+                if name != "rt.set_device" and RT.config.gil_s:
+                    hold_gil_for_call(name)
 
         return call
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +34,7 @@ from ._mdl_dynamic import (  # noqa: F401  (acl.mdl.*)
     set_input_dynamic_dims,
 )
 from ._memory import Allocation
-from ._runtime import RT, AclFail, Context, Dataset, entry, ret_only, value_ret
+from ._runtime import RT, AclFail, Context, Dataset, entry, hold_gil, ret_only, value_ret
 
 
 @dataclass(eq=False)
@@ -76,7 +75,7 @@ def load_from_file(path: str) -> tuple[int, int]:
                 f"the model was compiled for {spec.soc} (--soc_version)"
                 f", this device is {RT.config.soc_name}",
             )
-        time.sleep(spec.load_s)  # the real load holds the GIL as long, as this holds the lock
+        hold_gil(spec.load_s)  # the real load keeps the GIL (and this the lock) as long
         model_id = RT.new_model_id()
         charge = spec.weight_size + spec.work_size
         weights = (

@@ -6,7 +6,17 @@ import threading
 import time
 
 from . import _codes as C
-from ._runtime import RT, AclFail, Context, Stream, entry, ret_only, value_ret
+from ._runtime import (
+    RT,
+    AclFail,
+    Context,
+    Stream,
+    entry,
+    hold_gil,
+    hold_gil_for_call,
+    ret_only,
+    value_ret,
+)
 
 # -- devices and contexts ---------------------------------------------------------------------
 
@@ -19,6 +29,9 @@ def set_device(device_id: int) -> int:
         if dev.lost:
             raise AclFail(507033, f"device {device_id} setup error (driver or firmware fault)")
         dev.refcount += 1
+        if not dev.opened:
+            dev.opened = True  # the first set_device opens the device: seconds, GIL held
+            hold_gil_for_call("rt.set_device")
         if dev.default_ctx is None:
             dev.default_ctx = Context(RT.new_handle("context"), device_id, default=True)
             RT.contexts[dev.default_ctx.handle] = dev.default_ctx
@@ -257,6 +270,8 @@ def memcpy(dst: int, dst_max: int, src: int, count: int, kind: int) -> int:
         RT.require_init()
         RT.current_ctx()
         RT.memory.copy(dst, dst_max, src, count, kind)
+        if RT.config.copy_bytes_per_s > 0:  # synchronous, from pageable memory, GIL held
+            hold_gil(count / RT.config.copy_bytes_per_s)
         return C.SUCCESS
 
 
