@@ -53,6 +53,12 @@ def wait_for(
 
 def frontend_children(server_pid: int) -> list[int]:
     """Pids of a server's frontend processes (--frontend-processes)."""
+    return children_running(server_pid, b"server.multiprocess.child")
+
+
+def children_running(server_pid: int, marker: bytes) -> list[int]:
+    """Pids of a server's child processes whose command line holds `marker` (a module name:
+    b"npu.executor.main" finds the NPU executors)."""
     children = []
     for task in Path(f"/proc/{server_pid}/task").iterdir():
         try:
@@ -61,7 +67,7 @@ def frontend_children(server_pid: int) -> list[int]:
             continue
         for pid in pids:
             try:
-                if b"server.multiprocess.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
                     children.append(int(pid))
             except FileNotFoundError:
                 pass

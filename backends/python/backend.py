@@ -85,7 +85,8 @@ class CrashWindow:
         return len(self._times)
 
 
-def _parameter(config: ModelConfig, key: str, default: float) -> float:
+def number_parameter(config: ModelConfig, key: str, default: float) -> float:
+    """A numeric config `parameters` entry, or `default`; BackendError naming it otherwise."""
     if key in config.parameters:
         try:
             return float(config.parameters[key].string_value)
@@ -127,17 +128,17 @@ class PythonBackend(Backend):
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self._router = StreamRouter(config.name, host)
         self._stream_settings = {
-            "window": int(_parameter(config, "response_buffer_size", 64)),
-            "send_timeout_s": _parameter(config, "response_send_timeout_s", 60.0),
-            "ring_bytes": int(_parameter(config, "response_ring_bytes", 8 << 20)),
+            "window": int(number_parameter(config, "response_buffer_size", 64)),
+            "send_timeout_s": number_parameter(config, "response_send_timeout_s", 60.0),
+            "ring_bytes": int(number_parameter(config, "response_ring_bytes", 8 << 20)),
         }
         if self._stream_settings["window"] < 1:
             raise BackendError(
                 f"model '{config.name}': parameter 'response_buffer_size' must be at least 1"
             )
         self._crashes = CrashWindow(
-            int(_parameter(config, "max_worker_crashes", 3)),
-            _parameter(config, "worker_crash_window_s", 60.0),
+            int(number_parameter(config, "max_worker_crashes", 3)),
+            number_parameter(config, "worker_crash_window_s", 60.0),
         )
         self._output_names = [output.name for output in config.output]
         self._label = f"python model '{config.name}' instance '{self.instance.name}'"

@@ -32,6 +32,8 @@ from backends.python.wire.ring import RingReader, RingWriter
 
 # The folder holding the `backends` package and the pb_utils module, for the worker's sys.path.
 _ROOT = Path(__file__).resolve().parents[3]
+# What a worker runs (`python -m ...`): a Python model's; the NPU executor passes its own.
+WORKER_MODULE = "backends.python.worker.main"
 
 
 class WorkerDied(Exception):
@@ -45,7 +47,12 @@ class WorkerDied(Exception):
 
 
 class WorkerReplyError(Exception):
-    """The worker answered with an error (the model raised); the message says what."""
+    """The worker answered with an error (the model raised); the message says what, and
+    `reply` is the whole answer (a worker may say more, e.g. the NPU executor's error kind)."""
+
+    def __init__(self, message: str, reply: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.reply: Mapping[str, Any] = reply or {}
 
 
 class Outputs(dict):
@@ -157,8 +164,12 @@ class WorkerProcess:
         sock: socket.socket,
         on_message: MessageHandler | None = None,
         pumped: bool = False,
+        owns_process: bool = True,
     ) -> None:
         self.process = process
+        # False: one of several channels into a process another WorkerProcess owns (the NPU
+        # executor's per-instance channels); closing it leaves the process running.
+        self.owns_process = owns_process
         self._sock = sock
         self._on_message = on_message
         # Without a pump (a model that is not decoupled) only calls read the socket, one at a
@@ -174,14 +185,28 @@ class WorkerProcess:
         self._closed = False
 
     @classmethod
-    def spawn(cls, on_message: MessageHandler | None = None, pumped: bool = False) -> WorkerProcess:
+    def spawn(
+        cls,
+        on_message: MessageHandler | None = None,
+        pumped: bool = False,
+        module: str = WORKER_MODULE,
+        extra_args: Sequence[str] = (),
+    ) -> WorkerProcess:
         """Start a worker (from the spawner thread). It dies with the server: by the parent-death
         signal if the server is killed, by end_workers() at a hard-deadline exit. `pumped`:
-        a thread will run `pump` (a decoupled model), so calls share the socket with it."""
-        return _spawner.run(lambda: cls._spawn(on_message, pumped))
+        a thread will run `pump` (a decoupled model), so calls share the socket with it.
+        `module`: what the process runs; it takes `--fd N --parent-pid P` and serves the
+        socket; `extra_args` follow (e.g. a label that `ps` shows)."""
+        return _spawner.run(lambda: cls._spawn(on_message, pumped, module, extra_args))
 
     @classmethod
-    def _spawn(cls, on_message: MessageHandler | None, pumped: bool) -> WorkerProcess:
+    def _spawn(
+        cls,
+        on_message: MessageHandler | None,
+        pumped: bool,
+        module: str,
+        extra_args: Sequence[str] = (),
+    ) -> WorkerProcess:
         with _live_lock:
             if _ended:
                 raise WorkerDied("was not started: the server is shutting down", before_send=True)
@@ -191,11 +216,12 @@ class WorkerProcess:
                     [
                         sys.executable,
                         "-m",
-                        "backends.python.worker.main",
+                        module,
                         "--fd",
                         str(child.fileno()),
                         "--parent-pid",
                         str(os.getpid()),
+                        *extra_args,
                     ],
                     pass_fds=(child.fileno(),),
                     env=_worker_env(),
@@ -351,7 +377,7 @@ class WorkerProcess:
 
     def _results(self, reply: dict[str, Any]) -> list[Result]:
         if not reply.get("ok"):
-            raise WorkerReplyError(reply.get("error", "execute failed"))
+            raise WorkerReplyError(reply.get("error", "execute failed"), reply)
         results: list[Result] = []
         params = reply.get("params")  # only when some response set parameters
         copy = self._outputs.copy
@@ -406,6 +432,9 @@ class WorkerProcess:
             self._sock.close()
             self._inputs.close()
             self.answers.close()
+        if not self.owns_process:
+            self._outputs.close()
+            return
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
