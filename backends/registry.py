@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # backend name -> "module:Class"
 _BACKENDS: dict[str, str] = {
     "onnxruntime": "backends.onnxruntime:OnnxRuntimeBackend",
-    "ascend": "npu.backend:AscendBackend",
+    "ascend": "npu.executor.client:AscendExecutorBackend",
     "python": "backends.python.backend:PythonBackend",
     "identity": "backends.identity:IdentityBackend",
 }

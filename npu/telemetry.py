@@ -1,4 +1,5 @@
-"""NPU gauges for the metrics endpoint, read at scrape time from the devices instances have open.
+"""NPU gauges for the metrics endpoint, read at scrape time from the devices instances have open
+(in this process, and in the NPU executor processes, which read them on request).
 
 A prometheus_client custom collector: with no NPU model loaded it yields nothing and never
 imports `acl`. Memory comes from acl.rt.get_mem_info (HBM, falling back to DDR on parts
@@ -34,7 +35,7 @@ class DeviceReading:
     utilization: dict[str, float] = field(default_factory=dict)  # engine -> 0..1
 
 
-def _read(acl: ModuleType, device_id: int) -> DeviceReading:
+def read_device(acl: ModuleType, device_id: int) -> DeviceReading:
     """Runs with the device's context current on this thread (device.for_each_open_device)."""
     reading = DeviceReading()
     for attr in (K.MEM_HBM, K.MEM_DDR):
@@ -61,7 +62,11 @@ class NpuCollector(Collector):
         return []  # names are only known at scrape; registration must not touch the device
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        readings = device.for_each_open_device(_read)
+        readings = device.for_each_open_device(read_device)  # instances in this process
+        from npu.executor import client  # and those in executor processes (the server's)
+
+        seen = {device_id for device_id, _ in readings}
+        readings += [r for r in client.readings() if r[0] not in seen]
         if not readings:
             return []
         used = GaugeMetricFamily(

@@ -124,14 +124,26 @@ def last_execution(model_id: int) -> dict:
 
 
 def _write_report() -> None:
+    """Add this process's findings to the report: a server runs the binding in several
+    processes (one NPU executor per model group and device), each adds its own, under a lock."""
     path = os.environ.get("ACL_EMU_REPORT")
-    if path:
-        with open(path, "w") as handle:
-            json.dump(
-                {"violations": violations(), "live": live_summary(), "stats": stats()},
-                handle,
-                indent=1,
-            )
+    if not path:
+        return
+    import fcntl
+
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        text = handle.read()
+        report = json.loads(text) if text.strip() else {"violations": [], "live": [], "stats": {}}
+        report["violations"] += violations()
+        report["live"] += live_summary()
+        for key, value in stats().items():
+            report["stats"][key] = report["stats"].get(key, 0) + value
+        report["processes"] = report.get("processes", 0) + 1
+        handle.seek(0)
+        handle.truncate()
+        json.dump(report, handle, indent=1)
 
 
 atexit.register(_write_report)
