@@ -165,8 +165,8 @@ class ExecutorLoop:
             except (ChannelClosed, OSError):
                 return 0
             if op == "finalize":
-                for thread in self.threads:
-                    thread.join(5.0)
+                # Instances still attached (the server exits without unloading them) are left
+                # to the teardown at exit, which waits for their executions (bounded).
                 return 0
 
     def handle(self, op: str | None, message: dict, fds: list[int]) -> dict:
