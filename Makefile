@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make run` serves the example repository, `make test` passes the
-# tests. Each creates .venv if missing and installs the pinned ranges from pyproject.toml.
+# tests. Each creates .venv if missing and installs the pinned ranges from pyproject.toml: `make run`
+# the server and the examples extra (onnx, to build the example models), `make test` the test extra.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,15 +8,21 @@ MODELS := examples/models
 PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast fuzz install install-dev install-test models proto bench clean
+.PHONY: run test test-fast fuzz install install-examples install-dev install-test models proto bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# Each stamp says what is installed; a larger install touches the stamps of what it includes.
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e .
 	touch $@
+
+# examples: what examples/build_repository.py needs besides the server (onnx); `make run`.
+$(VENV)/.installed-examples: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[examples]'
+	touch $@ $(VENV)/.installed
 
 # dev: the build tools (grpcio-tools for `make proto`); test includes them.
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
@@ -24,9 +31,10 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 
 $(VENV)/.installed-test: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
-	touch $@ $(VENV)/.installed-dev $(VENV)/.installed
+	touch $@ $(VENV)/.installed-examples $(VENV)/.installed-dev $(VENV)/.installed
 
 install: $(VENV)/.installed
+install-examples: $(VENV)/.installed-examples
 install-dev: $(VENV)/.installed-dev
 install-test: $(VENV)/.installed-test
 
@@ -44,10 +52,10 @@ fmt: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-models: $(VENV)/.installed-test
+models: $(VENV)/.installed-examples
 	$(PY) examples/build_repository.py --output $(MODELS)
 
-run: $(VENV)/.installed-test models
+run: $(VENV)/.installed-examples models
 	$(PY) -m server --model-repository $(MODELS)
 
 test: $(VENV)/.installed-test
@@ -103,7 +111,7 @@ QA_DIR ?=
 QA_SUITES ?= L0_model_queue L0_batcher L0_lifecycle
 $(VENV)/.installed-qa: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[qa]'
-	touch $@ $(VENV)/.installed-test $(VENV)/.installed-dev $(VENV)/.installed
+	touch $@ $(VENV)/.installed-test $(VENV)/.installed-examples $(VENV)/.installed-dev $(VENV)/.installed
 qa: $(VENV)/.installed-qa
 	@if [ -z "$(QA_DIR)" ]; then echo "make qa needs QA_DIR=/path/to/server/qa"; exit 2; fi
 	$(PY) tests/qa/run_qa.py --qa-dir $(QA_DIR) $(QA_SUITES)
