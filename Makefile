@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MODELS := examples/models
-PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
+# Prints the path of a perf_analyzer that runs: $PERF_ANALYZER as given (exit 2 when it does not
+# run), else one found or installed (exit 1 when none can be had, saying why).
+FIND_PERF_ANALYZER = $(PY) -m harness.perf_analyzer
 PYTEST_ARGS ?=
 
 .PHONY: run test test-fast fuzz install install-examples install-dev install-test models proto bench clean
@@ -58,11 +60,14 @@ models: $(VENV)/.installed-examples
 run: $(VENV)/.installed-examples models
 	$(PY) -m server --model-repository $(MODELS)
 
+# perf_analyzer's tests get one (see FIND_PERF_ANALYZER); where none can be had they skip, and the
+# end of the run lists them with the command that enables them. A given one that does not run
+# stops here.
 test: $(VENV)/.installed-test
-	@if [ -n "$(PERF_ANALYZER_TOOL)" ]; then \
-		PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) || exit 1; \
-		export PERF_ANALYZER; echo "perf_analyzer: $$PERF_ANALYZER"; \
-	fi; \
+	@pa=$$($(FIND_PERF_ANALYZER)); rc=$$?; \
+	if [ $$rc -eq 2 ]; then exit 2; fi; \
+	if [ $$rc -eq 0 ]; then export PERF_ANALYZER="$$pa"; echo "perf_analyzer: $$pa"; \
+	else unset PERF_ANALYZER; echo "perf_analyzer: none, its tests will skip (listed at the end)"; fi; \
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # The unit tests only (no server subprocess, nothing slow, no soak): well under a minute.
@@ -96,7 +101,9 @@ bench: $(VENV)/.installed-test models
 		{ $(PYTHON) -m venv $(TRITON_VENV) && $(TRITON_VENV)/bin/pip install --quiet $(TRITON_WHEEL); } \
 			|| echo "could not install $(TRITON_WHEEL): the report will say Triton was not measured"; \
 	fi
-	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) -m bench.run
+	@pa=$$($(FIND_PERF_ANALYZER)) || { echo "make bench needs perf_analyzer (why none was found \
+		or installed: above); give one: PERF_ANALYZER=/path/to/perf_analyzer make bench" >&2; exit 1; }; \
+	echo "perf_analyzer: $$pa"; PERF_ANALYZER="$$pa" $(PY) -m bench.run
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache .hypothesis
