@@ -220,7 +220,8 @@ def install_private(cache: Path, python: str, machine: str) -> Path:
     """Step 6: the wheel's binary under a newer Debian's loader and libraries, all in `cache`."""
     missing = [tool for tool in ("apt-get", "dpkg-deb") if shutil.which(tool) is None]
     if missing:
-        raise Missing(f"glibc is older than 2.38 and {' and '.join(missing)} is not here")
+        verb = "is" if len(missing) == 1 else "are"
+        raise Missing(f"glibc is older than 2.38 and {' and '.join(missing)} {verb} not here")
     if not KEYRING.exists():
         raise Missing(f"glibc is older than 2.38 and {KEYRING} is not here")
     uri = mirror()

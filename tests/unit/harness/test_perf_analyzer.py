@@ -172,7 +172,7 @@ def test_the_private_loader_needs_apt_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(finder.shutil, "which", lambda name, **kw: None)
-    with pytest.raises(finder.Missing, match="apt-get and dpkg-deb is not here"):
+    with pytest.raises(finder.Missing, match="apt-get and dpkg-deb are not here"):
         finder.install_private(tmp_path, sys.executable, "x86_64")
 
 
