@@ -305,6 +305,8 @@ def locate(env: Mapping[str, str], cache: Path, install: bool, python: str) -> P
     try:
         installed = finder.install()
     except Missing as error:
+        for note in finder.notes:
+            finder.log(f"passed over: {note}")
         finder.log(f"cannot install it here: {error}; {GIVE_ONE}")
         raise SystemExit(EXIT_MISSING) from None
     problem = broken(installed)

@@ -120,10 +120,12 @@ def test_none_and_no_install_exits_1_saying_what_was_tried(
 def test_none_and_no_way_to_install_exits_1_saying_how_to_give_one(
     tmp_path: Path, no_install, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    broken = fake(tmp_path / "cache", works=False)
     with pytest.raises(SystemExit) as stopped:
         locate({"PATH": str(tmp_path / "empty")}, tmp_path / "cache")
     assert stopped.value.code == finder.EXIT_MISSING
     err = capsys.readouterr().err
+    assert f"passed over: {broken} (in {tmp_path / 'cache'}) does not run" in err
     assert "cannot install it here: installing is off in this test" in err
     assert "give one: PERF_ANALYZER=/path/to/perf_analyzer" in err
     assert no_install == ["install"]
