@@ -1,21 +1,30 @@
 # Two commands on a fresh machine: `make run` serves the example repository, `make test` passes the
-# tests. Each creates .venv if missing and installs the pinned ranges from pyproject.toml.
+# tests. Each creates .venv if missing and installs the pinned ranges from pyproject.toml: `make run`
+# the server and the examples extra (onnx, to build the example models), `make test` the test extra.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MODELS := examples/models
-PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
+# Prints the path of a perf_analyzer that runs: $PERF_ANALYZER as given (exit 2 when it does not
+# run), else one found or installed (exit 1 when none can be had, saying why).
+FIND_PERF_ANALYZER = $(PY) -m harness.perf_analyzer
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast fuzz install install-dev install-test models proto bench clean
+.PHONY: run test test-fast fuzz install install-examples install-dev install-test models proto bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# Each stamp says what is installed; a larger install touches the stamps of what it includes.
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e .
 	touch $@
+
+# examples: what examples/build_repository.py needs besides the server (onnx); `make run`.
+$(VENV)/.installed-examples: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[examples]'
+	touch $@ $(VENV)/.installed
 
 # dev: the build tools (grpcio-tools for `make proto`); test includes them.
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
@@ -24,9 +33,10 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 
 $(VENV)/.installed-test: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
-	touch $@ $(VENV)/.installed-dev $(VENV)/.installed
+	touch $@ $(VENV)/.installed-examples $(VENV)/.installed-dev $(VENV)/.installed
 
 install: $(VENV)/.installed
+install-examples: $(VENV)/.installed-examples
 install-dev: $(VENV)/.installed-dev
 install-test: $(VENV)/.installed-test
 
@@ -44,17 +54,20 @@ fmt: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-models: $(VENV)/.installed-test
+models: $(VENV)/.installed-examples
 	$(PY) examples/build_repository.py --output $(MODELS)
 
-run: $(VENV)/.installed-test models
+run: $(VENV)/.installed-examples models
 	$(PY) -m server --model-repository $(MODELS)
 
+# perf_analyzer's tests get one (see FIND_PERF_ANALYZER); where none can be had they skip, and the
+# end of the run lists them with the command that enables them. A given one that does not run
+# stops here.
 test: $(VENV)/.installed-test
-	@if [ -n "$(PERF_ANALYZER_TOOL)" ]; then \
-		PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) || exit 1; \
-		export PERF_ANALYZER; echo "perf_analyzer: $$PERF_ANALYZER"; \
-	fi; \
+	@pa=$$($(FIND_PERF_ANALYZER)); rc=$$?; \
+	if [ $$rc -eq 2 ]; then exit 2; fi; \
+	if [ $$rc -eq 0 ]; then export PERF_ANALYZER="$$pa"; echo "perf_analyzer: $$pa"; \
+	else unset PERF_ANALYZER; echo "perf_analyzer: none, its tests will skip (listed at the end)"; fi; \
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # The unit tests only (no server subprocess, nothing slow, no soak): well under a minute.
@@ -88,7 +101,9 @@ bench: $(VENV)/.installed-test models
 		{ $(PYTHON) -m venv $(TRITON_VENV) && $(TRITON_VENV)/bin/pip install --quiet $(TRITON_WHEEL); } \
 			|| echo "could not install $(TRITON_WHEEL): the report will say Triton was not measured"; \
 	fi
-	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) -m bench.run
+	@pa=$$($(FIND_PERF_ANALYZER)) || { echo "make bench needs perf_analyzer (why none was found \
+		or installed: above); give one: PERF_ANALYZER=/path/to/perf_analyzer make bench" >&2; exit 1; }; \
+	echo "perf_analyzer: $$pa"; PERF_ANALYZER="$$pa" $(PY) -m bench.run
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache .hypothesis
@@ -103,7 +118,7 @@ QA_DIR ?=
 QA_SUITES ?= L0_model_queue L0_batcher L0_lifecycle
 $(VENV)/.installed-qa: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[qa]'
-	touch $@ $(VENV)/.installed-test $(VENV)/.installed-dev $(VENV)/.installed
+	touch $@ $(VENV)/.installed-test $(VENV)/.installed-examples $(VENV)/.installed-dev $(VENV)/.installed
 qa: $(VENV)/.installed-qa
 	@if [ -z "$(QA_DIR)" ]; then echo "make qa needs QA_DIR=/path/to/server/qa"; exit 2; fi
 	$(PY) tests/qa/run_qa.py --qa-dir $(QA_DIR) $(QA_SUITES)

@@ -129,8 +129,9 @@ def find_perf_analyzer() -> str:
     path = os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
     if not path:
         sys.exit(
-            "perf_analyzer not found: set PERF_ANALYZER (make bench does, through "
-            "../shared/tools/install-perf-analyzer) or put it on PATH"
+            "perf_analyzer not found: set PERF_ANALYZER (make bench does: "
+            "`.venv/bin/python -m harness.perf_analyzer` finds or installs one and prints its "
+            "path) or put it on PATH"
         )
     return path
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.serverproc import ServerProcess, running_server
+from tests.support import tools
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +28,13 @@ def example_server(
         [example_repository], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
     ) as server:
         yield server
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """At the end of the run: the tests skipped because a program was missing, and the command
+    that enables them (a green run with quiet skips looks like a full one)."""
+    lines = tools.summary(terminalreporter.stats.get("skipped", []))
+    if lines:
+        terminalreporter.section("skipped: a tool is missing", sep="=", yellow=True, bold=True)
+        for line in lines:
+            terminalreporter.write_line(line)

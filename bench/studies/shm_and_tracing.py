@@ -89,7 +89,7 @@ def main() -> int:
     args = parser.parse_args()
     binary = os.environ.get("PERF_ANALYZER")
     if not binary:
-        print("set PERF_ANALYZER (../shared/tools/install-perf-analyzer prints its path)")
+        print("set PERF_ANALYZER (`.venv/bin/python -m harness.perf_analyzer` prints its path)")
         return 2
     lines = [
         "## Shared memory and tracing (`bench/studies/shm_and_tracing.py`)",

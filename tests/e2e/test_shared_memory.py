@@ -5,7 +5,6 @@ frontend processes, and perf_analyzer with --shared-memory=system.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -21,10 +20,10 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 from harness.serverproc import running_server
+from tests.support import tools
 
 pytestmark = pytest.mark.e2e
 
-PERF_ANALYZER = os.environ.get("PERF_ANALYZER")
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.full((1, 16), 3, dtype=np.int32)
 
@@ -415,12 +414,12 @@ def test_regions_serve_every_frontend_process(
         httpclient.InferenceServerClient(server.http_url).unregister_system_shared_memory()
 
 
-@pytest.mark.skipif(not PERF_ANALYZER, reason="PERF_ANALYZER is not set")
+@tools.needs_perf_analyzer
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_with_system_shared_memory(example_server, protocol: str) -> None:
     url = example_server.http_url if protocol == "http" else example_server.grpc_url
     command = [
-        PERF_ANALYZER,
+        tools.perf_analyzer(),
         "-m",
         "simple",
         "-i",

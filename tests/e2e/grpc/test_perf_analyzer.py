@@ -1,27 +1,26 @@
 """NVIDIA's perf_analyzer over gRPC (unary and streaming) against `simple`: what it calls at
 startup (metadata, config, shared-memory unregister) and under load must all succeed.
 
-The binary's path comes from $PERF_ANALYZER (`make test` sets it through
-../shared/tools/install-perf-analyzer); without it these tests skip.
+The binary's path comes from $PERF_ANALYZER (`make test` finds or installs it with
+harness/perf_analyzer.py); without it these tests skip and the end of the run says so.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
 
+from tests.support import tools
+
 pytestmark = pytest.mark.e2e
 
-PERF_ANALYZER = os.environ.get("PERF_ANALYZER")
 
-
-@pytest.mark.skipif(not PERF_ANALYZER, reason="PERF_ANALYZER is not set")
+@tools.needs_perf_analyzer
 @pytest.mark.parametrize("extra", [[], ["--streaming"]], ids=["unary", "streaming"])
 def test_perf_analyzer_grpc(example_server, extra: list[str]) -> None:
     command = [
-        PERF_ANALYZER,
+        tools.perf_analyzer(),
         "-m",
         "simple",
         "-i",

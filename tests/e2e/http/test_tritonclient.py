@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
 
@@ -12,6 +11,8 @@ import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from tests.support import tools
 
 pytestmark = pytest.mark.e2e
 
@@ -159,16 +160,9 @@ def test_concurrent_requests_to_a_batching_model(example_server) -> None:
     asyncio.run(run())
 
 
-def perf_analyzer() -> str:
-    path = os.environ.get("PERF_ANALYZER")
-    if not path:
-        pytest.skip("PERF_ANALYZER is not set (make test installs it)")
-    return path
-
-
 def run_perf_analyzer(args: list[str]) -> str:
     completed = subprocess.run(
-        [perf_analyzer(), *args], capture_output=True, text=True, timeout=240
+        [tools.perf_analyzer(), *args], capture_output=True, text=True, timeout=240
     )
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output

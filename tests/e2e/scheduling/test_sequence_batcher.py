@@ -7,7 +7,6 @@ which correlation ID (and of which Python type) it saw, and what CORRID input th
 
 from __future__ import annotations
 
-import os
 import queue
 import subprocess
 import threading
@@ -23,10 +22,10 @@ from tritonclient.utils import InferenceServerException
 
 from examples.sequences import build_accumulator_onnx, build_sequences, write_accumulator
 from harness.serverproc import ServerProcess, running_server
+from tests.support import tools
 
 pytestmark = pytest.mark.e2e
 
-PERF_ANALYZER = os.environ.get("PERF_ANALYZER")
 START_ERROR = (
     "inference request for sequence {} to model '{}' must specify the START flag on "
     "the first request of the sequence"
@@ -314,12 +313,12 @@ def test_server_metadata_advertises_sequences(server: ServerProcess) -> None:
     assert config["sequence_batching"]["oldest"]["preferred_batch_size"] == [2, 4]
 
 
-@pytest.mark.skipif(not PERF_ANALYZER, reason="PERF_ANALYZER is not set")
+@tools.needs_perf_analyzer
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_sequence_mode(server: ServerProcess, protocol: str) -> None:
     url = server.http_url if protocol == "http" else server.grpc_url
     command = [
-        PERF_ANALYZER,
+        tools.perf_analyzer(),
         "-m",
         "accumulator_onnx",
         "-i",

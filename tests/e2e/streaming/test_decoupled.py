@@ -27,11 +27,10 @@ from tritonclient.utils import InferenceServerException
 
 from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, running_server
+from tests.support import tools
 from tests.support.streamingmodels import build_streaming_repository
 
 pytestmark = pytest.mark.e2e
-
-PERF_ANALYZER = os.environ.get("PERF_ANALYZER")
 
 
 @pytest.fixture(scope="module")
@@ -287,12 +286,12 @@ def test_statistics_count_decoupled_requests(server: ServerProcess) -> None:
     assert count(after) == count(before) + 1
 
 
-@pytest.mark.skipif(not PERF_ANALYZER, reason="PERF_ANALYZER is not set")
+@tools.needs_perf_analyzer
 def test_perf_analyzer_streams_a_decoupled_model(server: ServerProcess, tmp_path: Path) -> None:
     data = tmp_path / "input.json"
     data.write_text('{"data": [{"text_input": ["one two three"]}]}')
     command = [
-        PERF_ANALYZER,
+        tools.perf_analyzer(),
         "-m",
         "token_stream",
         "-i",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import pytest
 
 from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, running_server
+from tests.support import tools
 from tests.support.streamingmodels import build_streaming_repository
 
 pytestmark = pytest.mark.e2e
@@ -65,7 +65,7 @@ def test_generate_stream_sends_one_event_per_token(server: ServerProcess) -> Non
     )
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@tools.needs_curl
 def test_curl_reads_the_event_stream(server: ServerProcess) -> None:
     run = subprocess.run(
         [
