@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MODELS := examples/models
+REQUESTS := examples/requests
 PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast fuzz install install-dev install-test models proto bench clean
+.PHONY: run test test-fast docs-check fuzz install install-dev install-test models proto bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +45,10 @@ fmt: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The example repository, and the request bodies the README's curl examples send.
 models: $(VENV)/.installed-test
 	$(PY) examples/build_repository.py --output $(MODELS)
+	$(PY) examples/request_files.py --output $(REQUESTS)
 
 run: $(VENV)/.installed-test models
 	$(PY) -m server --model-repository $(MODELS)
@@ -56,6 +59,10 @@ test: $(VENV)/.installed-test
 		export PERF_ANALYZER; echo "perf_analyzer: $$PERF_ANALYZER"; \
 	fi; \
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The README's examples, run as written against a fresh server (tests/e2e/docs; part of `make test`).
+docs-check: $(VENV)/.installed-test
+	$(PY) -m pytest tests/e2e/docs $(PYTEST_ARGS)
 
 # The unit tests only (no server subprocess, nothing slow, no soak): well under a minute.
 test-fast: $(VENV)/.installed-test
@@ -91,7 +98,7 @@ bench: $(VENV)/.installed-test models
 	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) $(MODELS) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(MODELS) $(REQUESTS) .pytest_cache .hypothesis
 
 PROTO_TOOLS := $(VENV)/.installed-dev
 include protocol/proto/proto.mk
