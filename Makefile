@@ -8,9 +8,10 @@ MODELS := examples/models
 # Prints the path of a perf_analyzer that runs: $PERF_ANALYZER as given (exit 2 when it does not
 # run), else one found or installed (exit 1 when none can be had, saying why).
 FIND_PERF_ANALYZER = $(PY) -m harness.perf_analyzer
+REQUESTS := examples/requests
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast fuzz install install-examples install-dev install-test models proto bench clean
+.PHONY: run test test-fast docs-check fuzz install install-examples install-dev install-test models proto bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,8 +55,10 @@ fmt: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The example repository, and the request bodies the README's curl examples send.
 models: $(VENV)/.installed-examples
 	$(PY) examples/build_repository.py --output $(MODELS)
+	$(PY) examples/request_files.py --output $(REQUESTS)
 
 run: $(VENV)/.installed-examples models
 	$(PY) -m server --model-repository $(MODELS)
@@ -69,6 +72,10 @@ test: $(VENV)/.installed-test
 	if [ $$rc -eq 0 ]; then export PERF_ANALYZER="$$pa"; echo "perf_analyzer: $$pa"; \
 	else unset PERF_ANALYZER; echo "perf_analyzer: none, its tests will skip (listed at the end)"; fi; \
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The README's examples, run as written against a fresh server (tests/e2e/docs; part of `make test`).
+docs-check: $(VENV)/.installed-test
+	$(PY) -m pytest tests/e2e/docs $(PYTEST_ARGS)
 
 # The unit tests only (no server subprocess, nothing slow, no soak): well under a minute.
 test-fast: $(VENV)/.installed-test
@@ -106,7 +113,7 @@ bench: $(VENV)/.installed-test models
 	echo "perf_analyzer: $$pa"; PERF_ANALYZER="$$pa" $(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) $(MODELS) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(MODELS) $(REQUESTS) .pytest_cache .hypothesis
 
 PROTO_TOOLS := $(VENV)/.installed-dev
 include protocol/proto/proto.mk

@@ -463,7 +463,8 @@ def _require_otel() -> None:
         if not found:
             raise ValueError(
                 "--trace-config mode=opentelemetry needs the OpenTelemetry SDK: "
-                "pip install 'ascend-serve[otel]'"
+                "pip install -e '.[otel]' in the ascend-serve checkout (it is not on PyPI), "
+                "or pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
             )
 
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
+import httptools
+import orjson
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -144,6 +147,21 @@ def _body_timeout_answer(cycle: RequestResponseCycle, timeout: float) -> bytes:
     return b"".join(head)
 
 
+def _malformed_answer(default_headers: Any, reason: str) -> bytes:
+    """The 400 of a request the HTTP parser cannot read, as JSON like every other error."""
+    body = orjson.dumps({"error": f"malformed HTTP request: {reason}"})
+    head = [STATUS_LINE[400]]
+    for key, value in default_headers:  # server, date
+        head += [key, b": ", value, b"\r\n"]
+    head += [
+        b"content-type: application/json\r\ncontent-length: ",
+        str(len(body)).encode("latin-1"),
+        b"\r\nconnection: close\r\n\r\n",
+        body,
+    ]
+    return b"".join(head)
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's protocol with connections bounded in number and in waiting time.
 
@@ -208,6 +226,22 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 self._body_timer = self.loop.call_later(
                     self.limits.body_timeout, self._body_timeout
                 )
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes its parser refused (a request line or header it cannot
+        read), which it writes as plain text: JSON here, then the connection closed as there.
+
+        uvicorn calls this from its `except httptools.HttpParserError` block and passes only a
+        fixed text, so the parser's own reason ("Invalid method encountered", ...) is read from
+        the exception being handled: for an error raised in uvicorn's callbacks, the parser
+        error behind it ("url is too long: ..."), never another exception's text."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, httptools.HttpParserCallbackError):
+            exc = exc.__context__
+        reason = str(exc).strip() if isinstance(exc, httptools.HttpParserError) else ""
+        answer = _malformed_answer(self.server_state.default_headers, reason or msg)
+        self.transport.write(answer)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

@@ -120,12 +120,12 @@ class HttpFrontend:
     async def live(self, request: Request) -> Response:
         if self.core.exiting:
             return error_response(server_exiting())
-        return empty(200 if self.core.live() else 400)
+        return _health(request, "live", self.core.live())
 
     async def ready(self, request: Request) -> Response:
         if self.core.exiting:
             return error_response(server_exiting())
-        return empty(200 if self.core.ready() else 400)
+        return _health(request, "ready", self.core.ready())
 
     async def server_metadata(self, request: Request) -> Response:
         return json_response(self.core.server_metadata())
@@ -421,6 +421,33 @@ def _prefix(parts: list, size: int) -> bytes:
         out.append(piece)
         size -= len(piece)
     return b"".join(out)
+
+
+def _health(request: Request, key: str, state: bool) -> Response:
+    """200 or 400 with an empty body, as Triton and tritonclient expect; `{"live": true}` (or
+    `"ready"`) when the client asks for JSON (`Accept: application/json`), as KServe's v2 spec
+    writes the answer and KServe's own client reads it."""
+    status = 200 if state else 400
+    if _accepts_json(request.headers.get("accept", "")):
+        return json_response({key: state}, status)
+    return empty(status)
+
+
+def _accepts_json(accept: str) -> bool:
+    """Whether an Accept header names application/json itself (not only */*) with q above 0."""
+    for media_range in accept.split(","):
+        media_type, *params = (part.strip() for part in media_range.split(";"))
+        if media_type.lower() != JSON:
+            continue
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
 
 
 def _model_path(request: Request) -> tuple[str, str]:

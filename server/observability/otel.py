@@ -8,7 +8,7 @@ the answer is in: `InferRequest` (the whole request, opened when it is sampled, 
 client's W3C `traceparent` when it sent one), and under it `queue` (waiting for a batch) and `batch`
 (the execution of the batch the request ran in, with its `batch_size`), which holds `compute` (the
 model's own run); an ensemble's steps are `InferRequest` spans under the ensemble's. The SDK is
-imported only in this mode: it is an optional extra (`ascend-serve[otel]`).
+imported only in this mode: it is an optional extra (`pip install -e '.[otel]'` in the checkout).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ parse. Raw HTTP, tritonclient and a raw gRPC channel against the shared example 
 from __future__ import annotations
 
 import json
+import socket
 import struct
 
 import grpc
@@ -199,3 +200,48 @@ def test_undecodable_grpc_messages_are_invalid_arguments(example_server) -> None
         assert len(errors) == 1 and errors[0].startswith("malformed request message")
         assert [a.infer_response.id for a in answers if not a.error_message] == ["ok"]
         assert stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live
+
+
+# ----- bytes the HTTP parser cannot read (issue "A new user's first hour", item 5) --------------
+
+
+def _raw_exchange(port: int, data: bytes) -> tuple[bytes, bool]:
+    """What the server answers to `data` on a fresh connection, and whether it then closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            return answer, False  # still open ten seconds after the answer
+        return answer, True
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"GARBAGE\r\n\r\n", "Invalid method encountered"),
+        (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nbad header line\r\n\r\n", "header"),
+        (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", "url is too long"),
+        (b"GET /v2/health/live HTTP/9.9\r\n\r\n", "Invalid HTTP version"),
+    ],
+    ids=["garbage", "bad-header-line", "over-long-request-line", "bad-version"],
+)
+@pytest.mark.parametrize("listener", ["http", "metrics"])
+def test_malformed_http_is_a_json_400_and_the_connection_closes(
+    example_server, data: bytes, reason: str, listener: str
+) -> None:
+    port = example_server.http_port if listener == "http" else example_server.metrics_port
+    answer, closed = _raw_exchange(port, data)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    assert lines[0] == "HTTP/1.1 400 Bad Request", answer
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    assert int(headers["content-length"]) == len(body)
+    error = json.loads(body)["error"]
+    assert error.startswith("malformed HTTP request: ") and reason in error, error
+    assert closed, "the connection stayed open after the 400"
+    assert httpx.get(f"{example_server.base}/v2/health/live", timeout=10).status_code == 200

@@ -54,6 +54,53 @@ def test_health_and_server_metadata(http: httpx.Client) -> None:
     assert {"system_shared_memory", "trace", "logging"} <= set(meta["extensions"])
 
 
+@pytest.mark.parametrize(
+    "accept",
+    ["application/json", "application/json, text/plain", "text/plain;q=0.5, Application/JSON;q=1"],
+)
+def test_health_answers_json_when_the_client_asks_for_it(http: httpx.Client, accept: str) -> None:
+    """KServe's own client reads `{"live": true}` / `{"ready": true}` (KServe's v2 spec); it
+    gets them by asking for JSON, while other clients keep Triton's empty body."""
+    live = http.get("/v2/health/live", headers={"Accept": accept})
+    ready = http.get("/v2/health/ready", headers={"Accept": accept})
+    assert (live.status_code, live.json()) == (200, {"live": True})
+    assert (ready.status_code, ready.json()) == (200, {"ready": True})
+    assert live.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("accept", [None, "*/*", "text/html", "application/json;q=0"])
+def test_health_keeps_tritons_empty_body_otherwise(
+    http: httpx.Client, example_server, accept: str | None
+) -> None:
+    import tritonclient.http as httpclient
+
+    headers = {} if accept is None else {"Accept": accept}
+    for path in ("/v2/health/live", "/v2/health/ready"):
+        reply = http.get(path, headers=headers)
+        assert (reply.status_code, reply.content) == (200, b"")
+    client = httpclient.InferenceServerClient(example_server.http_url)
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+    finally:
+        client.close()
+
+
+def test_not_ready_health_in_json_is_400_ready_false(tmp_path) -> None:
+    from harness.serverproc import running_server
+
+    # No model: never ready (--strict-readiness), still live.
+    repository = tmp_path / "models"
+    repository.mkdir()
+    with running_server([repository], wait_ready=False, log_dir=tmp_path) as server:
+        json_accept = {"Accept": "application/json"}
+        ready = httpx.get(f"{server.base}/v2/health/ready", headers=json_accept, timeout=10)
+        assert (ready.status_code, ready.json()) == (400, {"ready": False})
+        plain = httpx.get(f"{server.base}/v2/health/ready", timeout=10)
+        assert (plain.status_code, plain.content) == (400, b"")
+        live = httpx.get(f"{server.base}/v2/health/live", headers=json_accept, timeout=10)
+        assert (live.status_code, live.json()) == (200, {"live": True})
+
+
 def test_model_metadata_ready_and_config(http: httpx.Client) -> None:
     meta = http.get("/v2/models/simple").json()
     assert meta == {
