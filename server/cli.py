@@ -197,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         "after they began (slowloris; default 30)",
     )
     add(
+        "--http-max-header-size",
+        type=_positive_int,
+        default=65536,
+        metavar="BYTES",
+        help="answer 431 and close a connection whose request line and headers together pass "
+        "this many bytes (default 65536)",
+    )
+    add(
         "--http-body-timeout-secs",
         type=_positive_float,
         default=60.0,
@@ -550,6 +558,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_max_message_size=args.grpc_max_message_size,
         grpc_infer_response_compression_level=args.grpc_infer_response_compression_level,
         http_header_timeout_secs=args.http_header_timeout_secs,
+        http_max_header_size=args.http_max_header_size,
         http_idle_timeout_secs=args.http_idle_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
         http_max_inflight_body_size=args.http_max_inflight_body_size,

@@ -61,6 +61,7 @@ class ServerSettings:
     # request, how many may be open (None: 4096, capped to fit the descriptor limit), and how
     # many more are kept for health checks once that limit is hit.
     http_header_timeout_secs: float = 30.0
+    http_max_header_size: int = 65536  # request line and headers together (431 past it)
     # Request bodies (server/http/body.py, server/net/connections.py): bytes held by all of this
     # process's bodies at once (None: 1 GiB, at least 2 x http_max_input_size), and how long a
     # body's bytes may stop arriving before it is abandoned (408).

@@ -147,10 +147,27 @@ def _body_timeout_answer(cycle: RequestResponseCycle, timeout: float) -> bytes:
     return b"".join(head)
 
 
-def _malformed_answer(default_headers: Any, reason: str) -> bytes:
-    """The 400 of a request the HTTP parser cannot read, as JSON like every other error."""
-    body = orjson.dumps({"error": f"malformed HTTP request: {reason}"})
-    head = [STATUS_LINE[400]]
+class _HeadersTooLarge(Exception):
+    """Raised from a parser callback when a request's line and headers pass the bound: 414 when
+    the request line alone does, else 431."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+# After refusing bytes it could not parse, the server keeps reading (and dropping) what the
+# client still sends for a moment before it closes: closing with unread bytes makes the kernel
+# reset the connection, and a client still sending its headers would lose the answer.
+_LINGER_SECS = 2.0
+_LINGER_BYTES = 1 << 20
+
+
+def _malformed_answer(default_headers: Any, reason: str, status: int = 400) -> bytes:
+    """The answer to a request the HTTP parser cannot read (or whose headers are over the
+    bound), as JSON like every other error; the connection is closed after it."""
+    body = orjson.dumps({"error": reason if status != 400 else f"malformed HTTP request: {reason}"})
+    head = [STATUS_LINE[status]]
     for key, value in default_headers:  # server, date
         head += [key, b": ", value, b"\r\n"]
     head += [
@@ -184,6 +201,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     limits: ConnectionLimits = ConnectionLimits()
     _refusals: RateLimitedLog = RateLimitedLog(log)
     _abandoned: RateLimitedLog = RateLimitedLog(log)  # bodies dropped by the body timeout
+    _malformed: RateLimitedLog = RateLimitedLog(log)  # requests the parser refused
+    _header_bytes: int = 0  # of the request being parsed: its URL and header names and values
+    _lingering: int = -1  # after a refusal: bytes dropped since (-1: not refused)
+    _in_head: bool = False  # a request has begun and its headers are not complete yet
+    _head_fed: int = 0  # bytes fed to the parser since that request began
     # (waiting for a request's headers?, loop time by which the wait must end); None while a
     # request is being served (class defaults: no per-connection cost to set them up).
     _wait: tuple[bool, float] | None = None
@@ -214,7 +236,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(idle, self.timeout_keep_alive_handler)
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)  # cancels the timer; parses; may start a request
+        self._feed(data)  # cancels the timer; parses; may start a request
         cycle = self.cycle
         if self.timeout_keep_alive_task is None:
             if cycle is None or cycle.response_complete:  # nothing to serve yet: still waiting
@@ -227,6 +249,59 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                     self.limits.body_timeout, self._body_timeout
                 )
 
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's `data_received`, with the parser's refusals logged at most once every few
+        seconds (uvicorn logs each one: a flood of garbage would flood the log too)."""
+        if self._lingering >= 0:  # refused: drop what still comes, for a bounded while
+            self._lingering += len(data)
+            if self._lingering > _LINGER_BYTES:
+                self.transport.close()
+            return
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._malformed.warning(
+                "HTTP request from %s refused: the parser could not read it",
+                self.client[0] if self.client else "?",
+            )
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self._in_head:  # httptools buffers an unfinished header itself, unbounded: count it
+            self._head_fed += len(data)
+            if self._head_fed > self.limits.max_header_bytes:
+                self._refuse(431, self._head_too_large("request headers"))
+
+    # The request line and headers are counted as httptools hands them over, so a request whose
+    # headers never end is refused once it has sent the bound, not when it finishes.
+    def on_message_begin(self) -> None:
+        self._header_bytes = 0
+        self._in_head, self._head_fed = True, 0
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url), 414)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value), 431)
+        super().on_header(name, value)
+
+    def _count_header_bytes(self, size: int, status: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > self.limits.max_header_bytes:
+            raise _HeadersTooLarge(status)
+
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes its parser refused (a request line or header it cannot
         read), which it writes as plain text: JSON here, then the connection closed as there.
@@ -238,10 +313,34 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         exc = sys.exc_info()[1]
         if isinstance(exc, httptools.HttpParserCallbackError):
             exc = exc.__context__
+        if isinstance(exc, _HeadersTooLarge):
+            what = "request URL" if exc.status == 414 else "request headers"
+            self._refuse(exc.status, self._head_too_large(what))
+            return
         reason = str(exc).strip() if isinstance(exc, httptools.HttpParserError) else ""
-        answer = _malformed_answer(self.server_state.default_headers, reason or msg)
-        self.transport.write(answer)
-        self.transport.close()
+        self._refuse(400, reason or msg)
+
+    def _head_too_large(self, what: str) -> str:
+        bound = self.limits.max_header_bytes
+        return f"{what} passed {bound} bytes (--http-max-header-size)"
+
+    def _refuse(self, status: int, reason: str) -> None:
+        self._in_head = False
+        self.transport.write(_malformed_answer(self.server_state.default_headers, reason, status))
+        self._linger_then_close()
+
+    def _linger_then_close(self) -> None:
+        """Send the answer and our FIN, drop what the client still sends, close soon after."""
+        transport = self.transport
+        self._lingering = 0
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+        try:
+            transport.write_eof()
+        except (NotImplementedError, OSError, RuntimeError):
+            transport.close()
+            return
+        self.timeout_keep_alive_task = self.loop.call_later(_LINGER_SECS, transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

@@ -11,6 +11,9 @@ to exhaust the process's descriptor limit and lock out HTTP and gRPC alike. The 
 - body timeout: once a request's headers are complete, its body's bytes may stop arriving for
   at most `body_timeout` seconds (nginx's client_body_timeout); then it is answered 408 if no
   answer has started, the connection is closed and the body's memory released;
+- header size: a request line and headers together larger than `max_header_bytes` are answered
+  431 and the connection closed (uvicorn's httptools protocol has no such bound: a 200 KB header
+  was accepted, and one connection could send megabytes of headers within the header timeout);
 - `max_connections` open at once; past it, `health_reserve` more connections are accepted that
   may only ask `/v2/health/live` or `/v2/health/ready` (anything else: 503, then closed), so that
   liveness probes keep answering while the limit is hit; past those, new connections are closed
@@ -41,6 +44,7 @@ class ConnectionLimits:
     idle_timeout: float = 60.0
     header_timeout: float = 30.0
     body_timeout: float = 60.0
+    max_header_bytes: int = 65536
 
 
 def descriptor_limit(raise_soft: bool = True) -> int | None:

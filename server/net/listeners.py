@@ -122,6 +122,7 @@ def http_limits(s: ServerSettings) -> ConnectionLimits:
         idle_timeout=s.http_idle_timeout_secs,
         header_timeout=s.http_header_timeout_secs,
         body_timeout=s.http_body_timeout_secs,
+        max_header_bytes=s.http_max_header_size,
     )
 
 
