@@ -111,6 +111,8 @@ class ServerSettings:
     frontend_shm_bytes: int = 64 * 1024 * 1024
     # System shared memory regions clients may register at once (server/core/client_shm.py).
     max_shared_memory_regions: int = 1024
+    # How much of a client-chosen text an error or log line shows (protocol/text.py).
+    max_echo_chars: int = 200
     # Restricted APIs (server/restricted.py): category -> Restriction (the header and value a
     # request in that category must carry); empty: nothing restricted.
     http_restricted_api: dict[str, Any] = field(default_factory=dict)

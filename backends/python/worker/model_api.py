@@ -7,6 +7,7 @@ own unit tests) there is none, and using these raises TritonModelException.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -172,9 +173,14 @@ class Logger:
     )
     _NAMES = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E", LogLevel.VERBOSE: "V"}
 
+    # As protocol/text.py escapes them in the server's own records (a model may log what a
+    # client sent it): one message, one line.
+    _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
     @classmethod
     def log(cls, message: str, level: int = LogLevel.INFO) -> None:
-        sys.stderr.write(f"{cls._NAMES.get(level, 'I')} [python model] {message}\n")
+        text = cls._CONTROLS.sub(lambda m: repr(m.group())[1:-1], str(message))
+        sys.stderr.write(f"{cls._NAMES.get(level, 'I')} [python model] {text}\n")
         sys.stderr.flush()
 
     @classmethod
