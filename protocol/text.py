@@ -55,6 +55,10 @@ def escape_controls(text: str) -> str:
     return _CONTROLS.sub(_escape_one, text)
 
 
+def has_controls(text: str) -> bool:
+    return _CONTROLS.search(text) is not None
+
+
 def cut(text: str, limit: int) -> str:
     """`text` cut at `limit` characters, saying how much was left out."""
     if len(text) <= limit:

@@ -459,6 +459,41 @@ def build_parser() -> argparse.ArgumentParser:
         "an error or a log line shows; control characters are always escaped (default 200, "
         "16 to 1000)",
     )
+    add(
+        "--custom-metric-max-families",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="most custom metric families Python models may declare, all together (default 100)",
+    )
+    add(
+        "--custom-metric-max-series",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="most series (label sets) of one custom metric family (default 1000)",
+    )
+    add(
+        "--custom-metric-max-labels",
+        type=_positive_int,
+        default=16,
+        metavar="N",
+        help="most labels of one custom metric series (default 16)",
+    )
+    add(
+        "--custom-metric-max-buckets",
+        type=_positive_int,
+        default=64,
+        metavar="N",
+        help="most buckets of one custom histogram series (default 64)",
+    )
+    add(
+        "--custom-metric-max-text",
+        type=_positive_int,
+        default=1024,
+        metavar="N",
+        help="most characters of a custom metric's description or label value (default 1024)",
+    )
     return parser
 
 
@@ -612,6 +647,11 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         traffic_shadow_max_inflight=max(0, args.traffic_shadow_max_inflight),
         max_shared_memory_regions=args.max_shared_memory_regions,
         max_echo_chars=args.max_echo_chars,
+        custom_metric_max_families=args.custom_metric_max_families,
+        custom_metric_max_series=args.custom_metric_max_series,
+        custom_metric_max_labels=args.custom_metric_max_labels,
+        custom_metric_max_buckets=args.custom_metric_max_buckets,
+        custom_metric_max_text=args.custom_metric_max_text,
         http_restricted_api=http_restricted,
         grpc_restricted_protocol=grpc_restricted,
         trace_config=trace_config,
