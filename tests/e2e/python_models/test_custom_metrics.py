@@ -1,8 +1,9 @@
 """Issue 28 item 10: a Python model's custom metrics can no longer break /metrics for every
-scraper. The `probe` model tries each bad case (a newline in a description, bad label keys, a
-family named like Triton's, a non-ASCII name, another model's family with another kind, ...):
-each raises TritonModelException in model.py with its reason, the server logs a warning, and
-the page still parses, with the good families on it and none of the bad ones."""
+scraper. The `probe` model (harness/testmodels.py) tries each bad case (a newline in a
+description, bad label keys, a family named like Triton's, a non-ASCII name, another model's
+family with another kind, ...): each raises TritonModelException in model.py with its reason,
+the server logs a warning, and the page still parses, with the good families on it and none
+of the bad ones."""
 
 from __future__ import annotations
 
@@ -16,90 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.serverproc import ServerProcess, running_server
-from harness.testmodels import write_python_model
+from harness.testmodels import build_metrics_probe
 
 pytestmark = pytest.mark.e2e
-
-CONFIG = """
-name: "{name}"
-backend: "python"
-max_batch_size: 0
-input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "RESULTS" data_type: TYPE_STRING dims: [ 1 ] }} ]
-"""
-
-# Declares `shared_family` as a gauge first: the probe then tries it as a counter.
-FIRST_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        family = pb_utils.MetricFamily("shared_family", "a gauge", pb_utils.MetricFamily.GAUGE)
-        family.Metric(labels={"model": "first"}).set(7)
-
-    def execute(self, requests):
-        out = pb_utils.Tensor("RESULTS", np.array([b"{}"], dtype=object))
-        return [pb_utils.InferenceResponse([out]) for _ in requests]
-"""
-
-PROBE_MODEL = """
-import json
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-F = pb_utils.MetricFamily
-
-
-def family(name, description="d", kind=F.GAUGE):
-    return lambda: F(name, description, kind)
-
-
-def series(labels, name="probe_labels", kind=F.GAUGE, buckets=None):
-    return lambda: F(name, "d", kind).Metric(labels=labels, buckets=buckets)
-
-
-BAD = {
-    "newline in description": family("desc_injected", "help\\ninjected_sample 1"),
-    "Triton's family name": family("nv_inference_count", "mine", F.COUNTER),
-    "non-ASCII name": family("caf\\u00e9_total", "d", F.COUNTER),
-    "dash in name": family("bad-name"),
-    "digit first": family("9lives"),
-    "other model's kind": family("shared_family", "d", F.COUNTER),
-    "bad label key": series({"bad-key": "v"}),
-    "reserved label key": series({"__name__": "v"}),
-    "non-ASCII label key": series({"k\\u00e9": "v"}),
-    "newline in label value": series({"k": 'v"}\\ninjected_sample 1'}),
-    "too many labels": series({f"k{i}": "v" for i in range(17)}),
-    "le on a histogram": series({"le": "1"}, "probe_latency", F.HISTOGRAM, [1.0]),
-    "clashing samples": family("probe_latency_count", "d", F.COUNTER),
-    "too many series": lambda: [series({"n": str(i)}, "probe_many")() for i in range(4)],
-}
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.results = {}
-        for case, attempt in BAD.items():
-            try:
-                attempt()
-                self.results[case] = "accepted"
-            except pb_utils.TritonModelException as exc:
-                self.results[case] = "TritonModelException: " + str(exc)
-        good = F("probe_good_total", 'calls, "quoted" \\\\ help', F.COUNTER)
-        self.calls = good.Metric(labels={"model": args["model_name"], "path": 'a"b\\\\c'})
-        latency = F("probe_latency", "a histogram", F.HISTOGRAM)
-        self.latency = latency.Metric(labels={}, buckets=[0.5, 2.0])
-
-    def execute(self, requests):
-        self.calls.increment(1)
-        self.latency.observe(1.0)
-        text = json.dumps(self.results).encode()
-        out = pb_utils.Tensor("RESULTS", np.array([text], dtype=object))
-        return [pb_utils.InferenceResponse([out]) for _ in requests]
-"""
 
 EXPECTED = {
     "newline in description": "holds a control character",
@@ -127,8 +47,7 @@ SAMPLE = re.compile(
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo: Path = tmp_path_factory.mktemp("repo")
-    write_python_model(repo, "first", FIRST_MODEL, CONFIG.format(name="first"))
-    write_python_model(repo, "probe", PROBE_MODEL, CONFIG.format(name="probe"))
+    build_metrics_probe(repo)
     args = [
         "--model-control-mode",
         "explicit",
