@@ -150,8 +150,8 @@ def test_grpc_answers_fit_the_metadata_limit(
 def test_an_error_quoting_a_huge_input_name_is_cut_too(
     stub: service_pb2_grpc.GRPCInferenceServiceStub,
 ) -> None:
-    """A site that quotes client text without `shown()`: every error is bounded all the same."""
-    request = service_pb2.ModelInferRequest(model_name="simple")
+    """An input name (and the request id) quoted by the scheduler's validation is cut too."""
+    request = service_pb2.ModelInferRequest(model_name="simple", id="r\n" * 50_000)
     for _ in range(2):
         tensor = request.inputs.add(name=HUGE + "\n", datatype="INT32", shape=[1, 16])
         tensor.contents.int_contents.extend(range(16))
@@ -160,3 +160,4 @@ def test_an_error_quoting_a_huge_input_name_is_cut_too(
     details = caught.value.details() or ""
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, details[:200]
     assert "\n" not in details and len(details.encode()) <= ERROR_BYTES
+    assert details.startswith("[request id: r\\nr\\n") and "more characters)" in details
