@@ -51,3 +51,24 @@ def test_every_error_message_is_bounded_in_utf8_bytes(char: str) -> None:
 def test_a_short_error_message_is_unchanged() -> None:
     message = "Request for unknown model: 'simple' is not found"
     assert errors.NotFound(message).message == message
+
+
+def test_the_flags_and_their_defaults() -> None:
+    from server.cli import settings_from_args
+
+    settings = settings_from_args(["--model-repository", "/nonexistent"])
+    assert settings.max_echo_chars == text.DEFAULT_ECHO_CHARS
+    assert (
+        settings.custom_metric_max_families,
+        settings.custom_metric_max_series,
+        settings.custom_metric_max_labels,
+        settings.custom_metric_max_buckets,
+        settings.custom_metric_max_text,
+    ) == (100, 1000, 16, 64, 1024)
+    assert (
+        settings_from_args(["--model-repository", "x", "--max-echo-chars", "64"]).max_echo_chars
+        == 64
+    )
+    for bad in ("8", "5000", "many"):
+        with pytest.raises(SystemExit):
+            settings_from_args(["--model-repository", "x", "--max-echo-chars", bad])
