@@ -36,7 +36,11 @@ class BackendHost(Protocol):
         """Every answer to `request` (one, final, for a model that is not decoupled)."""
 
     def custom_metric(self, update: dict) -> None:
-        """A model's custom metric declaration or value (pb_utils.MetricFamily)."""
+        """A new value of a model's custom metric series (pb_utils.Metric)."""
+
+    def declare_metric(self, update: dict) -> str | None:
+        """A model's custom metric family or series (pb_utils.MetricFamily, its `Metric`),
+        from any thread: None when accepted, else the reason it is refused."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Small models several test files run: a Python model that sleeps and tells its pid, an ONNX
-model whose one-slot queue one request fills, and an ONNX FP32 identity for large bodies (which
-bench/studies/hostile.py builds too)."""
+model whose one-slot queue one request fills, an ONNX FP32 identity for large bodies (which
+bench/studies/hostile.py builds too), and Python models that try bad custom metrics (the test
+and the hostile study both run them)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,94 @@ def build_identity_fp32(repo: Path) -> None:
         'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
         "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
     )
+
+
+METRICS_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "RESULTS" data_type: TYPE_STRING dims: [ 1 ] }} ]
+"""
+
+# Issue 28 item 10 (tests/e2e/python_models/test_custom_metrics.py, bench/studies/hostile.py):
+# `first` declares `shared_family` as a gauge; `probe` then tries each bad custom metric in
+# `initialize` and answers RESULTS: JSON of case -> "accepted" or the exception it got.
+METRICS_FIRST_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        family = pb_utils.MetricFamily("shared_family", "a gauge", pb_utils.MetricFamily.GAUGE)
+        family.Metric(labels={"model": "first"}).set(7)
+
+    def execute(self, requests):
+        out = pb_utils.Tensor("RESULTS", np.array([b"{}"], dtype=object))
+        return [pb_utils.InferenceResponse([out]) for _ in requests]
+"""
+
+METRICS_PROBE_MODEL = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+F = pb_utils.MetricFamily
+
+
+def family(name, description="d", kind=F.GAUGE):
+    return lambda: F(name, description, kind)
+
+
+def series(labels, name="probe_labels", kind=F.GAUGE, buckets=None):
+    return lambda: F(name, "d", kind).Metric(labels=labels, buckets=buckets)
+
+
+BAD = {
+    "newline in description": family("desc_injected", "help\\ninjected_sample 1"),
+    "Triton's family name": family("nv_inference_count", "mine", F.COUNTER),
+    "non-ASCII name": family("caf\\u00e9_total", "d", F.COUNTER),
+    "dash in name": family("bad-name"),
+    "digit first": family("9lives"),
+    "other model's kind": family("shared_family", "d", F.COUNTER),
+    "bad label key": series({"bad-key": "v"}),
+    "reserved label key": series({"__name__": "v"}),
+    "non-ASCII label key": series({"k\\u00e9": "v"}),
+    "newline in label value": series({"k": 'v"}\\ninjected_sample 1'}),
+    "too many labels": series({f"k{i}": "v" for i in range(17)}),
+    "le on a histogram": series({"le": "1"}, "probe_latency", F.HISTOGRAM, [1.0]),
+    "clashing samples": family("probe_latency_count", "d", F.COUNTER),
+    "too many series": lambda: [series({"n": str(i)}, "probe_many")() for i in range(4)],
+}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.results = {}
+        for case, attempt in BAD.items():
+            try:
+                attempt()
+                self.results[case] = "accepted"
+            except pb_utils.TritonModelException as exc:
+                self.results[case] = "TritonModelException: " + str(exc)
+        good = F("probe_good_total", 'calls, "quoted" \\\\ help', F.COUNTER)
+        self.calls = good.Metric(labels={"model": args["model_name"], "path": 'a"b\\\\c'})
+        latency = F("probe_latency", "a histogram", F.HISTOGRAM)
+        self.latency = latency.Metric(labels={}, buckets=[0.5, 2.0])
+
+    def execute(self, requests):
+        self.calls.increment(1)
+        self.latency.observe(1.0)
+        text = json.dumps(self.results).encode()
+        out = pb_utils.Tensor("RESULTS", np.array([text], dtype=object))
+        return [pb_utils.InferenceResponse([out]) for _ in requests]
+"""
+
+
+def build_metrics_probe(repo: Path) -> Path:
+    """The `first` and `probe` models (load `first` before `probe`); returns `repo`."""
+    for name, source in (("first", METRICS_FIRST_MODEL), ("probe", METRICS_PROBE_MODEL)):
+        write_python_model(repo, name, source, METRICS_CONFIG.format(name=name))
+    return repo

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocol.errors import InvalidArgument
+from protocol.text import shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ def lookup(name: str) -> DataType:
     try:
         return BY_NAME[name]
     except KeyError:
-        raise InvalidArgument(f"invalid datatype '{name}'") from None
+        raise InvalidArgument(f"invalid datatype '{shown(name)}'") from None
 
 
 def config_to_wire(config_name: str) -> str:

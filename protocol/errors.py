@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from enum import Enum
 
+from protocol.text import bounded_message
+
 
 class ErrorCode(Enum):
     UNKNOWN = "UNKNOWN"
@@ -59,11 +61,14 @@ def overload_http_status(status: int) -> int:
 
 
 class ServerError(Exception):
-    """Base of every error that reaches a client. `message` is what the client reads."""
+    """Base of every error that reaches a client. `message` is what the client reads: its
+    control characters escaped and its length bounded (protocol/text.py), whatever client text
+    it quotes, so it never forges a log line and always fits gRPC's metadata."""
 
     code: ErrorCode = ErrorCode.INTERNAL
 
     def __init__(self, message: str) -> None:
+        message = bounded_message(message)
         super().__init__(message)
         self.message = message
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from protocol.proto.model_config_pb2 import ModelConfig
+from protocol.text import shown
 from repository import layout
 from repository.bounds import DEFAULT_BOUNDS, ModelBounds
 from repository.config import ConfigError, normalize, read_config, registry_backend_class
@@ -67,12 +68,12 @@ class ManagerSettings:
 
 
 def not_in_repository(name: str) -> str:
-    return f"failed to load '{name}', failed to poll from model repository"
+    return f"failed to load '{shown(name)}', failed to poll from model repository"
 
 
 def load_failed(name: str, reason: str) -> str:
     """Triton's wording for a model that was found but did not load (clients match on it)."""
-    return f"load failed for model '{name}': {reason}"
+    return f"load failed for model '{shown(name)}': {reason}"
 
 
 def plausible_name(name: str) -> bool:
@@ -157,7 +158,9 @@ class ModelManager:
             raise ConfigError(layout.DUPLICATE_REASON)
         if name not in unique:
             # Triton's log line for it (qa's L0_lifecycle looks for it).
-            log.error("failed to poll model '%s': model not found in any model repository.", name)
+            log.error(
+                "failed to poll model '%s': model not found in any model repository.", shown(name)
+            )
             raise LoadError(not_in_repository(name))
         return unique[name].path
 
@@ -260,7 +263,7 @@ class ModelManager:
         )
         if now is not None:
             if override is None and record.loaded_files == now and record.ready_versions():
-                log.info("successfully loaded '%s'", name)  # nothing changed: as it serves
+                log.info("successfully loaded '%s'", shown(name))  # nothing changed: as it serves
                 return
             keep = unchanged_versions(record.loaded_files, now)
         record.loaded_files = None
@@ -298,7 +301,7 @@ class ModelManager:
         if failures:
             raise LoadError(load_failed(name, "".join(failures)))
         record.loaded_files = now
-        log.info("successfully loaded '%s'", name)  # Triton's line; qa scripts count it
+        log.info("successfully loaded '%s'", shown(name))  # Triton's line; qa scripts count it
 
     def _source(
         self, name: str, override: ModelConfig | None, files: Mapping[str, bytes] | None
@@ -315,7 +318,7 @@ class ModelManager:
             for key in files:
                 checked_path(key)
         except OverrideError as exc:  # nothing was written: Triton's words for a refusal
-            raise LoadError(f"failed to load '{name}': {exc}") from None
+            raise LoadError(f"failed to load '{shown(name)}': {exc}") from None
         return None
 
     async def _swap(
@@ -456,7 +459,7 @@ class ModelManager:
             )
         except Exception as exc:
             reason = getattr(exc, "message", None) or str(exc)
-            log.error("failed to load '%s' version %d: %s", name, version, reason)
+            log.error("failed to load '%s' version %d: %s", shown(name), version, reason)
             if replacing:
                 old.reason = RELOAD_FAILED + reason  # type: ignore[union-attr]  # replacing: set
             else:
@@ -470,7 +473,7 @@ class ModelManager:
         record.versions[version] = VersionRecord(
             version, ModelState.READY, "", spec, scheduler, seconds, labels
         )
-        log.info("loaded '%s' version %d in %.2fs", name, version, seconds)
+        log.info("loaded '%s' version %d in %.2fs", shown(name), version, seconds)
         if replacing:
             await self._drain_and_stop(name, version, old)  # type: ignore[arg-type]  # replacing: set
         return ""
@@ -493,7 +496,7 @@ class ModelManager:
             if pinned:
                 self.registry.unpin_sequences(name, record)
         await scheduler.stop()
-        log.info("successfully unloaded '%s' version %d", name, version)  # Triton's line
+        log.info("successfully unloaded '%s' version %d", shown(name), version)  # Triton's line
 
     async def _retire(
         self, record: ModelRecord, version: int, drain_timeout: float | None = None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.proto.model_config_pb2 import ModelConfig
+from protocol.text import shown
 from protocol.types import InferRequest
 from scheduler.interface import Scheduler, VersionSpec
 
@@ -131,7 +132,7 @@ class ModelRegistry:
     def get(self, name: str) -> ModelRecord:
         record = self.models.get(name)
         if record is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+            raise NotFound(f"Request for unknown model: '{shown(name)}' is not found")
         return record
 
     def record(self, name: str) -> ModelRecord:
@@ -151,12 +152,16 @@ class ModelRegistry:
                     latest = candidate
             if latest is None:
                 if not model.versions and model.state is ModelState.UNKNOWN:
-                    raise NotFound(f"Request for unknown model: '{name}' is not found")
-                raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
+                    raise NotFound(f"Request for unknown model: '{shown(name)}' is not found")
+                raise Unavailable(
+                    f"Request for unknown model: '{shown(name)}' has no available versions"
+                )
             return latest
         record = model.versions.get(number)
         if record is None:
-            raise NotFound(f"Request for unknown model: '{name}' version {number} is not found")
+            raise NotFound(
+                f"Request for unknown model: '{shown(name)}' version {number} is not found"
+            )
         if not record.serving:
             raise Unavailable(
                 f"Request for unknown model: '{name}' version {number} is not at ready state"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from protocol.errors import InvalidArgument
+from protocol.text import shown
 from protocol.types import InferRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -157,7 +158,8 @@ def _uint_parameter(request: InferRequest, key: str) -> int:
     value: Any = request.parameters.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidArgument(
-            f"[request id: {request.id or '<id_unknown>'}] parameter '{key}' "
+            f"[request id: {shown(request.id) if request.id else '<id_unknown>'}] "
+            f"parameter '{shown(key)}' "
             f"must be a non-negative integer, got {value!r}"
         )
     return value

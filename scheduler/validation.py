@@ -12,12 +12,13 @@ from typing import Any
 from protocol import datatypes
 from protocol.errors import InvalidArgument
 from protocol.proto.model_config_pb2 import DataType, ModelConfig
+from protocol.text import shown
 from protocol.types import InferRequest
 from scheduler.policy import QueuePolicy
 
 
 def _prefix(request: InferRequest) -> str:
-    return f"[request id: {request.id or '<id_unknown>'}] "
+    return f"[request id: {shown(request.id) if request.id else '<id_unknown>'}] "
 
 
 def _fmt(shape: Any) -> str:
@@ -87,11 +88,12 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
     for tensor in request.inputs:
         if tensor.name in given:
             raise InvalidArgument(
-                f"{_prefix(request)}input '{tensor.name}' already exists in request"
+                f"{_prefix(request)}input '{shown(tensor.name)}' already exists in request"
             )
         if tensor.name not in expected:
             raise InvalidArgument(
-                f"{_prefix(request)}unexpected inference input '{tensor.name}' for model '{model}'"
+                f"{_prefix(request)}unexpected inference input '{shown(tensor.name)}' "
+                f"for model '{model}'"
             )
         given.add(tensor.name)
     if len(given) != len(expected):
@@ -110,7 +112,7 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
         rule = expected[tensor.name]
         if tensor.datatype != rule.wire:
             raise InvalidArgument(
-                f"{_prefix(request)}inference input '{tensor.name}' data-type "
+                f"{_prefix(request)}inference input '{shown(tensor.name)}' data-type "
                 f"is '{tensor.datatype}', but model '{model}' expects "
                 f"'{rule.wire}'"
             )
@@ -119,7 +121,7 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
             if len(shape) == 0:
                 raise InvalidArgument(
                     f"{_prefix(request)}unexpected shape for input "
-                    f"'{tensor.name}' for model '{model}'. Expected "
+                    f"'{shown(tensor.name)}' for model '{model}'. Expected "
                     f"{_fmt((-1,) + rule.dims)}, got []"
                 )
             rows = shape[0]
@@ -127,17 +129,17 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
                 batch_size = rows
             elif rows != batch_size:
                 raise InvalidArgument(
-                    f"{_prefix(request)}input '{tensor.name}' batch size does "
+                    f"{_prefix(request)}input '{shown(tensor.name)}' batch size does "
                     f"not match other inputs for '{model}'"
                 )
             inner = tuple(shape[1:])
         else:
             inner = tuple(shape)
         if not _shape_matches(rule.dims, inner):
-            shown = (-1,) + rule.dims if batching else rule.dims
+            wanted = (-1,) + rule.dims if batching else rule.dims
             raise InvalidArgument(
-                f"{_prefix(request)}unexpected shape for input '{tensor.name}' "
-                f"for model '{model}'. Expected {_fmt(shown)}, got "
+                f"{_prefix(request)}unexpected shape for input '{shown(tensor.name)}' "
+                f"for model '{model}'. Expected {_fmt(wanted)}, got "
                 f"{_fmt(shape)}"
             )
         if rule.reshape is not None:
@@ -146,7 +148,8 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
                 tensor.data = tensor.data.reshape(target)
             except ValueError:  # the config's reshape holds another number of elements
                 raise InvalidArgument(
-                    f"{_prefix(request)}input '{tensor.name}' of shape {_fmt(shape)} cannot be "
+                    f"{_prefix(request)}input '{shown(tensor.name)}' of shape {_fmt(shape)} "
+                    "cannot be "
                     f"reshaped to {_fmt(target)} as the config of model '{model}' asks"
                 ) from None
             tensor.shape = tuple(map(int, tensor.data.shape))

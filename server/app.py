@@ -36,7 +36,7 @@ from server.net.listeners import (
     uvicorn_listener,
     wait_started,
 )
-from server.observability.custom_metrics import CustomMetrics
+from server.observability.custom_metrics import CustomMetricLimits, CustomMetrics
 from server.observability.metrics import ServerMetrics, worker_restarts
 from server.observability.metrics_app import build_metrics_app
 from server.settings import ServerSettings
@@ -77,9 +77,22 @@ class ServerApp:
             ),
         )
         self.metrics.add_collector(self.traffic)
-        custom = CustomMetrics()  # Python models' own metric families
+        custom = CustomMetrics(  # Python models' own metric families
+            CustomMetricLimits(
+                settings.custom_metric_max_families,
+                settings.custom_metric_max_series,
+                settings.custom_metric_max_labels,
+                settings.custom_metric_max_buckets,
+                settings.custom_metric_max_text,
+            )
+        )
         self.metrics.add_collector(custom)
-        self.inference = InferencePath(self.registry, self.traffic, custom_metric=custom.apply)
+        self.inference = InferencePath(
+            self.registry,
+            self.traffic,
+            custom_metric=custom.apply,
+            declare_metric=custom.declare,
+        )
         self.manager = ModelManager(
             ManagerSettings(
                 settings.model_repositories,

@@ -10,7 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from protocol.text import set_echo_limit
 from server.net.loop import new_event_loop
+from server.observability import log_escaping
 from server.settings import (
     DEFAULT_MAX_INPUT_SIZE,
     GRPC_MAX_MESSAGE,
@@ -456,6 +458,50 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="system shared memory regions clients may register at once (default 1024)",
     )
+    add(
+        "--max-echo-chars",
+        type=_echo_chars,
+        default=200,
+        metavar="N",
+        help="most characters of a client-chosen text (model name, id, header, region name) "
+        "an error or a log line shows; control characters are always escaped (default 200, "
+        "16 to 1000)",
+    )
+    add(
+        "--custom-metric-max-families",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="most custom metric families Python models may declare, all together (default 100)",
+    )
+    add(
+        "--custom-metric-max-series",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="most series (label sets) of one custom metric family (default 1000)",
+    )
+    add(
+        "--custom-metric-max-labels",
+        type=_positive_int,
+        default=16,
+        metavar="N",
+        help="most labels of one custom metric series (default 16)",
+    )
+    add(
+        "--custom-metric-max-buckets",
+        type=_positive_int,
+        default=64,
+        metavar="N",
+        help="most buckets of one custom histogram series (default 64)",
+    )
+    add(
+        "--custom-metric-max-text",
+        type=_positive_int,
+        default=1024,
+        metavar="N",
+        help="most characters of a custom metric's description or label value (default 1024)",
+    )
     return parser
 
 
@@ -483,6 +529,15 @@ def _process_count(value: str) -> int:
 
         return max(1, len(os.sched_getaffinity(0)))
     return _positive_int(value)
+
+
+def _echo_chars(value: str) -> int:
+    """--max-echo-chars: 16 to 1000, so an error quoting two such texts still fits gRPC's
+    metadata (protocol/text.py)."""
+    number = _positive_int(value)
+    if not 16 <= number <= 1000:
+        raise argparse.ArgumentTypeError(f"must be from 16 to 1000, got '{value}'")
+    return int(number)
 
 
 def _bounded(kind: type, strict: bool) -> Callable[[str], Any]:
@@ -601,6 +656,12 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         traffic_gate_interval_secs=args.traffic_gate_interval_secs,
         traffic_shadow_max_inflight=max(0, args.traffic_shadow_max_inflight),
         max_shared_memory_regions=args.max_shared_memory_regions,
+        max_echo_chars=args.max_echo_chars,
+        custom_metric_max_families=args.custom_metric_max_families,
+        custom_metric_max_series=args.custom_metric_max_series,
+        custom_metric_max_labels=args.custom_metric_max_labels,
+        custom_metric_max_buckets=args.custom_metric_max_buckets,
+        custom_metric_max_text=args.custom_metric_max_text,
         http_restricted_api=http_restricted,
         grpc_restricted_protocol=grpc_restricted,
         trace_config=trace_config,
@@ -615,6 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    log_escaping.install()  # no client-chosen control character reaches the log
+    set_echo_limit(settings.max_echo_chars)
     from server.app import ServerApp
 
     loop = new_event_loop()

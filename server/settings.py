@@ -112,6 +112,16 @@ class ServerSettings:
     frontend_shm_bytes: int = 64 * 1024 * 1024
     # System shared memory regions clients may register at once (server/core/client_shm.py).
     max_shared_memory_regions: int = 1024
+    # How much of a client-chosen text an error or log line shows (protocol/text.py).
+    max_echo_chars: int = 200
+    # Python models' custom metrics (server/observability/custom_metrics.py): families in all,
+    # series per family, labels per series, buckets per histogram, characters of a name,
+    # description or label value.
+    custom_metric_max_families: int = 100
+    custom_metric_max_series: int = 1000
+    custom_metric_max_labels: int = 16
+    custom_metric_max_buckets: int = 64
+    custom_metric_max_text: int = 1024
     # Restricted APIs (server/restricted.py): category -> Restriction (the header and value a
     # request in that category must carry); empty: nothing restricted.
     http_restricted_api: dict[str, Any] = field(default_factory=dict)

@@ -145,6 +145,13 @@ class StreamRouter:
         elif op == "metric":
             if self.host is not None:
                 self.host.custom_metric(message)
+        elif op == "metric_declare":  # the model waits for the answer
+            update = {**message, "model": self.model}
+            error = None if self.host is None else self.host.declare_metric(update)
+            try:
+                worker.post({"op": "metric_answer", "mid": message.get("mid"), "error": error})
+            except OSError:
+                pass  # the worker is gone
         else:
             log.warning(
                 "python model '%s': unexpected message '%s' from its worker", self.model, op

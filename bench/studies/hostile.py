@@ -29,6 +29,11 @@ Then the cases of issue #28, each against its own server:
   the bodies past the budget (503, or reset while they still send), answer the others 408
   after the timeout, and keep answering live.
 
+Issue 28's items 9 and 10, each against its own server (about 15 s): loads of model names
+that forge a `successfully loaded 'simple'` log line or are 60 KB (HTTP) and 100 KiB (gRPC)
+long (400 / INVALID_ARGUMENT, escaped and bounded, no forged line in the log), and a Python
+model that tries each bad custom metric (each raises in model.py; /metrics still parses).
+
 Issue 28's gRPC cases (`GRPC_CASES`, about 30 s): a ModelStreamInfer client that sends 3,000 x
 60 KB and reads nothing (server growth < 200 MB, its requests left unread, all answered once it
 reads), a stream that sends no request (UNAVAILABLE), and 5,000 calls 300 at a time past
@@ -50,6 +55,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,7 +66,7 @@ import numpy as np
 from examples.build_repository import build_simple
 from examples.streaming import build_streaming
 from harness.serverproc import ServerProcess, start_server
-from harness.testmodels import build_identity_fp32
+from harness.testmodels import build_identity_fp32, build_metrics_probe
 
 HOSTILE = b'{"a":' * ((64 * 1024 * 1024) // 5)  # 67,108,860 bytes: under the 64 MiB limit
 DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"
@@ -566,9 +573,114 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     verdicts += config_override_bounds()
     verdicts += unfinished_bodies(repo)
+    verdicts += log_forging()
+    verdicts += custom_metrics_page()
     for name, ok in verdicts:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return 0 if all(ok for _, ok in verdicts) else 1
+
+
+# ----- issue #28 item 9: client text in the log and in errors -----------------------------------
+FORGED_AT = "2031-02-03 04:05:06,789"
+FORGING = f"x'\n{FORGED_AT} INFO repository.manager: successfully loaded 'simple"
+ERROR_BYTES = 2048  # protocol/text.py MAX_ERROR_BYTES
+
+
+def log_forging() -> list[tuple[str, bool]]:
+    """Loads of names that forge a log line, or are 60 KB (HTTP) and 100 KiB (gRPC) long: 400
+    with an escaped, bounded error, no forged `successfully loaded 'simple'` line, and gRPC
+    statuses (not transport errors) whose details fit the 8 KiB metadata limit."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    repo = Path(tempfile.mkdtemp(prefix="hostile-names-"))
+    build_simple(repo)
+    server = start_server([repo], ["--model-control-mode", "explicit", "--load-model", "simple"])
+    verdicts: list[tuple[str, bool]] = []
+    try:
+        for label, name in (
+            ("newline", "sim\nple"),
+            ("forged line", FORGING),
+            ("60 KB", "m" * 60_000),
+        ):
+            path = "/v2/repository/models/" + urllib.parse.quote(name, safe="") + "/load"
+            status, reply = post(server.http_port, path, b"{}")
+            error = _error(reply)
+            print(f"HTTP load of a {label} name: {status} {error[:100]!r} ({len(error)} chars)")
+            verdicts.append(
+                (
+                    f"HTTP load of a {label} name: 400, one line, bounded",
+                    status == 400 and "\n" not in error and 0 < len(error.encode()) <= ERROR_BYTES,
+                )
+            )
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for label, name in (("forged line", FORGING), ("100 KiB", "m" * 100 * 1024)):
+                try:
+                    stub.RepositoryModelLoad(
+                        service_pb2.RepositoryModelLoadRequest(model_name=name), timeout=30
+                    )
+                    code, details = grpc.StatusCode.OK, ""
+                except grpc.RpcError as exc:
+                    code, details = exc.code(), exc.details() or ""
+                print(f"gRPC load of a {label} name: {code.name} ({len(details)} chars)")
+                verdicts.append(
+                    (
+                        f"gRPC load of a {label} name: INVALID_ARGUMENT that fits the metadata",
+                        code == grpc.StatusCode.INVALID_ARGUMENT
+                        and "\n" not in details
+                        and len(details.encode()) <= ERROR_BYTES,
+                    )
+                )
+        lines = server.log().splitlines()
+        loaded = sum("successfully loaded 'simple'" in line for line in lines)
+        forged = sum(line.startswith(FORGED_AT) for line in lines)
+        print(f"log: {loaded} 'successfully loaded' lines, {forged} forged")
+        verdicts.append(("no forged line in the log", loaded == 1 and forged == 0))
+    finally:
+        server.stop()
+    return verdicts
+
+
+# ----- issue #28 item 10: Python models' custom metrics ----------------------------------------
+def custom_metrics_page() -> list[tuple[str, bool]]:
+    """The `probe` model (harness/testmodels.py) tries each bad custom metric: each must raise
+    in model.py, and /metrics must still parse, with its good family and none of the bad."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    repo = build_metrics_probe(Path(tempfile.mkdtemp(prefix="hostile-metrics-")))
+    # --custom-metric-max-series 3: the probe's "too many series" case makes a fourth.
+    flags = ["--model-control-mode", "explicit", "--load-model", "first"]
+    server = start_server([repo], [*flags, "--custom-metric-max-series", "3"])
+    verdicts: list[tuple[str, bool]] = []
+    try:
+        status, _ = post(server.http_port, "/v2/repository/models/probe/load", b"{}")
+        assert status == 200, status
+        body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+        status, reply = post(server.http_port, "/v2/models/probe/infer", json.dumps(body).encode())
+        results = json.loads(json.loads(reply)["outputs"][0]["data"][0])
+        raised = [case for case, seen in results.items() if seen.startswith("TritonModel")]
+        print(f"custom metrics: {len(raised)} of {len(results)} bad cases raised in model.py")
+        verdicts.append(("every bad custom metric raised in model.py", len(raised) == len(results)))
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+            page = response.read().decode()
+        try:
+            names = {f.name for f in text_string_to_metric_families(page)}
+        except ValueError as exc:
+            print(f"custom metrics: the page does not parse: {exc}")
+            names = set()
+        verdicts.append(
+            (
+                "/metrics parses, with the good family and none of the bad",
+                "probe_good" in names
+                and "nv_inference_count" in names
+                and "injected_sample" not in page
+                and "desc_injected" not in names,
+            )
+        )
+    finally:
+        server.stop()
+    return verdicts
 
 
 # ----- issue #28: client shared memory (items 1 and 6) ----------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 from protocol import datatypes, shared_memory
 from protocol.errors import InvalidArgument
 from protocol.proto import grpc_service_pb2 as pb
+from protocol.text import shown
 from protocol.types import (
     DurationSnapshot,
     IndexEntry,
@@ -49,7 +50,7 @@ def parameter_value(key: str, parameter: Any) -> Any:
     INVALID_ARG when it holds none."""
     kind = parameter.WhichOneof("parameter_choice")
     if kind is None:
-        raise InvalidArgument(f"parameter '{key}' has no value")
+        raise InvalidArgument(f"parameter '{shown(key)}' has no value")
     return getattr(parameter, kind)
 
 
@@ -57,7 +58,9 @@ def _typed_value(key: str, parameter: pb.InferParameter, kinds: tuple[str, ...])
     kind = parameter.WhichOneof("parameter_choice")
     if kind not in kinds:
         expected = " or ".join(kinds)
-        raise InvalidArgument(f"invalid value type for '{key}' parameter, expected {expected}")
+        raise InvalidArgument(
+            f"invalid value type for '{shown(key)}' parameter, expected {expected}"
+        )
     return getattr(parameter, kind)
 
 
@@ -151,7 +154,9 @@ def _converted(
     try:
         return np.array(values, dtype=datatype.numpy)
     except (OverflowError, ValueError) as exc:
-        raise InvalidArgument(f"invalid {datatype.name} value for input '{name}': {exc}") from None
+        raise InvalidArgument(
+            f"invalid {datatype.name} value for input '{shown(name)}': {exc}"
+        ) from None
 
 
 def per_element_input_bytes(message: pb.ModelInferRequest) -> int:

@@ -23,6 +23,7 @@ from protocol.datatypes import DataType
 from protocol.errors import InvalidArgument
 from protocol.rest.common import HEADER_LENGTH_HEADER, Buffer
 from protocol.rest.inputs import BinaryCursor, decode_inputs
+from protocol.text import shown
 from protocol.types import InferRequest, RequestedOutput, Tensor
 from protocol.values import is_bool, is_uint
 
@@ -208,7 +209,7 @@ def _parse_request_parameters(document: dict[str, Any]) -> dict[str, Any]:
         check = _RESERVED_PARAMETERS.get(key)
         if check is not None:
             if not check(value):
-                raise InvalidArgument(f"Unable to parse '{key}'")
+                raise InvalidArgument(f"Unable to parse '{shown(key)}'")
         elif key.startswith("triton_"):
             raise InvalidArgument(
                 "parameter keys starting with 'triton_' are reserved for Triton usage "
@@ -258,10 +259,10 @@ def _parse_output(entry: Any, index: int) -> RequestedOutput:
         )
     binary = parameters.get("binary_data")
     if binary is not None and not is_bool(binary):
-        raise InvalidArgument(f"Unable to parse 'binary_data' for output '{name}'")
+        raise InvalidArgument(f"Unable to parse 'binary_data' for output '{shown(name)}'")
     classification = parameters.get("classification", 0)
     if not is_uint(classification):
-        raise InvalidArgument(f"Unable to set 'classification' for output '{name}'")
+        raise InvalidArgument(f"Unable to set 'classification' for output '{shown(name)}'")
     if shared_memory.in_shared_memory(parameters):
         if classification:
             raise InvalidArgument(

@@ -21,6 +21,7 @@ from protocol import datatypes
 from protocol.errors import InvalidArgument
 from protocol.rest.encode import json_data
 from protocol.rest.inputs import flatten, tensor_from_json
+from protocol.text import shown
 from protocol.types import InferRequest, InferResponse, Tensor
 
 SSE_MEDIA_TYPE = "text/event-stream; charset=utf-8"
@@ -89,7 +90,7 @@ def _shape_for(name: str, schema: InputSchema, count: int) -> tuple[int, ...]:
 def _tensor(name: str, schema: InputSchema, value: Any) -> Tensor:
     if isinstance(value, dict):
         wanted = _NON_JSON.get(schema.datatype, "non-number as number")
-        raise InvalidArgument(f"input '{name}': attempt to access JSON {wanted}")
+        raise InvalidArgument(f"input '{shown(name)}': attempt to access JSON {wanted}")
     data = value if isinstance(value, list) else [value]
     datatype = datatypes.BY_NAME.get(schema.datatype)
     if datatype is None:

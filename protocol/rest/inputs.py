@@ -18,6 +18,7 @@ from protocol import datatypes, shared_memory
 from protocol.datatypes import DataType
 from protocol.errors import InvalidArgument, TooLarge
 from protocol.rest.common import HEADER_LENGTH_HEADER
+from protocol.text import shown
 from protocol.types import Tensor
 from protocol.values import is_uint
 
@@ -183,17 +184,21 @@ def _input_source(name: str, entry: dict[str, Any], parameters: dict[str, Any]) 
 
 def _parse_datatype(name: str, value: Any) -> DataType:
     if not isinstance(value, str):
-        raise InvalidArgument(f"Unable to parse 'datatype' for input '{name}': expected a string")
+        raise InvalidArgument(
+            f"Unable to parse 'datatype' for input '{shown(name)}': expected a string"
+        )
     datatype = datatypes.BY_NAME.get(value)
     if datatype is None:
-        raise InvalidArgument(f"invalid datatype '{value[:64]}' for input '{name}'")
+        raise InvalidArgument(f"invalid datatype '{value[:64]}' for input '{shown(name)}'")
     return datatype
 
 
 def _parse_shape(name: str, value: Any) -> tuple[int, ...]:
     """A list of unsigned integers (bools and floats refused, as JSON's uint access does)."""
     if not isinstance(value, list):
-        raise InvalidArgument(f"Unable to parse 'shape' for input '{name}': expected a JSON array")
+        raise InvalidArgument(
+            f"Unable to parse 'shape' for input '{shown(name)}': expected a JSON array"
+        )
     if len(value) > MAX_DIMS:
         raise InvalidArgument(
             f"Unable to parse 'shape' for input '{name}': {len(value)} dimensions exceed the "
@@ -257,7 +262,9 @@ def tensor_from_json(
             f"data format for input {name}"
         )
     if not isinstance(data, list):
-        raise InvalidArgument(f"Unable to parse 'data' for input '{name}': expected a JSON array")
+        raise InvalidArgument(
+            f"Unable to parse 'data' for input '{shown(name)}': expected a JSON array"
+        )
     if datatype.name == "BYTES":
         flat = _bytes_from_json(name, data)
     else:

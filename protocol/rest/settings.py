@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from protocol.errors import InvalidArgument
+from protocol.text import shown
 
 
 def decode_trace_settings(document: Any) -> dict[str, list[str] | None]:
@@ -23,14 +24,14 @@ def decode_trace_settings(document: Any) -> dict[str, list[str] | None]:
             changes[key] = None
         elif isinstance(value, list):
             if not all(isinstance(item, str) for item in value):
-                raise InvalidArgument(f"Unable to parse '{key}': expected strings")
+                raise InvalidArgument(f"Unable to parse '{shown(key)}': expected strings")
             changes[key] = list(value) or None
         elif isinstance(value, str):
             changes[key] = [value]
         elif type(value) is int:  # lenient: a number where Triton wants its text
             changes[key] = [str(value)]
         else:
-            raise InvalidArgument(f"Unable to parse '{key}': expected a string")
+            raise InvalidArgument(f"Unable to parse '{shown(key)}': expected a string")
     return changes
 
 

@@ -18,6 +18,7 @@ import logging
 import numpy as np
 
 from protocol.errors import InvalidArgument, Unavailable
+from protocol.text import shown
 from protocol.types import InferRequest, InferResponse, Tensor
 from scheduler.clock import Clock
 from scheduler.interface import VersionSpec
@@ -95,7 +96,7 @@ class SequenceBatcher(QueueScheduler):
         if control is not None and control.wire != "BYTES" and isinstance(corrid, str):
             raise InvalidArgument(
                 f"inference request to model '{model}' has the string "
-                f"correlation ID '{corrid}', but its control input "
+                f"correlation ID '{shown(corrid)}', but its control input "
                 f"'{control.name}' takes {control.wire} correlation IDs"
             )
         request.correlation_id = corrid

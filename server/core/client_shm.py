@@ -34,6 +34,7 @@ import numpy as np
 from protocol import datatypes
 from protocol.errors import AlreadyExists, InvalidArgument, NotFound, TooLarge, Unavailable
 from protocol.shared_memory import BYTE_SIZE, OFFSET, PARAMETERS, REGION
+from protocol.text import shown
 from protocol.types import InferRequest, InferResponse, Tensor
 
 SHM_DIR = "/dev/shm"
@@ -145,20 +146,22 @@ def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
                 f"'{key}' as the key contains the reserved prefix '{prefix}'"
             )
     if "/" in base or base in (".", "..") or "\0" in base:
-        raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
+        raise InvalidArgument(f"Unable to open shared memory region: '{shown(key)}'")
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(os.path.join(SHM_DIR, base), flags)
     except OSError:
-        raise InvalidArgument(f"Unable to open shared memory region: '{key}'") from None
+        raise InvalidArgument(f"Unable to open shared memory region: '{shown(key)}'") from None
     try:
         info = os.fstat(fd)
         # A regular file of /dev/shm's own filesystem: no device, FIFO or directory, and no
         # hard link to a file elsewhere (O_NOFOLLOW already refused symlinks).
         if not stat.S_ISREG(info.st_mode) or info.st_dev != os.stat(SHM_DIR).st_dev:
-            raise InvalidArgument(f"Unable to open shared memory region: '{key}'")
+            raise InvalidArgument(f"Unable to open shared memory region: '{shown(key)}'")
         if byte_size == 0 or offset + byte_size > info.st_size:
-            raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+            raise InvalidArgument(
+                f"failed to register shared memory region '{shown(name)}': invalid args"
+            )
     except BaseException:
         os.close(fd)
         raise
@@ -189,7 +192,7 @@ class SharedMemoryRegistry:
                 "'region name' is necessary to register system shared memory region"
             )
         if name in self.regions:
-            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+            raise AlreadyExists(f"shared memory region '{shown(name)}' already in manager")
         if len(self.regions) >= self.max_regions:
             raise Unavailable(
                 f"failed to register shared memory region '{name}': "
@@ -203,7 +206,7 @@ class SharedMemoryRegistry:
             return [region.status() for region in self.regions.values()]
         region = self.regions.get(name)
         if region is None:
-            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+            raise NotFound(f"Unable to find system shared memory region: '{shown(name)}'")
         return [region.status()]
 
     def unregister(self, name: str = "") -> None:
@@ -230,7 +233,7 @@ class SharedMemoryRegistry:
     def get(self, name: str) -> Region:
         region = self.regions.get(name)
         if region is None:
-            raise NotFound(f"Unable to find shared memory region: '{name}'")
+            raise NotFound(f"Unable to find shared memory region: '{shown(name)}'")
         return region
 
     # ----- requests ----------------------------------------------------------------------
@@ -391,5 +394,5 @@ def _location(parameters: dict[str, Any], what: str) -> tuple[str, int, int]:
         )
     for key, value in ((OFFSET, offset), (BYTE_SIZE, byte_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidArgument(f"'{key}' of {what} must be a non-negative integer")
+            raise InvalidArgument(f"'{shown(key)}' of {what} must be a non-negative integer")
     return region, offset, byte_size

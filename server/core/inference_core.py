@@ -23,6 +23,7 @@ from protocol.errors import (
 )
 from protocol.proto.model_config_pb2 import ModelConfig
 from protocol.stream import StreamItem
+from protocol.text import shown
 from protocol.traffic import TrafficSpec
 from protocol.types import (
     IndexEntry,
@@ -146,7 +147,9 @@ class InferenceCore:
         if number == -1:
             ready = model.ready_versions()
             if not ready:
-                raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
+                raise Unavailable(
+                    f"Request for unknown model: '{shown(name)}' has no available versions"
+                )
             record = model.versions[ready[-1]]
             return record.spec.config, [str(v) for v in ready]  # type: ignore[union-attr]
         record = self.registry.resolve(name, version)
@@ -189,14 +192,14 @@ class InferenceCore:
             model = self.registry.get(name)
             number = parse_version(version, name)
         except ServerError:
-            raise InvalidArgument(f"requested model '{name}' is not available") from None
+            raise InvalidArgument(f"requested model '{shown(name)}' is not available") from None
         records = [
             r
             for v, r in sorted(model.versions.items())
             if r.serving and (number == -1 or v == number)
         ]
         if not records:
-            raise InvalidArgument(f"requested model '{name}' is not available")
+            raise InvalidArgument(f"requested model '{shown(name)}' is not available")
         return [r.scheduler.statistics.snapshot() for r in records]  # type: ignore[union-attr]
 
     # ----- repository ---------------------------------------------------------------------
@@ -247,7 +250,7 @@ class InferenceCore:
             try:
                 override = config_from_json(config_json)
             except ConfigJsonError as exc:
-                raise InvalidArgument(f"load failed for model '{name}': {exc}") from None
+                raise InvalidArgument(f"load failed for model '{shown(name)}': {exc}") from None
         try:
             await self.manager.load_model(name, override, files=files or None)
         except LoadError as exc:
@@ -272,7 +275,7 @@ class InferenceCore:
     def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
         """No CUDA here: nothing is registered, as Triton built without GPU support answers."""
         if name:
-            raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+            raise NotFound(f"Unable to find cuda shared memory region: '{shown(name)}'")
         return []
 
     # ----- trace and log settings (server/observability/runtime_settings.py) -----------------

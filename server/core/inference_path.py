@@ -63,6 +63,7 @@ class InferencePath:
         registry: ModelRegistry,
         traffic: TrafficControl | None = None,
         custom_metric: Callable[[dict], None] | None = None,
+        declare_metric: Callable[[dict], str | None] | None = None,
     ) -> None:
         self.registry = registry
         self.traffic = traffic if traffic is not None else TrafficControl(registry)
@@ -73,6 +74,7 @@ class InferencePath:
         self._idle.set()
         self.loop: asyncio.AbstractEventLoop | None = None  # set by attach_loop
         self._custom_metric = custom_metric
+        self._declare_metric = declare_metric
 
     # ----- what Python models' backends use (BackendHost) --------------------------------
     def attach_loop(self) -> None:
@@ -86,6 +88,10 @@ class InferencePath:
     def custom_metric(self, update: dict) -> None:
         if self._custom_metric is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(self._custom_metric, update)
+
+    def declare_metric(self, update: dict) -> str | None:
+        """On a worker's reading thread: None, or why a custom metric is refused."""
+        return None if self._declare_metric is None else self._declare_metric(update)
 
     def resolve(self, name: str, version: str = "") -> VersionRecord:
         """The version a request for (name, version) goes to, or NOT_FOUND / UNAVAILABLE

@@ -41,6 +41,7 @@ from protocol import compression
 from protocol.errors import InternalError, InvalidArgument, TooLarge
 from protocol.rest import decode as rest_decode
 from protocol.rest import encode as rest_encode
+from protocol.text import DEFAULT_ECHO_CHARS, echo_limit, set_echo_limit
 from protocol.types import InferRequest, InferResponse, RequestedOutput
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ Parts = Sequence[Any]  # the body as it arrived: bytes-like chunks, in order
 # --------------------------------------------------------------------------- worker side
 
 
-def _worker_init(nice: int) -> None:
+def _worker_init(nice: int, echo_chars: int = DEFAULT_ECHO_CHARS) -> None:
+    set_echo_limit(echo_chars)  # the server's --max-echo-chars, for the errors parsed here
     try:
         os.nice(nice)
     except OSError:
@@ -284,7 +286,7 @@ class BodyOffload:
                     max_workers=self.processes,
                     mp_context=context,
                     initializer=_worker_init,
-                    initargs=(self._nice,),
+                    initargs=(self._nice, echo_limit()),
                 )
             return self._pool
 

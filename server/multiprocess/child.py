@@ -18,10 +18,12 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
+from protocol.text import set_echo_limit
 from server.multiprocess.arena import Arena
 from server.multiprocess.link import FrontendLink
 from server.multiprocess.remote_core import ControlClient, RemoteCore
 from server.net.loop import new_event_loop
+from server.observability import log_escaping
 from server.settings import ServerSettings
 
 log = logging.getLogger("ascend_serve.frontend")
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s frontend-{args.index} %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    log_escaping.install()
+    set_echo_limit(settings.max_echo_chars)
 
     loop = new_event_loop()
     asyncio.set_event_loop(loop)

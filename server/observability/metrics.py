@@ -372,9 +372,14 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _escape_help(text: str) -> str:
+    """HELP text as the exposition format escapes it: a newline in it cannot start a line."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _render_family(family: Metric, lines: list[str]) -> None:
     samples = [s for s in family.samples if not s.name.endswith("_created")]
-    lines.append(f"# HELP {family.name} {family.documentation}")
+    lines.append(f"# HELP {family.name} {_escape_help(family.documentation)}")
     lines.append(f"# TYPE {family.name} {family.type}")
     for sample in samples:
         if sample.labels:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.errors import InvalidArgument, Unsupported
+from protocol.text import shown
 
 TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 TRACE_DEFAULTS: dict[str, list[str]] = {
@@ -50,7 +51,7 @@ class TraceSettings:
         """All or nothing: every change is checked before any applies."""
         for key, values in changes.items():
             if key not in TRACE_DEFAULTS:  # also when its value is empty (a reset)
-                raise InvalidArgument(f"unknown trace setting '{key}'")
+                raise InvalidArgument(f"unknown trace setting '{shown(key)}'")
             if key == "trace_file":  # a network client must not choose where the server writes
                 raise Unsupported("trace file location can not be updated through network protocol")
             if (
@@ -99,12 +100,12 @@ def _check_trace_value(key: str, values: list[str]) -> None:
             raise InvalidArgument(f"invalid trace_level {unknown}: expected {list(TRACE_LEVELS)}")
         return
     if len(values) != 1:
-        raise InvalidArgument(f"trace setting '{key}' takes exactly one value")
+        raise InvalidArgument(f"trace setting '{shown(key)}' takes exactly one value")
     if key in ("trace_rate", "trace_count", "log_frequency"):
         text = values[0]
         low = {"trace_count": -1, "trace_rate": 1}.get(key, 0)
         if not text.lstrip("-").isdigit() or int(text) < low:
-            raise InvalidArgument(f"invalid value '{text}' for trace setting '{key}'")
+            raise InvalidArgument(f"invalid value '{shown(text)}' for trace setting '{shown(key)}'")
 
 
 class LogSettings:
@@ -133,7 +134,7 @@ class LogSettings:
         if key == "log_file":  # a network client must not choose where the server writes
             raise Unsupported("log file location can not be updated through network protocol")
         if key not in self.values:
-            raise InvalidArgument(f"unknown log setting '{key}'")
+            raise InvalidArgument(f"unknown log setting '{shown(key)}'")
         if key == "log_verbose_level":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgument("log_verbose_level must be a non-negative integer")
@@ -143,7 +144,7 @@ class LogSettings:
                     f"invalid log_format '{value}': expected one of {list(self.FORMATS)}"
                 )
         elif not isinstance(value, bool):
-            raise InvalidArgument(f"log setting '{key}' must be a boolean")
+            raise InvalidArgument(f"log setting '{shown(key)}' must be a boolean")
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # as server/cli.py sets it

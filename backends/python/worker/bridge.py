@@ -73,6 +73,7 @@ class WorkerBridge:
         self._early: set[int] = set()
         self._last_rid = 0
         self._bls_ids = itertools.count(1)
+        self._metric_ids = itertools.count(1)
         self._abandoned: set[int] = set()  # BLS calls whose caller stopped reading
         self._lock = threading.Lock()
 
@@ -274,5 +275,20 @@ class WorkerBridge:
     # ----- custom metrics ---------------------------------------------------------------------
 
     def metric(self, update: dict) -> None:
-        """A custom metric's declaration or new value, for the server's /metrics."""
+        """A custom metric series' new value, for the server's /metrics."""
         self.channel.send({"op": "metric", **update})
+
+    def declare_metric(self, update: dict) -> str | None:
+        """A custom metric family or series, checked by the server: None when accepted, else
+        the reason it refused it (pb_utils raises it). Waits for the answer, as Triton's stub
+        does (the server answers as it reads: during a call, or at once for a decoupled
+        model)."""
+        mid = next(self._metric_ids)
+        key = ("metric", mid)
+        try:
+            self.channel.send({"op": "metric_declare", "mid": mid, **update})
+            message, _ = self.channel.wait(key)
+        finally:
+            self.channel.drop(key)
+        error = message.get("error")
+        return None if error is None else str(error)

@@ -91,6 +91,8 @@ class WorkerLoop:
             return None
         if op == "bls_response":
             return self.bridge.take_bls_answer(message, fds)
+        if op == "metric_answer":
+            return ("metric", message["mid"])
         return "op"
 
     def _pump(self) -> None:

@@ -7,6 +7,7 @@ own unit tests) there is none, and using these raises TritonModelException.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -79,17 +80,16 @@ class MetricFamily:
     GAUGE = 1
     HISTOGRAM = 2
     _KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
-    _names: set[str] = set()
 
     def __init__(self, name: str, description: str, kind: int) -> None:
+        """Declared to the server, which checks the name, kind and description and refuses
+        what would break its /metrics page (server/observability/custom_metrics.py)."""
         if kind not in self._KINDS:
             raise TritonModelException(f"metric family '{name}': unknown kind {kind}")
-        if not name or not name.replace("_", "a").replace(":", "a").isalnum() or name[0].isdigit():
-            raise TritonModelException(f"invalid metric family name '{name}'")
         self.name = name
         self.description = description
         self.kind = kind
-        bridge().metric(
+        _declare(
             {
                 "action": "family",
                 "family": name,
@@ -101,7 +101,16 @@ class MetricFamily:
     def Metric(self, labels: dict | None = None, buckets: Sequence[float] | None = None) -> Metric:
         if self.kind == self.HISTOGRAM and not buckets:
             raise TritonModelException("a histogram metric needs 'buckets'")
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("labels must be a dict of strings")
         return Metric(self, dict(labels or {}), list(buckets or ()))
+
+
+def _declare(update: dict) -> None:
+    """A family or series the server must accept first; its refusal is the model's error."""
+    error = bridge().declare_metric(update)
+    if error is not None:
+        raise TritonModelException(error)
 
 
 class Metric:
@@ -111,9 +120,20 @@ class Metric:
     def __init__(self, family: MetricFamily, labels: dict, buckets: list[float]) -> None:
         self._family = family
         self._labels = {str(k): str(v) for k, v in labels.items()}
-        self._buckets = sorted(float(b) for b in buckets)
+        try:
+            self._buckets = sorted(float(b) for b in buckets)
+        except (TypeError, ValueError):
+            raise TritonModelException("buckets must be numbers") from None
         self._value = 0.0
         self._lock = threading.Lock()
+        _declare(
+            {
+                "action": "series",
+                "family": family.name,
+                "labels": self._labels,
+                "buckets": self._buckets,
+            }
+        )
 
     def _update(self, action: str, value: float) -> None:
         bridge().metric(
@@ -172,9 +192,14 @@ class Logger:
     )
     _NAMES = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E", LogLevel.VERBOSE: "V"}
 
+    # As protocol/text.py escapes them in the server's own records (a model may log what a
+    # client sent it): one message, one line.
+    _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
     @classmethod
     def log(cls, message: str, level: int = LogLevel.INFO) -> None:
-        sys.stderr.write(f"{cls._NAMES.get(level, 'I')} [python model] {message}\n")
+        text = cls._CONTROLS.sub(lambda m: repr(m.group())[1:-1], str(message))
+        sys.stderr.write(f"{cls._NAMES.get(level, 'I')} [python model] {text}\n")
         sys.stderr.flush()
 
     @classmethod

@@ -12,7 +12,7 @@ from protocol.errors import InternalError, InvalidArgument
 from protocol.rest.generate import InputSchema, decode_generate, encode_generate, sse_event
 from protocol.stream import ResponseStream, StreamItem
 from protocol.types import InferResponse, Tensor
-from server.observability.custom_metrics import CustomMetrics
+from server.observability.custom_metrics import CustomMetricLimits, CustomMetrics
 
 SCHEMA = {
     "text_input": InputSchema("BYTES", (1,)),
@@ -118,10 +118,17 @@ def test_stream_orders_acks_and_cancels() -> None:
 
 
 def test_custom_metrics_render_each_kind_and_stay_bounded() -> None:
-    metrics = CustomMetrics(max_families=2, max_series=1)
-    metrics.apply({"action": "family", "family": "tokens", "description": "d", "kind": "counter"})
-    metrics.apply({"action": "family", "family": "lat", "description": "d", "kind": "histogram"})
-    metrics.apply({"action": "family", "family": "third", "description": "d", "kind": "gauge"})
+    metrics = CustomMetrics(CustomMetricLimits(max_families=2, max_series=1))
+    family = {"action": "family", "description": "d"}
+    assert metrics.declare({**family, "family": "tokens", "kind": "counter"}) is None
+    assert metrics.declare({**family, "family": "lat", "kind": "histogram"}) is None
+    assert "--custom-metric-max-families" in str(
+        metrics.declare({**family, "family": "third", "kind": "gauge"})
+    )
+    series = {"action": "series", "family": "tokens"}
+    assert metrics.declare({**series, "labels": {"m": "a"}}) is None
+    assert "--custom-metric-max-series" in str(metrics.declare({**series, "labels": {"m": "b"}}))
+    assert metrics.declare({"action": "series", "family": "lat", "buckets": [1.0, 5.0]}) is None
     metrics.apply({"action": "increment", "family": "tokens", "labels": {"m": "a"}, "value": 2})
     metrics.apply({"action": "increment", "family": "tokens", "labels": {"m": "a"}, "value": 3})
     metrics.apply({"action": "increment", "family": "tokens", "labels": {"m": "b"}, "value": 1})
