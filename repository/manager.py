@@ -458,6 +458,8 @@ class ModelManager:
                 backend_cls,  # type: ignore[arg-type]  # None for an ensemble: it runs no backend
                 self._host,
             )
+            if config.response_cache.enable and config.platform == "ensemble":
+                self._check_cached_ensemble(config)
             stats = VersionStatistics(name, str(version))
             scheduler, labels = await build_version(
                 spec,
@@ -491,6 +493,18 @@ class ModelManager:
         if replacing:
             await self._drain_and_stop(name, version, old)  # type: ignore[arg-type]  # replacing: set
         return ""
+
+    def _check_cached_ensemble(self, config: ModelConfig) -> None:
+        """An ensemble caches its one answer: a decoupled step (any number of answers) makes
+        that meaningless, and Triton refuses it at load too."""
+        for member in sorted({step.model_name for step in config.ensemble_scheduling.step}):
+            model = self.registry.models.get(member)
+            for record in model.versions.values() if model is not None else ():
+                if record.scheduler is not None and record.scheduler.rules.decoupled:
+                    raise LoadError(
+                        f"response cache does not currently support ensemble '{config.name}' "
+                        f"with decoupled step model '{member}'; disable response_cache"
+                    )
 
     def _bind_cache(self, name: str, config: ModelConfig) -> CopyCache | None:
         """A new copy's response cache: None unless its config enables one and the server

@@ -98,6 +98,34 @@ ensemble_scheduling {
 }
 response_cache { enable: true }
 """
+ONE_ANSWER_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+ONE_ANSWER = DECOUPLED.replace("streamer", "one_answer").replace(
+    "response_cache { enable: true }", ""
+)
+STREAM_ENSEMBLE = """
+name: "ens_stream"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+ensemble_scheduling {
+  step [ { model_name: "one_answer" input_map { key: "X" value: "IN" }
+           output_map { key: "Y" value: "OUT" } } ]
+}
+response_cache { enable: true }
+"""
 
 
 def write(path: Path, text: str) -> None:
@@ -119,6 +147,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write(root / "stateful" / "config.pbtxt", SEQUENCE)
     (root / "stateful" / "1").mkdir()
     write(root / "ens" / "config.pbtxt", ENSEMBLE)
+    write(root / "one_answer" / "config.pbtxt", ONE_ANSWER)
+    write(root / "one_answer" / "1" / "model.py", ONE_ANSWER_MODEL)
+    write(root / "ens_stream" / "config.pbtxt", STREAM_ENSEMBLE)
+    (root / "ens_stream" / "1").mkdir()
     (root / "ens" / "1").mkdir()
     return root
 
@@ -328,6 +360,12 @@ def test_decoupled_and_sequence_models_refuse_the_cache_at_load(
         grpc(server).load_model(model)
 
 
+def test_an_ensemble_over_a_decoupled_step_refuses_the_cache(server: ServerProcess) -> None:
+    with pytest.raises(InferenceServerException) as refused:
+        http(server).load_model("ens_stream")  # loads one_answer (decoupled, uncached) first
+    assert "with decoupled step model 'one_answer'; disable response_cache" in str(refused.value)
+
+
 def test_an_ensemble_caches_its_own_answer(server: ServerProcess) -> None:
     client = grpc(server)
     values = np.full((1, 5), 9, np.float32)
@@ -406,3 +444,19 @@ def test_a_bad_cache_config_stops_the_server_with_a_reason(tmp_path: Path) -> No
     )  # fmt: skip
     assert done.returncode != 0
     assert "only 'local' is available" in done.stderr
+
+
+def test_hits_through_frontend_processes(tmp_path: Path) -> None:
+    """Requests another process decoded reach the model owner's infer path without a task
+    per request (infer_nowait): they hit the same cache."""
+    only = tmp_path / "repo"
+    write(only / "ident" / "config.pbtxt", IDENTITY % ("ident", CACHED))
+    (only / "ident" / "1").mkdir()
+    args = ["--frontend-processes=3", f"--cache-config=local,size={CACHE_BYTES}"]
+    with running_server([only], args) as proc:
+        values = np.full((1, 3), 7, np.float32)
+        for _ in range(12):  # a new connection each: spread over the processes
+            for client, module in ((http(proc), httpclient), (grpc(proc), grpcclient)):
+                np.testing.assert_array_equal(infer_identity(client, module, values), values)
+        _, hits, misses, _, executions = counts(proc, "ident")
+        assert (hits, misses, executions) == (23, 1, 1)
