@@ -9,9 +9,10 @@ execute, a stand-in for a model worth caching). For each payload size it sends, 
 over HTTP with tritonclient: the same request again and again (hits), a new request each time
 (misses), and the uncached model (the baseline), and prints the client's p50 latency with the
 server's own statistics: cache_hit ns per hit (lookup and answer) and cache_miss ns per miss
-(lookup and insert).
+(lookup and insert). Each figure is the best of --rounds rounds, each on a fresh copy
+(a shared machine's noise only ever adds).
 
-    .venv/bin/python -m bench.studies.response_cache [--requests 300]
+    .venv/bin/python -m bench.studies.response_cache [--requests 300] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def cache_ns(client: httpclient.InferenceServerClient, model: str) -> tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3, help="best of this many rounds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
@@ -83,23 +85,37 @@ def main() -> None:
                 f"{'no cache p50':>12} {'hit ns':>10} {'miss ns':>10}   (client µs; server ns)"
             )
             for size in SIZES:
-                count = size // 4
-                rng = np.random.default_rng(size)
-                same = [np.ones(count, np.float32)] * args.requests
                 for model in ("cached", "slow"):
-                    client.unload_model(model)  # a fresh copy: statistics and entries at 0
-                    client.load_model(model)
-                    requests = args.requests if model == "cached" else args.requests // 5
-                    fresh = [rng.random(count, dtype=np.float32) for _ in range(requests)]
-                    miss = p50_us(client, model, fresh)
-                    hit = p50_us(client, model, same[: requests + 1])
-                    base = p50_us(client, "uncached", same[:requests]) if model == "cached" else 0
-                    hit_ns, miss_ns = cache_ns(client, model)
+                    rounds = [
+                        measure(client, model, size, args.requests) for _ in range(args.rounds)
+                    ]
+                    hit, miss, base, hit_ns, miss_ns = (
+                        min(column) for column in zip(*rounds, strict=True)
+                    )
                     shown = f"{base:12.0f}" if base else f"{'-':>12}"
                     print(
                         f"{size:>8} {model:>8} {hit:10.0f} {miss:10.0f} {shown} "
                         f"{hit_ns:10.0f} {miss_ns:10.0f}"
                     )
+
+
+def measure(
+    client: httpclient.InferenceServerClient, model: str, size: int, requests: int
+) -> tuple[float, float, float, float, float]:
+    """One round on a fresh copy of `model`: (hit p50, miss p50, uncached p50, ns per hit,
+    ns per miss); the uncached figure is 0 for `slow` (it has no uncached twin)."""
+    client.unload_model(model)  # a fresh copy: statistics and entries at 0
+    client.load_model(model)
+    count = size // 4
+    rng = np.random.default_rng(size)
+    requests = requests if model == "cached" else max(10, requests // 5)
+    same = [np.ones(count, np.float32)] * (requests + 1)
+    fresh = [rng.random(count, dtype=np.float32) for _ in range(requests)]
+    miss = p50_us(client, model, fresh)
+    hit = p50_us(client, model, same)
+    base = p50_us(client, "uncached", same[:requests]) if model == "cached" else 0.0
+    hit_ns, miss_ns = cache_ns(client, model)
+    return hit, miss, base, hit_ns, miss_ns
 
 
 if __name__ == "__main__":
