@@ -460,3 +460,17 @@ def test_hits_through_frontend_processes(tmp_path: Path) -> None:
                 np.testing.assert_array_equal(infer_identity(client, module, values), values)
         _, hits, misses, _, executions = counts(proc, "ident")
         assert (hits, misses, executions) == (23, 1, 1)
+
+
+def test_a_json_request_hits_and_gets_the_same_json(server: ServerProcess) -> None:
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    url = f"{server.base}/v2/models/ident/infer"
+    base = counts(server, "ident")
+    first = httpx.post(url, json={**body, "id": "a"})
+    second = httpx.post(url, json={**body, "id": "b"})
+    assert first.status_code == second.status_code == 200
+    assert first.json()["outputs"] == second.json()["outputs"]
+    assert (first.json()["id"], second.json()["id"]) == ("a", "b")
+    assert counts(server, "ident")[1] == base[1] + 1
+    bad = httpx.post(url, json={"inputs": [{**body["inputs"][0], "datatype": "INT32"}]})
+    assert bad.status_code == 400 and "data-type is 'INT32'" in bad.json()["error"]
