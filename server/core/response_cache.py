@@ -284,8 +284,9 @@ class VersionCache:
 
     def store(self, key: bytes, response: InferResponse) -> bool:
         """Copy `response` into the cache under `key` (see ResponseCache.insert)."""
-        if self.closed:
-            return False
+        capacity = self.cache.capacity
+        if self.closed or tensor_bytes(response.outputs, capacity) > capacity:
+            return False  # an answer that cannot fit is not even copied
         return self.cache.insert(key, stored_copy(self, response))
 
     def close(self) -> None:
