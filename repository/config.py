@@ -257,8 +257,26 @@ def validate(config: ModelConfig) -> None:
                 f"model '{name}': preserve_ordering cannot be combined with more "
                 f"than one priority level"
             )
+    if config.response_cache.enable:
+        _check_cacheable(config)
     if config.HasField("sequence_batching"):
         try:
             read_settings(config)
         except SequenceConfigError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def _check_cacheable(config: ModelConfig) -> None:
+    """Refuse `response_cache` where Triton does: a decoupled model answers any number of
+    times, and a sequence model's answer depends on the state of earlier requests."""
+    name = config.name
+    if config.model_transaction_policy.decoupled:
+        raise ConfigError(
+            f"model '{name}': response cache does not currently support model '{name}' with "
+            "'decoupled' transaction policy; disable response_cache"
+        )
+    if config.HasField("sequence_batching"):
+        raise ConfigError(
+            f"model '{name}': response cache does not currently support model '{name}' with "
+            "the sequence batching scheduler; disable response_cache"
+        )

@@ -91,6 +91,17 @@ def plausible_name(name: str) -> bool:
 SchedulerFactory = Callable[..., Scheduler]
 
 
+class CopyCache(Protocol):
+    """What the manager needs of a loaded copy's response cache: to close it when the copy
+    stops serving (its entries go; server/core/response_cache.py VersionCache)."""
+
+    def close(self) -> None: ...
+
+
+# (model name, whether its config enables response_cache) -> that copy's cache, or None.
+CacheBinder = Callable[[str, bool], CopyCache | None]
+
+
 class ModelManager:
     """`infer` is the server's in-process infer (server/core/inference_path.py), which the ensembles
     this manager builds send their steps through; `scheduler_factory(spec, stats, infer=...)` builds
@@ -106,6 +117,7 @@ class ModelManager:
         infer: Infer | None = None,
         scheduler_factory: SchedulerFactory = create_scheduler,
         host: Any | None = None,
+        response_cache: CacheBinder | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -113,6 +125,7 @@ class ModelManager:
         self._infer = infer
         self._host = host
         self._scheduler_factory = scheduler_factory
+        self._response_cache = response_cache  # None: the server has no --cache-config
         # One load or unload at a time per model; different models load concurrently.
         self._locks: dict[str, asyncio.Lock] = {}
         # Private directories built from load requests' file overrides, per model.
@@ -448,6 +461,8 @@ class ModelManager:
                 backend_cls,  # type: ignore[arg-type]  # None for an ensemble: it runs no backend
                 self._host,
             )
+            if config.response_cache.enable and config.platform == "ensemble":
+                self._check_cached_ensemble(config)
             stats = VersionStatistics(name, str(version))
             scheduler, labels = await build_version(
                 spec,
@@ -466,17 +481,47 @@ class ModelManager:
                 record.versions[version] = VersionRecord(version, ModelState.UNAVAILABLE, reason)
             return f"version {version} is at UNAVAILABLE state: {reason};"
         seconds = time.monotonic() - started
+        cache = self._bind_cache(name, config)
+        stats.caching = cache is not None
         if self.hooks is not None:
             if replacing:
                 self.hooks.version_unloaded(name, version)
             stats.attach(self.hooks.version_loaded(name, version, seconds))
+        if replacing and old.cache is not None:  # type: ignore[union-attr]  # replacing: set
+            old.cache.close()  # type: ignore[union-attr]
         record.versions[version] = VersionRecord(
-            version, ModelState.READY, "", spec, scheduler, seconds, labels
+            version, ModelState.READY, "", spec, scheduler, seconds, labels, cache
         )
         log.info("loaded '%s' version %d in %.2fs", shown(name), version, seconds)
         if replacing:
             await self._drain_and_stop(name, version, old)  # type: ignore[arg-type]  # replacing: set
         return ""
+
+    def _check_cached_ensemble(self, config: ModelConfig) -> None:
+        """An ensemble caches its one answer: a decoupled step (any number of answers) makes
+        that meaningless, and Triton refuses it at load too."""
+        for member in sorted({step.model_name for step in config.ensemble_scheduling.step}):
+            model = self.registry.models.get(member)
+            for record in model.versions.values() if model is not None else ():
+                if record.scheduler is not None and record.scheduler.rules.decoupled:
+                    raise LoadError(
+                        f"response cache does not currently support ensemble '{config.name}' "
+                        f"with decoupled step model '{member}'; disable response_cache"
+                    )
+
+    def _bind_cache(self, name: str, config: ModelConfig) -> CopyCache | None:
+        """A new copy's response cache: None unless its config enables one and the server
+        has a cache (a config asking for one without it is served uncached, as Triton)."""
+        enabled = bool(config.response_cache.enable)
+        if self._response_cache is None:
+            if enabled:
+                log.warning(
+                    "model '%s' enables response_cache but the server has no cache "
+                    "(--cache-config local,size=N): its answers are not cached",
+                    name,
+                )
+            return None
+        return self._response_cache(name, enabled)
 
     # ----- retire ---------------------------------------------------------------------------
     async def _drain_and_stop(
@@ -517,6 +562,8 @@ class ModelManager:
         self, record: ModelRecord, version: int, current: VersionRecord, drain_timeout: float | None
     ) -> None:
         current.state = ModelState.UNLOADING
+        if current.cache is not None:  # a retiring copy answers nothing from the cache again
+            current.cache.close()
         if current.scheduler is not None:
             if self.hooks is not None:
                 self.hooks.version_unloaded(record.name, version)

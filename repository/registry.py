@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from protocol.errors import InvalidArgument, NotFound, Unavailable
 from protocol.proto.model_config_pb2 import ModelConfig
@@ -39,6 +39,10 @@ class VersionRecord:
     load_seconds: float = 0.0
     # Classification labels per output, read when this copy loaded (a reload re-reads them).
     labels: dict[str, list[str]] = field(default_factory=dict)
+    # This copy's response cache (server/core/response_cache.py VersionCache), None when its
+    # config does not enable `response_cache` or the server has no cache: the infer path
+    # checks this one attribute.
+    cache: Any = None
 
     @property
     def serving(self) -> bool:

@@ -75,6 +75,21 @@ class Scheduler(ABC):
             raise
         return self._admit(request)
 
+    def validate(self, request: InferRequest) -> None:
+        """`submit`'s checks alone (counted as a failure when refused): the response cache
+        looks a request up between them and `admit`."""
+        try:
+            validate_request(request, self.rules)
+        except ServerError:
+            self._stats.record_failure(
+                FailureReason.OTHER, max(0, self._now_ns() - request.arrival_ns)
+            )
+            raise
+
+    def admit(self, request: InferRequest) -> asyncio.Future:
+        """Queue a request `validate` passed (see `submit`)."""
+        return self._admit(request)
+
     @abstractmethod
     def _admit(self, request: InferRequest) -> asyncio.Future:
         """Queue a validated request (see `submit`)."""

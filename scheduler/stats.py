@@ -53,6 +53,12 @@ class MetricsObserver(Protocol):
 
     def sequences_idle_released(self, count: int) -> None: ...
 
+    def cache_enabled(self) -> None: ...
+
+    def cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None: ...
+
+    def cache_miss(self, miss_ns: int) -> None: ...
+
 
 class FailureReason:
     REJECTED = "REJECTED"  # timed out in the queue (REJECT policy) or refused at enqueue
@@ -92,6 +98,7 @@ class VersionStatistics:
     batch_stats: dict[int, BatchStats] = field(default_factory=dict)
     pending: int = 0
     sequences_active: int | None = None  # None: not a sequence model
+    caching: bool = False  # answers from the response cache (server/core/response_cache.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record_success(
@@ -107,6 +114,26 @@ class VersionStatistics:
             self.last_inference_ms = int(time.time() * 1000)
         if self.observer is not None:
             self.observer.request_succeeded(total_ns, queue_ns, input_ns, infer_ns, output_ns)
+
+    def record_cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
+        """A request answered from the response cache: a success (its queue time is what
+        passed before the lookup, as Triton counts it), with no execution, inference or
+        compute time."""
+        with self._lock:
+            self.success.add(total_ns)
+            self.queue.add(queue_ns)
+            self.cache_hit.add(hit_ns)
+            self.last_inference_ms = int(time.time() * 1000)
+        if self.observer is not None:
+            self.observer.cache_hit(total_ns, queue_ns, hit_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """A lookup that found nothing: `miss_ns` is the lookup and, once the request
+        succeeded, the insert of its answer."""
+        with self._lock:
+            self.cache_miss.add(miss_ns)
+        if self.observer is not None:
+            self.observer.cache_miss(miss_ns)
 
     def record_failure(self, reason: str, total_ns: int) -> None:
         with self._lock:
@@ -154,6 +181,8 @@ class VersionStatistics:
         self.observer = observer
         if observer is not None and self.sequences_active is not None:
             observer.sequences_changed(self.sequences_active)
+        if observer is not None and self.caching:
+            observer.cache_enabled()
 
     def sequences_changed(self, active: int) -> None:
         """A sequence model's live sequences (started, not yet ended or released)."""
@@ -213,4 +242,4 @@ class VersionStatistics:
                     setattr(self, item.name, getattr(fresh, item.name))
 
 
-_KEPT_ON_RESET = frozenset({"name", "version", "observer", "pending", "_lock"})
+_KEPT_ON_RESET = frozenset({"name", "version", "observer", "pending", "caching", "_lock"})

@@ -13,6 +13,7 @@ import gc
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from backends import registry as backend_registry
@@ -24,6 +25,7 @@ from repository.registry import ModelRegistry
 from scheduler import affinity
 from server.core.inference_core import InferenceCore
 from server.core.inference_path import InferencePath
+from server.core.response_cache import ResponseCache, VersionCache
 from server.http.fast_path import bounded_protocol_class
 from server.http.listener import http_frontend_listener
 from server.http.parsers import BodyOffload
@@ -115,6 +117,7 @@ class ServerApp:
             TrafficHooks(self.metrics, self.traffic),
             infer=self.inference.infer_admitted,
             host=self.inference,
+            response_cache=_response_cache(settings),
         )
         self.poller: RepositoryPoller | None = None
         if settings.model_control_mode == "poll":
@@ -302,3 +305,15 @@ class ServerApp:
             listener.should_exit = True
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=grace + 1)
+
+
+def _response_cache(settings: ServerSettings) -> Callable[[str, bool], VersionCache | None] | None:
+    """What binds each loaded copy to the server's response cache; None without --cache-config."""
+    if not settings.response_cache_bytes:
+        return None
+    cache = ResponseCache(
+        settings.response_cache_bytes,
+        min(settings.http_offload_threshold, settings.grpc_offload_threshold),
+    )
+    log.info("response cache: local, %d bytes", settings.response_cache_bytes)
+    return cache.bind

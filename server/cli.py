@@ -20,6 +20,7 @@ from server.settings import (
     GRPC_STREAM_PENDING_SIZE,
     SERVER_NAME,
     ServerSettings,
+    parse_cache_config,
 )
 
 
@@ -452,6 +453,14 @@ def build_parser() -> argparse.ArgumentParser:
         "bsp_max_export_batch_size)",
     )
     add(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="Triton's response cache: --cache-config local,size=BYTES holds answers of models "
+        "whose config has response_cache { enable: true } (default: no cache)",
+    )
+    add(
         "--max-shared-memory-regions",
         type=_positive_int,
         default=1024,
@@ -574,6 +583,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_restricted = parse_restrictions(
             args.grpc_restricted_protocol, "--grpc-restricted-protocol", GRPC_HEADER_PREFIX
         )
+        cache_bytes = parse_cache_config(args.cache_config)
         trace_config, otel_config = parse_trace_config(args.trace_config)
         if trace_config.get("trace_mode") == ["opentelemetry"]:
             _require_otel()
@@ -662,6 +672,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         custom_metric_max_labels=args.custom_metric_max_labels,
         custom_metric_max_buckets=args.custom_metric_max_buckets,
         custom_metric_max_text=args.custom_metric_max_text,
+        response_cache_bytes=cache_bytes,
         http_restricted_api=http_restricted,
         grpc_restricted_protocol=grpc_restricted,
         trace_config=trace_config,

@@ -110,6 +110,9 @@ class ServerSettings:
     # hand them over through shared memory (frontend_shm_bytes each way per process).
     frontend_processes: int = 1
     frontend_shm_bytes: int = 64 * 1024 * 1024
+    # The response cache (server/core/response_cache.py), from --cache-config local,size=N:
+    # bytes it may hold in all; 0: no cache (a model's response_cache is then ignored).
+    response_cache_bytes: int = 0
     # System shared memory regions clients may register at once (server/core/client_shm.py).
     max_shared_memory_regions: int = 1024
     # How much of a client-chosen text an error or log line shows (protocol/text.py).
@@ -132,3 +135,33 @@ class ServerSettings:
     # --trace-config opentelemetry,...: `url`, `resource` (a dict), `bsp_*`
     # (server/observability/otel.py)
     otel_config: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_cache_config(values: list[str]) -> int:
+    """Triton's repeatable `--cache-config <cache>,<key>=<value>`: the `local` cache's size in
+    bytes (0 when not given). Raises ValueError naming what is wrong."""
+    size: int | None = None
+    seen: set[str] = set()
+    for value in values:
+        cache, sep, setting = value.partition(",")
+        key, eq, number = setting.partition("=")
+        if not sep or not eq or not cache or not key:
+            raise ValueError(
+                f"--cache-config {value!r}: expected <cache>,<key>=<value>, "
+                "e.g. --cache-config local,size=1048576"
+            )
+        seen.add(cache)
+        if len(seen) > 1:
+            raise ValueError("multiple cache configurations are not supported: " + value)
+        if cache != "local":
+            raise ValueError(f"--cache-config: unknown cache {cache!r}; only 'local' is available")
+        if key != "size":
+            raise ValueError(f"--cache-config local: unknown setting {key!r}; it takes size=BYTES")
+        if not number.isdigit() or int(number) < 1:
+            raise ValueError(
+                f"--cache-config local,size={number}: size must be a positive byte count"
+            )
+        size = int(number)
+    if seen and size is None:  # pragma: no cover - every accepted value sets it
+        raise ValueError("--cache-config local needs size=BYTES")
+    return size or 0

@@ -146,6 +146,8 @@ class InferencePath:
             if refuse_decoupled:
                 raise decoupled_unsupported(refuse_decoupled)
             return await self.one_answer(request, record, ONE_ANSWER_ERROR)
+        if record.cache is not None:  # response_cache (server/core/response_cache.py)
+            return await self._cached(request, record, policy, started)
         try:
             future = scheduler.submit(request)  # validates; raises at once when refused
         except Exception:
@@ -166,6 +168,84 @@ class InferencePath:
         if policy is not None:
             self.traffic.answered(policy, request, record, started, True)
         return _select_outputs(response, request.outputs, record)
+
+    async def _cached(
+        self, request: InferRequest, record: VersionRecord, policy: Policy | None, started: int
+    ) -> InferResponse:
+        """infer_admitted for a copy with the response cache: validated as any request, then
+        looked up; a hit answers at once (no queue, no execution), a miss runs and stores its
+        answer. Hashing and storing large tensors happen in a thread."""
+        scheduler = record.scheduler
+        assert scheduler is not None
+        cache = record.cache
+        stats = scheduler.statistics
+        try:
+            scheduler.validate(request)  # a refused request is never looked up
+        except Exception:
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, False)
+            raise
+        self.enter()
+        try:
+            begin = time.monotonic_ns()
+            if cache.heavy(request.inputs):
+                key = await asyncio.to_thread(cache.key, request)
+            else:
+                key = cache.key(request)
+            entry = cache.lookup(key)
+            if entry is not None:
+                response = entry.answer(request)
+                now = time.monotonic_ns()
+                stats.record_cache_hit(
+                    max(0, now - request.arrival_ns),
+                    max(0, begin - request.arrival_ns),
+                    now - begin,
+                )
+            else:
+                missed = time.monotonic_ns() - begin
+                try:
+                    response = await scheduler.admit(request)
+                except BaseException:
+                    stats.record_cache_miss(missed)
+                    raise
+                stored = time.monotonic_ns()
+                if cache.heavy(response.outputs):
+                    await asyncio.to_thread(cache.store, key, response)
+                else:
+                    cache.store(key, response)
+                stats.record_cache_miss(missed + time.monotonic_ns() - stored)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            if policy is not None:
+                self.traffic.answered(policy, request, record, started, False)
+            raise
+        finally:
+            self.leave()
+        if policy is not None:
+            self.traffic.answered(policy, request, record, started, True)
+        return _select_outputs(response, request.outputs, record)
+
+    def _cached_nowait(
+        self,
+        request: InferRequest,
+        record: VersionRecord,
+        policy: Policy | None,
+        started: int,
+        on_done: Callable[[InferResponse | None, BaseException | None], None],
+    ) -> asyncio.Future:
+        """infer_nowait for a copy with the response cache: a task (cancelling it drops the
+        request, as cancelling the scheduler's future does)."""
+        task = asyncio.ensure_future(self._cached(request, record, policy, started))
+
+        def finished(done: asyncio.Future) -> None:
+            if done.cancelled():
+                return
+            error = done.exception()
+            on_done(None if error is not None else done.result(), error)
+
+        task.add_done_callback(finished)
+        return task
 
     def _route(
         self, policy: Policy | None, request: InferRequest, record: VersionRecord | None
@@ -204,6 +284,8 @@ class InferencePath:
             record, started = self._route(policy, request, None)
             if record.scheduler.rules.decoupled:  # type: ignore[union-attr]
                 raise decoupled_unsupported(endpoint)
+            if record.cache is not None:  # response_cache: looked up in a task
+                return self._cached_nowait(request, record, policy, started, on_done)
             future = record.scheduler.submit(request)  # type: ignore[union-attr]
         except Exception as exc:
             if policy is not None and record is not None:  # refused by the version picked

@@ -109,6 +109,19 @@ _FAMILIES: dict[str, tuple[str, str]] = {
         "(queue timeout expired under timeout_action REJECT)",
     ),
 }
+# Triton's per-model response cache families: rendered only while some version caches.
+_CACHE_FAMILIES: dict[str, tuple[str, str]] = {
+    "nv_cache_num_hits_per_model": ("counter", "Number of cache hits per model"),
+    "nv_cache_num_misses_per_model": ("counter", "Number of cache misses per model"),
+    "nv_cache_hit_duration_per_model": (
+        "counter",
+        "Total cache hit duration per model, in microseconds",
+    ),
+    "nv_cache_miss_duration_per_model": (
+        "counter",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+    ),
+}
 
 
 @dataclass
@@ -132,6 +145,11 @@ class VersionMetrics:
     rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REJECTION_REASONS})
     sequences: int | None = None  # active sequences; None for a model without them
     sequences_idle: int = 0
+    caching: bool = False  # the version answers from the response cache
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_hit_us: float = 0.0
+    cache_miss_us: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -183,6 +201,24 @@ class VersionMetrics:
     def request_rejected(self, reason: str) -> None:
         with self._lock:
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def cache_enabled(self) -> None:
+        self.caching = True
+
+    def cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
+        """A success with no execution (nv_inference_count and exec_count do not move)."""
+        with self._lock:
+            self.success += 1
+            self.request_us += total_ns / 1000
+            self.queue_us += queue_ns / 1000
+            self.cache_hits += 1
+            self.cache_hit_us += hit_ns / 1000
+        self._latency.observe(total_ns / 1e9)
+
+    def cache_miss(self, miss_ns: int) -> None:
+        with self._lock:
+            self.cache_misses += 1
+            self.cache_miss_us += miss_ns / 1000
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -280,8 +316,11 @@ class ServerMetrics:
     def _triton_families(self) -> Iterable[Metric]:
         with self._lock:
             versions = list(self.versions.values())
+        known = dict(_FAMILIES)
+        if any(v.caching for v in versions):
+            known.update(_CACHE_FAMILIES)
         families = {
-            name: Metric(name, help_text, kind) for name, (kind, help_text) in _FAMILIES.items()
+            name: Metric(name, help_text, kind) for name, (kind, help_text) in known.items()
         }
 
         def add(name: str, labels: dict[str, str], value: float) -> None:
@@ -307,6 +346,11 @@ class ServerMetrics:
                 if v.sequences is not None:
                     add("ascend_sequence_active", labels, v.sequences)
                     add("ascend_sequence_idle_released_total", labels, v.sequences_idle)
+                if v.caching:
+                    add("nv_cache_num_hits_per_model", labels, v.cache_hits)
+                    add("nv_cache_num_misses_per_model", labels, v.cache_misses)
+                    add("nv_cache_hit_duration_per_model", labels, int(v.cache_hit_us))
+                    add("nv_cache_miss_duration_per_model", labels, int(v.cache_miss_us))
         yield from families.values()
 
     def _worker_families(self) -> Iterable[Metric]:

@@ -109,3 +109,64 @@ async def test_wait_idle_waits_for_what_is_in_flight(path: InferencePath) -> Non
     future.set_result(future.response)
     assert await path.wait_idle(1)
     assert len((await task).outputs) == 2
+
+
+@pytest.fixture
+def cached(path: InferencePath) -> InferencePath:
+    """`path` with the response cache on for model m."""
+    from server.core.response_cache import ResponseCache
+
+    path.registry.get("m").versions[1].cache = ResponseCache(1 << 20, 1 << 16).bind("m", True)
+    return path
+
+
+def _counts(path: InferencePath) -> tuple[int, int, int]:
+    stats = path.registry.get("m").versions[1].scheduler.statistics.snapshot()  # type: ignore[union-attr]
+    return stats.cache_hit.count, stats.cache_miss.count, stats.success.count
+
+
+async def test_a_cached_answer_is_selected_and_classified_like_a_fresh_one(
+    cached: InferencePath,
+) -> None:
+    scheduler = cached.registry.get("m").versions[1].scheduler
+    first = await cached.infer(request(RequestedOutput("SCORES", classification=2)))
+    scheduler.hold = True  # type: ignore[union-attr]  # a hit must not reach it
+    second = await cached.infer(request(RequestedOutput("SCORES", classification=2)))
+    assert list(second.outputs[0].data.ravel()) == list(first.outputs[0].data.ravel())
+    assert second.outputs[0].data.ravel()[0].startswith(b"0.7")
+    assert _counts(cached)[:2] == (1, 1)
+    assert not scheduler.held  # type: ignore[union-attr]
+
+
+async def test_infer_nowait_answers_hits_too(cached: InferencePath) -> None:
+    answers: list[InferResponse | None] = []
+
+    def done(response: InferResponse | None, error: BaseException | None) -> None:
+        assert error is None
+        answers.append(response)
+
+    for _ in range(2):
+        future = cached.infer_nowait(request(RequestedOutput("COPY")), done)
+        assert future is not None
+        await future
+        await asyncio.sleep(0)
+    assert len(answers) == 2 and [t.name for t in answers[1].outputs] == ["COPY"]  # type: ignore[union-attr]
+    assert _counts(cached) == (1, 1, 1)  # the hit; the miss's success is the scheduler's
+    assert cached.inflight == 0
+
+
+async def test_a_refused_request_is_not_looked_up_and_a_failure_not_stored(
+    cached: InferencePath,
+) -> None:
+    with pytest.raises(InvalidArgument):
+        await cached.infer(request(shape=(1, 4)))
+    assert _counts(cached)[:2] == (0, 0)
+    scheduler = cached.registry.get("m").versions[1].scheduler
+    scheduler.hold = True  # type: ignore[union-attr]
+    running = asyncio.ensure_future(cached.infer(request()))
+    await asyncio.sleep(0)
+    scheduler.held.pop().set_exception(Unavailable("gone"))  # type: ignore[union-attr]
+    with pytest.raises(Unavailable):
+        await running
+    assert len(cached.registry.get("m").versions[1].cache.keys) == 0
+    assert _counts(cached)[:2] == (0, 1)
