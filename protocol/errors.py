@@ -62,6 +62,9 @@ class ServerError(Exception):
     """Base of every error that reaches a client. `message` is what the client reads."""
 
     code: ErrorCode = ErrorCode.INTERNAL
+    # True for an error a model itself answered (pb_utils.TritonError): the generate extension
+    # answers those 400 with the model's text, as its protocol says a failed request is.
+    from_model: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
