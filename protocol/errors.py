@@ -66,6 +66,9 @@ class ServerError(Exception):
     it quotes, so it never forges a log line and always fits gRPC's metadata."""
 
     code: ErrorCode = ErrorCode.INTERNAL
+    # True for an error a model itself answered (pb_utils.TritonError): the generate extension
+    # answers those 400 with the model's text, as its protocol says a failed request is.
+    from_model: bool = False
 
     def __init__(self, message: str) -> None:
         message = bounded_message(message)

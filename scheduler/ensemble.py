@@ -201,6 +201,7 @@ class EnsembleScheduler(Scheduler):
         total = self._elapsed(request)
         self._stats.record_execution(max(1, request.batch_size), 0, total, 0)
         self._stats.record_success(total, 0, 0, total, 0)
+        self._stats.record_first_response(total)
         outputs = [tensors[name] for name in self._outputs if name in tensors]
         return InferResponse(self._name, str(self._spec.version), id=request.id, outputs=outputs)
 

@@ -424,6 +424,7 @@ class QueueScheduler(Scheduler):
         assert result is not None
         now = self._clock.now_ns()
         stats = self._stats
+        decoupled = self.rules.decoupled
         for entry, outcome in zip(batch.entries, result.outcomes, strict=False):
             if entry.state != RUNNING:
                 continue  # cancelled meanwhile, or already failed by drain
@@ -456,6 +457,8 @@ class QueueScheduler(Scheduler):
                 stats.record_success(
                     total, queue_ns, result.input_ns, result.infer_ns, result.output_ns
                 )
+                if not decoupled:  # a decoupled model's first answer came through its stream
+                    stats.record_first_response(total)
 
     # -- leaving without running ------------------------------------------------------------
 

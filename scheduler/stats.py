@@ -59,6 +59,8 @@ class MetricsObserver(Protocol):
 
     def cache_miss(self, miss_ns: int) -> None: ...
 
+    def first_response(self, elapsed_ns: int) -> None: ...
+
 
 class FailureReason:
     REJECTED = "REJECTED"  # timed out in the queue (REJECT policy) or refused at enqueue
@@ -140,6 +142,13 @@ class VersionStatistics:
             self.fail.add(total_ns)
         if self.observer is not None:
             self.observer.request_failed(reason, total_ns)
+
+    def record_first_response(self, elapsed_ns: int) -> None:
+        """A request's first answer came `elapsed_ns` after it arrived: its only answer for a
+        model that is not decoupled, the first of its stream for one that is
+        (nv_inference_first_response_histogram_ms)."""
+        if self.observer is not None:
+            self.observer.first_response(elapsed_ns)
 
     def record_member_failure(self) -> None:
         """An ensemble request failed in a composing model. Triton's metrics count that failure

@@ -39,7 +39,7 @@ from server.net.listeners import (
     wait_started,
 )
 from server.observability.custom_metrics import CustomMetricLimits, CustomMetrics
-from server.observability.metrics import ServerMetrics, worker_restarts
+from server.observability.metrics import MetricsOptions, ServerMetrics, worker_restarts
 from server.observability.metrics_app import build_metrics_app
 from server.settings import ServerSettings
 from server.traffic.policy import TrafficControl, TrafficHooks, TrafficSettings
@@ -68,7 +68,18 @@ class ServerApp:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.registry = ModelRegistry()
-        self.metrics = ServerMetrics(restarts=lambda: worker_restarts(self.registry))
+        self.metrics = ServerMetrics(
+            restarts=lambda: worker_restarts(self.registry),
+            options=MetricsOptions(
+                counter_latencies=settings.metrics_counter_latencies,
+                histogram_latencies=settings.metrics_histogram_latencies,
+                summary_latencies=settings.metrics_summary_latencies,
+                summary_quantiles=settings.metrics_summary_quantiles,
+                summary_samples=settings.metrics_summary_samples,
+                cpu_metrics=settings.allow_cpu_metrics,
+                interval_ms=settings.metrics_interval_ms,
+            ),
+        )
         # The one in-process infer: frontends call it through the core, ensembles directly,
         # Python models (BLS) as their backend's host.
         # Gray release: traffic policies, told of every version that starts or stops serving.
@@ -180,6 +191,7 @@ class ServerApp:
             self._offloads.append(offload)
             self._listeners.append(listener)
         if s.allow_metrics:
+            self.metrics.start()  # per-interval readings (--metrics-interval-ms)
             self._listeners.append(
                 uvicorn_listener(
                     build_metrics_app(self.metrics),
@@ -291,6 +303,7 @@ class ServerApp:
         await self.core.wait_idle(min(left(), 0.5))  # let handlers write those answers
         await self._close_listeners(left())
         self.core.tracer.flush()  # traces not yet written (log_frequency 0: all of them)
+        self.metrics.stop()
         log.info("ascend-serve stopped")
 
     async def _close_listeners(self, grace: float) -> None:

@@ -14,7 +14,9 @@ from protocol.text import set_echo_limit
 from server.net.loop import new_event_loop
 from server.observability import log_escaping
 from server.settings import (
+    DEFAULT_CAPACITY,
     DEFAULT_MAX_INPUT_SIZE,
+    DEFAULT_QUANTILES,
     GRPC_MAX_MESSAGE,
     GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS,
     GRPC_STREAM_PENDING_SIZE,
@@ -76,6 +78,22 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--allow-http", True, "serve HTTP/REST")
     flag("--allow-grpc", True, "serve gRPC")
     flag("--allow-metrics", True, "serve Prometheus metrics")
+    flag(
+        "--allow-cpu-metrics",
+        True,
+        "export CPU metrics (nv_cpu_utilization, nv_cpu_memory_*); ignored unless --allow-metrics",
+    )
+    add(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="Triton's metrics settings, repeatable: counter_latencies=true|false (default "
+        "true), histogram_latencies=true|false (nv_inference_first_response_histogram_ms; "
+        "default false), summary_latencies=true|false (nv_inference_*_summary_us; default "
+        "false), summary_quantiles=<q>:<error>,... (default "
+        "0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001)",
+    )
     flag("--strict-readiness", True, "ready only when every model is ready")
     flag(
         "--ready-with-no-models",
@@ -346,7 +364,23 @@ def build_parser() -> argparse.ArgumentParser:
         "many milliseconds (a silent client; default 30000)",
     )
     add("--model-config-name", default=None, help="use configs/<name>.pbtxt where present")
-    add("--metrics-interval-ms", type=int, default=2000)
+    add(
+        "--metrics-summary-samples",
+        type=_positive_int,
+        default=DEFAULT_CAPACITY,
+        metavar="N",
+        help="with summary_latencies, the observations each summary keeps per 12 s of its "
+        "60 s window (exact quantiles below that many, sampled above; memory: N x 5 x 5 "
+        f"values per model version; default {DEFAULT_CAPACITY})",
+    )
+    add(
+        "--metrics-interval-ms",
+        type=_positive_int,
+        default=2000,
+        metavar="MS",
+        help="read the per-interval metrics (CPU) and merge the summaries' observations every "
+        "this many milliseconds (default 2000)",
+    )
     add(
         "--model-control-mode",
         choices=["none", "poll", "explicit"],
@@ -575,6 +609,7 @@ _non_negative_float = _bounded(float, strict=False)
 def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from server.observability.metrics import parse_metrics_config
     from server.observability.tracing import parse_trace_config
     from server.restricted import GRPC_HEADER_PREFIX, parse_restrictions
 
@@ -587,6 +622,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         trace_config, otel_config = parse_trace_config(args.trace_config)
         if trace_config.get("trace_mode") == ["opentelemetry"]:
             _require_otel()
+        metrics_config = parse_metrics_config(args.metrics_config)
     except ValueError as exc:
         parser.error(str(exc))
     budget = args.http_max_inflight_body_size
@@ -655,6 +691,14 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         python_max_response_ring_bytes=args.python_max_response_ring_bytes,
         model_max_delay_secs=args.model_max_delay_secs,
         metrics_interval_ms=args.metrics_interval_ms,
+        allow_cpu_metrics=args.allow_cpu_metrics and args.allow_metrics,
+        metrics_counter_latencies=bool(metrics_config.get("counter_latencies", True)),
+        metrics_histogram_latencies=bool(metrics_config.get("histogram_latencies", False)),
+        metrics_summary_latencies=bool(metrics_config.get("summary_latencies", False)),
+        metrics_summary_samples=args.metrics_summary_samples,
+        metrics_summary_quantiles=metrics_config.get(  # type: ignore[arg-type]  # checked
+            "summary_quantiles", DEFAULT_QUANTILES
+        ),
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         load_models=list(args.load_models),

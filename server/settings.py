@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from server.observability.quantiles import DEFAULT_CAPACITY, DEFAULT_QUANTILES
+
 SERVER_NAME = "ascend-serve"  # what server metadata names us unless --id says otherwise
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 GRPC_MAX_MESSAGE = 2**31 - 1
@@ -104,7 +106,17 @@ class ServerSettings:
     # shadow requests may be in flight before new ones are dropped (and counted).
     traffic_gate_interval_secs: float = 0.25
     traffic_shadow_max_inflight: int = 32
+    # Metrics (server/observability/metrics.py), Triton's flags and --metrics-config keys: how
+    # often per-interval metrics are read (CPU; summaries merge then too), CPU metrics on or off,
+    # and which per-model latency families exist, with the summaries' (quantile, error) pairs.
     metrics_interval_ms: int = 2000
+    allow_cpu_metrics: bool = True
+    metrics_counter_latencies: bool = True
+    metrics_histogram_latencies: bool = False
+    metrics_summary_latencies: bool = False
+    metrics_summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
+    # Observations each summary keeps per 12 s slice of its 60 s window (the memory bound).
+    metrics_summary_samples: int = DEFAULT_CAPACITY
     # Processes that accept HTTP and gRPC connections (server/multiprocess/pool.py): this one, which
     # owns the models and batchers, and frontend_processes - 1 more that decode requests and
     # hand them over through shared memory (frontend_shm_bytes each way per process).

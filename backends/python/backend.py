@@ -48,7 +48,7 @@ from backends.python.process import (
     end_workers,
     workers_ended,
 )
-from backends.python.streams import ERROR_CODES, StreamRouter
+from backends.python.streams import StreamRouter, error_from_code
 from protocol import errors
 from protocol.config_json import config_to_json
 from protocol.types import InferRequest
@@ -446,7 +446,7 @@ class PythonBackend(Backend):
     def _result(result: Result) -> dict[str, np.ndarray] | BaseException:
         if isinstance(result, tuple):
             code, message = result
-            return ERROR_CODES.get(code, errors.InternalError)(message)
+            return error_from_code(code, message)
         return result
 
 

@@ -54,7 +54,10 @@ NO_HOST_ERROR = "BLS is not available: this model was loaded without the server'
 
 
 def error_from_code(code: int, message: str) -> errors.ServerError:
-    return ERROR_CODES.get(code, errors.InternalError)(message)
+    """The error a model answered (a TritonError's code and text), marked as the model's."""
+    error = ERROR_CODES.get(code, errors.InternalError)(message)
+    error.from_model = True
+    return error
 
 
 def _code_of(error: errors.ServerError) -> int:

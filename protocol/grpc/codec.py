@@ -29,6 +29,7 @@ from protocol.types import (
     Tensor,
     TensorMetadata,
 )
+from protocol.values import TRACE_NUMBER_LOW, check_trace_number
 
 # Request parameters Triton reads itself, with the InferParameter kinds it accepts for each.
 _TYPED_PARAMETERS: dict[str, tuple[str, ...]] = {
@@ -456,8 +457,13 @@ def encode_system_shm_status(
 def decode_trace_settings(
     settings: Mapping[str, pb.TraceSettingRequest.SettingValue],
 ) -> dict[str, list[str] | None]:
-    """Each key's list of strings; an empty list means "reset to the global value" (None)."""
-    return {key: (list(value.value) or None) for key, value in settings.items()}
+    """Each key's list of strings; an empty list means "reset to the global value" (None).
+    Numbers are checked here in Triton's gRPC wording (protocol/values.py)."""
+    changes = {key: (list(value.value) or None) for key, value in settings.items()}
+    for key, values in changes.items():
+        if key in TRACE_NUMBER_LOW and values is not None and len(values) == 1:
+            check_trace_number(key, values[0], grpc=True)
+    return changes
 
 
 def encode_trace_settings(settings: Mapping[str, list[str]]) -> pb.TraceSettingResponse:
@@ -467,10 +473,28 @@ def encode_trace_settings(settings: Mapping[str, list[str]]) -> pb.TraceSettingR
     return response
 
 
+# A log setting -> the SettingValue field Triton wants it in, and its words for another.
+_LOG_KINDS = {
+    "log_info": ("bool_param", "boolean"),
+    "log_warning": ("bool_param", "boolean"),
+    "log_error": ("bool_param", "boolean"),
+    "log_verbose_level": ("uint32_param", "int32"),
+    "log_format": ("string_param", "string"),
+}
+
+
 def decode_log_settings(
     settings: Mapping[str, pb.LogSettingsRequest.SettingValue],
 ) -> dict[str, Any]:
-    return {key: parameter_value(key, value) for key, value in settings.items()}
+    """Each setting's value; one in the wrong field is refused in Triton's words
+    ("expect int32 for 'log_verbose_level'"). Unknown keys are left to the core."""
+    decoded: dict[str, Any] = {}
+    for key, value in settings.items():
+        kind = _LOG_KINDS.get(key)
+        if kind is not None and value.WhichOneof("parameter_choice") != kind[0]:
+            raise InvalidArgument(f"expect {kind[1]} for '{key}'")
+        decoded[key] = parameter_value(key, value)
+    return decoded
 
 
 def encode_log_settings(settings: Mapping[str, Any]) -> pb.LogSettingsResponse:

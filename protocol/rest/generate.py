@@ -2,8 +2,9 @@
 
 Request: one JSON object. A member named like a model input becomes that input: a scalar or a
 flat array, shaped to the input's dims (the batch dimension, for a batching model, is 1); a
-`parameters` object gives request parameters, and so does every other member (`id` too, which
-is also the request id). Parameters must be strings, numbers or booleans.
+`parameters` object gives request parameters (a member of it named like an input becomes that
+input, as in Triton), and so does every other member (`id` too, which is also the request
+id). Parameters must be strings, numbers or booleans.
 Response: `{"id"?, "model_name", "model_version", <output name>: value, ...}`, where a
 one-element output is a scalar and any other a flat list. `/generate_stream` sends each answer
 as a server-sent event, `data: <json>\\n\\n`.
@@ -134,11 +135,18 @@ def decode_generate(
             if not isinstance(value, dict):
                 raise InvalidArgument("Expected JSON object for keyword: 'parameters'")
             for name, item in value.items():
-                parameters[name] = _parameter(name, item)
+                if name in inputs:  # Triton maps a nested member named like an input to it
+                    tensors.append(_tensor(name, inputs[name], item))
+                else:
+                    parameters[name] = _parameter(name, item)
         else:
             parameters[key] = _parameter(key, value)
             if key == "id":
                 request_id = str(value)
+    names = [tensor.name for tensor in tensors]
+    for name in names:
+        if names.count(name) > 1:  # at the top and inside "parameters"
+            raise InvalidArgument(f"input '{name}' already exists in request")
     return InferRequest(model_name, model_version, request_id, tensors, None, parameters)
 
 

@@ -342,10 +342,16 @@ class InferencePath:
                 stream.fail(as_server_error(done.exception()))  # type: ignore[arg-type]
 
         future.add_done_callback(taken)
+        first = True
         try:
             while True:
                 item = await stream.next()
                 if item.response is not None:
+                    if first:  # nv_inference_first_response_histogram_ms
+                        first = False
+                        scheduler.statistics.record_first_response(
+                            max(0, time.monotonic_ns() - request.arrival_ns)
+                        )
                     item.response = _select_outputs(
                         item.response, request.outputs, record, lenient=True
                     )

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from protocol.errors import NotFound
 from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
 from server.core.api import CoreAPI
@@ -27,15 +28,26 @@ from server.net.connections import descriptor_limit, resolve_max_connections
 from server.net.listeners import bind_failure
 from server.settings import ServerSettings
 
-
 # ----- grpc.health.v1 -----------------------------------------------------------------------
+KNOWN_SERVICES = (
+    "inference.GRPCInferenceService",
+    "ascend.traffic.v1.TrafficService",
+    "grpc.health.v1.Health",
+)
+UNKNOWN_SERVICE = "unknown service"
+
+
 class HealthServicer(health_pb2_grpc.HealthServicer):
     """Kubernetes `grpc:` probes: SERVING exactly when the server is ready (core.ready()).
 
-    Like Triton, every service name answers with the server's readiness."""
+    The empty name (the whole server, what probes send) and each service this listener serves
+    follow readiness; any other name is NOT_FOUND on Check and SERVICE_UNKNOWN on Watch, as the
+    gRPC health protocol says (Triton answers every name with readiness: a typo in a probe's
+    service name then looks healthy)."""
 
     def __init__(self, core: CoreAPI, poll_seconds: float = HEALTH_POLL_SECONDS) -> None:
         self.core = core
+        self.services = frozenset(("", *KNOWN_SERVICES))
         self.poll_seconds = poll_seconds
         self.closing = asyncio.Event()
 
@@ -51,6 +63,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     ) -> health_pb2.HealthCheckResponse:
         if type(request) is Undecodable:
             await abort(context, request.error)
+        if request.service not in self.services:
+            await abort(context, NotFound(UNKNOWN_SERVICE))
         return health_pb2.HealthCheckResponse(status=self.status())
 
     async def Watch(
@@ -59,6 +73,12 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         """The current status at once, then each change; ends (NOT_SERVING) at shutdown."""
         if type(request) is Undecodable:
             await abort(context, request.error)
+        if request.service not in self.services:  # one message, and the call stays open
+            yield health_pb2.HealthCheckResponse(
+                status=health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            )
+            await self.closing.wait()
+            return
         last: int | None = None
         while not self.closing.is_set():
             status = self.status()

@@ -5,10 +5,11 @@ Both decode the body once (protocol/rest/generate.py) and take every answer from
 path's stream (server/core/inference_path.py `stream`). `/generate` wants exactly one answer.
 `/generate_stream` sends each answer as a server-sent event as soon as it comes; a flag-only
 final answer sends nothing, an error is a `data: {"error": ...}` event (the status is the
-error's when it is the first event), and a failure before inference starts is a plain JSON
-error. Events are written only as fast as the client reads them: an unread answer stays in the
-model's bounded buffer, so a slow client holds the model's sender back (see
-backends/python/worker/bridge.py) instead of growing the server's memory.
+error's when it is the first event; a model's own error is 400 on both routes), and a failure
+before inference starts is a plain JSON error. Events are written only as fast as the client
+reads them: an unread answer stays in the model's bounded buffer, so a slow client holds the
+model's sender back (see backends/python/worker/bridge.py) instead of growing the server's
+memory.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class GenerateEndpoints:
         try:
             async for item in stream:
                 if item.error is not None:
-                    raise item.error
+                    raise _as_answered(item.error)
                 if item.response is not None:
                     answers.append(item.response)
                     if len(answers) > 1:  # stop (and cancel) at once: nothing piles up here
@@ -113,10 +114,17 @@ class GenerateEndpoints:
         first = await _next_event(answers)  # errors before inference starts: plain JSON
         status = 200
         if first is not None and first.error is not None:
-            status = http_status(first.error, self.overload_status)
+            status = http_status(_as_answered(first.error), self.overload_status)
         return StreamingResponse(
             _events(first, answers), status_code=status, media_type=SSE_MEDIA_TYPE
         )
+
+
+def _as_answered(error: ServerError) -> ServerError:
+    """A model's own error answers 400 with its text here (the generate protocol: a failed
+    request is "typically 400"); the server's errors (overload, unavailable) keep their
+    statuses."""
+    return InvalidArgument(error.message) if error.from_model else error
 
 
 async def _next_event(answers: AsyncIterator[StreamItem]) -> StreamItem | None:

@@ -368,7 +368,8 @@ class HttpFrontend:
             ("/v2/repository/index", self.repository_index, "POST"),
             ("/v2/repository/models/{model}/load", self.repository_load, "POST"),
             ("/v2/repository/models/{model}/unload", self.repository_unload, "POST"),
-            ("/v2/repository/{repo}/index", self.repository_named, "POST"),
+            # Triton's HTTP index ignores a repository name (its gRPC index refuses one).
+            ("/v2/repository/{repo}/index", self.repository_index, "POST"),
             ("/v2/repository/{repo}/models/{model}/load", self.repository_named, "POST"),
             ("/v2/repository/{repo}/models/{model}/unload", self.repository_named, "POST"),
             ("/v2/models/{model}/traffic", self.traffic_get, "GET"),

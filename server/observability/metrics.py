@@ -8,8 +8,11 @@ unloads; updates happen once per request and once per batch.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,6 +22,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from scheduler.stats import REJECTION_REASONS, FailureReason
+from server.observability.quantiles import DEFAULT_CAPACITY, DEFAULT_QUANTILES, WindowedQuantiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from repository.registry import ModelRegistry
@@ -46,6 +50,150 @@ LATENCY_BUCKETS = (
     10.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+FIRST_RESPONSE_BUCKETS = (100.0, 500.0, 2000.0, 5000.0)  # ms, Triton's defaults
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+# Observations a version buffers for its summaries before the request that adds one more
+# merges them itself; the metrics poller merges them every --metrics-interval-ms before that.
+SUMMARY_BUFFER = 4096
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """What --metrics-config, --allow-cpu-metrics and --metrics-interval-ms chose (Triton's
+    keys and defaults): which latency families exist, the summaries' quantiles, and how often
+    the per-interval metrics (CPU) are read."""
+
+    counter_latencies: bool = True
+    histogram_latencies: bool = False
+    summary_latencies: bool = False
+    summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
+    summary_samples: int = DEFAULT_CAPACITY  # kept per 12 s slice of the 60 s window
+    cpu_metrics: bool = True
+    interval_ms: int = 2000
+
+
+METRICS_CONFIG_KEYS = (
+    "counter_latencies",
+    "histogram_latencies",
+    "summary_latencies",
+    "summary_quantiles",
+)
+
+
+def parse_metrics_config(specs: Iterable[str]) -> dict[str, object]:
+    """Triton's `--metrics-config <setting>=<value>` values -> MetricsOptions fields.
+    ValueError (a startup error) for a malformed one, an unknown setting, a value that is not
+    true/false, or a quantile pair outside 0 < quantile < 1, 0 < error < 1 (Triton logs and
+    skips a bad pair; a typo here should not silently keep the defaults)."""
+    fields: dict[str, object] = {}
+    for spec in specs:
+        key, eq, value = spec.partition("=")
+        if not eq or not key or not value or "," in key:
+            raise ValueError(f"--metrics-config option format is <setting>=<value>. Got {spec}")
+        if key not in METRICS_CONFIG_KEYS:
+            raise ValueError(
+                f"--metrics-config: unknown setting '{key}'; expected one of "
+                f"{', '.join(METRICS_CONFIG_KEYS)}"
+            )
+        if key == "summary_quantiles":
+            fields[key] = _parse_quantiles(value)
+            continue
+        if value not in ("true", "false"):
+            raise ValueError(f"--metrics-config: {key} must be true or false, got '{value}'")
+        fields[key] = value == "true"
+    return fields
+
+
+def _parse_quantiles(text: str) -> tuple[tuple[float, float], ...]:
+    pairs: list[tuple[float, float]] = []
+    for pair in text.split(","):
+        quantile, colon, error = pair.strip().partition(":")
+        try:
+            q, e = float(quantile), float(error)
+        except ValueError:
+            q = e = math.nan
+        if not colon or not (0.0 < q < 1.0) or not (0.0 < e < 1.0):
+            raise ValueError(
+                f"--metrics-config: invalid summary_quantiles pair [{pair}]: expected "
+                "<quantile>:<error> with 0 < quantile < 1 and 0 < error < 1"
+            )
+        pairs.append((q, e))
+    return tuple(pairs)
+
+
+# The summaries, in the order of VersionMetrics' buffered tuples (Triton's names and help).
+SUMMARIES = (
+    (
+        "nv_inference_request_summary_us",
+        "Summary of inference request duration in microseconds (includes cached requests)",
+    ),
+    (
+        "nv_inference_queue_summary_us",
+        "Summary of inference queuing duration in microseconds (includes cached requests)",
+    ),
+    (
+        "nv_inference_compute_input_summary_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+    ),
+    (
+        "nv_inference_compute_infer_summary_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+    ),
+    (
+        "nv_inference_compute_output_summary_us",
+        "Cumulative inference compute output duration in microseconds "
+        "(does not include cached requests)",
+    ),
+)
+LATENCY_COUNTERS = (
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+
+
+class LatencySummaries:
+    """One version's five summaries. Requests only append a tuple to a bounded buffer; it is
+    handed to the windows (server/observability/quantiles.py) at scrape, on the metrics poller,
+    or, when SUMMARY_BUFFER requests came between those, by the request that fills it. Count
+    and sum cover every observation, the quantiles the last 60 s (Triton's window)."""
+
+    def __init__(self, quantiles: tuple[tuple[float, float], ...], samples: int) -> None:
+        self.quantiles = tuple(q for q, _ in quantiles)
+        self.windows = [WindowedQuantiles(samples) for _ in SUMMARIES]
+        self.counts = [0] * len(SUMMARIES)
+        self.sums = [0] * len(SUMMARIES)
+        self.pending: list[tuple[int, int, int, int, int]] = []
+        self._merge_lock = threading.Lock()  # one merge at a time; requests never wait on it
+
+    def merge(self, lock: threading.Lock) -> None:
+        """Take the buffer (under the version's `lock`, briefly) and hand it to the windows."""
+        with self._merge_lock:
+            with lock:
+                batch, self.pending = self.pending, []
+            if not batch:
+                return
+            now = time.monotonic_ns()
+            for index, column in enumerate(zip(*batch, strict=True)):
+                self.counts[index] += len(column)
+                self.sums[index] += sum(column)
+                self.windows[index].insert(column, now)
+
+    def samples(self) -> list[tuple[list[tuple[float, float]], int, int]]:
+        """Per summary: [(quantile, value)], count, sum."""
+        with self._merge_lock:
+            now = time.monotonic_ns()
+            return [
+                (
+                    list(zip(self.quantiles, window.get(self.quantiles, now), strict=True)),
+                    self.counts[index],
+                    self.sums[index],
+                )
+                for index, window in enumerate(self.windows)
+            ]
+
 
 # name -> (type, help); HELP texts describe the same meaning as Triton's.
 _FAMILIES: dict[str, tuple[str, str]] = {
@@ -155,10 +303,22 @@ class VersionMetrics:
     def __post_init__(self) -> None:
         self._latency = self.histograms.latency.labels(self.model, self.version)
         self._batch = self.histograms.batch_size.labels(self.model, self.version)
+        options = self.histograms.options
+        self.summaries = (
+            LatencySummaries(options.summary_quantiles, options.summary_samples)
+            if options.summary_latencies
+            else None
+        )
+        self._first = (
+            self.histograms.first_response.labels(self.model, self.version)
+            if self.histograms.first_response is not None
+            else None
+        )
 
     def request_succeeded(
         self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
+        summaries = self.summaries
         with self._lock:
             self.success += 1
             self.request_us += total_ns / 1000
@@ -166,7 +326,27 @@ class VersionMetrics:
             self.input_us += input_ns / 1000
             self.infer_us += infer_ns / 1000
             self.output_us += output_ns / 1000
+            if summaries is not None:  # whole microseconds, as Triton observes them
+                pending = summaries.pending
+                pending.append(
+                    (
+                        total_ns // 1000,
+                        queue_ns // 1000,
+                        input_ns // 1000,
+                        infer_ns // 1000,
+                        output_ns // 1000,
+                    )
+                )
+                full = len(pending) >= SUMMARY_BUFFER
         self._latency.observe(total_ns / 1e9)
+        if summaries is not None and full:
+            summaries.merge(self._lock)
+
+    def first_response(self, elapsed_ns: int) -> None:
+        """A request's first answer, `elapsed_ns` after it arrived (whole milliseconds, as
+        Triton observes them)."""
+        if self._first is not None:
+            self._first.observe(elapsed_ns // 1_000_000)
 
     def request_failed(self, reason: str, total_ns: int) -> None:
         with self._lock:
@@ -266,8 +446,11 @@ def worker_restarts(registry: ModelRegistry) -> list[tuple[str, str, int]]:
 class ServerMetrics:
     """Every metric the server exposes; also the repository manager's VersionHooks."""
 
-    def __init__(self, restarts: WorkerRestarts | None = None) -> None:
+    def __init__(
+        self, restarts: WorkerRestarts | None = None, options: MetricsOptions | None = None
+    ) -> None:
         self._restarts = restarts
+        self.options = options or MetricsOptions()
         self.registry = CollectorRegistry(auto_describe=False)
         self.latency = Histogram(
             "ascend_inference_request_latency_seconds",
@@ -283,10 +466,22 @@ class ServerMetrics:
             registry=self.registry,
             buckets=BATCH_BUCKETS,
         )
+        self.first_response: Histogram | None = None
+        if self.options.histogram_latencies:
+            self.first_response = Histogram(
+                FIRST_RESPONSE,
+                "Duration from request to first response in milliseconds",
+                ["model", "version"],
+                registry=self.registry,
+                buckets=FIRST_RESPONSE_BUCKETS,
+            )
         self.versions: dict[tuple[str, str], VersionMetrics] = {}
+        self._poller: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._extra: list[Collector] = []
         self._cpu_last = _cpu_times() if os.path.exists("/proc/stat") else (0, 0)
         self._cpu_utilization = 0.0
+        self._cpu_memory = (0, 0)
         self._lock = threading.Lock()
 
     # VersionHooks
@@ -302,11 +497,53 @@ class ServerMetrics:
         with self._lock:
             if self.versions.pop(key, None) is None:
                 return
-        for histogram in (self.latency, self.batch_size):
+        for histogram in (self.latency, self.batch_size, self.first_response):
+            if histogram is None:
+                continue
             try:
                 histogram.remove(*key)
             except KeyError:
                 pass
+
+    # Per-interval work (Triton's --metrics-interval-ms): CPU readings, summary merges.
+    def poll(self) -> None:
+        """Read what is read per interval: CPU utilization and memory, and merge each
+        version's buffered summary observations."""
+        if self.options.cpu_metrics and os.path.exists("/proc/stat"):
+            total, idle = _cpu_times()
+            last_total, last_idle = self._cpu_last
+            memory = _memory()
+            with self._lock:
+                if total > last_total:
+                    self._cpu_utilization = 1.0 - (idle - last_idle) / (total - last_total)
+                    self._cpu_last = (total, idle)
+                self._cpu_memory = memory
+        for v in self._summarised():
+            v.summaries.merge(v._lock)  # type: ignore[union-attr]  # _summarised: has them
+
+    def _summarised(self) -> list[VersionMetrics]:
+        with self._lock:
+            return [v for v in self.versions.values() if v.summaries is not None]
+
+    def start(self) -> None:
+        """Poll every interval on a daemon thread (never the event loop: a merge takes CPU)."""
+        if self._poller is not None:
+            return
+        self.poll()
+        interval = max(self.options.interval_ms, 1) / 1000
+
+        def run() -> None:
+            while not self._stopping.wait(interval):
+                try:
+                    self.poll()
+                except Exception:  # pragma: no cover - a bad read must not end the polling
+                    logging.getLogger(__name__).exception("metrics poll failed")
+
+        self._poller = threading.Thread(target=run, name="metrics-poll", daemon=True)
+        self._poller.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
 
     def add_collector(self, collector: Collector) -> None:
         """Extra families (NPU telemetry) rendered after ours."""
@@ -319,8 +556,11 @@ class ServerMetrics:
         known = dict(_FAMILIES)
         if any(v.caching for v in versions):
             known.update(_CACHE_FAMILIES)
+        counters = self.options.counter_latencies
         families = {
-            name: Metric(name, help_text, kind) for name, (kind, help_text) in known.items()
+            name: Metric(name, help_text, kind)
+            for name, (kind, help_text) in known.items()
+            if counters or name not in LATENCY_COUNTERS
         }
 
         def add(name: str, labels: dict[str, str], value: float) -> None:
@@ -334,11 +574,12 @@ class ServerMetrics:
                     add("nv_inference_request_failure", {**labels, "reason": reason}, count)
                 add("nv_inference_count", labels, v.inference_count)
                 add("nv_inference_exec_count", labels, v.exec_count)
-                add("nv_inference_request_duration_us", labels, int(v.request_us))
-                add("nv_inference_queue_duration_us", labels, int(v.queue_us))
-                add("nv_inference_compute_input_duration_us", labels, int(v.input_us))
-                add("nv_inference_compute_infer_duration_us", labels, int(v.infer_us))
-                add("nv_inference_compute_output_duration_us", labels, int(v.output_us))
+                if counters:
+                    add("nv_inference_request_duration_us", labels, int(v.request_us))
+                    add("nv_inference_queue_duration_us", labels, int(v.queue_us))
+                    add("nv_inference_compute_input_duration_us", labels, int(v.input_us))
+                    add("nv_inference_compute_infer_duration_us", labels, int(v.infer_us))
+                    add("nv_inference_compute_output_duration_us", labels, int(v.output_us))
                 add("nv_inference_pending_request_count", labels, v.pending)
                 add("nv_model_load_duration_secs", labels, round(v.load_seconds, 6))
                 for reason, count in v.rejected.items():
@@ -353,6 +594,26 @@ class ServerMetrics:
                     add("nv_cache_miss_duration_per_model", labels, int(v.cache_miss_us))
         yield from families.values()
 
+    def _summary_families(self) -> Iterable[Metric]:
+        """Triton's summaries: `{quantile="q"}` samples, then `_count` and `_sum`, per version."""
+        if not self.options.summary_latencies:
+            return
+        versions = self._summarised()
+        families = [Metric(name, help_text, "summary") for name, help_text in SUMMARIES]
+        for v in versions:
+            summaries = v.summaries
+            assert summaries is not None
+            summaries.merge(v._lock)
+            labels = {"model": v.model, "version": v.version}
+            for family, (quantiles, count, total) in zip(
+                families, summaries.samples(), strict=True
+            ):
+                for quantile, value in quantiles:
+                    family.add_sample(family.name, {**labels, "quantile": repr(quantile)}, value)
+                family.add_sample(family.name + "_count", labels, count)
+                family.add_sample(family.name + "_sum", labels, total)
+        yield from families
+
     def _worker_families(self) -> Iterable[Metric]:
         if self._restarts is None:
             return
@@ -366,14 +627,14 @@ class ServerMetrics:
         yield family
 
     def _cpu_families(self) -> Iterable[Metric]:
-        if not os.path.exists("/proc/stat"):
+        """Per interval, as Triton: the values of the last poll (a scrape before the poller
+        runs reads them itself). None with --allow-cpu-metrics=false."""
+        if not self.options.cpu_metrics or not os.path.exists("/proc/stat"):
             return
-        total, idle = _cpu_times()
-        last_total, last_idle = self._cpu_last
-        if total > last_total:
-            self._cpu_utilization = 1.0 - (idle - last_idle) / (total - last_total)
-            self._cpu_last = (total, idle)
-        memory_total, memory_used = _memory()
+        if self._poller is None:
+            self.poll()
+        with self._lock:
+            memory_total, memory_used = self._cpu_memory
         for name, help_text, value in (
             (
                 "nv_cpu_utilization",
@@ -391,6 +652,7 @@ class ServerMetrics:
         lines: list[str] = []
         sources: list[Callable[[], Iterable[Metric]]] = [
             self._triton_families,
+            self._summary_families,
             self._worker_families,
             self._cpu_families,
             self.registry.collect,
@@ -405,6 +667,8 @@ class ServerMetrics:
 def _format_value(value: float) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
+    if math.isnan(value):
+        return "NaN"  # a summary with no observation in its window
     if float(value).is_integer() and abs(value) < 2**53:
         return str(int(value))
     if value == float("inf"):

@@ -16,6 +16,7 @@ from typing import Any
 
 from protocol.errors import InvalidArgument, Unsupported
 from protocol.text import shown
+from protocol.values import TRACE_NUMBER_LOW, check_trace_number
 
 TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 TRACE_DEFAULTS: dict[str, list[str]] = {
@@ -48,7 +49,8 @@ class TraceSettings:
         )
 
     def update(self, changes: dict[str, list[str] | None], model: str = "") -> None:
-        """All or nothing: every change is checked before any applies."""
+        """All or nothing: every change is checked, and so is every setting it would leave
+        tracing on with, before any applies (Triton refuses such a request whole too)."""
         for key, values in changes.items():
             if key not in TRACE_DEFAULTS:  # also when its value is empty (a reset)
                 raise InvalidArgument(f"unknown trace setting '{shown(key)}'")
@@ -62,7 +64,9 @@ class TraceSettings:
                 raise Unsupported("trace mode can not be updated through network protocol")
             if values is not None:
                 _check_trace_value(key, values)
-        target = self.models.setdefault(model, {}) if model else self.global_settings
+        global_settings = {k: list(v) for k, v in self.global_settings.items()}
+        models = {name: {k: list(v) for k, v in own.items()} for name, own in self.models.items()}
+        target = models.setdefault(model, {}) if model else global_settings
         for key, values in changes.items():
             if values is not None:
                 target[key] = list(values)
@@ -70,6 +74,10 @@ class TraceSettings:
                 target.pop(key, None)
             else:
                 target[key] = list(self.defaults[key])
+        # The scope changed, and with a global change every model that falls back on it.
+        for name in [model] if model else ["", *models]:
+            _check_tracing_on({**global_settings, **models.get(name, {})})
+        self.global_settings, self.models = global_settings, models
         self.active = self._any_on()
         self.version += 1
 
@@ -94,18 +102,32 @@ class TraceSettings:
 
 
 def _check_trace_value(key: str, values: list[str]) -> None:
+    """One setting's values, refused in Triton's words (the frontends check first, each in its
+    protocol's wording: protocol/values.py)."""
     if key == "trace_level":
         unknown = [v for v in values if v not in TRACE_LEVELS]
         if unknown:
             raise InvalidArgument(f"invalid trace_level {unknown}: expected {list(TRACE_LEVELS)}")
+        if "OFF" in values and len(values) > 1:
+            raise InvalidArgument("Expect only one trace level 'OFF' is specified")
         return
     if len(values) != 1:
-        raise InvalidArgument(f"trace setting '{shown(key)}' takes exactly one value")
-    if key in ("trace_rate", "trace_count", "log_frequency"):
-        text = values[0]
-        low = {"trace_count": -1, "trace_rate": 1}.get(key, 0)
-        if not text.lstrip("-").isdigit() or int(text) < low:
-            raise InvalidArgument(f"invalid value '{shown(text)}' for trace setting '{shown(key)}'")
+        raise InvalidArgument(f"expect only 1 value for '{shown(key)}'")
+    if key in TRACE_NUMBER_LOW:
+        check_trace_number(key, values[0])
+
+
+def _check_tracing_on(settings: dict[str, list[str]]) -> None:
+    """Triton's rule: the only invalid setting allowed is one that turns tracing off."""
+    if all(level == "OFF" for level in settings.get("trace_level", ["OFF"])):
+        return
+    reason = ""
+    if int(settings["trace_rate"][0]) == 0:
+        reason = "sample rate must be non-zero"
+    elif settings["trace_mode"] == ["triton"] and not settings["trace_file"][0]:
+        reason = "trace file name is not given"
+    if reason:
+        raise InvalidArgument(f"Attempting to set invalid trace setting :{reason}")
 
 
 class LogSettings:

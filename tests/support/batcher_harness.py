@@ -126,6 +126,9 @@ class Observer:
     def request_rejected(self, reason: str) -> None:
         self.rejections.append(reason)
 
+    def first_response(self, elapsed_ns: int) -> None:
+        self.first_responses = getattr(self, "first_responses", 0) + 1
+
 
 def make_config(
     batching: str, *, max_batch_size: int = 8, dims: str = "2", instances: int = 1, extra: str = ""

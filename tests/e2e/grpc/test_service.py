@@ -342,6 +342,22 @@ def test_grpc_health_check_and_watch(example_server) -> None:
         watch.cancel()
 
 
+def test_grpc_health_check_of_an_unknown_service_is_not_found(example_server) -> None:
+    with grpc.insecure_channel(example_server.grpc_url) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+        assert error.value.code() == grpc.StatusCode.NOT_FOUND
+        assert error.value.details() == "unknown service"
+        assert (
+            health.Check(health_pb2.HealthCheckRequest(service="grpc.health.v1.Health")).status
+            == health_pb2.HealthCheckResponse.SERVING
+        )
+        watch = health.Watch(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        watch.cancel()
+
+
 # ----- errors and the unsupported extensions ------------------------------------------------
 @pytest.mark.parametrize(
     "model, version, inputs_of, status, fragment",

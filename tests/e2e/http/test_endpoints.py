@@ -339,6 +339,18 @@ def test_repository_index_and_control_in_none_mode(http: httpx.Client) -> None:
         }
 
 
+def test_repository_index_with_a_repository_name_answers_the_index(http: httpx.Client) -> None:
+    """Triton's HTTP index ignores the name; load and unload with one stay refused."""
+    named = http.post("/v2/repository/models_dir/index", json={"ready": True})
+    assert named.status_code == 200
+    assert named.json() == http.post("/v2/repository/index", json={"ready": True}).json()
+    assert any(e["name"] == "simple" for e in named.json())
+    for action in ("load", "unload"):
+        reply = http.post(f"/v2/repository/models_dir/models/simple/{action}")
+        assert reply.status_code == 501
+        assert reply.json() == {"error": "'repository_name' specification is not supported"}
+
+
 @pytest.mark.parametrize(
     "method, path, status, error",
     [

@@ -256,6 +256,84 @@ def test_trace_config_is_checked_at_startup(example_repository: Path) -> None:
         assert run.returncode == 2 and text in run.stderr, run.stderr
 
 
+@pytest.fixture(scope="module")
+def untraced(example_repository: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A server started with no trace file."""
+    with running_server([example_repository], log_dir=tmp_path_factory.mktemp("logs")) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    "changes, http_text, grpc_text",
+    [
+        ({"trace_rate": "abc"}, "Unable to parse 'trace_rate', got: abc", None),
+        (
+            {"trace_count": "-5"},
+            "Unable to parse 'trace_count'. Expecting value >= -1, got:-5",
+            "Unable to parse 'trace_count'. Expecting value >= -1, got: -5",
+        ),
+        ({"log_frequency": "often"}, "Unable to parse 'log_frequency', got: often", None),
+        (
+            {"trace_level": ["TIMESTAMPS"], "trace_rate": "7"},
+            "Attempting to set invalid trace setting :trace file name is not given",
+            None,
+        ),
+    ],
+)
+def test_invalid_trace_settings_answer_tritons_texts(
+    untraced: ServerProcess, changes: dict, http_text: str, grpc_text: str | None
+) -> None:
+    http = httpx.Client(base_url=untraced.base, timeout=10)
+    before = http.get("/v2/trace/setting").json()
+    for path in ("/v2/trace/setting", "/v2/models/simple/trace/setting"):
+        refused = http.post(path, json=changes)
+        assert (refused.status_code, refused.json()) == (400, {"error": http_text})
+    grpc = grpcclient.InferenceServerClient(untraced.grpc_url)
+    with pytest.raises(InferenceServerException) as error:
+        grpc.update_trace_settings("", changes)
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert error.value.message() == (grpc_text or http_text)
+    # Refused whole, as Triton refuses it: the request's other settings did not apply either.
+    assert http.get("/v2/trace/setting").json() == before
+    assert http.get("/v2/models/simple/trace/setting").json() == before
+    over_grpc = grpc.get_trace_settings(as_json=True)["settings"]
+    assert over_grpc["trace_rate"]["value"] == [before["trace_rate"]]
+    assert over_grpc["trace_level"]["value"] == ["OFF"]
+
+
+def test_tracing_off_and_other_settings_apply_without_a_trace_file(untraced) -> None:
+    http = httpx.Client(base_url=untraced.base, timeout=10)
+    applied = http.post("/v2/trace/setting", json={"trace_level": ["OFF"], "trace_rate": "9"})
+    assert applied.status_code == 200 and applied.json()["trace_rate"] == "9"
+    assert applied.json()["trace_level"] == ["OFF"] and applied.json()["trace_file"] == ""
+    http.post("/v2/trace/setting", json={"trace_rate": None})
+
+
+def test_grpc_log_settings_of_the_wrong_type_answer_tritons_texts(untraced) -> None:
+    import grpc as grpc_module
+
+    from protocol.proto import grpc_service_pb2 as pb
+    from protocol.proto import grpc_service_pb2_grpc as pb_grpc
+
+    with grpc_module.insecure_channel(untraced.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        for key, field, value, text in (
+            ("log_verbose_level", "string_param", "1", "expect int32 for 'log_verbose_level'"),
+            ("log_verbose_level", "bool_param", True, "expect int32 for 'log_verbose_level'"),
+            ("log_info", "uint32_param", 1, "expect boolean for 'log_info'"),
+        ):
+            request = pb.LogSettingsRequest()
+            setattr(request.settings[key], field, value)
+            with pytest.raises(grpc_module.RpcError) as error:
+                stub.LogSettings(request, timeout=10)
+            assert error.value.code() == grpc_module.StatusCode.INVALID_ARGUMENT
+            assert error.value.details() == text
+        request = pb.LogSettingsRequest()
+        request.settings["log_verbose_level"].uint32_param = 0
+        answer = stub.LogSettings(request, timeout=10)
+        assert answer.settings["log_verbose_level"].uint32_param == 0
+
+
 def test_no_request_was_a_bug(traced) -> None:
     server, _ = traced
     assert "unexpected error" not in server.log() and "Traceback" not in server.log()

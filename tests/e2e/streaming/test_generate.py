@@ -172,8 +172,26 @@ def test_a_model_error_arrives_as_an_event(server: ServerProcess) -> None:
     assert events[0]["OUT"] == 0 and events[2]["OUT"] == 2
     assert events[1] == {"error": "token 1 failed"}
     first = httpx.post(_url(server, "chatty", "generate_stream"), json={"COUNT": 2, "error_at": 0})
-    assert first.status_code == 500  # the first event's error sets the status
+    assert first.status_code == 400  # the first event's error sets the status: the model's is 400
+    assert first.headers["content-type"] == "text/event-stream; charset=utf-8"
     assert _events(first.text.split("\n")[:-1])[0] == {"error": "token 0 failed"}
+
+
+def test_a_model_error_on_generate_is_400_with_its_text(server: ServerProcess) -> None:
+    answer = httpx.post(_url(server, "chatty", "generate"), json={"COUNT": 1, "error_at": 0})
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "token 0 failed"}
+
+
+def test_parameters_named_like_an_input_become_that_input(server: ServerProcess) -> None:
+    body = {"text_input": "a b c", "parameters": {"max_tokens": 2, "delay_ms": 0}}
+    stream = httpx.post(_url(server, "token_stream", "generate_stream"), json=body)
+    assert stream.status_code == 200
+    assert [e["text_output"] for e in _events(stream.text.split("\n")[:-1])] == ["a", "b"]
+    both = {"text_input": "a", "max_tokens": 1, "parameters": {"max_tokens": 2}}
+    twice = httpx.post(_url(server, "token_stream", "generate"), json=both)
+    assert twice.status_code == 400
+    assert twice.json() == {"error": "input 'max_tokens' already exists in request"}
 
 
 def _sent(server: ServerProcess) -> int:
