@@ -102,3 +102,58 @@ def connection_peers(port: int) -> dict[int, int]:
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             continue
     return found
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process now running (zombies included)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(b")", 1)[1].split()[1])
+    return parents
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` now (children, theirs, ...), not `pid` itself."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def marked(name: str, value: str) -> set[int]:
+    """Running processes whose environment has `name=value`: a server's processes that may have
+    been re-parented (orphans go to PID 1 or a subreaper), found by what they inherited."""
+    needle = f"{name}={value}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and not gone(
+                int(entry.name)
+            ):
+                found.add(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def command_line(pid: int) -> str:
+    """A process's command line, for messages ("?" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return "?"

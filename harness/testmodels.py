@@ -1,7 +1,7 @@
-"""Small models several test files run: a Python model that sleeps and tells its pid, an ONNX
-model whose one-slot queue one request fills, an ONNX FP32 identity for large bodies (which
-bench/studies/hostile.py builds too), and Python models that try bad custom metrics (the test
-and the hostile study both run them)."""
+"""Small models several test files run: a Python model that sleeps and tells its pid, one that
+starts processes of its own, an ONNX model whose one-slot queue one request fills, an ONNX FP32
+identity for large bodies (which bench/studies/hostile.py builds too), and Python models that
+try bad custom metrics (the test and the hostile study both run them)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,54 @@ class TritonPythonModel:
             pid = np.array([os.getpid()], dtype=np.int64)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]))
         return responses
+"""
+
+
+# Starts three processes of its own as it loads and writes their pids, one a line, to
+# children.pid in its model directory: `sleep 1000` through subprocess, the same in a new session
+# (out of the worker's process group), and a fork of itself that writes its own pid and sleeps.
+# What a model's children do that must not outlive it (the server ends them with the model).
+FORKER_MODEL = """
+import os
+import subprocess
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = args["model_repository"]
+        self.sleep = subprocess.Popen(["sleep", "1000"])
+        self.away = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+        forked = os.fork()
+        if forked == 0:
+            try:
+                with open(os.path.join(folder, "forked.pid.tmp"), "w") as handle:
+                    handle.write(str(os.getpid()))
+                os.replace(
+                    os.path.join(folder, "forked.pid.tmp"), os.path.join(folder, "forked.pid")
+                )
+                time.sleep(1000)
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(os.path.join(folder, "forked.pid")):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the forked child did not write its pid")
+            time.sleep(0.01)
+        with open(os.path.join(folder, "forked.pid")) as handle:
+            pids = [self.sleep.pid, self.away.pid, int(handle.read())]
+        with open(os.path.join(folder, "children.pid.tmp"), "w") as handle:
+            handle.write("\\n".join(map(str, pids)))
+        os.replace(
+            os.path.join(folder, "children.pid.tmp"), os.path.join(folder, "children.pid")
+        )
+
+    def execute(self, requests):
+        pid = np.array([os.getpid()], dtype=np.int64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]) for _ in requests]
 """
 
 

@@ -5,8 +5,14 @@ the arenas are never written while the other side reads them. Messages that are 
 (decoupled responses, BLS requests, custom metrics) go to the backend's `on_message`, on
 whichever thread reads the channel; their tensors travel in the rings (wire/ring.py). When the
 process dies the socket reports end-of-file (or is severed by the supervisor), and the pending call
-raises WorkerDied at once. Workers die with the server: the kernel kills them when it goes (see
+raises WorkerDied at once. Workers die with the server: the kernel signals them when it goes (see
 _Spawner), and end_workers() kills those still running at its exit deadline.
+
+What the server starts is the worker's supervisor (worker/supervisor.py), in a process group of
+its own; the model runs in its child. The supervisor ends every process below it (whatever the
+model started) when the worker ends, when it is told to (kill), and when the server goes. Once it
+has exited, and before it is reaped (so its pid, the group's id, cannot be reused), whatever is
+left in its group is SIGKILLed too: a backstop should the supervisor itself have been killed.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -29,6 +36,8 @@ import numpy as np
 from backends.python.wire.channel import Channel
 from backends.python.wire.framing import ArenaReader, ArenaWriter, ChannelClosed
 from backends.python.wire.ring import RingReader, RingWriter
+
+KILL_WAIT_S = 10.0  # a killed worker's supervisor ends its tree and exits within this
 
 # The folder holding the `backends` package and the pb_utils module, for the worker's sys.path.
 _ROOT = Path(__file__).resolve().parents[3]
@@ -91,9 +100,9 @@ def _worker_env() -> dict[str, str]:
 class _Spawner:
     """Starts every worker process from one thread that lives as long as the server.
 
-    A worker asks the kernel to SIGKILL it when its parent goes (PR_SET_PDEATHSIG, in
-    worker/main.py), and Linux sends that signal when the *thread* that forked it ends, not
-    the process. Forking from one long-lived daemon thread ties each worker to the server
+    A worker's supervisor asks the kernel to signal it when its parent goes (PR_SET_PDEATHSIG,
+    in worker/supervisor.py), and Linux sends that signal when the *thread* that forked it
+    ends, not the process. Forking from one long-lived daemon thread ties each worker to the server
     process itself, whichever thread (instance, supervisor, executor) asked for it. The
     thread is first started by a load (an instance or executor thread, which hold the
     process's whole CPU set), so workers never inherit the event loop's CPU pin."""
@@ -156,7 +165,8 @@ atexit.register(end_workers)
 
 
 class WorkerProcess:
-    """One `python -m backends.python.worker.main` child and its socket and arenas."""
+    """One worker (`python -m backends.python.worker.supervisor`, which runs
+    `backends.python.worker.main` as its child) and its socket and arenas."""
 
     def __init__(
         self,
@@ -216,6 +226,8 @@ class WorkerProcess:
                     [
                         sys.executable,
                         "-m",
+                        "backends.python.worker.supervisor",
+                        "--module",
                         module,
                         "--fd",
                         str(child.fileno()),
@@ -226,6 +238,7 @@ class WorkerProcess:
                     pass_fds=(child.fileno(),),
                     env=_worker_env(),
                     stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own group (the backstop above); Ctrl-C skips it
                 )
             except BaseException:
                 parent.close()
@@ -407,7 +420,39 @@ class WorkerProcess:
 
     def wait(self) -> int:
         """Block until the process exits; returns its exit code (negative: signal)."""
+        if self.process.returncode is None:
+            try:
+                os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:  # reaped already (by another thread)
+                pass
+            else:
+                self._end_group()
         return self.process.wait()
+
+    def _exited_within(self, timeout: float) -> bool:
+        """Whether the process exited within `timeout` s (not reaping it; see _end_group)."""
+        deadline = time.monotonic() + timeout
+        while self.process.returncode is None:
+            try:
+                info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                break
+            if info is not None:
+                self._end_group()
+                break
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        self.process.wait()
+        return True
+
+    def _end_group(self) -> None:
+        """SIGKILL what is left in the worker's process group; called once the supervisor has
+        exited and before it is reaped, while the group's id is still its own."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def sever(self) -> None:
         """Wake any call blocked on the socket (a grandchild may still hold the other end)."""
@@ -418,9 +463,11 @@ class WorkerProcess:
         self._channel.close()
 
     def kill(self) -> None:
+        """End the worker now: its supervisor SIGKILLs it and every process below it, then exits
+        as the worker did (killed by SIGKILL). Never waits."""
         if self.process.poll() is None:
             try:
-                self.process.kill()
+                self.process.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
 
@@ -435,11 +482,11 @@ class WorkerProcess:
         if not self.owns_process:
             self._outputs.close()
             return
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        if not self._exited_within(timeout):
             self.kill()
-            self.process.wait()
+            if not self._exited_within(KILL_WAIT_S):  # a supervisor that does not answer
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
         with _live_lock:
             live_workers.discard(self)
         self._outputs.close()

@@ -34,6 +34,11 @@ that forge a `successfully loaded 'simple'` log line or are 60 KB (HTTP) and 100
 long (400 / INVALID_ARGUMENT, escaped and bounded, no forged line in the log), and a Python
 model that tries each bad custom metric (each raises in model.py; /metrics still parses).
 
+No process outlives the server (issue 28 items 8 and 11, `process_lifetime`, about 40 s): a
+server with parser processes in use, --frontend-processes 2 and a Python model that starts
+processes of its own, stopped by SIGTERM and (another) by SIGKILL, leaves none of the processes
+recorded before running 10 s later; a model unload ends the model's processes.
+
 Issue 28's gRPC cases (`GRPC_CASES`, about 30 s): a ModelStreamInfer client that sends 3,000 x
 60 KB and reads nothing (server growth < 200 MB, its requests left unread, all answered once it
 reads), a stream that sends no request (UNAVAILABLE), and 5,000 calls 300 at a time past
@@ -49,6 +54,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import struct
 import sys
@@ -57,6 +63,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -65,8 +72,15 @@ import numpy as np
 
 from examples.build_repository import build_simple
 from examples.streaming import build_streaming
+from harness.procutil import descendants, kill_quietly, marked, wait_gone
 from harness.serverproc import ServerProcess, start_server
-from harness.testmodels import build_identity_fp32, build_metrics_probe
+from harness.testmodels import (
+    FORKER_MODEL,
+    build_identity_fp32,
+    build_metrics_probe,
+    sleeper_config,
+    write_python_model,
+)
 
 HOSTILE = b'{"a":' * ((64 * 1024 * 1024) // 5)  # 67,108,860 bytes: under the 64 MiB limit
 DEPTH_ERROR = "JSON nesting depth exceeds maximum allowed limit (100)"
@@ -326,6 +340,71 @@ def unfinished_bodies(repo: Path) -> list[tuple[str, bool]]:
         server.stop()
 
 
+# ----- issue 28 items 8 and 11: no process outlives the server ---------------------------------
+TREE_MARK = "ASCEND_SERVE_HOSTILE_TREE"  # in the server's environment, so in every descendant's
+TREE_ARGS = ["--frontend-processes", "2", "--http-offload-threshold", "1024"]
+LARGE_INDEX_BODY = b'{"ready": true}' + b" " * (64 * 1024)
+
+
+def _forker_server(extra: list[str]) -> tuple[ServerProcess, Path, str]:
+    repo = Path(tempfile.mkdtemp(prefix="hostile-forker-"))
+    write_python_model(repo, "forker", FORKER_MODEL, sleeper_config("forker"))
+    mark = uuid.uuid4().hex
+    server = start_server(
+        [repo],
+        TREE_ARGS + extra,
+        env={TREE_MARK: mark},
+        log_dir=Path(tempfile.mkdtemp(prefix="hostile-logs-")),
+    )
+    deadline = time.monotonic() + 30
+    while not (repo / "forker" / "children.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return server, repo, mark
+
+
+def _outliving(pids: set[int], mark: str) -> set[int]:
+    """What of `pids` still runs 10 s on, and whatever else carries the mark."""
+    return {pid for pid in pids if not wait_gone(pid, 10)} | marked(TREE_MARK, mark)
+
+
+def process_lifetime() -> Verdicts:
+    """Items 8 and 11: a server with parser processes in use (bodies over the offload
+    threshold, on fresh connections so both frontend processes parse some), a second frontend
+    process and a Python model that starts three processes (FORKER_MODEL) is stopped by SIGTERM,
+    then another by SIGKILL; the tree recorded before (descendants and processes carrying the
+    mark) must be gone within 10 s. Then a model unload must end the model's processes."""
+    verdicts: Verdicts = []
+    for how in (signal.SIGTERM, signal.SIGKILL):
+        server, _, mark = _forker_server([])
+        try:
+            for _ in range(12):
+                post(server.http_port, "/v2/repository/index", LARGE_INDEX_BODY)
+            before = {server.pid} | descendants(server.pid) | marked(TREE_MARK, mark)
+            os.kill(server.pid, how)
+            server.process.wait(60)
+            left = _outliving(before, mark)
+            print(f"{how.name}: {len(before)} processes before, {len(left)} left after 10 s")
+            verdicts.append((f"no process outlives the server after {how.name}", not left))
+        finally:
+            server.stop()
+            for pid in marked(TREE_MARK, mark):
+                kill_quietly(pid)
+    server, repo, mark = _forker_server(
+        ["--model-control-mode", "explicit", "--load-model", "forker"]
+    )
+    try:
+        model = {int(pid) for pid in (repo / "forker" / "children.pid").read_text().split()}
+        status, _ = post(server.http_port, "/v2/repository/models/forker/unload", b"")
+        left = {pid for pid in model if not wait_gone(pid, 10)}
+        print(f"unload: {status}, {len(model)} processes the model started, {len(left)} left")
+        verdicts.append(("a model's processes end when it is unloaded", status == 200 and not left))
+    finally:
+        server.stop()
+        for pid in marked(TREE_MARK, mark):
+            kill_quietly(pid)
+    return verdicts
+
+
 # ----- gRPC cases of issue 28 (items 4 and 7) -----------------------------------------------
 Verdicts = list[tuple[str, bool]]
 
@@ -575,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts += unfinished_bodies(repo)
     verdicts += log_forging()
     verdicts += custom_metrics_page()
+    verdicts += process_lifetime()
     for name, ok in verdicts:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return 0 if all(ok for _, ok in verdicts) else 1

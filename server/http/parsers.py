@@ -4,7 +4,8 @@ Why processes and not a thread: the expensive steps are single C calls that hold
 start to end (`orjson.loads` of a 5-million-number body about 0.2 s, `np.array` of its list
 0.07 s, the nesting-depth check's regex over a hostile 64 MiB body over 2 s), and a thread
 holding the GIL stalls the loop just as well. So bodies over `--http-offload-threshold` bytes
-go to a small pool of forkserver processes (`--http-parser-processes`, started on first use):
+go to a small pool of parser processes (`--http-parser-processes`, started on first use; our own,
+in server/http/parser_pool.py, so that they end with the server however it ends):
 
 - the body reaches a worker through a file in /dev/shm, written by a loop-side thread with
   `os.write` (which releases the GIL), so neither the loop nor the GIL copies it;
@@ -22,15 +23,14 @@ CPU priority (`os.nice`) so a stream of hostile bodies cannot starve the loop of
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import logging
-import multiprocessing
 import os
 import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -41,8 +41,9 @@ from protocol import compression
 from protocol.errors import InternalError, InvalidArgument, TooLarge
 from protocol.rest import decode as rest_decode
 from protocol.rest import encode as rest_encode
-from protocol.text import DEFAULT_ECHO_CHARS, echo_limit, set_echo_limit
+from protocol.text import echo_limit
 from protocol.types import InferRequest, InferResponse, RequestedOutput
+from server.http.parser_pool import ParserPool
 
 log = logging.getLogger(__name__)
 
@@ -54,28 +55,6 @@ Parts = Sequence[Any]  # the body as it arrived: bytes-like chunks, in order
 
 
 # --------------------------------------------------------------------------- worker side
-
-
-def _worker_init(nice: int, echo_chars: int = DEFAULT_ECHO_CHARS) -> None:
-    set_echo_limit(echo_chars)  # the server's --max-echo-chars, for the errors parsed here
-    try:
-        os.nice(nice)
-    except OSError:
-        pass
-    try:  # die with the forkserver, which dies with the server
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(
-            1,
-            ctypes.c_ulong(signal.SIGKILL),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-        )  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _take(path: str) -> bytes:
@@ -267,7 +246,7 @@ class BodyOffload:
         self.processes = processes
         self.enabled = processes > 0
         self._nice = nice
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool: ParserPool | None = None
         self._lock = threading.Lock()
 
     def wants(self, size: int) -> bool:
@@ -275,26 +254,16 @@ class BodyOffload:
         return self.enabled and size > self.threshold
 
     # ----- the pool -----------------------------------------------------------------------
-    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+    def _executor(self) -> ParserPool:
         with self._lock:
             if self._pool is None:
-                context = multiprocessing.get_context("forkserver")
-                # The forkserver imports what the parse needs once (not the server's __main__
-                # and everything it imports); each worker forks from it ready to parse.
-                context.set_forkserver_preload(["server.http.parsers"])
-                self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=self.processes,
-                    mp_context=context,
-                    initializer=_worker_init,
-                    initargs=(self._nice, echo_limit()),
-                )
+                self._pool = ParserPool(self.processes, self._nice, __name__, echo_limit())
             return self._pool
 
     def _submit(
         self, parts: Parts | None, job: Callable[..., Any], *args: Any
-    ) -> tuple[concurrent.futures.Future, str | None]:
-        """Spill the body (if any) and submit; runs in a thread, since starting a worker
-        (first use, or after one died) waits for the forkserver."""
+    ) -> tuple[Future, str | None]:
+        """Spill the body (if any) and submit; runs in a thread (the spill writes the body)."""
         path = _spill(parts) if parts is not None else None
         try:
             pool = self._executor()
@@ -310,18 +279,11 @@ class BodyOffload:
         future, path = await loop.run_in_executor(None, self._submit, parts, job, *args)
         try:
             return await asyncio.wrap_future(future)
-        except BrokenProcessPool:
-            self._reset()
+        except BrokenProcessPool:  # its process is started again for the next body
             raise InternalError("a request parser process died; try again") from None
         finally:
             if path is not None:
                 _unlink(path)  # normally already gone: the worker removes it once read
-
-    def _reset(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
 
     def start(self) -> None:
         """Start the workers now (optional: they also start on first use)."""
@@ -332,7 +294,7 @@ class BodyOffload:
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.close()
 
     # ----- jobs ---------------------------------------------------------------------------
     async def json_document(

@@ -160,7 +160,7 @@ def test_security_context_is_non_root_with_a_read_only_root():
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    # What the server writes: /tmp (forkserver sockets, load-API overrides) and /dev/shm.
+    # What the server writes: /tmp (load-API overrides) and /dev/shm.
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/tmp"]]["emptyDir"] == {}

@@ -3,7 +3,8 @@
 It loads `model.py`, instantiates `TritonPythonModel`, and then answers the server's messages
 one at a time on the inherited socket: init, execute, auto_complete, finalize. A separate
 process per instance lets Python models run in parallel despite the GIL, and keeps a crashing
-model from taking the server down. It never outlives the server (die_with_parent).
+model from taking the server down. It runs as the child of its supervisor (supervisor.py) and
+never outlives it (die_with_parent), nor the supervisor the server.
 
 Startup must stay fast (tests start many workers): import nothing beyond the standard
 library, numpy and the model-side utils here; the model itself imports what it needs.

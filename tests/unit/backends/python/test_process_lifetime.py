@@ -1,6 +1,7 @@
-"""Python model workers die with the server: a worker busy in a long `execute` is SIGKILLed by
-the kernel when the server process goes (PR_SET_PDEATHSIG), whichever thread started it, and
-end_workers() kills the ones still running at the server's exit deadline and starts no more.
+"""Python model workers die with the server: a worker busy in a long `execute` is killed when the
+server process goes (PR_SET_PDEATHSIG), whichever thread started it, end_workers() kills the ones
+still running at the server's exit deadline and starts no more, and the processes a model starts
+end with its worker.
 
 Every test checks by pid that the worker is gone, and kills what it started if it is not."""
 
@@ -23,7 +24,7 @@ from backends.python import process as python_process
 from backends.python.backend import PythonBackend
 from backends.python.process import WorkerDied, WorkerProcess
 from harness.procutil import gone, kill_quietly, wait_gone
-from harness.testmodels import SLEEPER_MODEL, sleeper_config, write_python_model
+from harness.testmodels import FORKER_MODEL, SLEEPER_MODEL, sleeper_config, write_python_model
 from protocol.errors import Unavailable
 from repository.config import normalize, parse_config_text
 
@@ -156,3 +157,42 @@ def test_workers_are_forgotten_once_closed(sleeper: PythonBackend) -> None:
     assert worker in python_process.live_workers
     sleeper.unload()
     assert worker not in python_process.live_workers
+
+
+def load_forker(root: Path) -> PythonBackend:
+    version_dir = write_python_model(root, "forker", FORKER_MODEL, sleeper_config("forker"))
+    model_dir = version_dir.parent
+    config = parse_config_text(sleeper_config("forker"), model_dir / "config.pbtxt")
+    normalize(config, "forker", model_dir, [version_dir])
+    backend = PythonBackend(
+        config, model_dir, version_dir, InstanceSpec("forker_0", "KIND_CPU", 0, 0)
+    )
+    backend.load()
+    return backend
+
+
+def forker_children(root: Path) -> list[int]:
+    return [int(pid) for pid in (root / "forker" / "children.pid").read_text().split()]
+
+
+@pytest.mark.parametrize("how", ["unload", "kill"])
+def test_processes_a_model_started_end_with_its_worker(
+    tmp_path: Path, how: str, restore_spawning: None
+) -> None:
+    """`unload`: the model's finalize, then its worker exits; `kill`: killed at the server's exit
+    deadline. Either way the `sleep`, the `sleep` in its own session and the fork of the worker
+    that the model started end too (issue 28 item 11)."""
+    backend = load_forker(tmp_path)
+    children = forker_children(tmp_path)
+    try:
+        assert not any(gone(pid) for pid in children)
+        if how == "unload":
+            backend.unload()
+        else:
+            assert registry.end_child_processes() == 1
+        left = [pid for pid in children if not wait_gone(pid, 10)]
+        assert not left, f"the model's processes outlived its worker: {left}"
+    finally:
+        backend.unload()
+        for pid in children:
+            kill_quietly(pid)
