@@ -89,12 +89,12 @@ def test_a_name_that_forges_the_loaded_line_writes_no_such_line(server: ServerPr
     _assert_no_forged_line(server)
 
 
-def test_a_100_kib_name_in_a_url_is_refused_by_the_http_parser(server: ServerProcess) -> None:
+def test_a_100_kib_name_in_a_url_is_refused_before_it_is_parsed(server: ServerProcess) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
     try:
         conn.request("POST", f"/v2/repository/models/{HUGE}/load", body=b"{}")
         response = conn.getresponse()
-        assert response.status == 400
+        assert response.status == 414  # --http-max-header-size: the name is never echoed
         assert len(response.read()) < 200
     finally:
         conn.close()
