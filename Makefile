@@ -7,7 +7,7 @@ MODELS := examples/models
 PERF_ANALYZER_TOOL := $(wildcard ../shared/tools/install-perf-analyzer)
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast fuzz install install-dev install-test models proto bench clean
+.PHONY: run test test-fast fuzz install install-dev install-test models proto bench clean image image-run
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,16 @@ bench: $(VENV)/.installed-test models
 			|| echo "could not install $(TRITON_WHEEL): the report will say Triton was not measured"; \
 	fi
 	PERF_ANALYZER=$$(bash $(PERF_ANALYZER_TOOL)) $(PY) -m bench.run
+
+# The CPU image without a docker daemon (deploy/docker/build-image.sh): buildah with chroot
+# isolation on a debootstrapped Debian base; needs root and apt's buildah, debootstrap, umoci;
+# minutes, outputs in .image/. Not part of `make test`. image-run runs its entrypoint in a chroot
+# with the example repository and probes it with curl (deploy/docker/run-image.sh).
+image:
+	bash deploy/docker/build-image.sh
+
+image-run: models
+	bash deploy/docker/run-image.sh
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache .hypothesis
