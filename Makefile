@@ -11,7 +11,7 @@ FIND_PERF_ANALYZER = $(PY) -m harness.perf_analyzer
 REQUESTS := examples/requests
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast docs-check fuzz install install-examples install-dev install-test models proto bench clean
+.PHONY: run test test-fast docs-check fuzz install install-examples install-dev install-test models proto bench clean image image-run
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +111,16 @@ bench: $(VENV)/.installed-test models
 	@pa=$$($(FIND_PERF_ANALYZER)) || { echo "make bench needs perf_analyzer (why none was found \
 		or installed: above); give one: PERF_ANALYZER=/path/to/perf_analyzer make bench" >&2; exit 1; }; \
 	echo "perf_analyzer: $$pa"; PERF_ANALYZER="$$pa" $(PY) -m bench.run
+
+# The CPU image without a docker daemon (deploy/docker/build-image.sh): buildah with chroot
+# isolation on a debootstrapped Debian base; needs root and apt's buildah, debootstrap, umoci;
+# minutes, outputs in .image/. Not part of `make test`. image-run runs its entrypoint in a chroot
+# with the example repository and probes it with curl (deploy/docker/run-image.sh).
+image:
+	bash deploy/docker/build-image.sh
+
+image-run: models
+	bash deploy/docker/run-image.sh
 
 clean:
 	rm -rf $(VENV) $(MODELS) $(REQUESTS) .pytest_cache .hypothesis

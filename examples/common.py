@@ -34,10 +34,15 @@ CLASSIFIER_LABELS = (
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then rename)."""
+    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then rename).
+    The file gets the mode the umask gives a new file (0644 under 022), not mkstemp's 0600: the
+    image's server runs as uid 1000 and must read a repository mounted from the host."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -338,3 +339,16 @@ def test_cli_builds_into_output(tmp_path: Path, capsys: pytest.CaptureFixture[st
     names = sorted([*MODELS, *PIPELINE_BUILDERS, *STREAMING_MODELS])
     assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == names
     assert f"built {len(names)} models" in capsys.readouterr().out
+
+
+def test_files_are_readable_by_other_users(tmp_path: Path) -> None:
+    """The image's server runs as uid 1000: a repository built by another user and mounted at
+    /models must be readable to it (mkstemp alone would leave every file 0600)."""
+    old = os.umask(0o022)
+    try:
+        repo = br.build_repository(tmp_path / "models")
+    finally:
+        os.umask(old)
+    files = [p for p in repo.rglob("*") if p.is_file()]
+    assert files and {p.name for p in files} >= {"config.pbtxt", "model.onnx", "model.py"}
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o644)}
