@@ -96,6 +96,10 @@ def normalize(
         config.platform = backend_cls.platforms[0]
     if not config.default_model_filename:
         config.default_model_filename = backend_cls.default_model_filename
+    try:
+        backend_cls.place_instances(config)
+    except BackendError as exc:
+        raise ConfigError(f"model '{name}': {exc.message}") from None
     if auto_complete and version_dirs:
         try:
             backend_cls.auto_complete(config, model_dir, version_dirs[-1])
