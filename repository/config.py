@@ -159,12 +159,15 @@ def _fill_instance_groups(config: ModelConfig, name: str, backend_name: str) -> 
             )
         if group.kind == ModelInstanceGroup.KIND_GPU and not len(group.gpus):
             group.gpus.append(0)
-        if group.count < 1:  # Triton: 2 CPU instances for ONNX Runtime, 1 for everything else
-            group.count = (
-                2
-                if group.kind == ModelInstanceGroup.KIND_CPU and backend_name == "onnxruntime"
-                else 1
+        if group.count < 1:
+            # Triton: 2 CPU instances for ONNX Runtime, 1 for everything else. An NPU gets 2
+            # too: while the device runs one instance's batch, the other's is gathered and
+            # copied (each has its own stream and buffers), so the device never waits for
+            # the host.
+            two = (group.kind == ModelInstanceGroup.KIND_CPU and backend_name == "onnxruntime") or (
+                group.kind == ModelInstanceGroup.KIND_GPU and backend_name == "ascend"
             )
+            group.count = 2 if two else 1
 
 
 def _plain_relative(path: str) -> bool:
