@@ -109,6 +109,12 @@ class Backend(ABC):
         """Fill in what the config leaves out (inputs, outputs, max_batch_size) from the model
         file itself. Called before validation unless auto-complete is disabled."""
 
+    @classmethod  # noqa: B027  (an optional hook: most backends read instance_group as it is)
+    def place_instances(cls, config: ModelConfig) -> None:
+        """Turn backend-specific placement settings (the Ascend backend's `device_ids`
+        parameter) into `instance_group`, before auto-complete: one place says where instances
+        run. Raise BackendError on a setting that cannot be read."""
+
     def model_path(self) -> Path:
         filename = self.config.default_model_filename or self.default_model_filename
         return self.version_dir / filename

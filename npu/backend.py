@@ -52,6 +52,10 @@ class AscendBackend(Backend):
         self._side: list[int] = []  # positions of side inputs (no batch axis) among the inputs
 
     @classmethod
+    def place_instances(cls, config: ModelConfig) -> None:
+        npu_config.place(config)
+
+    @classmethod
     def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         filename = config.default_model_filename or cls.default_model_filename
         info = describe_file(version_dir / filename, npu_config.probe_device(config))

@@ -28,6 +28,65 @@ def _type_name(number: int) -> str:
     return model_config_pb2.DataType.Name(number)
 
 
+# The parameters Ascend's Triton GE backend (`npu_ge`) configs carry to say which NPUs a model
+# runs on: `device_ids` "2" or "2,3" (its README); `device_id` "0" is accepted as the one-id form.
+DEVICE_PARAMETERS = ("device_ids", "device_id")
+_INT32_MAX = 2**31 - 1  # instance_group gpus is int32
+
+
+def _device_list(key: str, text: str) -> list[int]:
+    parts = [part.strip() for part in text.split(",")]
+    if not text.strip() or not all(part.isdecimal() for part in parts):
+        raise BackendError(
+            f"parameter {key} '{text[:80]}' is not a comma-separated list of NPU ids "
+            '(e.g. "0" or "0,1")'
+        )
+    ids = [int(part) for part in parts]
+    if key == "device_id" and len(ids) != 1:
+        raise BackendError(
+            f"parameter device_id '{text[:80]}' names more than one NPU; use device_ids"
+        )
+    if len(set(ids)) != len(ids):
+        raise BackendError(f"parameter {key} '{text[:80]}' lists an NPU twice")
+    if any(i > _INT32_MAX for i in ids):
+        raise BackendError(f"parameter {key} '{text[:80]}' holds a number that is no NPU id")
+    return ids
+
+
+def place(config: ModelConfig) -> None:
+    """`device_ids` / `device_id` become the `gpus` of every instance group that lists none,
+    so instances spread over those NPUs exactly as with `instance_group { gpus: [...] }`
+    (`count` instances on each). A group that lists other gpus, or is not KIND_GPU, is refused:
+    two places saying different things about where a model runs is a mistake to report."""
+    from protocol.proto.model_config_pb2 import ModelInstanceGroup
+
+    given = [key for key in DEVICE_PARAMETERS if key in config.parameters]
+    if not given:
+        return
+    if len(given) > 1:
+        raise BackendError("set one of the parameters device_ids and device_id, not both")
+    key = given[0]
+    ids = _device_list(key, config.parameters[key].string_value)
+    if not len(config.instance_group):
+        config.instance_group.add()
+    for group in config.instance_group:
+        label = f"instance_group '{group.name}'" if group.name else "an instance_group"
+        if group.kind not in (ModelInstanceGroup.KIND_AUTO, ModelInstanceGroup.KIND_GPU):
+            kind = ModelInstanceGroup.Kind.Name(group.kind)
+            raise BackendError(
+                f"{label} is {kind}, but parameter {key} places instances on NPUs: "
+                "use KIND_GPU or leave kind out"
+            )
+        if len(group.gpus) and list(group.gpus) != ids:
+            raise BackendError(
+                f"{label} lists gpus {list(group.gpus)} but parameter {key} says "
+                f"{','.join(map(str, ids))}: keep one of them"
+            )
+        group.kind = ModelInstanceGroup.KIND_GPU
+        del group.gpus[:]
+        group.gpus.extend(ids)
+
+
 def probe_device(config: ModelConfig) -> int:
     """The NPU to read the model description on: the first listed in instance_group, else 0."""
     for group in config.instance_group:

@@ -120,6 +120,7 @@ class DeviceSession:
         cls, acl: ModuleType, device_id: int, *, stream: bool = True, telemetry: bool = True
     ) -> DeviceSession:
         ensure_initialised(acl)
+        _require_device(acl, device_id)
         session = cls(acl, device_id)
         try:
             check(acl, acl.rt.set_device(device_id), f"acl.rt.set_device({device_id})")
@@ -202,6 +203,24 @@ class DeviceSession:
             )
             self._device_set = False
         return problems
+
+
+def _require_device(acl: ModuleType, device_id: int) -> None:
+    """A device id this process cannot see refuses the instance by name, before set_device
+    (whose own error says only 'invalid parameter'). Device ids are logical: numbered from 0
+    among the NPUs ASCEND_RT_VISIBLE_DEVICES leaves visible."""
+    count_of = getattr(acl.rt, "get_device_count", None)
+    if count_of is None:
+        return
+    count = unwrap(acl, count_of(), "acl.rt.get_device_count")
+    if not 0 <= device_id < count:
+        seen = f"NPUs 0-{count - 1}" if count > 1 else ("NPU 0" if count else "no NPU")
+        raise BackendError(
+            f"NPU {device_id} does not exist: this process sees {seen} "
+            "(instance_group gpus and the device_ids parameter take logical ids, numbered "
+            "from 0 among the NPUs ASCEND_RT_VISIBLE_DEVICES leaves visible; npu-smi info "
+            "lists them)"
+        )
 
 
 def _collect(problems: list[str], acl: ModuleType, ret: int, call: str) -> None:

@@ -96,6 +96,10 @@ def normalize(
         config.platform = backend_cls.platforms[0]
     if not config.default_model_filename:
         config.default_model_filename = backend_cls.default_model_filename
+    try:
+        backend_cls.place_instances(config)
+    except BackendError as exc:
+        raise ConfigError(f"model '{name}': {exc.message}") from None
     if auto_complete and version_dirs:
         try:
             backend_cls.auto_complete(config, model_dir, version_dirs[-1])
@@ -155,12 +159,15 @@ def _fill_instance_groups(config: ModelConfig, name: str, backend_name: str) -> 
             )
         if group.kind == ModelInstanceGroup.KIND_GPU and not len(group.gpus):
             group.gpus.append(0)
-        if group.count < 1:  # Triton: 2 CPU instances for ONNX Runtime, 1 for everything else
-            group.count = (
-                2
-                if group.kind == ModelInstanceGroup.KIND_CPU and backend_name == "onnxruntime"
-                else 1
+        if group.count < 1:
+            # Triton: 2 CPU instances for ONNX Runtime, 1 for everything else. An NPU gets 2
+            # too: while the device runs one instance's batch, the other's is gathered and
+            # copied (each has its own stream and buffers), so the device never waits for
+            # the host.
+            two = (group.kind == ModelInstanceGroup.KIND_CPU and backend_name == "onnxruntime") or (
+                group.kind == ModelInstanceGroup.KIND_GPU and backend_name == "ascend"
             )
+            group.count = 2 if two else 1
 
 
 def _plain_relative(path: str) -> bool:

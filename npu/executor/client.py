@@ -295,6 +295,10 @@ class AscendExecutorBackend(Backend):
         self._output_names = [output.name for output in config.output]
 
     @classmethod
+    def place_instances(cls, config: ModelConfig) -> None:
+        npu_config.place(config)
+
+    @classmethod
     def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         """Read the `.om` in a short-lived executor (reading it is pyACL calls too)."""
         key = (config.name, str(version_dir), "<auto-complete>", npu_config.probe_device(config))
