@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.soak.measure import process_age, worker_pids
+from bench.soak.measure import parent_pid, process_age, worker_pids
 from harness.serverproc import ServerProcess
 
 STABLE = ("simple", "py_add")
@@ -294,11 +294,12 @@ class Chaos:
         if not candidates:
             return None
         pid = rng.choice(candidates)
+        parent = parent_pid(pid)  # a worker's supervisor, which the server's log names
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return None
-        self.kills.append({"pid": pid, "time": time.time()})
+        self.kills.append({"pid": pid, "parent": parent, "time": time.time()})
         self.tally.add("worker killed")
         return pid
 

@@ -68,6 +68,11 @@ def worker_pids(server_pid: int) -> list[int]:
     return found
 
 
+def parent_pid(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[1]) if fields is not None else 0
+
+
 def process_age(pid: int) -> float:
     fields = _stat(pid)
     if fields is None:

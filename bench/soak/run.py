@@ -246,7 +246,10 @@ def run_soak(
     )
     kills_by_model: dict[str, int] = {}
     for kill in chaos.kills[kills_at_start:]:
-        name = killed_model.get(kill["pid"], "(not restarted: its model was unloading)")
+        # The log names the worker's supervisor (backends/python/worker/supervisor.py), which
+        # is the killed process itself or its parent.
+        name = killed_model.get(kill["pid"]) or killed_model.get(kill.get("parent", 0))
+        name = name or "(not restarted: its model was unloading)"
         kills_by_model[name] = kills_by_model.get(name, 0) + 1
     report["processes_seen"] = sorted(seen)  # (pid, start time in clock ticks)
     shm_new, shm_others = new_shm_entries(shm_before)
