@@ -46,7 +46,6 @@ returning that directory; the ``make_*_model`` functions return the ``onnx.Model
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -68,6 +67,7 @@ from examples.common import (
     write_model_dir,
     write_text,
 )
+from examples.output_argument import parse_output_folder
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "models"
 
@@ -422,16 +422,9 @@ def build_repository(output: Path = DEFAULT_OUTPUT) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=DEFAULT_OUTPUT,
-        help=f"model repository folder (default: {DEFAULT_OUTPUT})",
-    )
-    args = parser.parse_args(argv)
+    output_folder = parse_output_folder(argv, __doc__, DEFAULT_OUTPUT, "model repository folder")
     start = time.perf_counter()
-    output = build_repository(args.output)
+    output = build_repository(output_folder)
     elapsed = time.perf_counter() - start
     from examples.pipeline import PIPELINE_BUILDERS
     from examples.streaming import STREAMING_MODELS

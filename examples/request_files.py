@@ -19,7 +19,6 @@ of the same red 32x32 image:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ if __package__ in (None, ""):
 
 import numpy as np
 
+from examples.output_argument import parse_output_folder
 from examples.pipeline import IMAGE_SHAPE, preprocess_reference
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "requests"
@@ -91,15 +91,8 @@ def write_request_files(output: Path = DEFAULT_OUTPUT) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=DEFAULT_OUTPUT,
-        help=f"folder for the request files (default: {DEFAULT_OUTPUT})",
-    )
-    args = parser.parse_args(argv)
-    paths = write_request_files(args.output)
+    output_folder = parse_output_folder(argv, __doc__, DEFAULT_OUTPUT, "request files folder")
+    paths = write_request_files(output_folder)
     print(f"wrote {', '.join(str(path) for path in paths)}")
     return 0
 

@@ -24,7 +24,6 @@ The Python model is written as Triton's python backend documents it, so it runs 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ from onnx import TensorProto, helper
 
 from examples.build_repository import DEFAULT_OUTPUT
 from examples.common import finish_model, write_model_dir, write_text
+from examples.output_argument import parse_output_folder
 
 SEQUENCE_MODELS = ("accumulator", "accumulator_oldest", "accumulator_onnx")
 
@@ -198,16 +198,9 @@ def build_sequences(repo: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=DEFAULT_OUTPUT,
-        help=f"model repository folder (default: {DEFAULT_OUTPUT})",
-    )
-    args = parser.parse_args(argv)
-    build_sequences(args.output)
-    print(f"built {len(SEQUENCE_BUILDERS)} models in {args.output}: {', '.join(SEQUENCE_BUILDERS)}")
+    output = parse_output_folder(argv, __doc__, DEFAULT_OUTPUT, "model repository folder")
+    build_sequences(output)
+    print(f"built {len(SEQUENCE_BUILDERS)} models in {output}: {', '.join(SEQUENCE_BUILDERS)}")
     return 0
 
 

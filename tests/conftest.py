@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,17 @@ def example_server(
     example_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """One server over the example repository, shared by read-mostly e2e tests."""
-    with running_server(
-        [example_repository], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
-    ) as server:
+    with serving_examples(example_repository, tmp_path_factory) as server:
         yield server
+
+
+def serving_examples(
+    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AbstractContextManager[ServerProcess]:
+    """A fresh server over the example repository (fixtures that need one of their own call it)."""
+    return running_server(
+        [example_repository], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
+    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

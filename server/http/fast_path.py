@@ -135,8 +135,13 @@ def _body_timeout_answer(cycle: RequestResponseCycle, timeout: float) -> bytes:
         b'{"error":"request body not received in time: no bytes for %d s '
         b'(--http-body-timeout-secs)"}' % round(timeout)
     )
-    head = [STATUS_LINE[408]]
-    for key, value in cycle.default_headers:  # server, date
+    return _closing_json_answer(cycle.default_headers, 408, body)
+
+
+def _closing_json_answer(default_headers: Any, status: int, body: bytes) -> bytes:
+    """A whole JSON answer after which the connection closes, as the bytes of one write."""
+    head = [STATUS_LINE[status]]
+    for key, value in default_headers:  # server, date
         head += [key, b": ", value, b"\r\n"]
     head += [
         b"content-type: application/json\r\ncontent-length: ",
@@ -167,16 +172,7 @@ def _malformed_answer(default_headers: Any, reason: str, status: int = 400) -> b
     """The answer to a request the HTTP parser cannot read (or whose headers are over the
     bound), as JSON like every other error; the connection is closed after it."""
     body = orjson.dumps({"error": reason if status != 400 else f"malformed HTTP request: {reason}"})
-    head = [STATUS_LINE[status]]
-    for key, value in default_headers:  # server, date
-        head += [key, b": ", value, b"\r\n"]
-    head += [
-        b"content-type: application/json\r\ncontent-length: ",
-        str(len(body)).encode("latin-1"),
-        b"\r\nconnection: close\r\n\r\n",
-        body,
-    ]
-    return b"".join(head)
+    return _closing_json_answer(default_headers, status, body)
 
 
 class BoundedHttpProtocol(HttpToolsProtocol):

@@ -35,12 +35,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from backends.python.worker.prctl import PR_SET_PDEATHSIG, prctl
 from protocol.text import DEFAULT_ECHO_CHARS, set_echo_limit
 
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the `server` package
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_WAIT_S = 5.0  # a closed pool's process has this long to exit before it is killed
 
 _Job = tuple[Future, Callable[..., Any], tuple]
@@ -217,19 +217,7 @@ class _Slot:
 
 def _die_with_parent(parent: int) -> None:
     """SIGKILL from the kernel when the thread that started us ends (Linux); gone already: exit."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(
-            PR_SET_PDEATHSIG,
-            ctypes.c_ulong(signal.SIGKILL),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-            ctypes.c_ulong(0),
-        )
-    except (OSError, AttributeError):
-        pass
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
 

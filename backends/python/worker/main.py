@@ -34,6 +34,7 @@ from backends.python.wire.framing import ArenaReader, ArenaWriter, ChannelClosed
 from backends.python.wire.ring import RingReader, RingWriter
 from backends.python.worker import model_api as python_model_api
 from backends.python.worker.bridge import WorkerBridge
+from backends.python.worker.prctl import PR_SET_PDEATHSIG, prctl
 
 MODEL_MODULE = "model"
 
@@ -316,30 +317,12 @@ class WorkerLoop:
         return results
 
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_CHECK_S = 0.5  # the watchdog's period where the parent-death signal is not available
 
 
 def _set_parent_death_signal() -> bool:
     """Ask the kernel to SIGKILL this process when its parent goes (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return (
-            libc.prctl(
-                PR_SET_PDEATHSIG,
-                ctypes.c_ulong(signal.SIGKILL),
-                ctypes.c_ulong(0),
-                ctypes.c_ulong(0),
-                ctypes.c_ulong(0),
-            )
-            == 0
-        )
-    except (OSError, AttributeError):
-        return False
+    return prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _watch_parent(parent: int) -> None:

@@ -28,29 +28,10 @@ import signal
 import sys
 import time
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-PR_SET_CHILD_SUBREAPER = 36
+from backends.python.worker.prctl import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
+
 END_WAIT_S = 5.0  # killing the tree: how long to wait for the last processes to be reaped
 WAITED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP}
-
-
-def _prctl(option: int, value: int) -> bool:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return (
-            libc.prctl(
-                option,
-                ctypes.c_ulong(value),
-                ctypes.c_ulong(0),
-                ctypes.c_ulong(0),
-                ctypes.c_ulong(0),
-            )
-            == 0
-        )
-    except (OSError, AttributeError):
-        return False
 
 
 def _below(root: int) -> list[int]:
@@ -144,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)  # kept pending for sigwaitinfo
     supervised = (
         sys.platform.startswith("linux")
-        and _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        and _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        and prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        and prctl(PR_SET_CHILD_SUBREAPER, 1)
     )
     if parent is not None and os.getppid() != parent:
         os._exit(1)  # orphaned already: nobody will ever send us work

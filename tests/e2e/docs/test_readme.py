@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.serverproc import ROOT, ServerProcess, running_server
+from harness.serverproc import ROOT, ServerProcess
+from tests.conftest import serving_examples
 
 README = ROOT / "README.md"
 SKIP = re.compile(r"<!--\s*docs-check:\s*skip:\s*(?P<why>.+?)\s*-->")
@@ -139,9 +140,7 @@ def readme_server(
     example_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """A server of its own: the README's outputs (metrics counts) assume a fresh one."""
-    with running_server(
-        [example_repository], ["--exit-timeout-secs", "10"], log_dir=tmp_path_factory.mktemp("logs")
-    ) as server:
+    with serving_examples(example_repository, tmp_path_factory) as server:
         yield server
 
 
