@@ -41,10 +41,10 @@ from bench.cpu_side_by_side import CLIENT_CPU, CONCURRENCY, PinnedServer
 from bench.cpu_time import process_cpu
 from examples.build_repository import build_simple
 from examples.mlp_compute import BENCH_BUILDERS
+from harness.perf_analyzer import default_cache, locate
 from harness.serverproc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-PERF_ANALYZER = "/root/.cache/perf-analyzer/perf_analyzer"
 
 
 @dataclass
@@ -239,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         "CPU 1): a busy neighbour then hits both alike",
     )
     args = parser.parse_args(argv)
-    perf_analyzer = (
-        os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer") or PERF_ANALYZER
-    )
+    # $PERF_ANALYZER, PATH, the cache, else installed as `make bench` does it
+    found = locate(os.environ, default_cache(os.environ), install=True, python=sys.executable)
+    perf_analyzer = str(found)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     repo = args.out_dir / "models"
     shutil.rmtree(repo, ignore_errors=True)
