@@ -10,9 +10,10 @@ loaded, so a failed load never takes anything down; its reason shows in the repo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -126,8 +127,10 @@ class ModelManager:
         self._host = host
         self._scheduler_factory = scheduler_factory
         self._response_cache = response_cache  # None: the server has no --cache-config
-        # One load or unload at a time per model; different models load concurrently.
-        self._locks: dict[str, asyncio.Lock] = {}
+        # One load or unload at a time per model; different models load concurrently. A name's
+        # lock lives only while someone holds or waits for it, so that load requests for any
+        # number of unknown names leave nothing behind.
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         # Private directories built from load requests' file overrides, per model.
         self._private: dict[str, set[Path]] = {}
         # Ensemble -> the members that loading it loaded (unload_dependents unloads them).
@@ -139,8 +142,23 @@ class ModelManager:
         self._retiring: dict[int, asyncio.Task] = {}
         self._closing = False
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, name: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(name) or (asyncio.Lock(), 0)
+        self._locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[name]
+            if users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)
+
+    def lock_count(self) -> int:
+        """Names whose load lock is held or awaited now (0 when nothing is loading)."""
+        return len(self._locks)
 
     def model_names(self) -> list[str]:
         unique, duplicates = layout.scan_repositories(self.settings.repositories, quiet=True)

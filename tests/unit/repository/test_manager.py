@@ -248,6 +248,19 @@ async def test_unknown_models_leave_no_trace(repo: Path) -> None:
         await manager.load_model("nope")
     await manager.unload_model("nope")
     assert registry.models == {}
+    # Nor any state per name: a client trying a million names leaves the memory as it was.
+    for name in ("nope", "nope2", "nope3"):
+        with pytest.raises(LoadError):
+            await manager.load_model(name)
+    assert manager.lock_count() == 0
+
+
+async def test_concurrent_loads_of_one_name_share_its_lock_and_then_drop_it(repo: Path) -> None:
+    model(repo)
+    manager, registry, _ = manager_for(repo)
+    await asyncio.gather(*(manager.load_model("m") for _ in range(3)))
+    assert manager.lock_count() == 0
+    assert serving(registry).tag
 
 
 async def test_a_model_in_two_repositories_is_unavailable(repo: Path, tmp_path: Path) -> None:
