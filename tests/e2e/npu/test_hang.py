@@ -137,6 +137,10 @@ def test_requests_behind_it_fail_unavailable_and_the_model_turns_not_ready(
             client.infer("npu_hang", [x])
         assert failure.value.status() == "StatusCode.UNAVAILABLE"
         assert client.is_model_ready("npu_ok")
+    response = httpx.post(f"{server.base}/v2/repository/index", json={}, timeout=10)
+    entries = {entry["name"]: entry for entry in response.json()}
+    assert "did not finish within" in entries["npu_hang"].get("reason", ""), entries["npu_hang"]
+    assert entries["npu_ok"]["state"] == "READY"
 
 
 def test_the_other_npu_serves_and_metrics_and_log_say_why(

@@ -357,7 +357,9 @@ def max_output_shapes(spec: OmSpec) -> dict[str, tuple[int, ...]]:
 
 
 def hangs(spec: OmSpec, inputs: dict[str, np.ndarray]) -> bool:
-    """A hang poison: the execution never finishes (a hung device), holding its device."""
+    """A hang poison: the execution never finishes (a hung device), holding its device. Only
+    work queued on a stream hangs (what the backend runs); a synchronous execute, which would
+    hang holding the GIL, computes as if unpoisoned."""
     if not spec.poison or not spec.poison.get("hang"):
         return False
     value = spec.poison["value"]
