@@ -144,3 +144,20 @@ def test_an_ai_core_exception_whose_rebuild_fails_leaves_service(
     with pytest.raises(BackendError, match="recreating the instance failed: .*207001"):
         instance_thread.run(instance.execute, {"INPUT0": rows(1)})
     instance_thread.run(instance.unload)
+
+
+@pytest.mark.parametrize("value", ["-1", "2147483648", "1.5", "inf"])
+def test_an_out_of_range_timeout_refuses_the_config(tmp_path, value):
+    from repository.config import ConfigError, normalize, parse_config_text
+
+    model_dir = tmp_path / "m"
+    (model_dir / "1").mkdir(parents=True)
+    text = (
+        'backend: "ascend"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f'parameters {{ key: "execution_timeout_ms" value {{ string_value: "{value}" }} }}\n'
+    )
+    config = parse_config_text(text, model_dir / "config.pbtxt")
+    with pytest.raises(ConfigError, match="parameter 'execution_timeout_ms'.*must be"):
+        normalize(config, "m", model_dir, [], auto_complete=False)
