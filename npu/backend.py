@@ -58,7 +58,7 @@ class AscendBackend(Backend):
         self._binding: npu_config.Binding | None = None
         self._fault: str | None = None
         self._side: list[int] = []  # positions of side inputs (no batch axis) among the inputs
-        self._deadline = npu_deadline.ExecutionDeadline(npu_deadline.configured_ms(config))
+        self._deadline = npu_deadline.ExecutionDeadline()  # its timeout is read at load
         self._abandoned = False  # an execution hung: leave its resources to the driver
 
     @classmethod
@@ -73,6 +73,7 @@ class AscendBackend(Backend):
         npu_config.complete(config, info)
 
     def load(self) -> None:
+        self._deadline.fixed_ms = npu_deadline.configured_ms(self.config)
         acl = npu_acl.load()
         path = self.model_path()
         if not path.is_file():

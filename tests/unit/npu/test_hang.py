@@ -106,8 +106,10 @@ def test_the_derived_timeout_follows_the_slowest_execution():
 
 def test_an_unreadable_timeout_refuses_the_instance(acl_emu, tmp_path):
     text = 'parameters { key: "execution_timeout_ms" value { string_value: "soon" } }\n'
+    instance = backend(prepare(tmp_path, text))
     with pytest.raises(BackendError, match="'execution_timeout_ms' must be a whole number"):
-        backend(prepare(tmp_path, text))
+        instance.load()
+    assert acl_emu._emu.stats()["models"] == 0  # refused before anything was loaded
 
 
 def test_an_older_binding_waits_without_a_timeout_and_says_so_once(
