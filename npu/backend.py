@@ -9,6 +9,13 @@ A batch of requests to a model with static side inputs (im_info [1, 3] beside a 
 image) carries one side row per request row; consecutive rows whose side rows are equal run as
 one execution, so requests for same-sized images share a gear. An AI Core exception leaves the
 instance's stream broken: the instance rebuilds its session and model copy and serves on.
+
+An execution that does not finish within the instance's timeout (npu/deadline.py) is a hung
+device, or a stream stuck on it: the batch answers UNAVAILABLE and the instance is out of
+service for good. It cannot be rebuilt in place: the execution is still on its stream, and
+destroying that stream (or unloading the model it runs) waits for it. So the instance leaves
+its stream, model copy and device memory as they are, and the driver reclaims them when the
+executor process ends (the model's unload, or the server's exit).
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from backends.base import Backend, BackendError, InstanceSpec
 from npu import acl as npu_acl
 from npu import aipp as npu_aipp
 from npu import config as npu_config
+from npu import deadline as npu_deadline
 from npu.device import DeviceSession
-from npu.errors import AclError, is_stream_fault
+from npu.errors import AclError, ExecutionHung, is_stream_fault, is_sync_timeout
 from npu.om_model import OmModel, describe_file
 from protocol.errors import InvalidArgument
 
@@ -50,6 +58,8 @@ class AscendBackend(Backend):
         self._binding: npu_config.Binding | None = None
         self._fault: str | None = None
         self._side: list[int] = []  # positions of side inputs (no batch axis) among the inputs
+        self._deadline = npu_deadline.ExecutionDeadline()  # its timeout is read at load
+        self._abandoned = False  # an execution hung: leave its resources to the driver
 
     @classmethod
     def place_instances(cls, config: ModelConfig) -> None:
@@ -63,6 +73,7 @@ class AscendBackend(Backend):
         npu_config.complete(config, info)
 
     def load(self) -> None:
+        self._deadline.fixed_ms = npu_deadline.configured_ms(self.config)
         acl = npu_acl.load()
         path = self.model_path()
         if not path.is_file():
@@ -73,6 +84,7 @@ class AscendBackend(Backend):
 
     def _open(self, acl, path: Path) -> None:
         self._session = DeviceSession.open(acl, self.instance.device_id)
+        self._session.deadline = self._deadline  # what it has seen survives a rebuild
         try:
             self._model = OmModel.load(
                 self._session, path, npu_aipp.settings_from_config(self.config)
@@ -93,9 +105,12 @@ class AscendBackend(Backend):
         if self._model is None or self._binding is None:
             raise BackendError(f"instance {self.instance.name} has no model loaded")
         arrays, rows = self._arrays(inputs)
+        timeout = self._deadline.describe()
         try:
             results = self._run(arrays, rows)
         except AclError as exc:
+            if is_sync_timeout(exc.code):
+                raise self._hung(exc, timeout) from None
             if is_stream_fault(exc.code):
                 self._rebuild(exc)
             elif exc.fatal:
@@ -110,6 +125,23 @@ class AscendBackend(Backend):
             self.instance.name,
             self.instance.device_id,
             reason,
+        )
+
+    def _hung(self, exc: AclError, timeout: str) -> ExecutionHung:
+        """The execution did not finish within `timeout`: out of service, its stream and
+        model copy abandoned (see the module's docstring); the error for this batch."""
+        reason = (
+            f"an execution did not finish within {timeout}; the NPU or its stream is hung "
+            f"({exc.message})"
+        )
+        self._abandoned = True
+        if self._session is not None:
+            self._session.abandoned = True
+        self._out_of_service(reason)
+        npu_deadline.record_timeout(self.config.name, self.instance.device_id)
+        return ExecutionHung(
+            f"instance {self.instance.name} on NPU {self.instance.device_id} is out of "
+            f"service: {reason}"
         )
 
     def _rebuild(self, exc: AclError) -> None:
@@ -183,6 +215,15 @@ class AscendBackend(Backend):
         return arrays, rows
 
     def unload(self) -> None:
+        if self._abandoned:
+            log.warning(
+                "instance %s on NPU %s: an execution never finished, so its stream, model "
+                "copy and device memory are left to the driver (freed when this process ends)",
+                self.instance.name,
+                self.instance.device_id,
+            )
+            self._model = self._session = self._binding = None
+            return
         self._release()
 
     def _release(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 from backends.base import BackendError
 from npu import constants as K
+from npu.deadline import ExecutionDeadline
 from npu.errors import AclError, check, recent_message, unwrap
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,11 @@ class DeviceSession:
         self._device_set = False
         self._listed = False
         self.models: list[Any] = []  # OmModels loaded in this session's context
+        self.deadline = ExecutionDeadline()  # the instance hands in its own (npu/deadline.py)
+        # Set when an execution on the stream never finished: nothing here may be destroyed
+        # any more (destroy_stream would wait for that execution), so the teardown at exit
+        # leaves the session to the driver, which reclaims it when the process ends.
+        self.abandoned = False
         # Held while a batch runs and while resources are released, so the teardown at exit
         # never destroys what a thread is still executing with.
         self.lock = threading.RLock()
@@ -168,8 +175,19 @@ class DeviceSession:
             _current.session = self
 
     def synchronize(self) -> None:
-        """Wait for the stream (pyACL releases the GIL here, so other instances keep running)."""
-        check(self.acl, self.acl.rt.synchronize_stream(self.stream), "acl.rt.synchronize_stream")
+        """Wait for the stream (pyACL releases the GIL here, so other instances keep running),
+        for at most the deadline's timeout where the binding can: a hung execution then fails
+        with 507046 instead of holding the instance forever."""
+        acl, deadline = self.acl, self.deadline
+        with_timeout = getattr(acl.rt, "synchronize_stream_with_timeout", None)
+        started = time.monotonic()
+        if with_timeout is None:
+            _no_timeout_once()
+            check(acl, acl.rt.synchronize_stream(self.stream), "acl.rt.synchronize_stream")
+        else:
+            ret = with_timeout(self.stream, deadline.timeout_ms())
+            check(acl, ret, "acl.rt.synchronize_stream_with_timeout")
+        deadline.observe(time.monotonic() - started)
 
     def close(self) -> list[str]:
         """Destroy stream, then context, then drop the device reference (the documented order).
@@ -203,6 +221,22 @@ class DeviceSession:
             )
             self._device_set = False
         return problems
+
+
+_warned_no_timeout = False
+
+
+def _no_timeout_once() -> None:
+    """An older binding without synchronize_stream_with_timeout: say once per process that a
+    hung device will hold its instances."""
+    global _warned_no_timeout
+    if not _warned_no_timeout:
+        _warned_no_timeout = True
+        log.warning(
+            "this pyACL has no acl.rt.synchronize_stream_with_timeout (CANN older than 8?): "
+            "executions wait with acl.rt.synchronize_stream, without a timeout, so a hung "
+            "NPU holds its instances until the process is killed"
+        )
 
 
 def _require_device(acl: ModuleType, device_id: int) -> None:

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from backends.base import BackendError
+from protocol.errors import Unavailable
 
 # code -> (name, meaning). Names are the C enum names from acl_base.h / acl_rt.h / ge_error_codes.h.
 KNOWN: dict[int, tuple[str, str]] = {
@@ -71,6 +72,9 @@ DEVICE_FAULTS = frozenset({500004, 507010, 507033, 507899})
 # The stream the fault hit is left broken, the device is not: the instance recreates its stream
 # and model copy (a judgement to confirm on hardware).
 STREAM_FAULTS = frozenset({507014, 507015})
+# synchronize_stream_with_timeout ran out: the execution is still on the device (or never
+# ends). The instance stops serving and touches that stream no more (npu/backend.py).
+SYNC_TIMEOUT = 507046
 
 _FAMILIES = {
     1: "caller or environment error",
@@ -94,6 +98,15 @@ def is_device_fault(code: int) -> bool:
 
 def is_stream_fault(code: int) -> bool:
     return code in STREAM_FAULTS
+
+
+def is_sync_timeout(code: int) -> bool:
+    return code == SYNC_TIMEOUT
+
+
+class ExecutionHung(Unavailable):
+    """An execution did not finish within its timeout: the instance is out of service, and
+    the request answers UNAVAILABLE (503), as a server-side outage does."""
 
 
 class AclError(BackendError):

@@ -40,6 +40,14 @@ def shutdown(wait_s: float) -> bool:
     deadline = time.monotonic() + wait_s
     clean = True
     for session in device.open_sessions():
+        if session.abandoned:
+            log.warning(
+                "NPU %s: an execution there never finished; its stream, model and memory are "
+                "left to the driver and acl.finalize is skipped",
+                session.device_id,
+            )
+            clean = False
+            continue
         if not session.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             log.warning(
                 "NPU %s: an execution is still running after %.1fs; its resources are "

@@ -5,6 +5,8 @@ A prometheus_client custom collector: with no NPU model loaded it yields nothing
 imports `acl`. Memory comes from acl.rt.get_mem_info (HBM, falling back to DDR on parts
 without HBM such as the 310P); utilisation from acl.rt.get_device_utilization_rate where the
 binding has it. Temperature and power are not in pyACL: leave them to Huawei's npu-exporter.
+Beside the gauges, ascend_npu_execution_timeouts_total counts the executions that did not
+finish within their timeout (npu/deadline.py), per model and device.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from npu import constants as K
-from npu import device
+from npu import deadline, device
 from npu.errors import check
 
 # pyACL's utilisation keys -> our `engine` label. memory_utilization is reserved (-1).
@@ -55,20 +57,36 @@ def read_device(acl: ModuleType, device_id: int) -> DeviceReading:
     return reading
 
 
+def _hang_family() -> CounterMetricFamily | None:
+    counts = deadline.timeout_counts()
+    if not counts:
+        return None
+    family = CounterMetricFamily(
+        "ascend_npu_execution_timeouts",
+        "NPU executions that did not finish within their timeout (the instance is then out of "
+        "service)",
+        labels=["model", "device"],
+    )
+    for (model, device_id), count in sorted(counts.items()):
+        family.add_metric([model, str(device_id)], float(count))
+    return family
+
+
 class NpuCollector(Collector):
     """ascend_npu_memory_used_bytes / _total_bytes and ascend_npu_utilization, per device."""
 
     def describe(self) -> Iterable:
         return []  # names are only known at scrape; registration must not touch the device
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         readings = device.for_each_open_device(read_device)  # instances in this process
         from npu.executor import client  # and those in executor processes (the server's)
 
         seen = {device_id for device_id, _ in readings}
         readings += [r for r in client.readings() if r[0] not in seen]
+        hangs = _hang_family()
         if not readings:
-            return []
+            return [hangs] if hangs is not None else []
         used = GaugeMetricFamily(
             "ascend_npu_memory_used_bytes", "NPU device memory in use, in bytes", labels=["device"]
         )
@@ -89,7 +107,8 @@ class NpuCollector(Collector):
                 total.add_metric([label], float(reading.total_bytes))
             for engine, value in sorted(reading.utilization.items()):
                 util.add_metric([label, engine], value)
-        return [family for family in (used, total, util) if family.samples]
+        families = [family for family in (used, total, util) if family.samples]
+        return families + ([hangs] if hangs is not None else [])
 
 
 def npu_collector() -> Collector:

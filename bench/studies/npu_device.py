@@ -9,6 +9,8 @@
 2. Served: the same model in a server of this checkout (backend "ascend", dynamic batching),
    driven by perf_analyzer over HTTP and gRPC at a few concurrencies.
 3. The ratio: served inferences/s over the device-only rows/s at the largest gear.
+4. For the hung-NPU timeout: whether this pyACL has `synchronize_stream_with_timeout`, each
+   gear's slowest execution and the execution timeout it derives (npu/deadline.py).
 
 It writes `npu_device.json` and `npu_device.md` to --out: send both back. `--config` adds text
 to the generated config.pbtxt (e.g. the aipp_* parameters of a dynamic-AIPP model);
@@ -36,6 +38,7 @@ from google.protobuf import text_format
 from bench.served import CONVERGE_FLAGS, read_csv, run_command
 from npu import acl as npu_acl
 from npu import aipp as npu_aipp
+from npu.deadline import ExecutionDeadline
 from npu.description import ModelDescription
 from npu.device import DeviceSession
 from npu.om_model import OmModel
@@ -89,6 +92,7 @@ def device_only(
             model = OmModel.load(session, path, aipp)
             for label, arrays, rows in gear_inputs(model.info):
                 model.run(arrays, rows)  # copies the inputs in and sets the gear
+                session.deadline = ExecutionDeadline()  # this gear's slowest wait alone
                 with session.running():
                     start = time.perf_counter()
                     for _ in range(loops):
@@ -102,6 +106,9 @@ def device_only(
                         "loops": loops,
                         "ms_per_execution": 1000 * seconds / loops,
                         "rows_per_sec": per_run * loops / seconds,
+                        "slowest_ms": 1000 * (session.deadline.slowest_s or 0.0),
+                        "derived_timeout_ms": session.deadline.timeout_ms(),
+                        "sync_with_timeout": hasattr(acl.rt, "synchronize_stream_with_timeout"),
                     }
                 )
         except BaseException as exc:
@@ -211,6 +218,16 @@ def report(om: Path, device: list[dict], points: list[dict], note: str) -> str:
                 f"| {p['protocol']} | {p['concurrency']} | {p['infer_per_sec']:.1f} | "
                 f"{p['p99_us']:.0f} | {ratio:.2f} |"
             )
+    if device:
+        worst = max(device, key=lambda d: d["slowest_ms"])
+        has = "has" if worst["sync_with_timeout"] else "has NOT"
+        lines += [
+            "",
+            f"Hung-NPU timeout: this pyACL {has} acl.rt.synchronize_stream_with_timeout; the "
+            f"slowest execution took {worst['slowest_ms']:.3f} ms (gear {worst['gear']}), so "
+            f"the derived execution timeout is {worst['derived_timeout_ms']} ms "
+            "(npu/deadline.py; the config parameter execution_timeout_ms overrides it).",
+        ]
     if note:
         lines += ["", note]
     return "\n".join(lines) + "\n"

@@ -13,6 +13,10 @@ naming the exit), `healthy()` is False, and a supervisor thread starts a new pro
 loads every instance of it again; batches that arrive meanwhile wait for that (up to
 RESTART_WAIT_S). After `max_worker_crashes` crashes within `worker_crash_window_s` (config
 parameters, as for Python models; defaults 3 in 60 s) the instances stay down.
+
+A hung execution (npu/deadline.py) answers this side as a "hung" UNAVAILABLE reply: the
+batch fails with 503, the instance turns unhealthy for good, and the timeout is counted and
+logged here, in the process whose metrics endpoint and log a person reads.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from backends.python.process import (
     workers_ended,
 )
 from npu import config as npu_config
+from npu import deadline as npu_deadline
 from protocol import errors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -282,6 +287,7 @@ class AscendExecutorBackend(Backend):
     parameter_bounds: ClassVar[Mapping[str, ParameterBound]] = {
         "max_worker_crashes": ParameterBound(0, 1_000_000, integer=True),
         "worker_crash_window_s": ParameterBound(0.0, 86400.0 * 365),
+        **npu_deadline.PARAMETER_BOUNDS,
     }
 
     def __init__(
@@ -383,6 +389,10 @@ class AscendExecutorBackend(Backend):
             self._healthy = bool(reply.get("healthy", True))
             if reply.get("kind") == "invalid":
                 raise errors.InvalidArgument(str(exc)) from None
+            if reply.get("kind") == "unavailable":
+                if reply.get("hung"):
+                    self._hung(str(exc))
+                raise errors.Unavailable(str(exc)) from None
             raise BackendError(str(exc), fatal=bool(reply.get("fatal"))) from None
         except WorkerDied as exc:
             raise errors.Unavailable(
@@ -392,6 +402,19 @@ class AscendExecutorBackend(Backend):
         result = results[0]
         assert isinstance(result, dict)
         return dict(result)
+
+    def _hung(self, message: str) -> None:
+        """The executor says an execution never finished: the instance is out of service
+        (healthy() False, so the pool gives it no more work), counted and logged here."""
+        self._healthy = False
+        npu_deadline.record_timeout(self.config.name, self.instance.device_id)
+        log.error(
+            "model '%s' instance %s on NPU %s taken out of service: %s",
+            self.config.name,
+            self.instance.name,
+            self.instance.device_id,
+            message,
+        )
 
     def unload(self) -> None:
         executor, channel = self._executor, self._channel

@@ -27,7 +27,8 @@ from backends.base import BackendError, InstanceSpec
 from backends.python.wire.channel import Channel
 from backends.python.wire.framing import ArenaReader, ArenaWriter, ChannelClosed
 from backends.python.worker.main import die_with_parent
-from protocol.errors import InvalidArgument
+from npu.errors import ExecutionHung
+from protocol.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger("npu.executor")
 
@@ -44,6 +45,8 @@ def _failure(exc: BaseException, backend: Any = None) -> dict[str, Any]:
     """An error reply the client turns back into the same exception kind."""
     if isinstance(exc, InvalidArgument):
         kind, message, fatal = "invalid", str(exc), False
+    elif isinstance(exc, Unavailable):
+        kind, message, fatal = "unavailable", str(exc), False
     elif isinstance(exc, BackendError):
         kind, message, fatal = "backend", exc.message, exc.fatal
     else:
@@ -55,7 +58,10 @@ def _failure(exc: BaseException, backend: Any = None) -> dict[str, Any]:
             healthy = bool(backend.healthy())
         except Exception:
             healthy = False
-    return {"ok": False, "kind": kind, "error": message, "fatal": fatal, "healthy": healthy}
+    reply = {"ok": False, "kind": kind, "error": message, "fatal": fatal, "healthy": healthy}
+    if isinstance(exc, ExecutionHung):
+        reply["hung"] = True
+    return reply
 
 
 class InstanceLoop:

@@ -363,7 +363,7 @@ def test_failed_execution_fails_that_request_only(main_server: ServerProcess) ->
     response = json_infer(main_server, "npu_scale", bad)
     assert response.status_code == 500, response.text
     error = response.json()["error"]
-    assert "acl.rt.synchronize_stream failed with error 507011" in error
+    assert "acl.rt.synchronize_stream_with_timeout failed with error 507011" in error
     assert "ACL_ERROR_RT_MODEL_EXECUTE" in error
 
     with grpcclient.InferenceServerClient(main_server.grpc_url) as client:

@@ -39,6 +39,9 @@ def acl_emu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         # A test may have run the exit teardown, or failed before unloading and left its
         # sessions listed; the next test starts clean (the emulator above reported any leak).
         device.reset()
+        from npu import deadline
+
+        deadline.forget_counts()  # a hung instance's count is this test's alone
 
 
 @pytest.fixture

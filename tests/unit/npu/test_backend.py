@@ -386,7 +386,7 @@ def test_execute_failure_fails_only_that_batch(acl_emu, tmp_path, instance_threa
     with pytest.raises(BackendError) as info:
         instance_thread.run(instance.execute, {"INPUT0": bad})
     assert info.value.message.startswith(
-        "acl.rt.synchronize_stream failed with error 507011 "
+        "acl.rt.synchronize_stream_with_timeout failed with error 507011 "
         "(ACL_ERROR_RT_MODEL_EXECUTE: model execution failed): model"
     )
     assert not info.value.fatal and instance.healthy()

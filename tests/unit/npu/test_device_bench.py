@@ -33,4 +33,9 @@ def test_report_without_perf_analyzer(acl_emu, tmp_path, monkeypatch):
         "image[1, 3, 32, 24]",
     ]
     assert "served: not measured (no perf_analyzer" in report["note"]
-    assert "| image[1, 3, 32, 24] |" in (tmp_path / "out" / "npu_device.md").read_text()
+    text = (tmp_path / "out" / "npu_device.md").read_text()
+    assert "| image[1, 3, 32, 24] |" in text
+    # What the hung-NPU timeout would be for this model (fast here: the floor).
+    assert all(r["sync_with_timeout"] for r in report["device_only"])
+    assert "this pyACL has acl.rt.synchronize_stream_with_timeout" in text
+    assert "the derived execution timeout is 5000 ms" in text

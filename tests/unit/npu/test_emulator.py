@@ -493,3 +493,54 @@ def test_device_time_depends_on_the_gear(acl_emu, tmp_path):
     small, _ = _two_executions(acl, (0,), path, gear=1)
     large, _ = _two_executions(acl, (0,), path, gear=8)
     assert small < 0.5 < large
+
+
+def _hang_ready(acl, path, value):
+    """A static model whose input holds `value`, queued on a new stream; (stream, io, ids)."""
+    model_id, desc = load(acl, path)
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, 1, 2)
+    x = np.full((1, 4), value, dtype=np.float32)
+    assert acl.rt.memcpy(ptrs[0], x.nbytes, x.ctypes.data, x.nbytes, 1) == 0
+    stream, ret = acl.rt.create_stream()
+    assert ret == 0
+    assert acl.mdl.execute_async(model_id, in_ds, out_ds, stream) == 0
+    return stream, (model_id, desc, (in_ds, out_ds), ptrs, bufs)
+
+
+def test_a_hung_execution_times_out_the_sync_and_holds_the_device(ready, tmp_path):
+    """A hang poison: the execution never finishes. synchronize_stream_with_timeout gives up
+    with 507046 and the work carries on, keeping the device: a second stream there (another
+    instance) times out too. Released by the test, everything finishes and cleans up."""
+    acl, _, _ = ready
+    path = omf.scale_model(tmp_path / "m.om", gears=None, poison={"value": -3.0, "hang": True})
+    hung, first = _hang_ready(acl, path, -3.0)
+    other, second = _hang_ready(acl, path, 1.0)  # healthy inputs, same device
+    assert acl.rt.synchronize_stream_with_timeout(hung, 0) == 100000  # -1 or > 0 ms only
+    assert acl.rt.synchronize_stream_with_timeout(hung, 200) == 507046
+    assert "Stream synchronize timeout" in acl.get_recent_err_msg()
+    assert acl._emu.hung() == 1
+    assert acl.rt.synchronize_stream_with_timeout(other, 200) == 507046  # the device is hung
+    acl._emu.release_hangs()
+    assert acl.rt.synchronize_stream_with_timeout(hung, -1) == 0  # waits for the stuck work
+    assert acl.rt.synchronize_stream(other) == 0
+    for stream, resources in ((hung, first), (other, second)):
+        assert acl.rt.destroy_stream(stream) == 0
+        release(acl, *resources)
+
+
+def test_destroying_a_stream_whose_work_hung_is_misuse(ready, tmp_path):
+    acl, _, _ = ready
+    path = omf.scale_model(tmp_path / "m.om", gears=None, poison={"value": -3.0, "hang": True})
+    hung, resources = _hang_ready(acl, path, -3.0)
+    assert acl.rt.synchronize_stream_with_timeout(hung, 100) == 507046
+    assert acl.rt.destroy_stream(hung) == 0
+    assert any("never finished" in v for v in acl._emu.violations())
+    acl._emu.release_hangs()
+    release(acl, *resources)
+    acl._emu.reset()  # the misuse above was the point
+
+
+def test_an_older_binding_has_no_sync_with_timeout(acl_emu):
+    assert hasattr(acl_emu.rt, "synchronize_stream_with_timeout")
+    acl_emu._emu.reset(sync_with_timeout=False)
+    assert not hasattr(acl_emu.rt, "synchronize_stream_with_timeout")

@@ -63,3 +63,5 @@ DYNAMIC_AIPP_NAME = "ascend_dynamic_aipp_data"
 AIPP_DATA_SIZE = 160  # bytes of the dynamic AIPP parameter input the emulator reports [infer]
 GE_AIPP_NOT_SET = 507011  # execute with dynamic AIPP parameters never set fails the model task
 RT_AICORE_EXCEPTION = 507015
+RT_AICORE_TIMEOUT = 507014
+RT_STREAM_SYNC_TIMEOUT = 507046  # synchronize_stream_with_timeout ran out (acl_rt.h)

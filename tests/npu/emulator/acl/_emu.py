@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +17,8 @@ __all__ = [
     "configure",
     "inject",
     "lose_device",
+    "release_hangs",
+    "hung",
     "stats",
     "live_summary",
     "violations",
@@ -66,6 +69,20 @@ def lose_device(device: int) -> None:
     resources still succeeds (the driver reclaims them)."""
     with RT.lock:
         RT.devices[device].lost = True
+
+
+def release_hangs() -> None:
+    """Let every hung execution finish (the real device never does): so a test's process
+    keeps no thread that waits forever. Later hang poisons hang again."""
+    with RT.lock:
+        RT.unhang.set()
+        RT.unhang = threading.Event()
+
+
+def hung() -> int:
+    """How many executions hung (a hang poison) in this process."""
+    with RT.lock:
+        return RT.hung
 
 
 def stats() -> dict[str, int]:

@@ -235,10 +235,27 @@ def run_task(task: Task, hold_lock: bool) -> int:
                 return _compute(task)
         with engine:
             time.sleep(task.latency_s)
+            _hang_if_poisoned(task)
         with RT.lock:
             return _compute(task)
     finally:
         task.model.busy = None
+
+
+def _hang_if_poisoned(task: Task) -> None:
+    """A hang poison in the inputs: the device never finishes this execution. It keeps the
+    device (its engine: nothing else runs there) and the model (still busy) until the test
+    releases it (`_emu.release_hangs`, or a reset); the real one never returns at all."""
+    with RT.lock:
+        try:
+            inputs = _read_inputs(task)
+        except AclFail:  # released meanwhile (a reset): _compute reports it
+            return
+        if not _om.hangs(task.model.spec, inputs):
+            return
+        RT.hung += 1
+        unhang = RT.unhang
+    unhang.wait()
 
 
 @entry("mdl.execute", "kkk", ret_only)

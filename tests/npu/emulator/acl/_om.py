@@ -16,6 +16,7 @@ Format (written by tests/support/om_fixtures.py, read here)::
                   "scale": 2.0, "bias": 1.0}],
      "latency_ms": {"fixed": 0, "per_sample": 0},
      "poison": {"value": -7.0, "code": 507011}}  # an input holding `value` fails execute
+                                            # ({"value": v, "hang": true}: it never finishes)
 
 `dtype` and `format` are aclDataType / aclFormat numbers. A dynamic-batch model has -1 as the
 first dimension of its batched tensors (at least one input, as ATC demands: E10031); other
@@ -355,8 +356,18 @@ def max_output_shapes(spec: OmSpec) -> dict[str, tuple[int, ...]]:
     return spec._max_outputs
 
 
+def hangs(spec: OmSpec, inputs: dict[str, np.ndarray]) -> bool:
+    """A hang poison: the execution never finishes (a hung device), holding its device. Only
+    work queued on a stream hangs (what the backend runs); a synchronous execute, which would
+    hang holding the GIL, computes as if unpoisoned."""
+    if not spec.poison or not spec.poison.get("hang"):
+        return False
+    value = spec.poison["value"]
+    return any(np.any(array == value) for array in inputs.values())
+
+
 def poisoned(spec: OmSpec, inputs: dict[str, np.ndarray]) -> int | None:
-    if not spec.poison:
+    if not spec.poison or spec.poison.get("hang"):
         return None
     value = spec.poison["value"]
     if any(np.any(array == value) for array in inputs.values()):

@@ -73,6 +73,9 @@ class Config:
     # only for a device's first set_device in the process).
     gil_s: dict = field(default_factory=dict)
     fill_byte: int = 0xA5  # fresh device memory is not zeroed
+    # The binding has acl.rt.synchronize_stream_with_timeout (CANN 8 does); False: an older
+    # binding without it, where `getattr(acl.rt, name)` raises AttributeError.
+    sync_with_timeout: bool = True
 
 
 @dataclass
@@ -111,6 +114,9 @@ class Stream:
     ctx: Context
     pending: list = field(default_factory=list)
     broken: int = 0  # an AI Core exception leaves the stream failing until it is destroyed
+    # The thread still running this stream's work after a synchronize_stream_with_timeout ran
+    # out (a hung execution): later work on the stream waits behind it, as on the device.
+    stuck: threading.Thread | None = None
 
 
 @dataclass(eq=False)
@@ -184,6 +190,13 @@ class Runtime:
             self.executions: dict[int, dict] = {}
             self.aipps: dict[int, Any] = {}
             self.syncing: dict[int, str] = {}  # thread id -> stream it waits on, for finalize
+            # A hung execution (poison "hang") waits for this: set by _emu.release_hangs and by
+            # a reset, so a test process never keeps a thread that waits forever.
+            previous = getattr(self, "unhang", None)
+            if previous is not None:
+                previous.set()
+            self.unhang = threading.Event()
+            self.hung = 0  # executions that hung so far
             from . import _memory
 
             self.memory = _memory.Ledger(self)

@@ -180,6 +180,11 @@ def destroy_stream(stream: int) -> int:
     with RT.lock:
         RT.require_init()
         found = stream_in_current_context(stream)
+        if found.stuck is not None and found.stuck.is_alive():
+            RT.violate(
+                f"destroy_stream({stream:#x}) while its work never finished (the real call "
+                "waits for that work: forever on a hung device)"
+            )
         if found.pending:
             RT.violate(f"destroy_stream({stream:#x}) with unsynchronised work")
             for task in found.pending:
@@ -195,11 +200,25 @@ def destroy_stream(stream: int) -> int:
 def synchronize_stream(stream: int) -> int:
     """Runs the stream's queued executions. The waits happen without the emulator lock, the way
     the real call releases the GIL, so instances on other threads overlap."""
+    found, tasks, device = _take_work(stream)
+    return _run_work(found, stream, tasks, device)
+
+
+def _take_work(stream: int) -> tuple[Stream, list, int]:
+    """On the caller's thread (the stream must be in its current context): the queued work."""
     with RT.lock:
         RT.require_init()
         found = stream_in_current_context(stream)
         tasks, found.pending = found.pending, []
-        device = found.ctx.device
+        return found, tasks, found.ctx.device
+
+
+def _run_work(found: Stream, stream: int, tasks: list, device: int) -> int:
+    """Run `tasks` in stream order (after any work still stuck on the stream); the code."""
+    stuck = found.stuck
+    if stuck is not None and stuck is not threading.current_thread():
+        stuck.join()  # earlier work that never finished: what follows it waits for it
+    with RT.lock:
         RT.syncing[threading.get_ident()] = f"{threading.current_thread().name} on {stream:#x}"
     from . import mdl
 
@@ -224,6 +243,46 @@ def synchronize_stream(stream: int) -> int:
         RT.set_err(f"device {device} lost heartbeat")
         return C.RT_LOST_HEARTBEAT
     return first_error
+
+
+@entry("rt.synchronize_stream_with_timeout", "ki", ret_only, inject=False)
+def _synchronize_stream_with_timeout(stream: int, timeout: int) -> int:
+    """aclrtSynchronizeStreamWithTimeout: as synchronize_stream, but gives up after `timeout`
+    ms with 507046 (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT); -1 waits forever. The work itself is
+    not cancelled: it carries on (the stream's `stuck` thread) and holds what it holds."""
+    if timeout == -1:
+        return synchronize_stream(stream)
+    if timeout <= 0:  # [infer] the docs allow only -1 and > 0
+        raise AclFail(C.INVALID_PARAM, f"invalid timeout {timeout} (-1, or > 0 ms)")
+    found, tasks, device = _take_work(stream)
+    outcome: list = []
+
+    def work() -> None:
+        code = _run_work(found, stream, tasks, device)
+        outcome.append((code, RT.take_err()))
+
+    worker = threading.Thread(target=work, name=f"stream-{stream:#x}", daemon=True)
+    worker.start()
+    worker.join(timeout / 1000.0)
+    if worker.is_alive():
+        with RT.lock:
+            found.stuck = worker
+        RT.set_err(
+            f"EE1002: Stream synchronize timeout: the work on stream {stream:#x} did not "
+            f"finish within {timeout} ms"
+        )
+        return C.RT_STREAM_SYNC_TIMEOUT
+    code, message = outcome[0]
+    if message:
+        RT.set_err(message)
+    return code
+
+
+def __getattr__(name: str):
+    """An older binding has no synchronize_stream_with_timeout (Config.sync_with_timeout)."""
+    if name == "synchronize_stream_with_timeout" and RT.config.sync_with_timeout:
+        return _synchronize_stream_with_timeout
+    raise AttributeError(f"module 'acl.rt' has no attribute '{name}'")
 
 
 # -- memory -----------------------------------------------------------------------------------
