@@ -106,16 +106,18 @@ class InstanceLoop:
         return {"ok": False, "kind": "backend", "error": f"unknown operation '{op}'"}, []
 
     def on_load(self, message: dict) -> dict:
-        from npu.backend import AscendBackend
-
         spec = InstanceSpec(*message["instance"])
-        backend = AscendBackend(
-            _config(message["config"]),
-            Path(message["model_dir"]),
-            Path(message["version_dir"]),
-            spec,
-        )
+        # Whatever raises here must answer too (an import of pyACL, the constructor), or the
+        # server would wait out its load deadline for a reply that never comes.
         try:
+            from npu.backend import AscendBackend
+
+            backend = AscendBackend(
+                _config(message["config"]),
+                Path(message["model_dir"]),
+                Path(message["version_dir"]),
+                spec,
+            )
             backend.load()
         except BaseException as exc:
             return _failure(exc)
