@@ -41,7 +41,7 @@ def shape_gear(
     `rows`, axis 0 of batched inputs is the batch and is padded to the compiled batch."""
     wanted = [tuple(s) for s in shapes]
     for tensor, shape in zip(info.inputs, wanted, strict=False):
-        if tensor.source_rows != 1.0:
+        if tensor.source_rows != 1.0:  # a YUV420SP source (static AIPP)
             _check_yuv(tensor, shape)
     if rows is not None:
         wanted = [
@@ -80,8 +80,10 @@ def _check_yuv(tensor: TensorInfo, shape: tuple[int, ...]) -> None:
 
 def pad_input(tensor: TensorInfo, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """`array` padded to the gear's `shape`; a YUV420SP source plane by plane."""
+    if tensor.source_rows == 1.0 or array.shape == shape:
+        return pad_to(array, shape)
     holes = _holes(tensor)
-    if tensor.source_rows == 1.0 or len(holes) != 2 or array.shape == shape:
+    if len(holes) != 2:
         return pad_to(array, shape)
     axis = holes[0]
     y_in, y_out = array.shape[axis] * 2 // 3, shape[axis] * 2 // 3
