@@ -1,6 +1,15 @@
 """Dynamic AIPP: the image pre-processing a model compiled with `aipp_mode: dynamic` takes at run
 time, read from the model config's `parameters` and set once per loaded copy.
 
+GE reports the image input of such a model as `[N, -1, -1, -1]` (N the static batch, or -1
+with --dynamic_batch_size) and sizes its buffer by aipp.cfg's `max_src_image_size`; the client
+sends the source image whose size and format the config names, so that is the shape shown.
+GE checks the set at `set_input_aipp` (hicann/ge acl_aipp.cpp, aipp_param_check.cpp): the
+sources within max_src_image_size, the batch equal to the model's N (the largest gear), the
+AIPP output (the source, cropped, padded) equal to the model's own H x W, a YUV420SP source of
+even size. The first and last are checked here with the numbers; the other two only GE can
+check (the model's own H x W is not in the description), and its refusal is explained.
+
 The parameter set goes through `acl.mdl.create_aipp(batch)`, the `set_aipp_*` setters and
 `acl.mdl.set_input_aipp(model_id, dataset, index, aipp)` with the index of the hidden
 `ascend_dynamic_aipp_data` input, then `destroy_aipp` (argument formats checked against
@@ -19,7 +28,7 @@ from typing import TYPE_CHECKING
 from backends.base import BackendError
 from npu import constants as K
 from npu.description import ModelDescription, TensorInfo
-from npu.errors import check
+from npu.errors import AclError, check, recent_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.proto.model_config_pb2 import ModelConfig
@@ -52,6 +61,19 @@ class AippSettings:
     @property
     def format_code(self) -> int:
         return K.AIPP_FORMATS[self.input_format][0]
+
+    def output_size(self) -> tuple[int, int]:
+        """(w, h) of the image AIPP hands the model: the source, cropped, then padded (CANN,
+        aclmdlSetInputAIPP table 1; resizing is not configurable here)."""
+        given = dict(self.extra)
+        w, h = self.width, self.height
+        crop = given.get("crop_params")
+        if crop and crop[0]:
+            w, h = int(crop[3]), int(crop[4])
+        pad = given.get("padding_params")
+        if pad and pad[0]:
+            w, h = w + int(pad[3] + pad[4]), h + int(pad[1] + pad[2])
+        return w, h
 
     def row_dims(self) -> tuple[int, int, int]:
         """One source image as the client sends it (NHWC without N), uint8."""
@@ -98,6 +120,11 @@ def settings_from_config(config: ModelConfig) -> AippSettings | None:
     ]
     if min(size) <= 0:
         raise BackendError("AIPP source image size must be positive")
+    if fmt == "YUV420SP_U8" and (size[0] % 2 or size[1] % 2):
+        raise BackendError(
+            f"a YUV420SP_U8 source must have an even width and height, not "
+            f"{size[0]}x{size[1]} ({PREFIX}src_image_size_w x {PREFIX}src_image_size_h)"
+        )
     extra = tuple(
         (key, _numbers(key, given[key], count, key in _FLOATS))
         for key, (_, count, _) in _SETTERS.items()
@@ -123,9 +150,10 @@ def describe_with(info: ModelDescription, settings: AippSettings | None) -> Mode
     rows = max(info.batch_sizes, default=first if first > 0 else 1)
     if shown.row_bytes * rows > target.size:
         raise BackendError(
-            f"input '{target.name}': a {settings.width}x{settings.height} "
-            f"{settings.input_format} image needs {shown.row_bytes} bytes per "
-            f"batch row, the model's buffer holds {target.size} for {rows}"
+            f"input '{target.name}': {rows} {settings.width}x{settings.height} "
+            f"{settings.input_format} source image(s) take {shown.row_bytes * rows} bytes, "
+            f"more than the model's max_src_image_size of {target.size} (aipp.cfg, compiled "
+            "in): send smaller images or compile with a larger max_src_image_size"
         )
     inputs = tuple(shown if t is target else t for t in info.inputs)
     return dataclasses.replace(info, inputs=inputs)
@@ -157,9 +185,25 @@ def apply(
             for image in range(batch if per_image else 1):
                 extra = [image] if per_image else []
                 check(acl, setter(handle, *args, *extra), f"acl.mdl.{name}")
-        check(acl, mdl.set_input_aipp(model_id, dataset, index, handle), "acl.mdl.set_input_aipp")
+        ret = mdl.set_input_aipp(model_id, dataset, index, handle)
+        if ret != K.SUCCESS:
+            raise AclError("acl.mdl.set_input_aipp", ret, _refusal(acl, batch, settings))
     finally:
         check(acl, mdl.destroy_aipp(handle), "acl.mdl.destroy_aipp")
+
+
+def _refusal(acl: ModuleType, batch: int, settings: AippSettings) -> str:
+    """What GE checks at set_input_aipp, with what this config asked, then pyACL's own text."""
+    w, h = settings.output_size()
+    asked = (
+        f"GE refuses dynamic AIPP parameters unless the batch equals the model's N, the "
+        f"AIPP output (source, cropped, padded) equals the model's input W x H and the "
+        f"sources fit max_src_image_size; this config sets batch {batch}, a "
+        f"{settings.width}x{settings.height} {settings.input_format} source and an output "
+        f"of {w}x{h} (check {PREFIX}src_image_size_w/h, {PREFIX}crop_params and "
+        f"{PREFIX}padding_params against the model's input)"
+    )
+    return "; ".join(p for p in (asked, recent_message(acl)) if p)
 
 
 def aipp_input(info: ModelDescription) -> TensorInfo | None:

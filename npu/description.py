@@ -12,7 +12,12 @@ return shapes checked against hicann/runtime python/pyACL/mdl/mdl_wrap.cpp):
   every data input's dims concatenated);
 - static AIPP (`get_input_dims_v2(desc, i)` gives the source-image dims whose product is
   `get_input_size_by_index`, where `get_input_dims` follows the image) and dynamic AIPP (an
-  extra `ascend_dynamic_aipp_data` input, hidden like the gear input).
+  extra `ascend_dynamic_aipp_data` input, hidden like the gear input; the image input reads
+  `[N, -1, -1, -1]` from both dims calls, GE's aipp_op.cc CreateAippData, and takes its
+  shape from the config's AIPP parameters, npu/aipp.py);
+- static AIPP under `--dynamic_image_size`: the v2 dims hold -1 for H and W, and a YUV420SP
+  source (v2 channels 1 where get_input_dims shows 3) has 1.5 x H rows (H of Y, H/2 of UV)
+  where the gear says H, so its gears are written in that layout (`source_rows`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class TensorInfo:
     size: int  # bytes the model reports (at the largest gear)
     batched: bool = False  # axis 0 is the batch the gears (or the static batch) count
     aipp: str = ""  # "static" or "dynamic" for an input that AIPP converts
+    source_rows: float = 1.0  # source rows per image row on the H axis (YUV420SP: 1.5)
 
     @property
     def row_dims(self) -> tuple[int, ...]:
@@ -116,9 +122,19 @@ class ModelDescription:
             for tensor, shape in zip(self.inputs, gear, strict=False):
                 holes = [i for i, d in enumerate(tensor.dims) if d == -1]
                 if len(holes) == 2:
-                    pairs.append((shape[holes[0]], shape[holes[1]]))
+                    pairs.append((image_rows(shape[holes[0]], tensor.source_rows), shape[holes[1]]))
                     break
         return pairs
+
+
+def image_rows(rows: int, factor: float) -> int:
+    """The image's H from the rows of its source (a YUV420SP source has 1.5 x H)."""
+    return rows if factor == 1.0 else int(round(rows / factor))
+
+
+def source_rows(image_h: int, factor: float) -> int:
+    """The rows of the source of an image H rows high."""
+    return image_h if factor == 1.0 else int(round(image_h * factor))
 
 
 def _dims(acl: ModuleType, result: tuple, call: str) -> tuple[int, ...]:
@@ -134,14 +150,28 @@ def _acl_type(acl_dtype: int, what: str) -> K.AclType:
     return K.ACL_TYPES[acl_dtype]
 
 
-def _input_dims(acl: ModuleType, desc: int, i: int) -> tuple[tuple[int, ...], str]:
-    """(dims whose product is the buffer size, "static" when static AIPP changed them)."""
+def _input_dims(acl: ModuleType, desc: int, i: int) -> tuple[tuple[int, ...], str, float]:
+    """(dims whose product is the buffer size, "static" when static AIPP changed them, source
+    rows per image row: 1.5 for a YUV420SP source, whose v2 dims show 1 channel where
+    get_input_dims shows the image's 3 (CANN docs, aclmdlGetInputDimsV2 table 1))."""
     mdl = acl.mdl
     plain = _dims(acl, mdl.get_input_dims(desc, i), f"acl.mdl.get_input_dims({i})")
     if not hasattr(mdl, "get_input_dims_v2"):  # bindings older than static AIPP support
-        return plain, ""
+        return plain, "", 1.0
     v2 = _dims(acl, mdl.get_input_dims_v2(desc, i), f"acl.mdl.get_input_dims_v2({i})")
-    return v2, ("static" if v2 != plain else "")
+    if v2 == plain:
+        return v2, "", 1.0
+    yuv = len(v2) == len(plain) == 4 and v2[3] == 1 and plain[3] == 3
+    return v2, "static", 1.5 if yuv else 1.0
+
+
+def _dynamic_aipp_target(inputs: list[TensorInfo]) -> TensorInfo | None:
+    """The input dynamic AIPP feeds: the one GE reports as [N, -1, -1, -1], else the first
+    UINT8 input, else the first."""
+    shaped = [t for t in inputs if len(t.dims) == 4 and t.dims[1:] == (-1, -1, -1)]
+    if shaped:
+        return shaped[0]
+    return next((t for t in inputs if t.acl_type.acl == 4), inputs[0] if inputs else None)
 
 
 def _shape_gears(
@@ -158,7 +188,8 @@ def _shape_gears(
                 dims = list(tensor.dims)
                 holes = [i for i, d in enumerate(dims) if d == -1]
                 if len(holes) == 2:
-                    dims[holes[0]], dims[holes[1]] = int(h), int(w)
+                    dims[holes[0]] = source_rows(int(h), tensor.source_rows)
+                    dims[holes[1]] = int(w)
                 gear.append(tuple(dims))
             gears.append(tuple(gear))
     else:
@@ -205,18 +236,20 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
     for i, name in enumerate(names):
         if name in HIDDEN_INPUTS:
             continue
-        dims, aipp = _input_dims(acl, desc, i)
+        dims, aipp, rows = _input_dims(acl, desc, i)
         acl_type = _acl_type(mdl.get_input_data_type(desc, i), f"input '{name}'")
         batched = bool(gears) and bool(dims) and dims[0] in (-1, top)
         if batched:
             dims = (-1,) + dims[1:]
-        inputs.append(
-            TensorInfo(
-                i, name, name, acl_type, dims, mdl.get_input_size_by_index(desc, i), batched, aipp
+        size = mdl.get_input_size_by_index(desc, i)
+        inputs.append(TensorInfo(i, name, name, acl_type, dims, size, batched, aipp, rows))
+    if aipp_index is not None:
+        if kind:
+            raise BackendError(
+                "dynamic AIPP in a model compiled with --dynamic_image_size or --dynamic_dims "
+                "is not supported (use static AIPP, or dynamic AIPP with --dynamic_batch_size)"
             )
-        )
-    if aipp_index is not None:  # dynamic AIPP converts the first uint8 input (or the first)
-        target = next((t for t in inputs if t.acl_type.acl == 4), inputs[0] if inputs else None)
+        target = _dynamic_aipp_target(inputs)
         inputs = [dataclasses.replace(t, aipp="dynamic") if t is target else t for t in inputs]
     raw_outputs = [mdl.get_output_name_by_index(desc, i) for i in range(num_outputs)]
     short = [normalise_output_name(n) for n in raw_outputs]
@@ -254,6 +287,8 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
     if not kind:
         for tensor in inputs + outputs:
             rest = tensor.dims[1:] if tensor.batched else tensor.dims
+            if tensor.aipp == "dynamic":
+                continue  # its H, W and C come from the AIPP parameters (npu/aipp.py)
             if any(d < 0 for d in rest):
                 raise BackendError(
                     f"tensor '{tensor.raw_name}' has dynamic dims "

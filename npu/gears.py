@@ -5,6 +5,11 @@ A gear is what the device runs: one of the dynamic batch sizes, or for `--dynami
 taken; inputs are zero-padded to it (the device does not check dynamic input sizes, so an
 unpadded tail would be stale data). A request no gear holds is the client's error (400), and
 the message lists the gears.
+
+A YUV420SP source under static AIPP (`source_rows` 1.5) holds H rows of Y, then H/2 rows of
+interleaved UV: its gears are in that layout, a request's rows must be a multiple of 3 (H even)
+and its width even, and padding keeps the two planes apart (the Y plane padded to the gear's
+H, the UV plane after it).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from npu.description import ModelDescription
+from npu.description import ModelDescription, TensorInfo, image_rows
 from protocol.errors import InvalidArgument
 
 
@@ -35,6 +40,9 @@ def shape_gear(
     """The smallest image-size / dims gear every input fits in (gears are sorted by size). With
     `rows`, axis 0 of batched inputs is the batch and is padded to the compiled batch."""
     wanted = [tuple(s) for s in shapes]
+    for tensor, shape in zip(info.inputs, wanted, strict=False):
+        if tensor.source_rows != 1.0:  # a YUV420SP source (static AIPP)
+            _check_yuv(tensor, shape)
     if rows is not None:
         wanted = [
             (info.static_batch_size or rows,) + s[1:] if t.batched else s
@@ -53,6 +61,45 @@ def shape_gear(
     )
 
 
+def _holes(tensor: TensorInfo) -> list[int]:
+    return [i for i, d in enumerate(tensor.dims) if d == -1 and not (i == 0 and tensor.batched)]
+
+
+def _check_yuv(tensor: TensorInfo, shape: tuple[int, ...]) -> None:
+    holes = _holes(tensor)
+    if len(holes) != 2 or len(shape) != len(tensor.dims):
+        return  # shape_gear reports a shape that fits no gear
+    rows, width = shape[holes[0]], shape[holes[1]]
+    if rows % 3 or width % 2:
+        raise InvalidArgument(
+            f"input '{tensor.name}' is a YUV420SP image: {rows} rows of {width} bytes, but "
+            "it holds H rows of Y and H/2 of UV with H and W even, so its rows are a "
+            "multiple of 3 (1.5 x H) and its width even"
+        )
+
+
+def pad_input(tensor: TensorInfo, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`array` padded to the gear's `shape`; a YUV420SP source plane by plane."""
+    if tensor.source_rows == 1.0 or array.shape == shape:
+        return pad_to(array, shape)
+    holes = _holes(tensor)
+    if len(holes) != 2:
+        return pad_to(array, shape)
+    axis = holes[0]
+    y_in, y_out = array.shape[axis] * 2 // 3, shape[axis] * 2 // 3
+    padded = np.zeros(shape, dtype=array.dtype)
+
+    def rows(start: int, stop: int) -> tuple[slice, ...]:
+        return tuple(
+            slice(start, stop) if i == axis else slice(0, n) for i, n in enumerate(array.shape)
+        )
+
+    y_plane, uv_plane = array[rows(0, y_in)], array[rows(y_in, array.shape[axis])]
+    padded[rows(0, y_in)] = y_plane
+    padded[rows(y_out, y_out + uv_plane.shape[axis])] = uv_plane
+    return padded
+
+
 def pad_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """`array` zero-padded at the end of each axis to `shape` (itself when it fits exactly)."""
     if array.shape == shape:
@@ -65,11 +112,9 @@ def pad_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def hw_of(info: ModelDescription, gear: tuple[tuple[int, ...], ...]) -> tuple[int, int]:
     """(h, w) of an image-size gear: the two -1 axes of the first input that has them."""
     for tensor, shape in zip(info.inputs, gear, strict=False):
-        holes = [
-            i for i, d in enumerate(tensor.dims) if d == -1 and not (i == 0 and tensor.batched)
-        ]
+        holes = _holes(tensor)
         if len(holes) == 2:
-            return shape[holes[0]], shape[holes[1]]
+            return image_rows(shape[holes[0]], tensor.source_rows), shape[holes[1]]
     raise InvalidArgument("the model reports image-size gears but no input with dynamic H and W")
 
 

@@ -302,7 +302,9 @@ class OmModel:
         assert self._inputs is not None
         for tensor, array, shape in zip(info.inputs, arrays, gear, strict=False):
             self._copy_in(
-                tensor.index, np.ascontiguousarray(gears.pad_to(array, shape)), tensor.name
+                tensor.index,
+                np.ascontiguousarray(gears.pad_input(tensor, array, shape)),
+                tensor.name,
             )
         if info.shape_kind == "hw":
             h, w = gears.hw_of(info, gear)

@@ -14,7 +14,9 @@
 
 It writes `npu_device.json` and `npu_device.md` to --out: send both back. `--config` adds text
 to the generated config.pbtxt (e.g. the aipp_* parameters of a dynamic-AIPP model);
-`--perf-args` adds perf_analyzer flags (e.g. `--shape image:3,640,640` for dynamic HW).
+`--perf-args` adds perf_analyzer flags (e.g. `--shape image:3,640,640` for dynamic HW, or
+`--shape image:960,640,1` for a YUV420SP source through static AIPP, 1.5 x H rows). Every kind
+the backend serves runs here: each image-size gear of a YUV420SP model in its source layout.
 Without perf_analyzer (PERF_ANALYZER or on PATH) step 2 is skipped and says so.
 """
 

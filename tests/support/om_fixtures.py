@@ -206,25 +206,55 @@ def aipp_model(
     fmt: int = 1,
     gears: Iterable[int] | None = (1, 2, 4),
     max_size: Sequence[int] = (16, 16),
+    max_src_image_size: int = 0,
     **kwargs: Any,
 ) -> Path:
-    """A classifier compiled with AIPP on input `image` (declared uint8 [n, 3, h, w]): static
-    AIPP converts a `height` x `width` source image of aclAippInputFormat `fmt` (1 = YUV420SP);
-    dynamic AIPP takes sources up to `max_size` with parameters set at run time. `total` is the
-    sum of the pre-processed image (source bytes, less mean, times var_reci)."""
+    """A classifier compiled with AIPP on input `image` (declared uint8 [n, 3, height, width],
+    what the model itself takes). Static AIPP converts a `height` x `width` source image of
+    aclAippInputFormat `fmt` (1 = YUV420SP). Dynamic AIPP takes its parameters at run time;
+    aipp.cfg's `max_src_image_size` (bytes of the batch's source images) defaults to room for
+    RGB888 sources of `max_size` (h, w). `total` is the sum of the pre-processed image (source
+    bytes, less mean, times var_reci)."""
     first = -1 if gears else 1
     src = (height, width) if mode == "static" else tuple(max_size)
+    aipp: dict[str, Any] = {"mode": mode, "input": "image", "format": fmt, "src": list(src)}
+    if max_src_image_size:
+        aipp["max_src_image_size"] = max_src_image_size
     return _write_raw(
         path,
         write_om(
             path,
-            inputs=[tensor("image", "UINT8", (first, 3, src[0], src[1]))],
+            inputs=[tensor("image", "UINT8", (first, 3, height, width))],
             outputs=[tensor("total", "FP32", (first, 1))],
             gears=gears,
             compute=[{"op": "row_sum", "inputs": ["image"], "output": "total"}],
             **kwargs,
         ),
-        aipp={"mode": mode, "input": "image", "format": fmt, "src": list(src)},
+        aipp=aipp,
+    )
+
+
+def yuv_hw_model(
+    path: Path | str,
+    *,
+    gears: Sequence[Sequence[int]] = ((16, 16), (32, 24)),
+    fmt: int = 1,
+    **kwargs: Any,
+) -> Path:
+    """A detector compiled with --dynamic_image_size and static AIPP (aclAippInputFormat `fmt`,
+    1 = YUV420SP from DVPP; ATC wants src_image_size 0 there: the source follows the gear).
+    `image` [1, 3, -1, -1]; `total` is the sum of the source image's bytes at the gear."""
+    return _write_raw(
+        path,
+        write_om(
+            path,
+            inputs=[tensor("image", "UINT8", (1, 3, -1, -1))],
+            outputs=[tensor("total", "FP32", (1, 1))],
+            compute=[{"op": "row_sum", "inputs": ["image"], "output": "total"}],
+            **kwargs,
+        ),
+        dynamic_hw=[list(g) for g in gears],
+        aipp={"mode": "static", "input": "image", "format": fmt, "src": [0, 0]},
     )
 
 

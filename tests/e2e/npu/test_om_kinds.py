@@ -3,7 +3,8 @@ with tritonclient HTTP and gRPC through the dynamic batcher.
 
 One server holds a detector-style model with a static side input (`npu_side`), a classifier
 with dynamic AIPP set from config.pbtxt parameters (`npu_aipp`), a YOLO-style model compiled
-with dynamic image sizes (`npu_hw`) and a model whose load takes seconds (`npu_slow`).
+with dynamic image sizes (`npu_hw`), a detector taking YUV420SP through static AIPP at dynamic
+image sizes (`npu_yuv_hw`) and a model whose load takes seconds (`npu_slow`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         extra_config=AIPP_PARAMETERS,
     )
     omf.write_model_repository(repo, "npu_hw", om_writer=omf.hw_model)
+    omf.write_model_repository(repo, "npu_yuv_hw", om_writer=omf.yuv_hw_model)
     omf.write_model_repository(
         repo, "npu_slow", om_writer=omf.with_fields(omf.scale_model, load_ms=1500)
     )
@@ -123,6 +125,52 @@ def test_aipp_model_takes_uint8_source_images(server: ServerProcess) -> None:
         grpc_out = client.infer("npu_aipp", [grpc_tensor("image", image[:1], "UINT8")])
     np.testing.assert_array_equal(http_out.as_numpy("total")[:, 0], [(4 - 1) * 384] * 2)
     np.testing.assert_array_equal(grpc_out.as_numpy("total")[:, 0], [(4 - 1) * 384])
+
+
+def test_aipp_model_refuses_an_image_of_another_size(server: ServerProcess) -> None:
+    body = {
+        "inputs": [
+            {"name": "image", "shape": [1, 16, 16, 1], "datatype": "UINT8", "data": [0] * 256}
+        ]
+    }
+    response = httpx.post(f"{server.base}/v2/models/npu_aipp/infer", json=body, timeout=30)
+    assert response.status_code == 400
+    assert "input 'image'" in response.json()["error"]
+    assert "Expected [-1,24,16,1], got [1,16,16,1]" in response.json()["error"]
+
+
+# -- static AIPP YUV420SP at dynamic image sizes ------------------------------------------------
+def yuv_image(h: int, w: int) -> np.ndarray:
+    image = np.full((1, h * 3 // 2, w, 1), 2, dtype=np.uint8)  # UV plane: 2
+    image[:, :h] = 1  # Y plane: 1
+    return image
+
+
+def test_yuv_image_size_model_takes_sources_in_the_yuv_layout(server: ServerProcess) -> None:
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        meta = client.get_model_metadata("npu_yuv_hw")
+        assert [(i["name"], i["datatype"], i["shape"]) for i in meta["inputs"]] == [
+            ("image", "UINT8", [-1, -1, -1, 1])
+        ]
+        out = client.infer("npu_yuv_hw", [http_tensor("image", yuv_image(16, 16), "UINT8")])
+    assert out.as_numpy("total")[0, 0] == 16 * 16 + 8 * 16 * 2
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        out = client.infer("npu_yuv_hw", [grpc_tensor("image", yuv_image(20, 10), "UINT8")])
+    assert out.as_numpy("total")[0, 0] == 20 * 10 + 10 * 10 * 2  # padded into the 32x24 gear
+
+
+def test_a_yuv_source_of_broken_layout_is_a_400_saying_why(server: ServerProcess) -> None:
+    odd = np.zeros((1, 25, 16, 1), dtype=np.uint8)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("npu_yuv_hw", [http_tensor("image", odd, "UINT8")])
+    assert info.value.status() == "400"
+    assert "YUV420SP image: 25 rows of 16 bytes" in info.value.message()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("npu_yuv_hw", [grpc_tensor("image", odd, "UINT8")])
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "multiple of 3" in info.value.message()
 
 
 # -- dynamic image size --------------------------------------------------------------------------

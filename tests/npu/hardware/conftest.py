@@ -4,6 +4,11 @@ Point them at your own compiled models (any may be left out; its tests then skip
   ASCEND_SERVE_OM_STATIC   a static-shape .om
   ASCEND_SERVE_OM_DYNAMIC  an .om compiled with --dynamic_batch_size
   ASCEND_SERVE_OM_AIPP     an .om compiled with static AIPP (--insert_op_conf, aipp_mode: static)
+  ASCEND_SERVE_OM_DYNAMIC_AIPP         an .om compiled with aipp_mode: dynamic, and
+  ASCEND_SERVE_OM_DYNAMIC_AIPP_CONFIG  a file with its aipp_* config parameters (docs/npu.md)
+  ASCEND_SERVE_OM_IMAGE_SIZE      an .om compiled with --dynamic_image_size
+  ASCEND_SERVE_OM_YUV_IMAGE_SIZE  the same with static AIPP from YUV420SP_U8 (src size 0)
+  ASCEND_SERVE_OM_<KIND>_CONFIG   optional: text added to that kind's config.pbtxt
   ASCEND_SERVE_NPU_DEVICE  the device id to use (default 0)
 """
 

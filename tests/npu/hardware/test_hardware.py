@@ -1,6 +1,8 @@
-"""On an Atlas box: the Ascend backend with the real pyACL, for a static model, a dynamic-batch
-model and a static-AIPP model (paths in ASCEND_SERVE_OM_*, see conftest.py), loaded, run at
-every gear with zero-filled inputs, released with nothing left over, and served over HTTP."""
+"""On an Atlas box: the Ascend backend with the real pyACL, for each kind of model the user points
+it at (paths in ASCEND_SERVE_OM_*, see conftest.py): loaded, run at every gear (batch size or
+image size) with zero-filled inputs, released with nothing left over, and served over HTTP.
+Where the description of a kind is what the backend relies on (dynamic AIPP, YUV420SP image
+sizes), a test says what GE reported."""
 
 from __future__ import annotations
 
@@ -13,45 +15,66 @@ from google.protobuf import text_format
 
 from backends.base import InstanceSpec
 from npu.backend import AscendBackend
+from npu.description import ModelDescription
+from npu.om_model import describe_file
 from protocol.datatypes import BY_CONFIG_NAME, numpy_to_wire
 from protocol.proto.model_config_pb2 import DataType, ModelConfig
-from tests.npu.hardware.hw_models import om_path
+from tests.npu.hardware.hw_models import config_text, om_path
 
-KINDS = ["static", "dynamic", "aipp"]
+KINDS = ["static", "dynamic", "aipp", "dynamic_aipp", "image_size", "yuv_image_size"]
 
 
-def _model_dir(tmp_path: Path, om: Path, device_id: int) -> tuple[ModelConfig, Path, Path]:
+def _model_dir(tmp_path: Path, kind: str, device_id: int) -> tuple[ModelConfig, Path, Path]:
+    om = om_path(kind)
     model_dir = tmp_path / "m"
     (model_dir / "1").mkdir(parents=True)
     shutil.copyfile(om, model_dir / "1" / "model.om")
-    config = text_format.Parse(
-        f'name: "m"\nbackend: "ascend"\ninstance_group [{{ kind: KIND_GPU, gpus: [{device_id}] }}]',
-        ModelConfig(),
-    )
+    group = f"instance_group [{{ kind: KIND_GPU, gpus: [{device_id}] }}]"
+    text = f'name: "m"\nbackend: "ascend"\n{group}\n' + config_text(kind)
+    (model_dir / "config.pbtxt").write_text(text)
+    config = text_format.Parse(text, ModelConfig())
     AscendBackend.auto_complete(config, model_dir, model_dir / "1")
     return config, model_dir, model_dir / "1"
 
 
-def _inputs(config: ModelConfig, rows: int) -> dict[str, np.ndarray]:
-    arrays = {}
-    for entry in config.input:
-        dtype = BY_CONFIG_NAME[DataType.Name(entry.data_type)].numpy
-        shape = ([rows] if config.max_batch_size else []) + list(entry.dims)
-        arrays[entry.name] = np.zeros(shape, dtype=dtype)
-    return arrays
+def _zeros(config: ModelConfig, shape: list[int] | tuple[int, ...], name: str) -> np.ndarray:
+    entry = next(e for e in config.input if e.name == name)
+    return np.zeros(shape, dtype=BY_CONFIG_NAME[DataType.Name(entry.data_type)].numpy)
+
+
+def _runs(config: ModelConfig, info: ModelDescription) -> list[tuple[dict[str, np.ndarray], int]]:
+    """Zero inputs for every gear, with the rows each carries."""
+    if info.shape_gears:  # one array per input at the gear's own shape (axis 0 the batch)
+        return [
+            (
+                {
+                    t.name: _zeros(config, shape, t.name)
+                    for t, shape in zip(info.inputs, gear, strict=True)
+                },
+                0,
+            )
+            for gear in info.shape_gears
+        ]
+    runs = []
+    for rows in info.batch_sizes if config.max_batch_size else (0,):
+        arrays = {
+            e.name: _zeros(config, ([rows] if rows else []) + list(e.dims), e.name)
+            for e in config.input
+        }
+        runs.append((arrays, rows))
+    return runs
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_loads_runs_every_gear_and_releases(kind, tmp_path, device_id):
-    config, model_dir, version_dir = _model_dir(tmp_path, om_path(kind), device_id)
+    config, model_dir, version_dir = _model_dir(tmp_path, kind, device_id)
     instance = AscendBackend(
         config, model_dir, version_dir, InstanceSpec("m_0", "KIND_GPU", device_id, 0)
     )
     instance.load()
     try:
-        sizes = instance._model.info.batch_sizes if config.max_batch_size else (None,)
-        for rows in sizes:
-            outputs = instance.execute(_inputs(config, rows or 1))
+        for arrays, rows in _runs(config, instance._model.info):
+            outputs = instance.execute(arrays)
             for entry in config.output:
                 assert entry.name in outputs
                 if rows:
@@ -61,6 +84,24 @@ def test_loads_runs_every_gear_and_releases(kind, tmp_path, device_id):
     assert instance.healthy()
 
 
+def test_dynamic_aipp_input_reads_as_n_and_minus_ones(device_id):
+    """GE (aipp_op.cc CreateAippData) reports the image input as [N, -1, -1, -1] from both dims
+    calls and sizes it by max_src_image_size; the backend shows the configured source instead."""
+    info = describe_file(om_path("dynamic_aipp"), device_id)
+    target = next(t for t in info.inputs if t.aipp == "dynamic")
+    assert len(target.dims) == 4 and target.dims[1:] == (-1, -1, -1), target
+    assert info.aipp_index is not None and target.size > 0
+
+
+def test_yuv_image_size_input_is_recognised_as_yuv420sp(device_id):
+    """Static AIPP YUV420SP under --dynamic_image_size: v2 dims [N, -1, -1, 1] where
+    get_input_dims shows 3 channels; the gears are then written with 1.5 x H source rows."""
+    info = describe_file(om_path("yuv_image_size"), device_id)
+    target = next(t for t in info.inputs if t.aipp == "static")
+    assert target.source_rows == 1.5, target
+    assert info.shape_kind == "hw" and info.shape_gears
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("kind", KINDS)
 def test_served_over_http(kind, tmp_path, device_id):
@@ -68,11 +109,17 @@ def test_served_over_http(kind, tmp_path, device_id):
 
     from harness.serverproc import running_server
 
-    config, model_dir, _ = _model_dir(tmp_path / "repo", om_path(kind), device_id)
+    config, model_dir, _ = _model_dir(tmp_path / "repo", kind, device_id)
+    info = describe_file(model_dir / "1" / "model.om", device_id)
+    if info.shape_gears:  # the smallest image size / dims gear
+        arrays = _runs(config, info)[0][0]
+    else:
+        rows = [1] if config.max_batch_size else []
+        arrays = {e.name: _zeros(config, rows + list(e.dims), e.name) for e in config.input}
     with running_server([model_dir.parent], log_dir=tmp_path) as server:
         with httpclient.InferenceServerClient(server.http_url) as client:
             inputs = []
-            for name, array in _inputs(config, 1).items():
+            for name, array in arrays.items():
                 tensor = httpclient.InferInput(name, list(array.shape), numpy_to_wire(array.dtype))
                 tensor.set_data_from_numpy(array)
                 inputs.append(tensor)

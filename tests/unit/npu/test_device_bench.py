@@ -39,3 +39,23 @@ def test_report_without_perf_analyzer(acl_emu, tmp_path, monkeypatch):
     assert all(r["sync_with_timeout"] for r in report["device_only"])
     assert "this pyACL has acl.rt.synchronize_stream_with_timeout" in text
     assert "the derived execution timeout is 5000 ms" in text
+    assert "| image[1, 3, 32, 24] |" in (tmp_path / "out" / "npu_device.md").read_text()
+
+
+def test_device_only_covers_dynamic_aipp_and_yuv_image_sizes(acl_emu, tmp_path):
+    from google.protobuf import text_format
+
+    from npu import aipp as npu_aipp
+    from protocol.proto.model_config_pb2 import ModelConfig
+    from tests.unit.npu.test_om_kinds import DYNAMIC_AIPP
+
+    settings = npu_aipp.settings_from_config(text_format.Parse(DYNAMIC_AIPP, ModelConfig()))
+    om = omf.aipp_model(tmp_path / "aipp.om", mode="dynamic")
+    results = npu_device.device_only(om, 0, 3, settings)
+    assert [(r["gear"], r["rows"]) for r in results] == [
+        ("batch 1", 1),
+        ("batch 2", 2),
+        ("batch 4", 4),
+    ]
+    results = npu_device.device_only(omf.yuv_hw_model(tmp_path / "yuv.om"), 0, 3, None)
+    assert [r["gear"] for r in results] == ["image[1, 24, 16, 1]", "image[1, 48, 24, 1]"]

@@ -544,3 +544,29 @@ def test_an_older_binding_has_no_sync_with_timeout(acl_emu):
     assert hasattr(acl_emu.rt, "synchronize_stream_with_timeout")
     acl_emu._emu.reset(sync_with_timeout=False)
     assert not hasattr(acl_emu.rt, "synchronize_stream_with_timeout")
+
+
+def test_set_input_aipp_makes_ge_s_checks(ready, tmp_path):
+    """GE's aclmdlSetInputAIPP checks (acl_aipp.cpp, aipp_param_check.cpp): batch and AIPP output
+    equal to the model's (here N 4, 16x16), sources within max_src_image_size, even YUV420SP."""
+    acl, _, _ = ready
+    om = omf.aipp_model(tmp_path / "m.om", mode="dynamic", max_src_image_size=4 * 384)
+    model_id, desc = load(acl, om)
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, 3, 1)  # image, gear tensor, AIPP data; total
+
+    def attempt(batch: int, w: int, h: int) -> int:
+        handle = acl.mdl.create_aipp(batch)
+        assert acl.mdl.set_aipp_input_format(handle, 1) == 0
+        assert acl.mdl.set_aipp_src_image_size(handle, w, h) == 0
+        ret = acl.mdl.set_input_aipp(model_id, in_ds, 2, handle)
+        assert acl.mdl.destroy_aipp(handle) == 0
+        return ret
+
+    assert attempt(2, 16, 16) == 100000  # batch 2, the model's N is 4
+    assert "AclAippBatchSize = 2" in acl.get_recent_err_msg()
+    assert attempt(4, 16, 12) == 100000  # output 16x12, the model takes 16x16
+    assert attempt(4, 18, 18) == 100000  # 4 x 486 bytes > max_src_image_size 1536
+    assert "max_src_image_size[1536]" in acl.get_recent_err_msg()
+    assert attempt(4, 16, 16) == 0
+    assert acl.mdl.get_input_size_by_index(desc, 0) == 4 * 384
+    release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)

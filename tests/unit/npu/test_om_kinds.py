@@ -157,6 +157,168 @@ def test_dynamic_aipp_rejects_a_bad_parameter(acl_emu, tmp_path):
         prepare(tmp_path, text, om=omf.aipp_model, mode="dynamic", max_size=(32, 32))
 
 
+def _desc_dims(acl, om_path) -> dict:
+    """What get_input_dims / get_input_dims_v2 / get_input_size_by_index say for input 0."""
+    acl.init()
+    desc = acl.mdl.create_desc()
+    try:
+        assert acl.mdl.get_desc_from_file(desc, str(om_path)) == 0
+        v1, _ = acl.mdl.get_input_dims(desc, 0)
+        v2, _ = acl.mdl.get_input_dims_v2(desc, 0)
+        return {
+            "v1": v1["dims"],
+            "v2": v2["dims"],
+            "size": acl.mdl.get_input_size_by_index(desc, 0),
+        }
+    finally:
+        acl.mdl.destroy_desc(desc)
+        acl.finalize()
+
+
+def test_dynamic_aipp_input_reads_n_and_minus_ones_as_ge_reports_it(acl_emu, tmp_path):
+    batched = _desc_dims(acl_emu, omf.aipp_model(tmp_path / "b.om", mode="dynamic"))
+    assert batched == {"v1": [-1, -1, -1, -1], "v2": [-1, -1, -1, -1], "size": 4 * 3 * 256}
+    static = omf.aipp_model(tmp_path / "s.om", mode="dynamic", gears=None, max_src_image_size=1000)
+    assert _desc_dims(acl_emu, static) == {
+        "v1": [1, -1, -1, -1],
+        "v2": [1, -1, -1, -1],
+        "size": 1000,
+    }
+
+
+def test_dynamic_aipp_with_a_static_batch_loads_and_runs(acl_emu, tmp_path, instance_thread):
+    prepared = prepare(tmp_path, DYNAMIC_AIPP, om=omf.aipp_model, mode="dynamic", gears=None)
+    config = prepared[0]
+    assert config.max_batch_size == 1
+    assert [(i.name, list(i.dims)) for i in config.input] == [("image", [24, 16, 1])]
+    instance = backend(prepared)
+    instance_thread.run(instance.load)
+    out = instance_thread.run(instance.execute, {"image": yuv(1, value=3)})
+    np.testing.assert_array_equal(out["total"][:, 0], [(3 - 1) * 0.5 * 384])
+    instance_thread.run(instance.unload)
+
+
+SOURCE_32 = DYNAMIC_AIPP.replace('"16" }', '"32" }')
+
+
+def test_dynamic_aipp_output_other_than_the_model_input_fails_the_load(
+    acl_emu, tmp_path, instance_thread
+):
+    prepared = prepare(tmp_path, SOURCE_32, om=omf.aipp_model, mode="dynamic", max_size=(32, 32))
+    assert list(prepared[0].input[0].dims) == [48, 32, 1]  # the 32x32 source the client sends
+    with pytest.raises(
+        BackendError,
+        match=r"acl.mdl.set_input_aipp failed with error 100000 .*batch 4, a 32x32 "
+        r"YUV420SP_U8 source and an output of 32x32 .*ModelAippOutputW = 16",
+    ):
+        instance_thread.run(backend(prepared).load)
+
+
+def test_dynamic_aipp_crop_to_the_model_input_runs(acl_emu, tmp_path, instance_thread):
+    text = SOURCE_32 + (
+        'parameters { key: "aipp_crop_params" value { string_value: "1,8,8,16,16" } }\n'
+    )
+    prepared = prepare(tmp_path, text, om=omf.aipp_model, mode="dynamic", max_size=(32, 32))
+    instance = backend(prepared)
+    instance_thread.run(instance.load)
+    image = np.full((2, 48, 32, 1), 2, dtype=np.uint8)
+    out = instance_thread.run(instance.execute, {"image": image})
+    assert out["total"].shape == (2, 1)  # the emulator sums the source: no crop emulated
+    instance_thread.run(instance.unload)
+
+
+def test_dynamic_aipp_sources_beyond_max_src_image_size_are_refused(acl_emu, tmp_path):
+    with pytest.raises(
+        BackendError,
+        match=r"4 32x32 YUV420SP_U8 source image\(s\) take 6144 bytes, more than the "
+        r"model's max_src_image_size of 3072",
+    ):
+        prepare(tmp_path, SOURCE_32, om=omf.aipp_model, mode="dynamic", max_size=(16, 16))
+
+
+def test_dynamic_aipp_yuv420sp_of_odd_size_is_refused(acl_emu, tmp_path):
+    width = 'aipp_src_image_size_w" value { string_value: '
+    text = DYNAMIC_AIPP.replace(width + '"16"', width + '"15"')
+    with pytest.raises(
+        BackendError, match="YUV420SP_U8 source must have an even width and height, not 15x16"
+    ):
+        prepare(tmp_path, text, om=omf.aipp_model, mode="dynamic")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "dims", "row"), [("XRGB8888_U8", [16, 16, 4], 1024), ("YUV400_U8", [16, 16, 1], 256)]
+)
+def test_dynamic_aipp_takes_the_formats_the_binding_accepts(
+    acl_emu, tmp_path, instance_thread, fmt, dims, row
+):
+    # GE's aipp_param_check.cpp and the aclAippInputFormat docs accept all four for dynamic AIPP
+    text = DYNAMIC_AIPP.replace('"YUV420SP_U8"', f'"{fmt}"').replace("aipp_csc_params", "aipp_x")
+    text = text[: text.index('parameters { key: "aipp_x"')]
+    prepared = prepare(
+        tmp_path, text, om=omf.aipp_model, mode="dynamic", max_src_image_size=4 * 1024
+    )
+    assert list(prepared[0].input[0].dims) == dims
+    instance = backend(prepared)
+    instance_thread.run(instance.load)
+    out = instance_thread.run(instance.execute, {"image": np.full([1, *dims], 3, np.uint8)})
+    np.testing.assert_array_equal(out["total"][:, 0], [(3 - 1) * 0.5 * row])
+    instance_thread.run(instance.unload)
+
+
+def test_dynamic_aipp_with_image_size_gears_is_refused_with_the_reason(acl_emu, tmp_path):
+    om = omf.with_fields(
+        omf.hw_model, aipp={"mode": "dynamic", "input": "image", "format": 1, "src": [32, 24]}
+    )
+    with pytest.raises(
+        BackendError, match="dynamic AIPP in a model compiled with --dynamic_image_size"
+    ):
+        prepare(tmp_path, DYNAMIC_AIPP, om=om)
+
+
+# -- 2b. static AIPP YUV420SP with --dynamic_image_size ----------------------------------------
+def test_yuv_image_size_model_reports_minus_ones_and_the_source_channels(acl_emu, tmp_path):
+    dims = _desc_dims(acl_emu, omf.yuv_hw_model(tmp_path / "m.om"))
+    assert dims == {"v1": [1, -1, -1, 3], "v2": [1, -1, -1, 1], "size": 48 * 24}
+
+
+def yuv_planes(h: int, w: int, y: int = 1, uv: int = 2) -> np.ndarray:
+    image = np.full((1, h * 3 // 2, w, 1), uv, dtype=np.uint8)
+    image[:, :h] = y
+    return image
+
+
+def test_yuv_image_size_gears_use_the_yuv_layout(acl_emu, tmp_path, instance_thread):
+    prepared = prepare(tmp_path, om=omf.yuv_hw_model)
+    config = prepared[0]
+    assert config.max_batch_size == 1
+    assert [list(i.dims) for i in config.input] == [[-1, -1, 1]]
+    instance = backend(prepared)
+    instance_thread.run(instance.load)
+    model_id = instance._model.model_id
+    out = instance_thread.run(instance.execute, {"image": yuv_planes(16, 16)})
+    assert out["total"][0, 0] == 16 * 16 * 1 + 8 * 16 * 2
+    assert acl_emu._emu.last_execution(model_id)["shape_gear"] == (16, 16)  # H, not 1.5 x H
+    out = instance_thread.run(instance.execute, {"image": yuv_planes(12, 10)})
+    seen = acl_emu._emu.last_execution(model_id)
+    assert seen["shape_gear"] == (16, 16) and out["total"][0, 0] == 12 * 10 + 6 * 10 * 2
+    planes = seen["inputs"]["image"].reshape(24, 16)
+    assert (planes[:12, :10] == 1).all() and (planes[16:22, :10] == 2).all()  # planes apart
+    assert planes[12:16].sum() == 0 and planes[22:].sum() == 0 and planes[:, 10:].sum() == 0
+    out = instance_thread.run(instance.execute, {"image": yuv_planes(32, 24)})
+    assert acl_emu._emu.last_execution(model_id)["shape_gear"] == (32, 24)
+    with pytest.raises(
+        InvalidArgument, match=r"YUV420SP image: 25 rows of 16 bytes.*multiple of 3"
+    ):
+        instance_thread.run(instance.execute, {"image": np.zeros((1, 25, 16, 1), np.uint8)})
+    with pytest.raises(
+        InvalidArgument,
+        match=r"\[1, 60, 16, 1\] fit none of the model's compiled image sizes "
+        r"\(HxW\): 16x16, 32x24",
+    ):
+        instance_thread.run(instance.execute, {"image": np.zeros((1, 60, 16, 1), np.uint8)})
+    instance_thread.run(instance.unload)
+
+
 # -- 3. dynamic image size and dynamic dims ----------------------------------------------------
 def test_dynamic_hw_runs_the_smallest_gear_that_fits(acl_emu, tmp_path, instance_thread):
     prepared = prepare(tmp_path, om=omf.hw_model)

@@ -33,6 +33,20 @@ class AippSet:
     minimum: dict = field(default_factory=dict)
     var_reci: dict = field(default_factory=dict)
     csc: tuple | None = None
+    crop: dict = field(default_factory=dict)  # batch index -> (switch, start w, start h, w, h)
+    padding: dict = field(default_factory=dict)  # batch index -> (switch, top, bottom, l, r)
+
+    def output_hw(self, image: int = 0) -> tuple[int, int]:
+        """(w, h) the AIPP hands the model: the source, cropped, then padded (GE
+        aipp_param_check.cpp GetAippOutputHW; scf resizing is not emulated)."""
+        w, h = self.src
+        crop = self.crop.get(image)
+        if crop and crop[0]:
+            w, h = crop[3], crop[4]
+        pad = self.padding.get(image)
+        if pad and pad[0]:
+            w, h = w + pad[3] + pad[4], h + pad[1] + pad[2]
+        return w, h
 
 
 def _aipp(handle: int) -> AippSet:
@@ -111,7 +125,9 @@ def set_aipp_crop_params(
     handle: int, switch: int, start_w: int, start_h: int, width: int, height: int, batch_index: int
 ) -> int:
     with RT.lock:
-        _batch_index(_aipp(handle), batch_index)
+        found = _aipp(handle)
+        _batch_index(found, batch_index)
+        found.crop[batch_index] = (switch, start_w, start_h, width, height)
         return C.SUCCESS
 
 
@@ -120,7 +136,9 @@ def set_aipp_padding_params(
     handle: int, switch: int, top: int, bottom: int, left: int, right: int, batch_index: int
 ) -> int:
     with RT.lock:
-        _batch_index(_aipp(handle), batch_index)
+        found = _aipp(handle)
+        _batch_index(found, batch_index)
+        found.padding[batch_index] = (switch, top, bottom, left, right)
         return C.SUCCESS
 
 
@@ -168,6 +186,7 @@ def set_input_aipp(model_id: int, dataset: int, index: int, handle: int) -> int:
                 C.INVALID_PARAM,
                 "set_aipp_src_image_size and set_aipp_input_format are required for dynamic AIPP",
             )
+        _check_against_model(model.spec, found)
         mean = found.mean.get(0, (0.0,) * 4)
         var = found.var_reci.get(0, (1.0,) * 4)
         block = np.array(
@@ -178,6 +197,36 @@ def set_input_aipp(model_id: int, dataset: int, index: int, handle: int) -> int:
             raise AclFail(C.GE_PARAM_INVALID, "dynamic AIPP buffer too small")
         RT.memory.write_device(buffer.addr, block)
         return C.SUCCESS
+
+
+def _check_against_model(spec: _om.OmSpec, found: AippSet) -> None:
+    """GE's checks at aclmdlSetInputAIPP (acl_aipp.cpp GetAndCheckAippParams,
+    aipp_param_check.cpp): the source images within max_src_image_size, the batch and the AIPP
+    output W x H equal to the model's, a YUV420SP source of even width and height."""
+    aipp = spec.aipp
+    assert aipp is not None
+    size = aipp.source_bytes(found.batch, found.fmt, (found.src[1], found.src[0]))
+    if size > aipp.max_src:
+        raise AclFail(
+            C.INVALID_PARAM,
+            f"the dynamic aipp size[{size}] is bigger than max_src_image_size[{aipp.max_src}]",
+        )
+    n, h, w = spec.model_hw()
+    out_w, out_h = found.output_hw()
+    if (found.batch, out_w, out_h) != (n, w, h):
+        raise AclFail(
+            C.INVALID_PARAM,
+            "aipp output shape set by ACL must be equal to aipp output shape in the model! "
+            f"AclAippBatchSize = {found.batch}, AclAippOutputW = {out_w}, "
+            f"AclAippOutputH = {out_h}, ModelAippBatchSize = {n}, ModelAippOutputW = {w}, "
+            f"ModelAippOutputH = {h}.",
+        )
+    if found.fmt == 1 and (found.src[0] % 2 or found.src[1] % 2):
+        raise AclFail(
+            C.INVALID_PARAM,
+            f"srcImageSizeH[{found.src[1]}] and srcImageSizeW[{found.src[0]}] must be even "
+            "for YUV420SP_U8!",
+        )
 
 
 def read_block(addr: int) -> dict | None:

@@ -98,11 +98,10 @@ def _prepare(model_id: int, in_ds: int, out_ds: int, stream: int | None) -> Task
                     )
     else:
         for tensor, buffer in zip(spec.inputs + spec.outputs, inputs + outputs, strict=False):
-            need = (
-                spec.aipp.source_bytes(tensor.dims[0])
-                if spec.aipp is not None and tensor.name == spec.aipp.input
-                else tensor.nbytes(None)
-            )
+            need = tensor.nbytes(None)
+            if spec.aipp is not None and tensor.name == spec.aipp.input:
+                aipp = spec.aipp
+                need = aipp.max_src if aipp.mode == "dynamic" else aipp.source_bytes(tensor.dims[0])
             if buffer.addr and buffer.size + 64 < need:
                 raise AclFail(
                     C.GE_PARAM_INVALID,
@@ -171,6 +170,8 @@ def _aipp_input(
                 "ascend_dynamic_aipp_data (acl.mdl.set_input_aipp)",
             )
         fmt, src, mean, var = block["fmt"], block["src"], block["mean"], block["var_reci"]
+    if aipp.mode == "static" and task.shapes is not None:  # --dynamic_image_size: the gear's
+        src = task.model.shape_gear or task.model.spec.max_shape_gear()
     per_row = aipp.source_bytes(1, fmt, src)
     if n * per_row > size:
         raise AclFail(

@@ -8,7 +8,8 @@ Format (written by tests/support/om_fixtures.py, read here)::
      "dynamic_batch": [4, 1, 8],            # optional gears, unsorted on purpose
      "dynamic_hw": [[32, 32], [64, 48]],    # or: --dynamic_image_size gears (h, w)
      "dynamic_dims": [[1, 16], [4, 32]],    # or: --dynamic_dims, the -1 axes' values per gear
-     "aipp": {"mode": "static" | "dynamic", "input": "x", "format": 1, "src": [h, w]},
+     "aipp": {"mode": "static" | "dynamic", "input": "x", "format": 1, "src": [h, w],
+              "max_src_image_size": 1536},  # dynamic: bytes of the batch's source images
      "soc": "Ascend310P3",                   # the --soc_version it was compiled for
      "load_ms": 0,                           # how long load_from_file takes
      "weight_size": 4096, "work_size": 4096, # charged to device memory at load
@@ -31,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -72,10 +73,17 @@ AIPP_SOURCE = {1: (1.5, 1, 3), 2: (1, 4, 4), 3: (1, 3, 3), 4: (1, 1, 1)}
 
 @dataclass(frozen=True)
 class Aipp:
+    """The AIPP an input was compiled with. Static: `src` is the source image size compiled in,
+    (0, 0) with --dynamic_image_size (ATC demands it: the source follows the gear). Dynamic:
+    `max_src` is aipp.cfg's max_src_image_size, the bytes of all the batch's source images
+    together, which is what GE gives the input's buffer (`src` is then only the largest source
+    image the fixture was written for)."""
+
     mode: str  # "static" or "dynamic"
     input: str
     fmt: int = 1
-    src: tuple[int, int] = (0, 0)  # (h, w) compiled in (static) or the largest (dynamic)
+    src: tuple[int, int] = (0, 0)  # (h, w)
+    max_src: int = 0  # max_src_image_size (dynamic)
 
     def v2_dims(
         self, batch: int, fmt: int | None = None, src: tuple[int, int] | None = None
@@ -83,6 +91,14 @@ class Aipp:
         factor, channels, _ = AIPP_SOURCE[fmt or self.fmt]
         h, w = src or self.src
         return (batch, int(h * factor), w, channels)
+
+    def hw_dims(self, batch: int, v2: bool) -> tuple[int, ...]:
+        """A static AIPP input of a --dynamic_image_size model: H and W at -1; get_input_dims
+        shows the image's channels, get_input_dims_v2 the source's (YUV420SP: 1, its H being
+        1.5x the gear's, which the dims cannot show) [GE: ATTR_NAME_INPUT_DIMS with -1 where the
+        origin dims have it, insert_aipp_op_util.cc SetModelInputDims]."""
+        _, v2_channels, channels = AIPP_SOURCE[self.fmt]
+        return (batch, -1, -1, v2_channels if v2 else channels)
 
     def source_bytes(
         self, batch: int, fmt: int | None = None, src: tuple[int, int] | None = None
@@ -160,6 +176,20 @@ class OmSpec:
         return [
             [d for t in self.inputs for d in self.gear_shapes(g)[t.name]] for g in self.dims_gears
         ]
+
+    def aipp_source(self, gear: Any = None) -> tuple[int, int] | None:
+        """The (h, w) of a static AIPP source image at an image-size gear (the gear's own size),
+        None where the compiled-in size holds."""
+        if self.aipp is not None and self.aipp.mode == "static" and self.hw_gears:
+            return tuple(gear or self.max_shape_gear())
+        return None
+
+    def model_hw(self) -> tuple[int, int, int]:
+        """(N, H, W) the AIPP input feeds the model (NCHW as declared; N at the largest gear):
+        what GE compares the dynamic AIPP output with at set_input_aipp."""
+        dims = next(t for t in self.inputs if self.aipp and t.name == self.aipp.input).dims
+        n = self.max_gear if dims[0] == -1 and self.max_gear else dims[0]
+        return n, dims[2], dims[3]
 
     def max_shape_gear(self) -> Any:
         gears = self.hw_gears or self.dims_gears
@@ -243,9 +273,19 @@ def parse(path: str) -> OmSpec:
             str(a["input"]),
             int(a.get("format", 1)),
             tuple(int(v) for v in a.get("src", (0, 0))),
+            int(a.get("max_src_image_size", 0)),
         )
         if aipp.input not in {t.name for t in inputs} or aipp.fmt not in AIPP_SOURCE:
             raise AclFail(C.GE_PARAM_INVALID, f"{path}: bad aipp section {a!r}")
+        if aipp.mode == "dynamic" and aipp.max_src <= 0:  # ATC refuses such an aipp.cfg
+            n = max(gears) if gears else next(t for t in inputs if t.name == aipp.input).dims[0]
+            aipp = replace(aipp, max_src=aipp.source_bytes(n, 3))  # room for RGB888 at src
+        if aipp.mode == "static" and hw and aipp.src != (0, 0):
+            raise AclFail(
+                C.GE_PARAM_INVALID,
+                f"{path}: E10052: when --dynamic_image_size is set, src_image_size_w and "
+                "src_image_size_h must be set to '0'",
+            )
     latency = raw.get("latency_ms", {})
     return OmSpec(
         path=path,
@@ -350,7 +390,8 @@ def max_output_shapes(spec: OmSpec) -> dict[str, tuple[int, ...]]:
         zeros = {t.name: np.zeros(shapes[t.name], dtype=np.float64) for t in spec.inputs}
         if spec.aipp is not None:
             n = shapes[spec.aipp.input][0]
-            zeros[spec.aipp.input] = np.zeros((n, spec.aipp.source_bytes(1)))
+            src = spec.aipp_source(spec.max_shape_gear())
+            zeros[spec.aipp.input] = np.zeros((n, spec.aipp.source_bytes(1, src=src)))
         for name, value in run(spec, zeros, None, free_shapes=True).items():
             spec._max_outputs[name] = value.shape
     return spec._max_outputs

@@ -188,7 +188,9 @@ def _size(desc: int, index: int, outputs: bool) -> int:
     if not outputs and tensor.name in (C.DYNAMIC_TENSOR_NAME, C.DYNAMIC_AIPP_NAME):
         return tensor.nbytes(None)
     if not outputs and spec.aipp is not None and tensor.name == spec.aipp.input:
-        return spec.aipp.source_bytes(_batch_of(spec, tensor))
+        if spec.aipp.mode == "dynamic":  # GE sizes the input by max_src_image_size
+            return spec.aipp.max_src
+        return spec.aipp.source_bytes(_batch_of(spec, tensor), src=spec.aipp_source())
     if outputs and spec.shape_dynamic:
         shape = _om.max_output_shapes(spec)[tensor.name]
         return int(np.prod(shape)) * tensor.np_dtype.itemsize
@@ -212,13 +214,15 @@ def _dims(desc: int, index: int, outputs: bool, v2: bool = False) -> tuple[dict,
         return {}, C.INVALID_PARAM
     spec = _spec(desc)
     dims = list(tensor.dims)
-    if (
-        not outputs
-        and spec.aipp is not None
-        and tensor.name == spec.aipp.input
-        and spec.aipp.mode == "static"
-    ):
+    if not outputs and spec.aipp is not None and tensor.name == spec.aipp.input:
         n = dims[0] if dims else 1
+        if spec.aipp.mode == "dynamic":
+            # Both calls: [N, -1, -1, -1], N the static batch or -1 with --dynamic_batch_size
+            # (GE aipp_op.cc CreateAippData sets ATTR_DYNAMIC_AIPP_INPUT_DIMS; davinci_model.cc
+            # CreateInputDimsInfo reports it; only static AIPP sets the v2 dims apart).
+            return _io_dims(tensor.name, (n, -1, -1, -1))
+        if spec.hw_gears:
+            return _io_dims(tensor.name, spec.aipp.hw_dims(n, v2))
         if v2:
             return _io_dims(tensor.name, spec.aipp.v2_dims(n))
         h, w = spec.aipp.src
