@@ -10,6 +10,13 @@ cancelled.
 The graph is checked once, at load: every step input is an ensemble input or some step's
 output, each ensemble tensor is produced once, every ensemble output is produced, no cycles.
 Whether the member models exist is checked per request (they load and reload independently).
+
+Back-pressure (`ensemble_scheduling.max_inflight_requests`, 0 = no limit): at most that many
+requests are inside the ensemble, from the start of their first step to their answer; the
+others wait, first come first served, before their first step (scheduler/inflight_limit.py),
+while the requests inside go on. So a slow later step cannot make a fast first one pile up
+its outputs without bound: what the ensemble holds between steps is at most N requests'
+tensors. Triton counts N at each step; we count N over the whole ensemble (README).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from protocol.errors import InternalError, InvalidArgument, ServerError, Unavailable
 from protocol.types import InferRequest, InferResponse, Tensor
+from scheduler.inflight_limit import InflightLimit
 from scheduler.interface import Scheduler, VersionSpec
 from scheduler.stats import FailureReason, VersionStatistics
 
@@ -140,6 +148,19 @@ class EnsembleScheduler(Scheduler):
         self._tasks: set[asyncio.Task] = set()
         self._accepting = False
         self._aborting = False
+        limit = int(spec.config.ensemble_scheduling.max_inflight_requests)
+        self._inside = InflightLimit(limit, self._inside_changed)
+        self._waiting = 0
+
+    @property
+    def max_inflight_requests(self) -> int:
+        """0: no limit."""
+        return self._inside.limit
+
+    @property
+    def inflight(self) -> int:
+        """Requests past the start of their first step and not yet answered."""
+        return self._inside.holders
 
     @property
     def steps(self) -> list[Step]:
@@ -147,7 +168,16 @@ class EnsembleScheduler(Scheduler):
 
     async def start(self) -> None:
         self._steps = plan_steps(self._spec.config)
+        self._stats.ensemble_inflight_changed(self._inside.holders)
         self._accepting = True
+
+    def _inside_changed(self, holders: int, waiting: int) -> None:
+        """Holders are ascend_ensemble_inflight; waiters count as pending requests."""
+        if waiting != self._waiting:
+            self._stats.pending_changed(waiting - self._waiting)
+            self._waiting = waiting
+        if holders != self._stats.ensemble_inflight:
+            self._stats.ensemble_inflight_changed(holders)
 
     def healthy(self) -> bool:
         return self._accepting
@@ -179,8 +209,13 @@ class EnsembleScheduler(Scheduler):
     # ----- one request ----------------------------------------------------------------------
 
     async def _run(self, request: InferRequest) -> InferResponse:
+        waited = 0
         try:
-            tensors = await self._run_steps(request)
+            waited = await self._enter()
+            try:
+                tensors = await self._run_steps(request)
+            finally:
+                self._inside.release()
         except asyncio.CancelledError:
             self._stats.record_failure(FailureReason.CANCELED, self._elapsed(request))
             if self._aborting:
@@ -199,11 +234,19 @@ class EnsembleScheduler(Scheduler):
             self._stats.record_failure(FailureReason.OTHER, self._elapsed(request))
             raise InternalError(f"in ensemble '{self._name}': {type(exc).__name__}: {exc}") from exc
         total = self._elapsed(request)
-        self._stats.record_execution(max(1, request.batch_size), 0, total, 0)
-        self._stats.record_success(total, 0, 0, total, 0)
+        # Waiting to enter (max_inflight_requests) is the ensemble's queue time.
+        inside = max(0, total - waited)
+        self._stats.record_execution(max(1, request.batch_size), 0, inside, 0)
+        self._stats.record_success(total, waited, 0, inside, 0)
         self._stats.record_first_response(total)
         outputs = [tensors[name] for name in self._outputs if name in tensors]
         return InferResponse(self._name, str(self._spec.version), id=request.id, outputs=outputs)
+
+    async def _enter(self) -> int:
+        """Wait for a place inside the ensemble; the nanoseconds waited."""
+        started = time.monotonic_ns()
+        await self._inside.acquire()
+        return time.monotonic_ns() - started
 
     async def _run_steps(self, request: InferRequest) -> dict[str, Tensor]:
         """Start each step once its inputs exist; collect what the steps produce."""

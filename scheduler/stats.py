@@ -53,6 +53,8 @@ class MetricsObserver(Protocol):
 
     def sequences_idle_released(self, count: int) -> None: ...
 
+    def ensemble_inflight_changed(self, inflight: int) -> None: ...
+
     def cache_enabled(self) -> None: ...
 
     def cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None: ...
@@ -100,6 +102,7 @@ class VersionStatistics:
     batch_stats: dict[int, BatchStats] = field(default_factory=dict)
     pending: int = 0
     sequences_active: int | None = None  # None: not a sequence model
+    ensemble_inflight: int | None = None  # None: not an ensemble
     caching: bool = False  # answers from the response cache (server/core/response_cache.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -190,6 +193,8 @@ class VersionStatistics:
         self.observer = observer
         if observer is not None and self.sequences_active is not None:
             observer.sequences_changed(self.sequences_active)
+        if observer is not None and self.ensemble_inflight is not None:
+            observer.ensemble_inflight_changed(self.ensemble_inflight)
         if observer is not None and self.caching:
             observer.cache_enabled()
 
@@ -203,6 +208,13 @@ class VersionStatistics:
         """Sequences whose slots were released after max_sequence_idle_microseconds."""
         if self.observer is not None:
             self.observer.sequences_idle_released(count)
+
+    def ensemble_inflight_changed(self, inflight: int) -> None:
+        """An ensemble's requests past their first step and not yet answered
+        (ascend_ensemble_inflight; bounded by max_inflight_requests)."""
+        self.ensemble_inflight = inflight
+        if self.observer is not None:
+            self.observer.ensemble_inflight_changed(inflight)
 
     def pending_changed(self, delta: int) -> None:
         """Requests accepted but not yet executing (nv_inference_pending_request_count)."""
@@ -251,4 +263,6 @@ class VersionStatistics:
                     setattr(self, item.name, getattr(fresh, item.name))
 
 
-_KEPT_ON_RESET = frozenset({"name", "version", "observer", "pending", "caching", "_lock"})
+_KEPT_ON_RESET = frozenset(
+    {"name", "version", "observer", "pending", "ensemble_inflight", "caching", "_lock"}
+)

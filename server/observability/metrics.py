@@ -250,6 +250,12 @@ _FAMILIES: dict[str, tuple[str, str]] = {
         "Sequences released after max_sequence_idle_microseconds without a request; "
         "their next request needs the START flag",
     ),
+    "ascend_ensemble_inflight": (
+        "gauge",
+        "Requests of an ensemble between the start of their first step and their answer "
+        "(at most its max_inflight_requests; the requests waiting to enter are in "
+        "nv_inference_pending_request_count)",
+    ),
     "ascend_inference_rejected_total": (
         "counter",
         "Number of inference requests refused for overload, by reason: queue_full "
@@ -293,6 +299,7 @@ class VersionMetrics:
     rejected: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REJECTION_REASONS})
     sequences: int | None = None  # active sequences; None for a model without them
     sequences_idle: int = 0
+    ensemble_inflight: int | None = None  # None for a model that is not an ensemble
     caching: bool = False  # the version answers from the response cache
     cache_hits: int = 0
     cache_misses: int = 0
@@ -377,6 +384,10 @@ class VersionMetrics:
     def sequences_idle_released(self, count: int) -> None:
         with self._lock:
             self.sequences_idle += count
+
+    def ensemble_inflight_changed(self, inflight: int) -> None:
+        with self._lock:
+            self.ensemble_inflight = inflight
 
     def request_rejected(self, reason: str) -> None:
         with self._lock:
@@ -587,6 +598,8 @@ class ServerMetrics:
                 if v.sequences is not None:
                     add("ascend_sequence_active", labels, v.sequences)
                     add("ascend_sequence_idle_released_total", labels, v.sequences_idle)
+                if v.ensemble_inflight is not None:
+                    add("ascend_ensemble_inflight", labels, v.ensemble_inflight)
                 if v.caching:
                     add("nv_cache_num_hits_per_model", labels, v.cache_hits)
                     add("nv_cache_num_misses_per_model", labels, v.cache_misses)
