@@ -264,5 +264,14 @@ class VersionStatistics:
 
 
 _KEPT_ON_RESET = frozenset(
-    {"name", "version", "observer", "pending", "ensemble_inflight", "caching", "_lock"}
+    {
+        "name",
+        "version",
+        "observer",
+        "pending",
+        "sequences_active",
+        "ensemble_inflight",
+        "caching",
+        "_lock",
+    }
 )

@@ -174,3 +174,16 @@ async def test_the_limit_hands_a_place_cancelled_in_passing_to_the_next() -> Non
 def test_a_negative_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="negative"):
         InflightLimit(-1)
+
+
+def test_a_statistics_reset_after_warm_up_keeps_the_levels() -> None:
+    """Warm-up's reset clears counts, not levels: a sequence model's live sequences and an
+    ensemble's in-flight requests are still what they were."""
+    from scheduler.stats import VersionStatistics
+
+    stats = VersionStatistics("m", "1")
+    stats.sequences_changed(2)
+    stats.ensemble_inflight_changed(3)
+    stats.pending_changed(1)
+    stats.reset()
+    assert (stats.sequences_active, stats.ensemble_inflight, stats.pending) == (2, 3, 1)
