@@ -493,3 +493,35 @@ def test_device_time_depends_on_the_gear(acl_emu, tmp_path):
     small, _ = _two_executions(acl, (0,), path, gear=1)
     large, _ = _two_executions(acl, (0,), path, gear=8)
     assert small < 0.5 < large
+
+
+def _gear_tensor(acl, tmp_path, writer, name):
+    model_id, desc = load(acl, writer(tmp_path / f"{name}.om"))
+    n_in, n_out = acl.mdl.get_num_inputs(desc), acl.mdl.get_num_outputs(desc)
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, n_in, n_out)
+    return model_id, desc, in_ds, out_ds, ptrs, bufs, n_in - 1
+
+
+def test_gear_setters_hold_the_gil_while_they_copy_the_gear(ready, tmp_path):
+    """GE writes each gear value with its own synchronous memcpy, inside a wrapper that never
+    releases the GIL: every other thread stalls for the copies (gear_copy_s per value)."""
+    acl, _, _ = ready
+    assert acl._emu.Config().gear_copy_s > 0  # by default, not only when configured
+    acl._emu.configure(gear_copy_s=0.4)
+    calls = {
+        "batch": (omf.scale_model, lambda m, ds, i: acl.mdl.set_dynamic_batch_size(m, ds, i, 4)),
+        "hw": (omf.hw_model, lambda m, ds, i: acl.mdl.set_dynamic_hw_size(m, ds, i, 16, 16)),
+        "dims": (
+            omf.dims_model,
+            lambda m, ds, i: acl.mdl.set_input_dynamic_dims(
+                m, ds, i, {"name": "", "dimCount": 2, "dims": [1, 8]}
+            ),
+        ),
+    }
+    for name, (writer, setter) in calls.items():
+        model_id, desc, in_ds, out_ds, ptrs, bufs, index = _gear_tensor(acl, tmp_path, writer, name)
+        with Ticker() as ticker:
+            assert setter(model_id, in_ds, index) == 0, (name, acl.get_recent_err_msg())
+        assert ticker.longest_gap > 0.3, name  # at least one copy of 0.4 s with the GIL held
+        release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
+    acl._emu.configure(gear_copy_s=0.0)

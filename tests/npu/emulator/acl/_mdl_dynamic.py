@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _codes as C
-from ._runtime import RT, AclFail, dict_ret, entry, ret_only
+from ._runtime import RT, AclFail, dict_ret, entry, hold_gil, ret_only
 
 
 def _spec(desc: int):
@@ -69,10 +69,14 @@ def _target(model_id: int, dataset: int, index: int):
 
 
 def _write(buffer: Any, values: list[int], dtype: Any) -> None:
+    """Write the gear values into the gear tensor as GE does: one synchronous H2D copy per
+    value, each keeping the real GIL (the binding's wrapper never releases it)."""
     data = np.array(values, dtype=dtype)
     if buffer.size < data.nbytes:
         raise AclFail(C.GE_DYNAMIC_INPUT_LENGTH_INVALID, "dynamic tensor buffer too small")
     RT.memory.write_device(buffer.addr, data)
+    per_byte = 1 / RT.config.copy_bytes_per_s if RT.config.copy_bytes_per_s > 0 else 0.0
+    hold_gil(len(values) * RT.config.gear_copy_s + data.nbytes * per_byte)
 
 
 @entry("mdl.set_dynamic_batch_size", "IkkK", ret_only)
