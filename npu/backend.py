@@ -58,7 +58,11 @@ class AscendBackend(Backend):
     @classmethod
     def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         filename = config.default_model_filename or cls.default_model_filename
-        info = describe_file(version_dir / filename, npu_config.probe_device(config))
+        info = describe_file(
+            version_dir / filename,
+            npu_config.probe_device(config),
+            npu_config.input_shape(config),
+        )
         info = npu_aipp.describe_with(info, npu_aipp.settings_from_config(config))
         npu_config.complete(config, info)
 
@@ -75,7 +79,10 @@ class AscendBackend(Backend):
         self._session = DeviceSession.open(acl, self.instance.device_id)
         try:
             self._model = OmModel.load(
-                self._session, path, npu_aipp.settings_from_config(self.config)
+                self._session,
+                path,
+                npu_aipp.settings_from_config(self.config),
+                npu_config.input_shape(self.config),
             )
             self._binding = npu_config.bind(self.config, self._model.info)
             self._side = [i for i, (_, t) in enumerate(self._binding.inputs) if not t.batched]

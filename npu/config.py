@@ -87,6 +87,16 @@ def place(config: ModelConfig) -> None:
         group.gpus.extend(ids)
 
 
+def input_shape(config: ModelConfig) -> str | None:
+    """The config's `input_shape` parameter (ATC's --input_shape), which says how the model's
+    --dynamic_dims gears map onto its inputs where the gears alone cannot tell (npu/dims.py)."""
+    from npu.dims import ORDER_PARAMETER
+
+    if ORDER_PARAMETER not in config.parameters:
+        return None
+    return config.parameters[ORDER_PARAMETER].string_value.strip() or None
+
+
 def probe_device(config: ModelConfig) -> int:
     """The NPU to read the model description on: the first listed in instance_group, else 0."""
     for group in config.instance_group:

@@ -30,7 +30,7 @@ from npu.errors import AclError, check, unwrap
 log = logging.getLogger(__name__)
 
 
-def describe_file(path: Path, device_id: int) -> ModelDescription:
+def describe_file(path: Path, device_id: int, input_shape: str | None = None) -> ModelDescription:
     """The model's description without loading it (acl.mdl.get_desc_from_file, which reads the
     file and needs no device memory), falling back to a load on a short-lived thread of its own
     where the binding lacks that call or it fails (pyACL needs a context to load, and the
@@ -44,14 +44,16 @@ def describe_file(path: Path, device_id: int) -> ModelDescription:
         if desc:
             try:
                 if acl.mdl.get_desc_from_file(desc, str(path)) == K.SUCCESS:
-                    return read_description(acl, desc)
+                    return read_description(acl, desc, input_shape)
                 log.info("acl.mdl.get_desc_from_file(%s) failed; loading it to describe it", path)
             finally:
                 acl.mdl.destroy_desc(desc)
-    return _describe_by_loading(acl, path, device_id)
+    return _describe_by_loading(acl, path, device_id, input_shape)
 
 
-def _describe_by_loading(acl, path: Path, device_id: int) -> ModelDescription:
+def _describe_by_loading(
+    acl, path: Path, device_id: int, input_shape: str | None
+) -> ModelDescription:
     outcome: list = []
 
     def probe() -> None:
@@ -63,7 +65,7 @@ def _describe_by_loading(acl, path: Path, device_id: int) -> ModelDescription:
         model = None
         try:
             model = OmModel(session)
-            model.load_description(path)
+            model.load_description(path, input_shape)
             outcome.append(model.info)
         except BaseException as exc:
             outcome.append(exc)
@@ -127,12 +129,17 @@ class OmModel:
 
     @classmethod
     def load(
-        cls, session: DeviceSession, path: Path, aipp: npu_aipp.AippSettings | None = None
+        cls,
+        session: DeviceSession,
+        path: Path,
+        aipp: npu_aipp.AippSettings | None = None,
+        input_shape: str | None = None,
     ) -> OmModel:
+        """Load a copy; `input_shape` is ATC's --input_shape where dims gears need it."""
         model = cls(session)
         session.models.append(model)  # teardown at exit finds it here if nobody unloads it
         try:
-            model.load_description(path)
+            model.load_description(path, input_shape)
             model.info = npu_aipp.describe_with(model.info, aipp)
             model._allocate_io()
             if model.info.aipp_index is not None and aipp is not None:
@@ -151,7 +158,7 @@ class OmModel:
             raise
         return model
 
-    def load_description(self, path: Path) -> None:
+    def load_description(self, path: Path, input_shape: str | None = None) -> None:
         acl = self.acl
         model_id, ret = acl.mdl.load_from_file(str(path))
         if ret != K.SUCCESS:
@@ -161,7 +168,7 @@ class OmModel:
         if not self.desc:
             raise BackendError("acl.mdl.create_desc returned a null desc")
         check(acl, acl.mdl.get_desc(self.desc, self.model_id), "acl.mdl.get_desc")
-        self.info = read_description(acl, self.desc)
+        self.info = read_description(acl, self.desc, input_shape)
 
     def _allocate_io(self) -> None:
         mdl = self.acl.mdl
@@ -314,7 +321,7 @@ class OmModel:
                 f"acl.mdl.set_dynamic_hw_size({h}, {w})",
             )
         else:
-            dims = gears.dims_of(gear)
+            dims = gears.dims_of(info, gear)
             check(
                 acl,
                 acl.mdl.set_input_dynamic_dims(

@@ -525,3 +525,28 @@ def test_gear_setters_hold_the_gil_while_they_copy_the_gear(ready, tmp_path):
         assert ticker.longest_gap > 0.3, name  # at least one copy of 0.4 s with the GIL held
         release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
     acl._emu.configure(gear_copy_s=0.0)
+
+
+def test_dims_gears_are_read_and_set_in_the_input_shape_order(ready, tmp_path):
+    """GE (ge_executor.cc GetCurDynamicDims): a gear is the dims of the inputs --input_shape
+    lists, in its order; a wrong length or a changed static dim is 145012, a non-gear 145013."""
+    acl, _, _ = ready
+    model_id, desc, in_ds, out_ds, ptrs, bufs, index = _gear_tensor(
+        acl, tmp_path, omf.dims_pair_model, "pair"
+    )
+    count, ret = acl.mdl.get_input_dynamic_gear_count(desc, -1)
+    gears, ret2 = acl.mdl.get_input_dynamic_dims(desc, -1, count)
+    assert ret == ret2 == 0
+    assert [g["dims"] for g in gears] == [[2, 2, 1, 8], [4, 2, 1, 16]]  # weights, then tokens
+    assert [g["name"] for g in gears] == ["", ""]  # the binding does not say whose dims
+
+    def set_dims(values):
+        return acl.mdl.set_input_dynamic_dims(
+            model_id, in_ds, index, {"name": "", "dimCount": len(values), "dims": values}
+        )
+
+    assert set_dims([4, 2, 1, 16]) == 0
+    assert set_dims([1, 16, 4, 2]) == 145012  # model order: static dims do not match
+    assert set_dims([4, 2, 1, 16, 3]) == 145012  # bias is not listed
+    assert set_dims([3, 2, 1, 16]) == 145013  # no such gear
+    release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)

@@ -128,13 +128,30 @@ def set_input_dynamic_dims(model_id: int, dataset: int, index: int, dims: dict) 
     with RT.lock:
         model, found, buffer = _target(model_id, dataset, index)
         spec = model.spec
-        full = spec.full_dims_gears()
-        if values[:count] not in full:
+        if count == 0:
+            raise AclFail(C.INVALID_PARAM, "dimCount can't be zero")
+        # GE (ge_executor.cc GetCurDynamicDims): the dims of the inputs --input_shape lists,
+        # in its order; every static dim must be repeated as it is; then the -1 values must be
+        # one of the gears.
+        origin = spec.all_data_dims()
+        if count != len(origin):
+            raise AclFail(
+                C.GE_DYNAMIC_INPUT_LENGTH_INVALID,
+                f"Dynamic input size [{count}] is not equal with all data dims size "
+                f"[{len(origin)}]!",
+            )
+        for i, (value, want) in enumerate(zip(values[:count], origin, strict=False)):
+            if want >= 0 and value != want:
+                raise AclFail(
+                    C.GE_DYNAMIC_INPUT_LENGTH_INVALID,
+                    f"Static dims should be same, index:{i} value:{value} should be {want}",
+                )
+        gear = tuple(v for v, want in zip(values[:count], origin, strict=False) if want < 0)
+        if gear not in spec.dims_gears:
             raise AclFail(
                 C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                f"dims {values[:count]} are not one of the model's gears {full}",
+                f"dims {values[:count]} are not one of the model's gears {spec.full_dims_gears()}",
             )
-        gear = spec.dims_gears[full.index(values[:count])]
         _write(buffer, list(gear), np.int32)
         found.gear = model.shape_gear = gear
         return C.SUCCESS
