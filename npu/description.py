@@ -4,8 +4,10 @@ batch), the compiled gears (batch sizes, or image sizes / dims), and the hidden 
 Which `.om` kinds this understands, and the pyACL calls behind each (names, argument order and
 return shapes checked against hicann/runtime python/pyACL/mdl/mdl_wrap.cpp):
 - static shapes; `--dynamic_batch_size` (`get_dynamic_batch(desc)` -> ({"batchCount", "batch"},
-  ret)), where only the tensors whose first axis is -1 (or, for outputs, the largest gear) are
-  batched and side inputs such as `im_info [1, 3]` keep their own static dims;
+  ret)), where only the inputs whose first axis is -1 are batched and side inputs such as
+  `im_info [1, 3]` keep their own static dims; outputs are reported at the largest gear, so
+  here one whose first dim is the largest gear counts as batched, until a loaded copy reads
+  each gear's output dims (om_model.py: set_dynamic_batch_size, then get_cur_output_dims);
 - `--dynamic_image_size` (`get_dynamic_hw(desc, -1)` -> ({"hwCount", "hw"}, ret)) and
   `--dynamic_dims` (`get_input_dynamic_gear_count(desc, -1)` -> (n, ret),
   `get_input_dynamic_dims(desc, -1, n)` -> ([{"name", "dimCount", "dims"}], ret), each gear being
@@ -209,13 +211,18 @@ def read_description(
             hw = unwrap(acl, mdl.get_dynamic_hw(desc, -1), "acl.mdl.get_dynamic_hw")
             kind = "hw" if hw["hwCount"] else "dims"
     top = max(gears, default=0)
+    read = {
+        i: _input_dims(acl, desc, i) for i, name in enumerate(names) if name not in HIDDEN_INPUTS
+    }
+    # GE reports a dynamic-batch input at -1 (its ATTR_MBATCH_ORIGIN_INPUT_DIMS) and a static
+    # side input at its own dims, so -1 alone says batched. Only a binding that shows no -1 at
+    # all (inputs at the largest gear) leaves the guess that a first dim equal to it is the batch.
+    shows_minus = any(d[:1] == (-1,) for d, _ in read.values())
     inputs: list[TensorInfo] = []
-    for i, name in enumerate(names):
-        if name in HIDDEN_INPUTS:
-            continue
-        dims, aipp = _input_dims(acl, desc, i)
+    for i, (dims, aipp) in read.items():
+        name = names[i]
         acl_type = _acl_type(mdl.get_input_data_type(desc, i), f"input '{name}'")
-        batched = bool(gears) and bool(dims) and dims[0] in (-1, top)
+        batched = bool(gears) and bool(dims) and dims[0] in ((-1,) if shows_minus else (top,))
         if batched:
             dims = (-1,) + dims[1:]
         inputs.append(

@@ -9,6 +9,7 @@ that holds it (npu/gears.py), padded on the way in and cut back on the way out.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
@@ -142,6 +143,7 @@ class OmModel:
             model.load_description(path, input_shape)
             model.info = npu_aipp.describe_with(model.info, aipp)
             model._allocate_io()
+            model._outputs_from_gears()
             if model.info.aipp_index is not None and aipp is not None:
                 assert model._inputs is not None  # allocated just above
                 npu_aipp.apply(
@@ -190,6 +192,56 @@ class OmModel:
         )
         self._outputs = _Dataset(0)
         self._fill(self._outputs, [t.size for t in info.outputs], "output")
+
+    def _outputs_from_gears(self) -> None:
+        """Which outputs of a dynamic-batch model are batched, from the model's own table of
+        output dims per gear (GE answers get_cur_output_dims from it after each
+        set_dynamic_batch_size, without an execution): batched when axis 0 is the gear at
+        every gear, static when the dims never change. The desc reports batched outputs at the
+        largest gear, so a static output whose first dim equals it looks the same there.
+        Where the binding cannot answer, the guess from the desc stays."""
+        info, acl = self.info, self.acl
+        if not info.gears or info.gear_index is None or self._inputs is None:
+            return
+        seen: dict[int, list[tuple[int, ...]]] = {t.index: [] for t in info.outputs}
+        for gear in info.gears:
+            check(
+                acl,
+                acl.mdl.set_dynamic_batch_size(
+                    self.model_id, self._inputs.handle, info.gear_index, gear
+                ),
+                f"acl.mdl.set_dynamic_batch_size({gear})",
+            )
+            for index, shapes in seen.items():
+                dims, ret = acl.mdl.get_cur_output_dims(self.desc, index)
+                if ret != K.SUCCESS or not isinstance(dims, dict) or "dims" not in dims:
+                    log.info(
+                        "acl.mdl.get_cur_output_dims(%d) failed with %s: which outputs are "
+                        "batched stays guessed from their first dim",
+                        index,
+                        ret,
+                    )
+                    return
+                count = int(dims.get("dimCount", len(dims["dims"])))
+                shapes.append(tuple(int(d) for d in dims["dims"][:count]))
+        outputs = []
+        for tensor in info.outputs:
+            shapes = seen[tensor.index]
+            if all(s[:1] == (g,) for s, g in zip(shapes, info.gears, strict=True)) and (
+                len({s[1:] for s in shapes}) == 1
+            ):
+                outputs.append(
+                    dataclasses.replace(tensor, dims=(-1,) + shapes[0][1:], batched=True)
+                )
+            elif len(set(shapes)) == 1:
+                outputs.append(dataclasses.replace(tensor, dims=shapes[0], batched=False))
+            else:
+                at = ", ".join(f"{list(s)} at {g}" for s, g in zip(shapes, info.gears, strict=True))
+                raise BackendError(
+                    f"output '{tensor.raw_name}' changes with the batch gear other than on its "
+                    f"first axis ({at}): the Ascend backend cannot split it per request"
+                )
+        self.info = dataclasses.replace(info, outputs=tuple(outputs))
 
     def _fill(self, dataset: _Dataset, sizes: list[int], label: str) -> None:
         acl = self.acl

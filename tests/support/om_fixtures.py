@@ -197,6 +197,29 @@ def side_input_model(
     )
 
 
+PRIORS = [[float(r), float(r) + 0.5] for r in range(8)]
+
+
+def static_output_model(
+    path: Path | str, *, gears: Iterable[int] | None = (1, 2, 4, 8), **kwargs: Any
+) -> Path:
+    """A dynamic-batch model with a static output whose first dim equals the largest gear:
+    `boxes` [-1, 4] = images + 1 beside `priors` [8, 2], a constant of the model. The desc
+    reports both at the largest gear ([8, 4] and [8, 2]); only the per-gear output dims tell
+    them apart."""
+    return write_om(
+        path,
+        inputs=[tensor("images", "FP32", (-1, 4))],
+        outputs=[tensor("boxes", "FP32", (-1, 4)), tensor("priors", "FP32", (8, 2))],
+        gears=gears,
+        compute=[
+            {"op": "scale_add", "inputs": ["images"], "output": "boxes", "bias": 1.0},
+            {"op": "constant", "inputs": [], "output": "priors", "value": PRIORS},
+        ],
+        **kwargs,
+    )
+
+
 def aipp_model(
     path: Path | str,
     *,

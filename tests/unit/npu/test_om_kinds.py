@@ -288,3 +288,46 @@ def test_an_input_shape_parameter_the_gears_refute_is_refused(acl_emu, tmp_path,
     text = f'parameters {{ key: "input_shape" value {{ string_value: "{value}" }} }}'
     with pytest.raises(BackendError, match=message):
         prepare(tmp_path, text, om=omf.dims_pair_model)
+
+
+# -- 6. batched or not, from the model's gear table --------------------------------------------
+def test_a_static_output_at_the_largest_gear_is_not_split_per_request(
+    acl_emu, tmp_path, instance_thread
+):
+    """`priors` [8, 2] looks like a batched output at the largest gear in the desc; each gear's
+    output dims say it is static, so a stacking config is refused with what to write instead,
+    and served unbatched it comes back whole."""
+    prepared = prepare(tmp_path / "guess", om=omf.static_output_model)
+    assert prepared[0].max_batch_size == 8  # auto-complete reads the file: the guess remains
+    with pytest.raises(
+        BackendError, match=r"output\(s\) priors have no batch axis\): set max_batch_size: 0"
+    ):
+        instance_thread.run(backend(prepared).load)
+    text = 'input [ { name: "images" dims: [ -1, 4 ] } ]'  # full rank: no batching
+    prepared = prepare(tmp_path, text, om=omf.static_output_model)
+    assert prepared[0].max_batch_size == 0
+    instance = backend(prepared)
+    instance_thread.run(instance.load)
+    assert [(t.name, t.dims, t.batched) for t in instance._model.info.outputs] == [
+        ("boxes", (-1, 4), True),
+        ("priors", (8, 2), False),
+    ]
+    out = instance_thread.run(instance.execute, {"images": images(3)})
+    np.testing.assert_array_equal(out["boxes"], images(3) + 1)
+    np.testing.assert_array_equal(out["priors"], np.array(omf.PRIORS, dtype=np.float32))
+    instance_thread.run(instance.unload)
+
+
+def test_a_side_input_whose_first_dim_is_the_largest_gear_is_not_batched(acl_emu, tmp_path):
+    """The desc shows batched inputs at -1 (GE's origin dims): anchors [8, 2] beside images
+    [-1, 4] is a static side input, so requests cannot be stacked."""
+    from npu.om_model import describe_file
+
+    info = describe_file(omf.side_input_model(tmp_path / "m.om", side_dims=(8, 2)), 0)
+    assert [(t.name, t.dims, t.batched) for t in info.inputs] == [
+        ("images", (-1, 4), True),
+        ("im_info", (8, 2), False),
+    ]
+    config, _, _ = prepare(tmp_path, om=omf.side_input_model, side_dims=(8, 2))
+    assert config.max_batch_size == 0
+    assert {i.name: list(i.dims) for i in config.input} == {"images": [-1, 4], "im_info": [8, 2]}

@@ -332,7 +332,13 @@ def _pool(args: list[np.ndarray], op: dict) -> np.ndarray:
     return trimmed.reshape(*lead, h // stride, stride, w // stride, stride).sum(axis=(-1, -3))
 
 
+def _constant(args: list[np.ndarray], op: dict) -> np.ndarray:
+    """A value compiled into the model (anchors, priors): the same at every gear."""
+    return np.asarray(op["value"], dtype=np.float64)
+
+
 OPS: dict[str, Callable[[list[np.ndarray], dict], np.ndarray]] = {
+    "constant": _constant,
     "identity": _identity,
     "scale_add": _scale_add,
     "add": _add,
