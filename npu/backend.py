@@ -26,7 +26,7 @@ from npu import aipp as npu_aipp
 from npu import config as npu_config
 from npu.device import DeviceSession
 from npu.errors import AclError, is_stream_fault
-from npu.om_model import OmModel, describe_file
+from npu.om_model import OmModel, describe_file, missing_model
 from protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,7 +70,7 @@ class AscendBackend(Backend):
         acl = npu_acl.load()
         path = self.model_path()
         if not path.is_file():
-            raise BackendError(f"model file {path} does not exist")
+            raise BackendError(missing_model(path))
         self._open(acl, path)
         assert self._model is not None
         self.batch_gears = self._model.info.gears

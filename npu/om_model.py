@@ -38,7 +38,7 @@ def describe_file(path: Path, device_id: int, input_shape: str | None = None) ->
     caller's thread must not be left holding one)."""
     acl = npu_acl.load()
     if not path.is_file():
-        raise BackendError(f"model file {path} does not exist")
+        raise BackendError(missing_model(path))
     if hasattr(acl.mdl, "get_desc_from_file"):
         ensure_initialised(acl)
         desc = acl.mdl.create_desc()
@@ -50,6 +50,21 @@ def describe_file(path: Path, device_id: int, input_shape: str | None = None) ->
             finally:
                 acl.mdl.destroy_desc(desc)
     return _describe_by_loading(acl, path, device_id, input_shape)
+
+
+def missing_model(path: Path) -> str:
+    """The message for a missing .om, saying what to do with an ONNX / TF graph found instead
+    (what a config written for the npu_ge backend, which compiles graphs itself, points at)."""
+    message = f"model file {path} does not exist"
+    graphs = sorted(p.name for p in path.parent.glob("*") if p.suffix in (".onnx", ".pb"))
+    if graphs:
+        message += (
+            f"; the directory holds {', '.join(graphs[:3])}: this backend runs ATC-compiled "
+            ".om files, so compile it with atc (--framework=5 for ONNX) and name the result "
+            "model.om (or set default_model_filename), or serve the ONNX with backend "
+            '"onnxruntime"'
+        )
+    return message
 
 
 def _describe_by_loading(
