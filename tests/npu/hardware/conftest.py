@@ -4,6 +4,9 @@ Point them at your own compiled models (any may be left out; its tests then skip
   ASCEND_SERVE_OM_STATIC   a static-shape .om
   ASCEND_SERVE_OM_DYNAMIC  an .om compiled with --dynamic_batch_size
   ASCEND_SERVE_OM_AIPP     an .om compiled with static AIPP (--insert_op_conf, aipp_mode: static)
+  ASCEND_SERVE_OM_DIMS     an .om compiled with --dynamic_dims; best over two inputs whose
+                           --input_shape lists them out of model order (e.g. "mask:1,-1;ids:1,-1")
+  ASCEND_SERVE_OM_DIMS_INPUT_SHAPE  that --input_shape, where the gears fit several orders
   ASCEND_SERVE_NPU_DEVICE  the device id to use (default 0)
 """
 
