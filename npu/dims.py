@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from backends.base import BackendError
 
 ORDER_PARAMETER = "input_shape"
-_MAX_ORDERS = 64  # distinct readings kept before giving up on telling them apart
+_MAX_ORDERS = 720  # orders tried (6 inputs of the same dims) before asking for the parameter
 
 Dims = tuple[int, ...]
 
@@ -146,6 +146,12 @@ def split(
                 f"order; set parameter {ORDER_PARAMETER} to that --input_shape"
             )
         readings = {tuple(_shapes(o, inputs, g) for g in gears): o for o in orders}
+        if len(orders) >= _MAX_ORDERS:
+            raise BackendError(
+                f"the model's --dynamic_dims gears (first {list(gears[0])}) fit {_MAX_ORDERS} "
+                f"or more orders of its inputs ({_ranks(inputs)}): set parameter "
+                f"{ORDER_PARAMETER} to ATC's --input_shape"
+            )
         if len(readings) > 1:
             named = [";".join(inputs[i][0] for i in o) for o in list(readings.values())[:3]]
             shown = " or ".join(named)

@@ -331,3 +331,19 @@ def test_a_side_input_whose_first_dim_is_the_largest_gear_is_not_batched(acl_emu
     config, _, _ = prepare(tmp_path, om=omf.side_input_model, side_dims=(8, 2))
     assert config.max_batch_size == 0
     assert {i.name: list(i.dims) for i in config.input} == {"images": [-1, 4], "im_info": [8, 2]}
+
+
+def test_where_the_binding_cannot_tell_the_guess_remains(
+    acl_emu, tmp_path, instance_thread, monkeypatch
+):
+    """A binding whose get_cur_output_dims fails for dynamic models (runtime 2.0) leaves the
+    guess from the desc: an output at the largest gear counts as batched."""
+    monkeypatch.setattr(acl_emu.mdl, "get_cur_output_dims", lambda desc, index: ({}, 100000))
+    text = 'input [ { name: "images" dims: [ -1, 4 ] } ]'
+    instance = backend(prepare(tmp_path, text, om=omf.static_output_model))
+    instance_thread.run(instance.load)
+    assert [(t.name, t.batched) for t in instance._model.info.outputs] == [
+        ("boxes", True),
+        ("priors", True),
+    ]
+    instance_thread.run(instance.unload)
