@@ -19,6 +19,9 @@ _BACKENDS: dict[str, str] = {
     "python": "backends.python.backend:PythonBackend",
     "identity": "backends.identity:IdentityBackend",
 }
+# other backends' names for the same thing -> backend name: Ascend's Triton GE backend
+# (hicann/triton-inference-server-ge-backend) names its NPU models `npu_ge`
+_ALIASES: dict[str, str] = {"npu_ge": "ascend"}
 # platform -> backend name
 _PLATFORMS: dict[str, str] = {
     "onnxruntime_onnx": "onnxruntime",
@@ -39,6 +42,8 @@ class UnknownBackend(Exception):
 def backend_name_for(config: ModelConfig) -> str:
     """The backend a config selects, from `backend` first and then `platform`."""
     if config.backend:
+        if config.backend in _ALIASES:
+            return _ALIASES[config.backend]
         if config.backend not in _BACKENDS:
             raise UnknownBackend(f"unknown backend '{config.backend}'")
         return config.backend

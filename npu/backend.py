@@ -34,7 +34,7 @@ from npu import config as npu_config
 from npu import deadline as npu_deadline
 from npu.device import DeviceSession
 from npu.errors import AclError, ExecutionHung, is_stream_fault, is_sync_timeout
-from npu.om_model import OmModel, describe_file
+from npu.om_model import OmModel, describe_file, missing_model
 from protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,7 +68,11 @@ class AscendBackend(Backend):
     @classmethod
     def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         filename = config.default_model_filename or cls.default_model_filename
-        info = describe_file(version_dir / filename, npu_config.probe_device(config))
+        info = describe_file(
+            version_dir / filename,
+            npu_config.probe_device(config),
+            npu_config.input_shape(config),
+        )
         info = npu_aipp.describe_with(info, npu_aipp.settings_from_config(config))
         npu_config.complete(config, info)
 
@@ -77,7 +81,7 @@ class AscendBackend(Backend):
         acl = npu_acl.load()
         path = self.model_path()
         if not path.is_file():
-            raise BackendError(f"model file {path} does not exist")
+            raise BackendError(missing_model(path))
         self._open(acl, path)
         assert self._model is not None
         self.batch_gears = self._model.info.gears
@@ -87,7 +91,10 @@ class AscendBackend(Backend):
         self._session.deadline = self._deadline  # what it has seen survives a rebuild
         try:
             self._model = OmModel.load(
-                self._session, path, npu_aipp.settings_from_config(self.config)
+                self._session,
+                path,
+                npu_aipp.settings_from_config(self.config),
+                npu_config.input_shape(self.config),
             )
             self._binding = npu_config.bind(self.config, self._model.info)
             self._side = [i for i, (_, t) in enumerate(self._binding.inputs) if not t.batched]

@@ -3,6 +3,8 @@ load that the two agree, producing the name-to-tensor binding the backend execut
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -13,7 +15,49 @@ from npu.description import ModelDescription, TensorInfo
 if TYPE_CHECKING:  # pragma: no cover
     from protocol.proto.model_config_pb2 import ModelConfig
 
+log = logging.getLogger(__name__)
+
 GEARS_PARAMETER = "batch_gears"
+
+# Parameters of Ascend's Triton GE backend (`npu_ge`, which compiles ONNX graphs with GE at
+# load: src/model_state.cpp ParseGeConfig) that mean nothing for an ATC-compiled .om, each with
+# what does the job here. Warned about once per model and parameter, then ignored.
+GE_ONLY_PARAMETERS = {
+    "static_model": "an .om is compiled already: static, or with ATC's gears",
+    "profiling": "profile with msprof, or ACL's acl.json, outside the server",
+    "dump_graph": "ATC dumps graphs at compile time (DUMP_GE_GRAPH)",
+    "dump_data": "dump with ACL's acl.json outside the server",
+    "device_exec_blocks": "instance_group count sets the instances (each with its own stream)",
+    "instance_exec_blocks": "instance_group count sets the instances (each with its own stream)",
+}
+_GE_PREFIX = "ge."  # GE session options (ge.aicoreNum, ge.dynamicDims, ...): fixed by ATC here
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_ge_parameters(config: ModelConfig) -> list[str]:
+    """Log, once per model and key, each GE-backend parameter that has no meaning for an .om
+    (so a config moved from `npu_ge` says what it lost). Returns the keys warned about now."""
+    keys = sorted(
+        k for k in config.parameters if k in GE_ONLY_PARAMETERS or k.startswith(_GE_PREFIX)
+    )
+    fresh = []
+    with _warned_lock:
+        for key in keys:
+            if (config.name, key) in _warned:
+                continue
+            _warned.add((config.name, key))
+            fresh.append(key)
+    for key in fresh:
+        instead = GE_ONLY_PARAMETERS.get(key, "GE options are fixed when ATC compiles the .om")
+        log.warning(
+            "model '%s': parameter '%s' is an option of the npu_ge backend (GE compiling a "
+            "graph at load) and has no meaning for an ATC-compiled .om; ignored (%s)",
+            config.name,
+            key,
+            instead,
+        )
+    return fresh
 
 
 def _type_number(config_name: str) -> int:
@@ -60,6 +104,7 @@ def place(config: ModelConfig) -> None:
     two places saying different things about where a model runs is a mistake to report."""
     from protocol.proto.model_config_pb2 import ModelInstanceGroup
 
+    warn_ge_parameters(config)
     given = [key for key in DEVICE_PARAMETERS if key in config.parameters]
     if not given:
         return
@@ -85,6 +130,16 @@ def place(config: ModelConfig) -> None:
         group.kind = ModelInstanceGroup.KIND_GPU
         del group.gpus[:]
         group.gpus.extend(ids)
+
+
+def input_shape(config: ModelConfig) -> str | None:
+    """The config's `input_shape` parameter (ATC's --input_shape), which says how the model's
+    --dynamic_dims gears map onto its inputs where the gears alone cannot tell (npu/dims.py)."""
+    from npu.dims import ORDER_PARAMETER
+
+    if ORDER_PARAMETER not in config.parameters:
+        return None
+    return config.parameters[ORDER_PARAMETER].string_value.strip() or None
 
 
 def probe_device(config: ModelConfig) -> int:

@@ -4,12 +4,14 @@ batch), the compiled gears (batch sizes, or image sizes / dims), and the hidden 
 Which `.om` kinds this understands, and the pyACL calls behind each (names, argument order and
 return shapes checked against hicann/runtime python/pyACL/mdl/mdl_wrap.cpp):
 - static shapes; `--dynamic_batch_size` (`get_dynamic_batch(desc)` -> ({"batchCount", "batch"},
-  ret)), where only the tensors whose first axis is -1 (or, for outputs, the largest gear) are
-  batched and side inputs such as `im_info [1, 3]` keep their own static dims;
+  ret)), where only the inputs whose first axis is -1 are batched and side inputs such as
+  `im_info [1, 3]` keep their own static dims; outputs are reported at the largest gear, so
+  here one whose first dim is the largest gear counts as batched, until a loaded copy reads
+  each gear's output dims (om_model.py: set_dynamic_batch_size, then get_cur_output_dims);
 - `--dynamic_image_size` (`get_dynamic_hw(desc, -1)` -> ({"hwCount", "hw"}, ret)) and
   `--dynamic_dims` (`get_input_dynamic_gear_count(desc, -1)` -> (n, ret),
   `get_input_dynamic_dims(desc, -1, n)` -> ([{"name", "dimCount", "dims"}], ret), each gear being
-  every data input's dims concatenated);
+  the dims of the inputs ATC's --input_shape lists, in its order, concatenated: npu/dims.py);
 - static AIPP (`get_input_dims_v2(desc, i)` gives the source-image dims whose product is
   `get_input_size_by_index`, where `get_input_dims` follows the image) and dynamic AIPP (an
   extra `ascend_dynamic_aipp_data` input, hidden like the gear input; the image input reads
@@ -30,6 +32,7 @@ import numpy as np
 
 from backends.base import BackendError
 from npu import constants as K
+from npu import dims as npu_dims
 from npu.errors import unwrap
 
 HIDDEN_INPUTS = (K.DYNAMIC_TENSOR_NAME, K.DYNAMIC_AIPP_NAME)
@@ -81,6 +84,7 @@ class ModelDescription:
     shape_gears: tuple[tuple[tuple[int, ...], ...], ...] = ()  # per gear, every input's dims
     aipp_index: int | None = None  # index of ascend_dynamic_aipp_data
     static_batch_size: int | None = None  # compiled batch of the batched tensors
+    dims_flat: tuple[tuple[int, ...], ...] = ()  # per dims gear, as GE reports and takes it
 
     @property
     def dynamic(self) -> bool:
@@ -175,11 +179,13 @@ def _dynamic_aipp_target(inputs: list[TensorInfo]) -> TensorInfo | None:
 
 
 def _shape_gears(
-    acl: ModuleType, desc: int, kind: str, inputs: list[TensorInfo]
-) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """Every gear as the full dims of each data input, smallest first."""
+    acl: ModuleType, desc: int, kind: str, inputs: list[TensorInfo], input_shape: str | None
+) -> tuple[tuple[tuple[tuple[int, ...], ...], ...], tuple[tuple[int, ...], ...]]:
+    """Every gear as the full dims of each data input, smallest first; with dims gears, also
+    each gear as GE reports it (what set_input_dynamic_dims takes back)."""
     mdl = acl.mdl
     gears: list[tuple[tuple[int, ...], ...]] = []
+    flats: list[tuple[int, ...]] = []
     if kind == "hw":
         hw = unwrap(acl, mdl.get_dynamic_hw(desc, -1), "acl.mdl.get_dynamic_hw")
         for h, w in hw["hw"][: hw["hwCount"]]:
@@ -196,16 +202,17 @@ def _shape_gears(
         count = unwrap(
             acl, mdl.get_input_dynamic_gear_count(desc, -1), "acl.mdl.get_input_dynamic_gear_count"
         )
-        for entry in unwrap(
+        entries = unwrap(
             acl, mdl.get_input_dynamic_dims(desc, -1, count), "acl.mdl.get_input_dynamic_dims"
-        ):
-            flat = [int(d) for d in entry["dims"][: entry["dimCount"]]]
-            gear = []
-            for tensor in inputs:
-                gear.append(tuple(flat[: len(tensor.dims)]))
-                flat = flat[len(tensor.dims) :]
-            gears.append(tuple(gear))
-    return tuple(sorted(gears, key=lambda g: sum(int(np.prod(s)) for s in g)))
+        )
+        flats = [tuple(int(d) for d in e["dims"][: e["dimCount"]]) for e in entries]
+        gears = npu_dims.split([(t.name, t.dims) for t in inputs], flats, input_shape)
+    if not flats:
+        flats = [()] * len(gears)
+    ranked = sorted(
+        zip(gears, flats, strict=True), key=lambda p: sum(int(np.prod(s)) for s in p[0])
+    )
+    return tuple(g for g, _ in ranked), (tuple(f for _, f in ranked) if kind == "dims" else ())
 
 
 def _static_batch(inputs: list[TensorInfo], outputs: list[TensorInfo]) -> int | None:
@@ -215,8 +222,11 @@ def _static_batch(inputs: list[TensorInfo], outputs: list[TensorInfo]) -> int | 
     return first if first is not None and first > 0 else None
 
 
-def read_description(acl: ModuleType, desc: int) -> ModelDescription:
-    """Everything the backend needs from a filled model desc."""
+def read_description(
+    acl: ModuleType, desc: int, input_shape: str | None = None
+) -> ModelDescription:
+    """Everything the backend needs from a filled model desc. `input_shape` is the config's
+    parameter of that name (ATC's --input_shape), for dims gears the gears cannot place."""
     mdl = acl.mdl
     num_inputs, num_outputs = mdl.get_num_inputs(desc), mdl.get_num_outputs(desc)
     # Scan the names for the hidden inputs (asking by name logs an error when one is absent).
@@ -232,13 +242,18 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
             hw = unwrap(acl, mdl.get_dynamic_hw(desc, -1), "acl.mdl.get_dynamic_hw")
             kind = "hw" if hw["hwCount"] else "dims"
     top = max(gears, default=0)
+    read = {
+        i: _input_dims(acl, desc, i) for i, name in enumerate(names) if name not in HIDDEN_INPUTS
+    }
+    # GE reports a dynamic-batch input at -1 (its ATTR_MBATCH_ORIGIN_INPUT_DIMS) and a static
+    # side input at its own dims, so -1 alone says batched. Only a binding that shows no -1 at
+    # all (inputs at the largest gear) leaves the guess that a first dim equal to it is the batch.
+    shows_minus = any(d[:1] == (-1,) for d, _, _ in read.values())
     inputs: list[TensorInfo] = []
-    for i, name in enumerate(names):
-        if name in HIDDEN_INPUTS:
-            continue
-        dims, aipp, rows = _input_dims(acl, desc, i)
+    for i, (dims, aipp, rows) in read.items():
+        name = names[i]
         acl_type = _acl_type(mdl.get_input_data_type(desc, i), f"input '{name}'")
-        batched = bool(gears) and bool(dims) and dims[0] in (-1, top)
+        batched = bool(gears) and bool(dims) and dims[0] in ((-1,) if shows_minus else (top,))
         if batched:
             dims = (-1,) + dims[1:]
         size = mdl.get_input_size_by_index(desc, i)
@@ -273,7 +288,9 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
                 batched,
             )
         )
-    shape_gears = _shape_gears(acl, desc, kind, inputs) if kind else ()
+    shape_gears, dims_flat = (
+        _shape_gears(acl, desc, kind, inputs, input_shape) if kind else ((), ())
+    )
     static = None
     if not gears:
         static = _static_batch(inputs, [] if kind else outputs)
@@ -304,4 +321,5 @@ def read_description(acl: ModuleType, desc: int) -> ModelDescription:
         shape_gears,
         aipp_index,
         static,
+        dims_flat=dims_flat,
     )

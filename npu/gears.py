@@ -118,8 +118,9 @@ def hw_of(info: ModelDescription, gear: tuple[tuple[int, ...], ...]) -> tuple[in
     raise InvalidArgument("the model reports image-size gears but no input with dynamic H and W")
 
 
-def dims_of(gear: tuple[tuple[int, ...], ...]) -> dict:
-    """A dims gear in the form acl.mdl.set_input_dynamic_dims takes: every input's dims
-    concatenated (name left empty, as the samples do)."""
-    flat = [int(d) for shape in gear for d in shape]
+def dims_of(info: ModelDescription, gear: tuple[tuple[int, ...], ...]) -> dict:
+    """A dims gear in the form acl.mdl.set_input_dynamic_dims takes: the gear exactly as
+    get_input_dynamic_dims reported it, i.e. the dims of the inputs ATC's --input_shape lists,
+    in its order (name left empty, as the samples do)."""
+    flat = [int(d) for d in info.dims_flat[info.shape_gears.index(gear)]]
     return {"name": "", "dimCount": len(flat), "dims": flat}

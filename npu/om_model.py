@@ -9,6 +9,7 @@ that holds it (npu/gears.py), padded on the way in and cut back on the way out.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
@@ -30,28 +31,45 @@ from npu.errors import AclError, check, unwrap
 log = logging.getLogger(__name__)
 
 
-def describe_file(path: Path, device_id: int) -> ModelDescription:
+def describe_file(path: Path, device_id: int, input_shape: str | None = None) -> ModelDescription:
     """The model's description without loading it (acl.mdl.get_desc_from_file, which reads the
     file and needs no device memory), falling back to a load on a short-lived thread of its own
     where the binding lacks that call or it fails (pyACL needs a context to load, and the
     caller's thread must not be left holding one)."""
     acl = npu_acl.load()
     if not path.is_file():
-        raise BackendError(f"model file {path} does not exist")
+        raise BackendError(missing_model(path))
     if hasattr(acl.mdl, "get_desc_from_file"):
         ensure_initialised(acl)
         desc = acl.mdl.create_desc()
         if desc:
             try:
                 if acl.mdl.get_desc_from_file(desc, str(path)) == K.SUCCESS:
-                    return read_description(acl, desc)
+                    return read_description(acl, desc, input_shape)
                 log.info("acl.mdl.get_desc_from_file(%s) failed; loading it to describe it", path)
             finally:
                 acl.mdl.destroy_desc(desc)
-    return _describe_by_loading(acl, path, device_id)
+    return _describe_by_loading(acl, path, device_id, input_shape)
 
 
-def _describe_by_loading(acl, path: Path, device_id: int) -> ModelDescription:
+def missing_model(path: Path) -> str:
+    """The message for a missing .om, saying what to do with an ONNX / TF graph found instead
+    (what a config written for the npu_ge backend, which compiles graphs itself, points at)."""
+    message = f"model file {path} does not exist"
+    graphs = sorted(p.name for p in path.parent.glob("*") if p.suffix in (".onnx", ".pb"))
+    if graphs:
+        message += (
+            f"; the directory holds {', '.join(graphs[:3])}: this backend runs ATC-compiled "
+            ".om files, so compile it with atc (--framework=5 for ONNX) and name the result "
+            "model.om (or set default_model_filename), or serve the ONNX with backend "
+            '"onnxruntime"'
+        )
+    return message
+
+
+def _describe_by_loading(
+    acl, path: Path, device_id: int, input_shape: str | None
+) -> ModelDescription:
     outcome: list = []
 
     def probe() -> None:
@@ -63,7 +81,7 @@ def _describe_by_loading(acl, path: Path, device_id: int) -> ModelDescription:
         model = None
         try:
             model = OmModel(session)
-            model.load_description(path)
+            model.load_description(path, input_shape)
             outcome.append(model.info)
         except BaseException as exc:
             outcome.append(exc)
@@ -127,14 +145,20 @@ class OmModel:
 
     @classmethod
     def load(
-        cls, session: DeviceSession, path: Path, aipp: npu_aipp.AippSettings | None = None
+        cls,
+        session: DeviceSession,
+        path: Path,
+        aipp: npu_aipp.AippSettings | None = None,
+        input_shape: str | None = None,
     ) -> OmModel:
+        """Load a copy; `input_shape` is ATC's --input_shape where dims gears need it."""
         model = cls(session)
         session.models.append(model)  # teardown at exit finds it here if nobody unloads it
         try:
-            model.load_description(path)
+            model.load_description(path, input_shape)
             model.info = npu_aipp.describe_with(model.info, aipp)
             model._allocate_io()
+            model._outputs_from_gears()
             if model.info.aipp_index is not None and aipp is not None:
                 assert model._inputs is not None  # allocated just above
                 npu_aipp.apply(
@@ -151,7 +175,7 @@ class OmModel:
             raise
         return model
 
-    def load_description(self, path: Path) -> None:
+    def load_description(self, path: Path, input_shape: str | None = None) -> None:
         acl = self.acl
         model_id, ret = acl.mdl.load_from_file(str(path))
         if ret != K.SUCCESS:
@@ -161,7 +185,7 @@ class OmModel:
         if not self.desc:
             raise BackendError("acl.mdl.create_desc returned a null desc")
         check(acl, acl.mdl.get_desc(self.desc, self.model_id), "acl.mdl.get_desc")
-        self.info = read_description(acl, self.desc)
+        self.info = read_description(acl, self.desc, input_shape)
 
     def _allocate_io(self) -> None:
         mdl = self.acl.mdl
@@ -183,6 +207,56 @@ class OmModel:
         )
         self._outputs = _Dataset(0)
         self._fill(self._outputs, [t.size for t in info.outputs], "output")
+
+    def _outputs_from_gears(self) -> None:
+        """Which outputs of a dynamic-batch model are batched, from the model's own table of
+        output dims per gear (GE answers get_cur_output_dims from it after each
+        set_dynamic_batch_size, without an execution): batched when axis 0 is the gear at
+        every gear, static when the dims never change. The desc reports batched outputs at the
+        largest gear, so a static output whose first dim equals it looks the same there.
+        Where the binding cannot answer, the guess from the desc stays."""
+        info, acl = self.info, self.acl
+        if not info.gears or info.gear_index is None or self._inputs is None:
+            return
+        seen: dict[int, list[tuple[int, ...]]] = {t.index: [] for t in info.outputs}
+        for gear in info.gears:
+            check(
+                acl,
+                acl.mdl.set_dynamic_batch_size(
+                    self.model_id, self._inputs.handle, info.gear_index, gear
+                ),
+                f"acl.mdl.set_dynamic_batch_size({gear})",
+            )
+            for index, shapes in seen.items():
+                dims, ret = acl.mdl.get_cur_output_dims(self.desc, index)
+                if ret != K.SUCCESS or not isinstance(dims, dict) or "dims" not in dims:
+                    log.info(
+                        "acl.mdl.get_cur_output_dims(%d) failed with %s: which outputs are "
+                        "batched stays guessed from their first dim",
+                        index,
+                        ret,
+                    )
+                    return
+                count = int(dims.get("dimCount", len(dims["dims"])))
+                shapes.append(tuple(int(d) for d in dims["dims"][:count]))
+        outputs = []
+        for tensor in info.outputs:
+            shapes = seen[tensor.index]
+            if all(s[:1] == (g,) for s, g in zip(shapes, info.gears, strict=True)) and (
+                len({s[1:] for s in shapes}) == 1
+            ):
+                outputs.append(
+                    dataclasses.replace(tensor, dims=(-1,) + shapes[0][1:], batched=True)
+                )
+            elif len(set(shapes)) == 1:
+                outputs.append(dataclasses.replace(tensor, dims=shapes[0], batched=False))
+            else:
+                at = ", ".join(f"{list(s)} at {g}" for s, g in zip(shapes, info.gears, strict=True))
+                raise BackendError(
+                    f"output '{tensor.raw_name}' changes with the batch gear other than on its "
+                    f"first axis ({at}): the Ascend backend cannot split it per request"
+                )
+        self.info = dataclasses.replace(info, outputs=tuple(outputs))
 
     def _fill(self, dataset: _Dataset, sizes: list[int], label: str) -> None:
         acl = self.acl
@@ -316,7 +390,7 @@ class OmModel:
                 f"acl.mdl.set_dynamic_hw_size({h}, {w})",
             )
         else:
-            dims = gears.dims_of(gear)
+            dims = gears.dims_of(info, gear)
             check(
                 acl,
                 acl.mdl.set_input_dynamic_dims(

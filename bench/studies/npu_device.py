@@ -13,10 +13,14 @@
    gear's slowest execution and the execution timeout it derives (npu/deadline.py).
 
 It writes `npu_device.json` and `npu_device.md` to --out: send both back. `--config` adds text
-to the generated config.pbtxt (e.g. the aipp_* parameters of a dynamic-AIPP model);
-`--perf-args` adds perf_analyzer flags (e.g. `--shape image:3,640,640` for dynamic HW, or
-`--shape image:960,640,1` for a YUV420SP source through static AIPP, 1.5 x H rows). Every kind
-the backend serves runs here: each image-size gear of a YUV420SP model in its source layout.
+to the generated config.pbtxt (e.g. the aipp_* parameters of a dynamic-AIPP model, or the
+`input_shape` parameter of a --dynamic_dims model whose gears fit several input orders);
+`--perf-args` adds perf_analyzer flags (e.g. `--shape image:3,640,640` for dynamic HW,
+`--shape image:960,640,1` for a YUV420SP source through static AIPP, 1.5 x H rows, or
+`--shape ids:1,16 --shape mask:1,16` for dynamic dims). Every kind the backend serves runs here:
+each image-size gear of a YUV420SP model in its source layout. A model requests cannot be
+stacked for (dynamic dims, static side inputs without a leading 1) is served without dynamic
+batching.
 Without perf_analyzer (PERF_ANALYZER or on PATH) step 2 is skipped and says so.
 """
 
@@ -40,6 +44,7 @@ from google.protobuf import text_format
 from bench.served import CONVERGE_FLAGS, read_csv, run_command
 from npu import acl as npu_acl
 from npu import aipp as npu_aipp
+from npu import config as npu_config
 from npu.deadline import ExecutionDeadline
 from npu.description import ModelDescription
 from npu.device import DeviceSession
@@ -80,9 +85,16 @@ def gear_inputs(info: ModelDescription) -> list[tuple[str, list[np.ndarray], int
 
 
 def device_only(
-    path: Path, device_id: int, loops: int, aipp: npu_aipp.AippSettings | None
+    path: Path,
+    device_id: int,
+    loops: int,
+    aipp: npu_aipp.AippSettings | None,
+    input_shape: str | None = None,
+    described: list[ModelDescription] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per gear: executions/s and rows/s with the inputs resident on the device."""
+    """Per gear: executions/s and rows/s with the inputs resident on the device. `input_shape`
+    is the config parameter of that name (dims gears); the loaded model's description is
+    appended to `described` when given."""
     results: list[dict[str, Any]] = []
     failure: list[BaseException] = []
 
@@ -91,7 +103,9 @@ def device_only(
         session = DeviceSession.open(acl, device_id)
         model = None
         try:
-            model = OmModel.load(session, path, aipp)
+            model = OmModel.load(session, path, aipp, input_shape)
+            if described is not None:
+                described.append(model.info)
             for label, arrays, rows in gear_inputs(model.info):
                 model.run(arrays, rows)  # copies the inputs in and sets the gear
                 session.deadline = ExecutionDeadline()  # this gear's slowest wait alone
@@ -128,14 +142,17 @@ def device_only(
     return results
 
 
-def write_repository(root: Path, om: Path, device_id: int, extra: str) -> Path:
+def write_repository(
+    root: Path, om: Path, device_id: int, extra: str, batching: bool = True
+) -> Path:
     model_dir = root / MODEL_NAME
     (model_dir / "1").mkdir(parents=True)
     shutil.copyfile(om, model_dir / "1" / "model.om")
     text = (
         f'name: "{MODEL_NAME}"\nbackend: "ascend"\n'
         f"instance_group [ {{ kind: KIND_GPU, count: 1, gpus: [ {device_id} ] }} ]\n"
-        "dynamic_batching { max_queue_delay_microseconds: 2000 }\n" + extra
+        + ("dynamic_batching { max_queue_delay_microseconds: 2000 }\n" if batching else "")
+        + extra
     )
     text_format.Parse(text, ModelConfig())  # a bad --config fails here, not in the server
     (model_dir / "config.pbtxt").write_text(text)
@@ -150,13 +167,14 @@ def served(
     concurrency: tuple[int, ...],
     out: Path,
     perf_args: list[str],
+    batching: bool = True,
 ) -> list[dict[str, Any]]:
     """perf_analyzer against a server of this checkout serving the model."""
     from harness.serverproc import running_server
 
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        repo = write_repository(Path(tmp), om, device_id, extra)
+        repo = write_repository(Path(tmp), om, device_id, extra, batching)
         with running_server([repo], log_dir=out) as server:
             for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
                 for level in concurrency:
@@ -256,7 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     extra = args.config.read_text() if args.config else ""
     config = text_format.Parse('name: "x"\n' + extra, ModelConfig())
-    device = device_only(args.om, args.device, args.loops, npu_aipp.settings_from_config(config))
+    described: list[ModelDescription] = []
+    device = device_only(
+        args.om,
+        args.device,
+        args.loops,
+        npu_aipp.settings_from_config(config),
+        npu_config.input_shape(config),
+        described,
+    )
+    batching = bool(described) and described[0].stackable
     note, points = "", []
     if args.perf_analyzer:
         points = served(
@@ -267,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             tuple(int(c) for c in args.concurrency.split(",")),
             args.out,
             shlex.split(args.perf_args),
+            batching,
         )
     else:
         note = "served: not measured (no perf_analyzer: set PERF_ANALYZER or put it on PATH)"

@@ -197,6 +197,29 @@ def side_input_model(
     )
 
 
+PRIORS = [[float(r), float(r) + 0.5] for r in range(8)]
+
+
+def static_output_model(
+    path: Path | str, *, gears: Iterable[int] | None = (1, 2, 4, 8), **kwargs: Any
+) -> Path:
+    """A dynamic-batch model with a static output whose first dim equals the largest gear:
+    `boxes` [-1, 4] = images + 1 beside `priors` [8, 2], a constant of the model. The desc
+    reports both at the largest gear ([8, 4] and [8, 2]); only the per-gear output dims tell
+    them apart."""
+    return write_om(
+        path,
+        inputs=[tensor("images", "FP32", (-1, 4))],
+        outputs=[tensor("boxes", "FP32", (-1, 4)), tensor("priors", "FP32", (8, 2))],
+        gears=gears,
+        compute=[
+            {"op": "scale_add", "inputs": ["images"], "output": "boxes", "bias": 1.0},
+            {"op": "constant", "inputs": [], "output": "priors", "value": PRIORS},
+        ],
+        **kwargs,
+    )
+
+
 def aipp_model(
     path: Path | str,
     *,
@@ -305,6 +328,69 @@ def dims_model(
             **kwargs,
         ),
         dynamic_dims=[list(g) for g in gears],
+    )
+
+
+def dims_pair_model(
+    path: Path | str,
+    *,
+    input_shape: Sequence[str] = ("weights", "tokens"),
+    gears: Sequence[Sequence[int]] = ((2, 8), (4, 16)),
+    **kwargs: Any,
+) -> Path:
+    """A --dynamic_dims model whose inputs ATC's --input_shape lists in another order than the
+    model's: `tokens` [1, -1], `weights` [-1, 2] and a static `bias` [3] it leaves out
+    (`--input_shape="weights:-1,2;tokens:1,-1"`). Each gear's -1 values follow that order, as
+    GE's gears do. Outputs: `echo` (tokens), `wsum` (row sums of weights), `bias_out`."""
+    return _write_raw(
+        path,
+        write_om(
+            path,
+            inputs=[
+                tensor("tokens", "FP32", (1, -1)),
+                tensor("weights", "FP32", (-1, 2)),
+                tensor("bias", "FP32", (3,)),
+            ],
+            outputs=[
+                tensor("echo", "FP32", (1, -1)),
+                tensor("wsum", "FP32", (-1, 1)),
+                tensor("bias_out", "FP32", (3,)),
+            ],
+            compute=[
+                {"op": "identity", "inputs": ["tokens"], "output": "echo"},
+                {"op": "row_sum", "inputs": ["weights"], "output": "wsum"},
+                {"op": "identity", "inputs": ["bias"], "output": "bias_out"},
+            ],
+            **kwargs,
+        ),
+        dynamic_dims=[list(g) for g in gears],
+        input_shape=list(input_shape),
+    )
+
+
+def dims_twin_model(
+    path: Path | str,
+    *,
+    input_shape: Sequence[str] = ("b", "a"),
+    gears: Sequence[Sequence[int]] = ((8, 4), (16, 8)),
+    **kwargs: Any,
+) -> Path:
+    """Two inputs of the same dims, `a` and `b` [1, -1], listed b first: the gears fit either
+    order with different shapes, so only ATC's --input_shape can say which is which."""
+    return _write_raw(
+        path,
+        write_om(
+            path,
+            inputs=[tensor("a", "FP32", (1, -1)), tensor("b", "FP32", (1, -1))],
+            outputs=[tensor("a_echo", "FP32", (1, -1)), tensor("b_echo", "FP32", (1, -1))],
+            compute=[
+                {"op": "identity", "inputs": ["a"], "output": "a_echo"},
+                {"op": "identity", "inputs": ["b"], "output": "b_echo"},
+            ],
+            **kwargs,
+        ),
+        dynamic_dims=[list(g) for g in gears],
+        input_shape=list(input_shape),
     )
 
 

@@ -4,7 +4,9 @@ with tritonclient HTTP and gRPC through the dynamic batcher.
 One server holds a detector-style model with a static side input (`npu_side`), a classifier
 with dynamic AIPP set from config.pbtxt parameters (`npu_aipp`), a YOLO-style model compiled
 with dynamic image sizes (`npu_hw`), a detector taking YUV420SP through static AIPP at dynamic
-image sizes (`npu_yuv_hw`) and a model whose load takes seconds (`npu_slow`).
+image sizes (`npu_yuv_hw`), a model whose load takes seconds (`npu_slow`), and two
+models compiled with --dynamic_dims over several inputs, listed by --input_shape out of model
+order (`npu_dims`: the gears tell the order; `npu_dims_twin`: the config's input_shape does).
 """
 
 from __future__ import annotations
@@ -55,6 +57,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     omf.write_model_repository(repo, "npu_yuv_hw", om_writer=omf.yuv_hw_model)
     omf.write_model_repository(
         repo, "npu_slow", om_writer=omf.with_fields(omf.scale_model, load_ms=1500)
+    )
+    omf.write_model_repository(
+        repo, "npu_dims", om_writer=omf.dims_pair_model, dynamic_batching=False
+    )
+    omf.write_model_repository(
+        repo,
+        "npu_dims_twin",
+        om_writer=omf.dims_twin_model,
+        dynamic_batching=False,
+        extra_config='parameters { key: "input_shape" value { string_value: "b:1,-1;a:1,-1" } }',
     )
     env = omf.emulator_env(
         {"PYTHONPATH": str(ROOT)}, config={"device_count": 1}, report_path=root / "acl_report.json"
@@ -209,6 +221,41 @@ def test_a_shape_no_gear_fits_is_a_400_naming_the_gears(server: ServerProcess) -
             client.infer("npu_hw", [grpc_tensor("image", too_tall)])
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "16x16, 32x24" in info.value.message()
+
+
+# -- dynamic dims over several inputs, in --input_shape order ---------------------------------
+def test_dims_gears_over_several_inputs_follow_the_input_shape(server: ServerProcess) -> None:
+    tokens = np.arange(1, 6, dtype=np.float32).reshape(1, 5)
+    weights = np.arange(6, dtype=np.float32).reshape(3, 2)
+    bias = np.array([7.0, 8.0, 9.0], dtype=np.float32)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        meta = client.get_model_metadata("npu_dims")
+        out = client.infer(
+            "npu_dims",
+            [
+                http_tensor("tokens", tokens),
+                http_tensor("weights", weights),
+                http_tensor("bias", bias),
+            ],
+        )
+    assert [(i["name"], i["shape"]) for i in meta["inputs"]] == [
+        ("tokens", [1, -1]),
+        ("weights", [-1, 2]),
+        ("bias", [3]),
+    ]
+    assert out.as_numpy("echo").shape == (1, 16)  # the gear weights [4, 2], tokens [1, 16]
+    np.testing.assert_array_equal(out.as_numpy("wsum")[:, 0], [1.0, 5.0, 9.0, 0.0])
+    a, b = np.ones((1, 3), np.float32), np.full((1, 7), 2.0, np.float32)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        twin = client.infer("npu_dims_twin", [grpc_tensor("a", a), grpc_tensor("b", b)])
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(
+                "npu_dims_twin",
+                [grpc_tensor("a", np.ones((1, 9), np.float32)), grpc_tensor("b", b)],
+            )
+    assert twin.as_numpy("a_echo").shape == (1, 4) and twin.as_numpy("b_echo").shape == (1, 8)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'a' [1, 9], 'b' [1, 7] fit none of the model's compiled dims" in info.value.message()
 
 
 # -- a load of seconds ---------------------------------------------------------------------------

@@ -8,6 +8,9 @@ Point them at your own compiled models (any may be left out; its tests then skip
   ASCEND_SERVE_OM_DYNAMIC_AIPP_CONFIG  a file with its aipp_* config parameters (docs/npu.md)
   ASCEND_SERVE_OM_IMAGE_SIZE      an .om compiled with --dynamic_image_size
   ASCEND_SERVE_OM_YUV_IMAGE_SIZE  the same with static AIPP from YUV420SP_U8 (src size 0)
+  ASCEND_SERVE_OM_DIMS     an .om compiled with --dynamic_dims; best over two inputs whose
+                           --input_shape lists them out of model order (e.g. "mask:1,-1;ids:1,-1")
+  ASCEND_SERVE_OM_DIMS_INPUT_SHAPE  that --input_shape, where the gears fit several orders
   ASCEND_SERVE_OM_<KIND>_CONFIG   optional: text added to that kind's config.pbtxt
   ASCEND_SERVE_NPU_DEVICE  the device id to use (default 0)
 """

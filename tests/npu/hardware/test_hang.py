@@ -20,8 +20,7 @@ from backends.base import InstanceSpec
 from npu import acl as npu_acl
 from npu.backend import AscendBackend
 from npu.errors import ExecutionHung
-from tests.npu.hardware.hw_models import om_path
-from tests.npu.hardware.test_hardware import _inputs, _model_dir
+from tests.npu.hardware.test_hardware import _model_dir, _zeros
 
 
 def test_a_timeout_shorter_than_the_execution_returns_507046(tmp_path, device_id):
@@ -31,13 +30,13 @@ def test_a_timeout_shorter_than_the_execution_returns_507046(tmp_path, device_id
             "this pyACL has no acl.rt.synchronize_stream_with_timeout: executions wait "
             "without a timeout (a hung NPU holds its instances)"
         )
-    config, model_dir, version_dir = _model_dir(tmp_path, om_path("dynamic"), device_id)
+    config, model_dir, version_dir = _model_dir(tmp_path, "dynamic", device_id)
     instance = AscendBackend(
         config, model_dir, version_dir, InstanceSpec("m_0", "KIND_GPU", device_id, 0)
     )
     instance.load()
     largest = max(instance._model.info.batch_sizes)
-    inputs = _inputs(config, largest)
+    inputs = {e.name: _zeros(config, [largest, *e.dims], e.name) for e in config.input}
     for _ in range(3):
         instance.execute(inputs)
     slowest_ms = (instance._deadline.slowest_s or 0.0) * 1000.0

@@ -2,10 +2,13 @@
 it at (paths in ASCEND_SERVE_OM_*, see conftest.py): loaded, run at every gear (batch size or
 image size) with zero-filled inputs, released with nothing left over, and served over HTTP.
 Where the description of a kind is what the backend relies on (dynamic AIPP, YUV420SP image
-sizes), a test says what GE reported."""
+sizes, --dynamic_dims gears), a test says what GE reported: each dims gear comes back from
+get_input_dynamic_dims with an empty name and the full dims, is taken back as reported by
+set_input_dynamic_dims, and get_cur_output_dims follows it."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -21,7 +24,15 @@ from protocol.datatypes import BY_CONFIG_NAME, numpy_to_wire
 from protocol.proto.model_config_pb2 import DataType, ModelConfig
 from tests.npu.hardware.hw_models import config_text, om_path
 
-KINDS = ["static", "dynamic", "aipp", "dynamic_aipp", "image_size", "yuv_image_size"]
+KINDS = ["static", "dynamic", "aipp", "dynamic_aipp", "image_size", "yuv_image_size", "dims"]
+
+
+def _extra(kind: str) -> str:
+    """Config text a kind needs: the dims model's --input_shape, where given."""
+    order = os.environ.get("ASCEND_SERVE_OM_DIMS_INPUT_SHAPE", "")
+    if kind != "dims" or not order:
+        return ""
+    return f'parameters {{ key: "input_shape" value {{ string_value: "{order}" }} }}\n'
 
 
 def _model_dir(tmp_path: Path, kind: str, device_id: int) -> tuple[ModelConfig, Path, Path]:
@@ -30,7 +41,7 @@ def _model_dir(tmp_path: Path, kind: str, device_id: int) -> tuple[ModelConfig, 
     (model_dir / "1").mkdir(parents=True)
     shutil.copyfile(om, model_dir / "1" / "model.om")
     group = f"instance_group [{{ kind: KIND_GPU, gpus: [{device_id}] }}]"
-    text = f'name: "m"\nbackend: "ascend"\n{group}\n' + config_text(kind)
+    text = f'name: "m"\nbackend: "ascend"\n{group}\n' + config_text(kind) + _extra(kind)
     (model_dir / "config.pbtxt").write_text(text)
     config = text_format.Parse(text, ModelConfig())
     AscendBackend.auto_complete(config, model_dir, model_dir / "1")
@@ -100,6 +111,34 @@ def test_yuv_image_size_input_is_recognised_as_yuv420sp(device_id):
     target = next(t for t in info.inputs if t.aipp == "static")
     assert target.source_rows == 1.5, target
     assert info.shape_kind == "hw" and info.shape_gears
+
+
+def test_dims_gears_as_ge_reports_and_takes_them(tmp_path, device_id):
+    """What npu/dims.py and the emulator assume of GE, on the real binding."""
+    config, model_dir, version_dir = _model_dir(tmp_path, "dims", device_id)
+    instance = AscendBackend(
+        config, model_dir, version_dir, InstanceSpec("m_0", "KIND_GPU", device_id, 0)
+    )
+    instance.load()
+    try:
+        model = instance._model
+        acl, desc = model.acl, model.desc
+        count, ret = acl.mdl.get_input_dynamic_gear_count(desc, -1)
+        assert ret == 0 and count == len(model.info.shape_gears)
+        gears, ret = acl.mdl.get_input_dynamic_dims(desc, -1, count)
+        assert ret == 0
+        ranks = sum(len(t.dims) for t in model.info.inputs)
+        for gear in gears:
+            assert gear["name"] == "" and gear["dimCount"] <= ranks
+            assert gear["dimCount"] == len(gear["dims"])
+        assert sorted(tuple(g["dims"]) for g in gears) == sorted(model.info.dims_flat)
+        for arrays, _ in _runs(config, model.info):
+            outputs = instance.execute(arrays)  # each gear set as reported, then run
+            for index, tensor in enumerate(model.info.outputs):
+                dims, ret = acl.mdl.get_cur_output_dims(desc, index)
+                assert ret == 0 and list(outputs[tensor.name].shape) == dims["dims"]
+    finally:
+        instance.unload()
 
 
 @pytest.mark.e2e

@@ -59,3 +59,24 @@ def test_device_only_covers_dynamic_aipp_and_yuv_image_sizes(acl_emu, tmp_path):
     ]
     results = npu_device.device_only(omf.yuv_hw_model(tmp_path / "yuv.om"), 0, 3, None)
     assert [r["gear"] for r in results] == ["image[1, 24, 16, 1]", "image[1, 48, 24, 1]"]
+
+
+def test_dims_models_over_several_inputs_are_measured_per_gear(acl_emu, tmp_path, monkeypatch):
+    """A --dynamic_dims model whose gears follow --input_shape, and one that needs the
+    input_shape parameter (given with --config), each gear measured; served unbatched."""
+    results = npu_device.device_only(omf.dims_pair_model(tmp_path / "pair.om"), 0, 3, None)
+    assert [r["gear"] for r in results] == [
+        "tokens[1, 8] weights[2, 2] bias[3]",
+        "tokens[1, 16] weights[4, 2] bias[3]",
+    ]
+    monkeypatch.delenv("PERF_ANALYZER", raising=False)
+    monkeypatch.setattr(npu_device.shutil, "which", lambda name: None)
+    extra = tmp_path / "extra.pbtxt"
+    extra.write_text('parameters { key: "input_shape" value { string_value: "b;a" } }\n')
+    om = omf.dims_twin_model(tmp_path / "twin.om")
+    argv = [str(om), "--loops", "3", "--config", str(extra), "--out", str(tmp_path / "out")]
+    assert npu_device.main(argv) == 0
+    report = json.loads((tmp_path / "out" / "npu_device.json").read_text())
+    assert [r["gear"] for r in report["device_only"]] == ["a[1, 4] b[1, 8]", "a[1, 8] b[1, 16]"]
+    written = npu_device.write_repository(tmp_path / "repo", om, 0, "", batching=False)
+    assert "dynamic_batching" not in (written / npu_device.MODEL_NAME / "config.pbtxt").read_text()

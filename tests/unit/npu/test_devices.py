@@ -80,3 +80,50 @@ def test_a_device_that_does_not_exist_refuses_the_load(acl_emu, tmp_path, instan
     with pytest.raises(BackendError, match=r"NPU 5 does not exist: this process sees NPUs 0-1"):
         instance_thread.run(instance.load)
     assert all(v == 0 for v in acl_emu._emu.stats().values())
+
+
+# -- configs written for Ascend's Triton GE backend (`backend: "npu_ge"`) ----------------------
+GE_CONFIG = """
+name: "resnet"
+backend: "npu_ge"
+max_batch_size: 8
+instance_group [{ count: 1 }]
+parameters [
+  { key: "device_ids", value: { string_value: "0,1" } },
+  { key: "static_model", value: { string_value: "1" } },
+  { key: "ge.aicoreNum", value: { string_value: "12|10" } },
+  { key: "profiling", value: { string_value: "dynamic" } }
+]
+"""
+
+
+def test_an_npu_ge_config_is_served_by_the_ascend_backend(tmp_path) -> None:
+    from repository.config import normalize
+
+    config = text_format.Parse(GE_CONFIG, ModelConfig())
+    normalize(config, "resnet", tmp_path, [], auto_complete=False)
+    assert config.backend == "ascend" and config.platform == "ascend_om"
+    assert config.default_model_filename == "model.om"
+    group = config.instance_group[0]
+    assert group.kind == ModelInstanceGroup.KIND_GPU and list(group.gpus) == [0, 1]
+
+
+def test_ge_backend_parameters_are_warned_about_once_per_model(caplog) -> None:
+    caplog.set_level("WARNING", logger="npu.config")
+    config = text_format.Parse(GE_CONFIG.replace("resnet", "resnet_warned"), ModelConfig())
+    npu_config.place(config)
+    npu_config.place(config)  # a reload: nothing new to say
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 3, warned
+    assert [w.split("'")[3] for w in warned] == ["ge.aicoreNum", "profiling", "static_model"]
+    assert "has no meaning for an ATC-compiled .om; ignored" in warned[0]
+    assert "device_ids" not in " ".join(warned)
+
+
+def test_an_onnx_graph_where_the_om_should_be_says_to_compile_it(acl_emu, tmp_path) -> None:
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(b"onnx")
+    config = text_format.Parse(GE_CONFIG, ModelConfig())
+    with pytest.raises(BackendError, match=r"holds model.onnx: this backend runs ATC-compiled"):
+        AscendBackend.auto_complete(config, tmp_path / "m", version)

@@ -570,3 +570,60 @@ def test_set_input_aipp_makes_ge_s_checks(ready, tmp_path):
     assert attempt(4, 16, 16) == 0
     assert acl.mdl.get_input_size_by_index(desc, 0) == 4 * 384
     release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
+
+
+def _gear_tensor(acl, tmp_path, writer, name):
+    model_id, desc = load(acl, writer(tmp_path / f"{name}.om"))
+    n_in, n_out = acl.mdl.get_num_inputs(desc), acl.mdl.get_num_outputs(desc)
+    in_ds, out_ds, ptrs, bufs = io(acl, desc, n_in, n_out)
+    return model_id, desc, in_ds, out_ds, ptrs, bufs, n_in - 1
+
+
+def test_gear_setters_hold_the_gil_while_they_copy_the_gear(ready, tmp_path):
+    """GE writes each gear value with its own synchronous memcpy, inside a wrapper that never
+    releases the GIL: every other thread stalls for the copies (gear_copy_s per value)."""
+    acl, _, _ = ready
+    assert acl._emu.Config().gear_copy_s > 0  # by default, not only when configured
+    acl._emu.configure(gear_copy_s=0.4)
+    calls = {
+        "batch": (omf.scale_model, lambda m, ds, i: acl.mdl.set_dynamic_batch_size(m, ds, i, 4)),
+        "hw": (omf.hw_model, lambda m, ds, i: acl.mdl.set_dynamic_hw_size(m, ds, i, 16, 16)),
+        "dims": (
+            omf.dims_model,
+            lambda m, ds, i: acl.mdl.set_input_dynamic_dims(
+                m, ds, i, {"name": "", "dimCount": 2, "dims": [1, 8]}
+            ),
+        ),
+    }
+    for name, (writer, setter) in calls.items():
+        model_id, desc, in_ds, out_ds, ptrs, bufs, index = _gear_tensor(acl, tmp_path, writer, name)
+        with Ticker() as ticker:
+            assert setter(model_id, in_ds, index) == 0, (name, acl.get_recent_err_msg())
+        assert ticker.longest_gap > 0.3, name  # at least one copy of 0.4 s with the GIL held
+        release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
+    acl._emu.configure(gear_copy_s=0.0)
+
+
+def test_dims_gears_are_read_and_set_in_the_input_shape_order(ready, tmp_path):
+    """GE (ge_executor.cc GetCurDynamicDims): a gear is the dims of the inputs --input_shape
+    lists, in its order; a wrong length or a changed static dim is 145012, a non-gear 145013."""
+    acl, _, _ = ready
+    model_id, desc, in_ds, out_ds, ptrs, bufs, index = _gear_tensor(
+        acl, tmp_path, omf.dims_pair_model, "pair"
+    )
+    count, ret = acl.mdl.get_input_dynamic_gear_count(desc, -1)
+    gears, ret2 = acl.mdl.get_input_dynamic_dims(desc, -1, count)
+    assert ret == ret2 == 0
+    assert [g["dims"] for g in gears] == [[2, 2, 1, 8], [4, 2, 1, 16]]  # weights, then tokens
+    assert [g["name"] for g in gears] == ["", ""]  # the binding does not say whose dims
+
+    def set_dims(values):
+        return acl.mdl.set_input_dynamic_dims(
+            model_id, in_ds, index, {"name": "", "dimCount": len(values), "dims": values}
+        )
+
+    assert set_dims([4, 2, 1, 16]) == 0
+    assert set_dims([1, 16, 4, 2]) == 145012  # model order: static dims do not match
+    assert set_dims([4, 2, 1, 16, 3]) == 145012  # bias is not listed
+    assert set_dims([3, 2, 1, 16]) == 145013  # no such gear
+    release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)

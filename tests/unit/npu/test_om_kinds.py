@@ -373,3 +373,139 @@ def test_auto_complete_reads_the_file_without_loading(acl_emu, tmp_path, monkeyp
     monkeypatch.delattr(acl_emu.mdl, "get_desc_from_file")  # an older binding: load to describe
     prepare(tmp_path / "old", om=omf.side_input_model)
     assert len(loads) == 1
+
+
+# -- 5. dynamic dims over several inputs: GE's gears follow ATC's --input_shape ----------------
+def test_dims_gears_follow_the_input_shape_order(acl_emu, tmp_path, instance_thread):
+    """--input_shape="weights:-1,2;tokens:1,-1" (bias left out): each gear is weights' dims
+    then tokens', so gear [2, 2, 1, 8] is weights [2, 2] and tokens [1, 8]."""
+    prepared = prepare(tmp_path, om=omf.dims_pair_model)
+    config = prepared[0]
+    assert config.max_batch_size == 0
+    assert {i.name: list(i.dims) for i in config.input} == {
+        "tokens": [1, -1],
+        "weights": [-1, 2],
+        "bias": [3],
+    }
+    instance = backend(prepared)
+    instance_thread.run(instance.load)
+    assert instance._model.info.shape_gears == (
+        ((1, 8), (2, 2), (3,)),
+        ((1, 16), (4, 2), (3,)),
+    )
+    tokens = np.arange(1, 6, dtype=np.float32).reshape(1, 5)
+    weights = np.arange(6, dtype=np.float32).reshape(3, 2)
+    bias = np.array([7.0, 8.0, 9.0], dtype=np.float32)
+    out = instance_thread.run(
+        instance.execute, {"tokens": tokens, "weights": weights, "bias": bias}
+    )
+    assert acl_emu._emu.last_execution(instance._model.model_id)["shape_gear"] == (4, 16)
+    np.testing.assert_array_equal(out["echo"], np.pad(tokens, ((0, 0), (0, 11))))
+    np.testing.assert_array_equal(out["wsum"], [[1.0], [5.0], [9.0], [0.0]])
+    np.testing.assert_array_equal(out["bias_out"], bias)
+    with pytest.raises(InvalidArgument, match=r"'weights' \[5, 2\]"):
+        instance_thread.run(
+            instance.execute,
+            {"tokens": tokens, "weights": np.ones((5, 2), np.float32), "bias": bias},
+        )
+    instance_thread.run(instance.unload)
+
+
+def test_dims_gears_two_orders_explain_need_the_input_shape_parameter(
+    acl_emu, tmp_path, instance_thread
+):
+    with pytest.raises(BackendError, match=r"fit more than one order of its inputs \(a;b or b;a\)"):
+        prepare(tmp_path / "plain", om=omf.dims_twin_model)
+    text = 'parameters { key: "input_shape" value { string_value: "b:1,-1;a:1,-1" } }'
+    prepared = prepare(tmp_path, text, om=omf.dims_twin_model)
+    instance = backend(prepared)
+    instance_thread.run(instance.load)
+    a = np.ones((1, 3), np.float32)
+    b = np.full((1, 7), 2.0, np.float32)
+    out = instance_thread.run(instance.execute, {"a": a, "b": b})
+    assert acl_emu._emu.last_execution(instance._model.model_id)["shape_gear"] == (8, 4)
+    np.testing.assert_array_equal(out["a_echo"], np.pad(a, ((0, 0), (0, 1))))
+    np.testing.assert_array_equal(out["b_echo"], np.pad(b, ((0, 0), (0, 1))))
+    instance_thread.run(instance.unload)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            "tokens;weights",
+            r"gear 0 \[2, 2, 1, 8\] gives input 'tokens' 2 on axis 0 \(position 0\), "
+            r"the model has 1 there",
+        ),
+        (
+            "weights:-1,2",
+            r"lists weights \[-1, 2\]: 2 dims, but each of the model's --dynamic_dims gears "
+            r"has 4 \(first gear \[2, 2, 1, 8\]\)",
+        ),
+        ("weights:-1,3;tokens:1,-1", r"gives input 'weights' dims \[-1, 3\], the model has"),
+        ("weights;mask", r"names 'mask', which is not an input of the model"),
+    ],
+)
+def test_an_input_shape_parameter_the_gears_refute_is_refused(acl_emu, tmp_path, value, message):
+    text = f'parameters {{ key: "input_shape" value {{ string_value: "{value}" }} }}'
+    with pytest.raises(BackendError, match=message):
+        prepare(tmp_path, text, om=omf.dims_pair_model)
+
+
+# -- 6. batched or not, from the model's gear table --------------------------------------------
+def test_a_static_output_at_the_largest_gear_is_not_split_per_request(
+    acl_emu, tmp_path, instance_thread
+):
+    """`priors` [8, 2] looks like a batched output at the largest gear in the desc; each gear's
+    output dims say it is static, so a stacking config is refused with what to write instead,
+    and served unbatched it comes back whole."""
+    prepared = prepare(tmp_path / "guess", om=omf.static_output_model)
+    assert prepared[0].max_batch_size == 8  # auto-complete reads the file: the guess remains
+    with pytest.raises(
+        BackendError, match=r"output\(s\) priors have no batch axis\): set max_batch_size: 0"
+    ):
+        instance_thread.run(backend(prepared).load)
+    text = 'input [ { name: "images" dims: [ -1, 4 ] } ]'  # full rank: no batching
+    prepared = prepare(tmp_path, text, om=omf.static_output_model)
+    assert prepared[0].max_batch_size == 0
+    instance = backend(prepared)
+    instance_thread.run(instance.load)
+    assert [(t.name, t.dims, t.batched) for t in instance._model.info.outputs] == [
+        ("boxes", (-1, 4), True),
+        ("priors", (8, 2), False),
+    ]
+    out = instance_thread.run(instance.execute, {"images": images(3)})
+    np.testing.assert_array_equal(out["boxes"], images(3) + 1)
+    np.testing.assert_array_equal(out["priors"], np.array(omf.PRIORS, dtype=np.float32))
+    instance_thread.run(instance.unload)
+
+
+def test_a_side_input_whose_first_dim_is_the_largest_gear_is_not_batched(acl_emu, tmp_path):
+    """The desc shows batched inputs at -1 (GE's origin dims): anchors [8, 2] beside images
+    [-1, 4] is a static side input, so requests cannot be stacked."""
+    from npu.om_model import describe_file
+
+    info = describe_file(omf.side_input_model(tmp_path / "m.om", side_dims=(8, 2)), 0)
+    assert [(t.name, t.dims, t.batched) for t in info.inputs] == [
+        ("images", (-1, 4), True),
+        ("im_info", (8, 2), False),
+    ]
+    config, _, _ = prepare(tmp_path, om=omf.side_input_model, side_dims=(8, 2))
+    assert config.max_batch_size == 0
+    assert {i.name: list(i.dims) for i in config.input} == {"images": [-1, 4], "im_info": [8, 2]}
+
+
+def test_where_the_binding_cannot_tell_the_guess_remains(
+    acl_emu, tmp_path, instance_thread, monkeypatch
+):
+    """A binding whose get_cur_output_dims fails for dynamic models (runtime 2.0) leaves the
+    guess from the desc: an output at the largest gear counts as batched."""
+    monkeypatch.setattr(acl_emu.mdl, "get_cur_output_dims", lambda desc, index: ({}, 100000))
+    text = 'input [ { name: "images" dims: [ -1, 4 ] } ]'
+    instance = backend(prepare(tmp_path, text, om=omf.static_output_model))
+    instance_thread.run(instance.load)
+    assert [(t.name, t.batched) for t in instance._model.info.outputs] == [
+        ("boxes", True),
+        ("priors", True),
+    ]
+    instance_thread.run(instance.unload)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _codes as C
-from ._runtime import RT, AclFail, dict_ret, entry, ret_only
+from ._runtime import RT, AclFail, dict_ret, entry, hold_gil, ret_only
 
 
 def _spec(desc: int):
@@ -69,10 +69,14 @@ def _target(model_id: int, dataset: int, index: int):
 
 
 def _write(buffer: Any, values: list[int], dtype: Any) -> None:
+    """Write the gear values into the gear tensor as GE does: one synchronous H2D copy per
+    value, each keeping the real GIL (the binding's wrapper never releases it)."""
     data = np.array(values, dtype=dtype)
     if buffer.size < data.nbytes:
         raise AclFail(C.GE_DYNAMIC_INPUT_LENGTH_INVALID, "dynamic tensor buffer too small")
     RT.memory.write_device(buffer.addr, data)
+    per_byte = 1 / RT.config.copy_bytes_per_s if RT.config.copy_bytes_per_s > 0 else 0.0
+    hold_gil(len(values) * RT.config.gear_copy_s + data.nbytes * per_byte)
 
 
 @entry("mdl.set_dynamic_batch_size", "IkkK", ret_only)
@@ -124,13 +128,30 @@ def set_input_dynamic_dims(model_id: int, dataset: int, index: int, dims: dict) 
     with RT.lock:
         model, found, buffer = _target(model_id, dataset, index)
         spec = model.spec
-        full = spec.full_dims_gears()
-        if values[:count] not in full:
+        if count == 0:
+            raise AclFail(C.INVALID_PARAM, "dimCount can't be zero")
+        # GE (ge_executor.cc GetCurDynamicDims): the dims of the inputs --input_shape lists,
+        # in its order; every static dim must be repeated as it is; then the -1 values must be
+        # one of the gears.
+        origin = spec.all_data_dims()
+        if count != len(origin):
+            raise AclFail(
+                C.GE_DYNAMIC_INPUT_LENGTH_INVALID,
+                f"Dynamic input size [{count}] is not equal with all data dims size "
+                f"[{len(origin)}]!",
+            )
+        for i, (value, want) in enumerate(zip(values[:count], origin, strict=False)):
+            if want >= 0 and value != want:
+                raise AclFail(
+                    C.GE_DYNAMIC_INPUT_LENGTH_INVALID,
+                    f"Static dims should be same, index:{i} value:{value} should be {want}",
+                )
+        gear = tuple(v for v, want in zip(values[:count], origin, strict=False) if want < 0)
+        if gear not in spec.dims_gears:
             raise AclFail(
                 C.GE_DYNAMIC_BATCH_SIZE_INVALID,
-                f"dims {values[:count]} are not one of the model's gears {full}",
+                f"dims {values[:count]} are not one of the model's gears {spec.full_dims_gears()}",
             )
-        gear = spec.dims_gears[full.index(values[:count])]
         _write(buffer, list(gear), np.int32)
         found.gear = model.shape_gear = gear
         return C.SUCCESS

@@ -8,6 +8,7 @@ Format (written by tests/support/om_fixtures.py, read here)::
      "dynamic_batch": [4, 1, 8],            # optional gears, unsorted on purpose
      "dynamic_hw": [[32, 32], [64, 48]],    # or: --dynamic_image_size gears (h, w)
      "dynamic_dims": [[1, 16], [4, 32]],    # or: --dynamic_dims, the -1 axes' values per gear
+     "input_shape": ["y", "x"],             # the inputs ATC's --input_shape lists, in its order
      "aipp": {"mode": "static" | "dynamic", "input": "x", "format": 1, "src": [h, w],
               "max_src_image_size": 1536},  # dynamic: bytes of the batch's source images
      "soc": "Ascend310P3",                   # the --soc_version it was compiled for
@@ -23,8 +24,11 @@ Format (written by tests/support/om_fixtures.py, read here)::
 first dimension of its batched tensors (at least one input, as ATC demands: E10031); other
 tensors (side inputs such as `im_info`) keep their static dims. With dynamic HW or dims the
 inputs carry -1 on their dynamic axes and outputs take whatever shape the compute gives at the
-gear. An AIPP input is seen by the compute as float32 [n, source bytes]: the emulated AIPP
-subtracts channel-0 mean and multiplies by channel-0 var_reci (dynamic AIPP) byte by byte.
+gear. With dynamic dims, GE concatenates each gear over the inputs `--input_shape` lists and in
+its order (the model's user_designate_shape_order; default: every input in model order), and
+the -1 values of a gear follow that order too. An AIPP input is seen by the compute as float32
+[n, source bytes]: the emulated AIPP subtracts channel-0 mean and multiplies by channel-0
+var_reci (dynamic AIPP) byte by byte.
 """
 
 from __future__ import annotations
@@ -123,6 +127,7 @@ class OmSpec:
     aipp: Aipp | None = None
     soc: str = ""
     load_s: float = 0.0
+    shape_order: tuple[str, ...] = ()  # ATC's --input_shape names, in order (empty: all inputs)
     _max_outputs: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -155,6 +160,13 @@ class OmSpec:
             extra += (TensorSpec(C.DYNAMIC_AIPP_NAME, 4, ND, (C.AIPP_DATA_SIZE,)),)
         return self.inputs + extra
 
+    def listed_inputs(self) -> tuple[TensorSpec, ...]:
+        """The inputs a dims gear covers, in GE's order: those --input_shape lists, as listed."""
+        if not self.shape_order:
+            return self.inputs
+        by_name = {t.name: t for t in self.inputs}
+        return tuple(by_name[name] for name in self.shape_order)
+
     def gear_shapes(self, gear: Any) -> dict[str, tuple[int, ...]]:
         """Each data input's shape at a shape gear: (h, w) or a dims tuple."""
         shapes: dict[str, tuple[int, ...]] = {}
@@ -166,15 +178,18 @@ class OmSpec:
                     dims[axis] = value
                 shapes[t.name] = tuple(dims)
         else:
+            shapes = {t.name: t.dims for t in self.inputs}
             values = iter(gear)
-            for t in self.inputs:
+            for t in self.listed_inputs():
                 shapes[t.name] = tuple(next(values) if d == -1 else d for d in t.dims)
         return shapes
 
     def full_dims_gears(self) -> list[list[int]]:
-        """The dims gears as aclmdlGetInputDynamicDims gives them: all inputs' dims in a row."""
+        """The dims gears as aclmdlGetInputDynamicDims gives them: the dims of the inputs
+        --input_shape lists, in its order, in a row (model_om2.cpp: over dataNameOrder)."""
         return [
-            [d for t in self.inputs for d in self.gear_shapes(g)[t.name]] for g in self.dims_gears
+            [d for t in self.listed_inputs() for d in self.gear_shapes(g)[t.name]]
+            for g in self.dims_gears
         ]
 
     def aipp_source(self, gear: Any = None) -> tuple[int, int] | None:
@@ -190,6 +205,10 @@ class OmSpec:
         dims = next(t for t in self.inputs if self.aipp and t.name == self.aipp.input).dims
         n = self.max_gear if dims[0] == -1 and self.max_gear else dims[0]
         return n, dims[2], dims[3]
+
+    def all_data_dims(self) -> list[int]:
+        """The listed inputs' dims with -1, concatenated (GE's all_data_dims)."""
+        return [d for t in self.listed_inputs() for d in t.dims]
 
     def max_shape_gear(self) -> Any:
         gears = self.hw_gears or self.dims_gears
@@ -220,6 +239,7 @@ def _check_dynamic(
     dims: tuple,
     inputs: tuple[TensorSpec, ...],
     outputs: tuple[TensorSpec, ...],
+    order: tuple[str, ...] = (),
 ) -> None:
     if sum(1 for kind in (gears, hw, dims) if kind) > 1:
         raise AclFail(
@@ -241,6 +261,14 @@ def _check_dynamic(
         if any(sum(1 for d in t.dims if d == -1) not in (0, 2) for t in inputs) or not holes:
             raise AclFail(C.GE_PARAM_INVALID, f"{path}: dynamic image size needs H and W at -1")
     elif dims:
+        names = [t.name for t in inputs]
+        if order and (len(set(order)) != len(order) or any(n not in names for n in order)):
+            raise AclFail(C.GE_PARAM_INVALID, f"{path}: input_shape {list(order)} vs {names}")
+        unlisted = [t for t in inputs if order and t.name not in order and -1 in t.dims]
+        if unlisted:
+            raise AclFail(
+                C.GE_PARAM_INVALID, f"{path}: input {unlisted[0].name} has -1 but is not listed"
+            )
         if any(len(g) != len(holes) for g in dims) or not holes:
             raise AclFail(
                 C.GE_PARAM_INVALID, f"{path}: each dynamic_dims gear needs {len(holes)} values"
@@ -264,7 +292,8 @@ def parse(path: str) -> OmSpec:
     dims = tuple(tuple(int(d) for d in g) for g in raw.get("dynamic_dims", ()))
     inputs = tuple(_tensor(t, path) for t in raw.get("inputs", []))
     outputs = tuple(_tensor(t, path) for t in raw.get("outputs", []))
-    _check_dynamic(path, gears, hw, dims, inputs, outputs)
+    order = tuple(str(n) for n in raw.get("input_shape", ()))
+    _check_dynamic(path, gears, hw, dims, inputs, outputs, order)
     aipp = None
     if raw.get("aipp"):
         a = raw["aipp"]
@@ -303,6 +332,7 @@ def parse(path: str) -> OmSpec:
         aipp=aipp,
         soc=str(raw.get("soc", "")),
         load_s=float(raw.get("load_ms", 0.0)) / 1000.0,
+        shape_order=order,
     )
 
 
@@ -343,7 +373,13 @@ def _pool(args: list[np.ndarray], op: dict) -> np.ndarray:
     return trimmed.reshape(*lead, h // stride, stride, w // stride, stride).sum(axis=(-1, -3))
 
 
+def _constant(args: list[np.ndarray], op: dict) -> np.ndarray:
+    """A value compiled into the model (anchors, priors): the same at every gear."""
+    return np.asarray(op["value"], dtype=np.float64)
+
+
 OPS: dict[str, Callable[[list[np.ndarray], dict], np.ndarray]] = {
+    "constant": _constant,
     "identity": _identity,
     "scale_add": _scale_add,
     "add": _add,

@@ -68,6 +68,11 @@ class Config:
     # A synchronous memcpy from pageable host memory holds the GIL for count / this (bytes/s);
     # 0: copies take no time.
     copy_bytes_per_s: float = 4e9
+    # The gear setters (set_dynamic_batch_size / _hw_size / set_input_dynamic_dims) copy each
+    # value they write to the device with its own synchronous aclrtMemcpy (GE's ge_executor.cc:
+    # 1 for a batch, 2 for H and W, one per dynamic dim) and, like every pyACL wrapper but the
+    # waits, never release the GIL: each such copy holds it this long.
+    gear_copy_s: float = 20e-6
     # Seconds a call holds the GIL besides its copies and the model's load_ms / latency, by
     # call name ("mdl.get_desc", "mdl.set_dynamic_batch_size", ...; "rt.set_device" counts
     # only for a device's first set_device in the process).

@@ -275,8 +275,9 @@ def get_output_dims(desc: int, index: int) -> tuple[dict, int]:
 
 @entry("mdl.get_cur_output_dims", "kk")
 def get_cur_output_dims(desc: int, index: int) -> tuple[dict, int]:
-    """The output's dims at the last execution's gear. Not for a desc from get_desc_from_file
-    (the CANN docs exclude it)."""
+    """The output's dims at the current gear (a dynamic batch: the last one set; image size and
+    dims: the last execution's). Not for a desc from get_desc_from_file (the CANN docs
+    exclude it)."""
     found = RT.descs.get(desc)
     if found is None or found.from_file:
         RT.set_err("get_cur_output_dims needs a desc filled by get_desc from a loaded model")
@@ -285,6 +286,10 @@ def get_cur_output_dims(desc: int, index: int) -> tuple[dict, int]:
     tensor = _tensor(desc, index, outputs=True)
     if tensor is None:
         return {}, C.INVALID_PARAM
+    if model is not None and model.spec.dynamic and model.gear:
+        # GE answers from the model's table of output dims per gear, at the gear the last
+        # set_dynamic_batch_size chose (GetCurShape), executed or not.
+        return _io_dims(tensor.name, tensor.shape(model.gear))
     if model is not None and model.cur_shapes and tensor.name in model.cur_shapes:
         return _io_dims(tensor.name, model.cur_shapes[tensor.name])
     return _dims(desc, index, outputs=True)
