@@ -109,6 +109,8 @@ class ServerApp:
             custom_metric=custom.apply,
             declare_metric=custom.declare,
         )
+        # The one rate limiter (None with --rate-limit off): every model's scheduler shares it.
+        self.rate_limiter = _rate_limiter(settings)
         self.manager = ModelManager(
             ManagerSettings(
                 settings.model_repositories,
@@ -132,7 +134,7 @@ class ServerApp:
             infer=self.inference.infer_admitted,
             host=self.inference,
             response_cache=_response_cache(settings),
-            scheduler_factory=partial(create_scheduler, rate_limiter=_rate_limiter(settings)),
+            scheduler_factory=partial(create_scheduler, rate_limiter=self.rate_limiter),
         )
         self.poller: RepositoryPoller | None = None
         if settings.model_control_mode == "poll":

@@ -1,0 +1,180 @@
+"""The rate limiter against a real server, with tritonclient.
+
+Two Python models (each instance its own worker process) share one resource: a file counter
+that every execute raises on entry and lowers on exit (under an flock, across the processes)
+shows how many executions overlapped and in what order they ran. With `--rate-limit
+execution_count` and one copy of the resource, never more than one runs at once, and the
+priority-1 model gets about twice the turns of the priority-2 one while both have work; a model
+asking for more than `--rate-limit-resource` gives is refused at load (HTTP 400 with Triton's
+reason) and is not ready. With `--rate-limit off` the same models overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from harness.serverproc import ServerProcess, running_server
+
+pytestmark = pytest.mark.e2e
+
+METERED_MODEL = """
+import fcntl
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+METER = %r
+NAME = %r
+
+
+def step(delta):
+    with open(METER, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        data = json.loads(f.read() or '{"now": 0, "peak": 0, "order": []}')
+        data["now"] += delta
+        data["peak"] = max(data["peak"], data["now"])
+        if delta > 0:
+            data["order"].append(NAME)
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(data))
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        step(+1)
+        try:
+            time.sleep(0.04)
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1)])
+                for r in requests
+            ]
+        finally:
+            step(-1)
+"""
+CONFIG = """
+name: "%s"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1
+  rate_limiter { resources [ { name: "card_memory" count: %d } ] priority: %d } } ]
+"""
+REQUESTS = 24  # each model's, all sent at once
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+def model(root: Path, name: str, meter: Path, need: int = 1, priority: int = 1) -> None:
+    write(root / name / "config.pbtxt", CONFIG % (name, need, priority))
+    write(root / name / "1" / "model.py", METERED_MODEL % (str(meter), name))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("rate_repo")
+    meter = root.parent / "meter.json"
+    model(root, "first", meter, priority=1)
+    model(root, "second", meter, priority=2)
+    model(root, "big", meter, need=2)
+    return root
+
+
+def meter_of(repo: Path) -> Path:
+    return repo.parent / "meter.json"
+
+
+@contextmanager
+def started(repo: Path, *flags: str) -> Iterator[ServerProcess]:
+    args = ["--model-control-mode=explicit", "--load-model=first", "--load-model=second", *flags]
+    with running_server([repo], args) as proc:
+        yield proc
+
+
+def load_all(server: ServerProcess, repo: Path) -> dict:
+    """Send REQUESTS to each model at once; return the meter's record of the executions."""
+    meter_of(repo).unlink(missing_ok=True)
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=2 * REQUESTS)
+    try:
+        sent = []
+        for value in range(REQUESTS):
+            for name in ("first", "second"):
+                x = httpclient.InferInput("X", [1], "FP32")
+                x.set_data_from_numpy(np.array([value], np.float32))
+                sent.append((value, client.async_infer(name, [x])))
+        for value, pending in sent:
+            assert float(pending.get_result(timeout=60).as_numpy("Y")[0]) == value + 1
+    finally:
+        client.close()
+    return json.loads(meter_of(repo).read_text())
+
+
+def test_one_copy_of_a_shared_resource_runs_one_execution_at_a_time_by_priority(repo: Path):
+    with started(repo, "--rate-limit=execution_count") as server:
+        record = load_all(server, repo)
+        assert record["peak"] == 1  # counted in the models: never two at once
+        order = record["order"]
+        assert len(order) == 2 * REQUESTS and record["now"] == 0
+        # While both have work (the first REQUESTS turns), priority 1 gets about 2 of 3.
+        firsts = order[:REQUESTS].count("first")
+        assert 2 * REQUESTS // 3 - 4 <= firsts <= 2 * REQUESTS // 3 + 4, order
+        client = httpclient.InferenceServerClient(server.http_url)
+        stats = {
+            s["name"]: s for s in client.get_inference_statistics()["model_stats"] if s["version"]
+        }
+        for name in ("first", "second"):
+            assert stats[name]["inference_stats"]["success"]["count"] == REQUESTS
+            assert stats[name]["execution_count"] == order.count(name)
+        metrics = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
+        assert 'nv_inference_exec_count{model="first",version="1"} 24' in metrics
+
+
+def test_a_model_asking_more_than_the_flag_gives_is_refused_at_load(repo: Path):
+    flags = ("--rate-limit=execution_count", "--rate-limit-resource=card_memory:1")
+    with started(repo, *flags) as server:
+        answer = httpx.post(f"http://{server.http_url}/v2/repository/models/big/load")
+        assert answer.status_code == 400
+        reason = (
+            'Resource count for "card_memory" is limited to 1 which will prevent scheduling '
+            "of one or more model instances, the minimum required count is 2"
+        )
+        assert reason in answer.json()["error"]
+        with pytest.raises(InferenceServerException, match="limited to 1"):
+            httpclient.InferenceServerClient(server.http_url).load_model("big")
+        assert httpx.get(f"http://{server.http_url}/v2/models/big/ready").status_code != 200
+        index = httpclient.InferenceServerClient(server.http_url).get_model_repository_index()
+        big = next(entry for entry in index if entry["name"] == "big")
+        assert big["state"] == "UNAVAILABLE" and reason in big["reason"]
+        # The models within the limit loaded and serve.
+        assert httpx.get(f"http://{server.http_url}/v2/models/first/ready").status_code == 200
+
+
+def test_with_the_rate_limiter_off_the_same_models_overlap(repo: Path):
+    with started(repo) as server:
+        record = load_all(server, repo)
+        assert record["peak"] == 2
+
+
+def test_frontend_processes_share_the_owners_one_limiter(repo: Path):
+    flags = ("--rate-limit=execution_count", "--frontend-processes=2")
+    with started(repo, *flags) as server:
+        record = load_all(server, repo)
+        assert record["peak"] == 1 and len(record["order"]) == 2 * REQUESTS
