@@ -5,7 +5,7 @@ from __future__ import annotations
 from scheduler.batcher import DynamicBatcher
 from scheduler.clock import Clock
 from scheduler.ensemble import EnsembleScheduler, Infer
-from scheduler.interface import LoadError, Scheduler, VersionSpec
+from scheduler.interface import Scheduler, VersionSpec
 from scheduler.queue_scheduler import DefaultScheduler
 from scheduler.rate_limiter import RateLimiter
 from scheduler.sequence.batcher import SequenceBatcher
@@ -30,19 +30,5 @@ def create_scheduler(
     if spec.config.HasField("dynamic_batching"):
         return DynamicBatcher(spec, stats, clock=clock, rate_limiter=rate_limiter)
     if spec.config.HasField("sequence_batching"):
-        if rate_limiter is not None and _names_resources(spec):
-            # A sequence's slot lives on one instance; its turns are not built yet.
-            raise LoadError(
-                "rate_limiter resources are not supported with sequence_batching; "
-                "remove them from instance_group or start with --rate-limit off"
-            )
-        return SequenceBatcher(spec, stats, clock=clock)
+        return SequenceBatcher(spec, stats, clock=clock, rate_limiter=rate_limiter)
     return DefaultScheduler(spec, stats, clock=clock, rate_limiter=rate_limiter)
-
-
-def _names_resources(spec: VersionSpec) -> bool:
-    return any(
-        resource.count > 0
-        for group in spec.config.instance_group
-        for resource in group.rate_limiter.resources
-    )

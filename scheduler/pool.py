@@ -609,6 +609,20 @@ class InstancePool:
             return False
         return self._limiter.request(best.claimant)  # type: ignore[arg-type]
 
+    def may_run(self, instance: Instance) -> bool:
+        """Whether a free instance may run now: not limited, or given its turn."""
+        claimant = instance.claimant
+        return claimant is None or claimant.state == GRANTED
+
+    def request_turn_for(self, instance: Instance) -> bool:
+        """Ask a turn for this free instance (a sequence's); True when it may run now."""
+        claimant = instance.claimant
+        if claimant is None or claimant.state == GRANTED:
+            return True
+        if claimant.state == WAITING or self._limiter is None:
+            return False
+        return self._limiter.request(claimant)
+
     def return_unused(self) -> None:
         """Give back the turns of free instances that got no batch (and stop their waiting,
         when nothing is left to run)."""

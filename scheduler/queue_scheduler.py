@@ -337,6 +337,10 @@ class QueueScheduler(Scheduler):
         self._timer_at = when
         self._timer = self._clock.call_at(when, self._timer_fired) if when is not None else None
 
+    def _more_work(self, instance: Instance) -> bool:
+        """Whether `instance` has work waiting now (it then asks for its next turn at once)."""
+        return bool(len(self._queue))
+
     def _turn_given(self) -> None:
         """The rate limiter gave a waiting instance its turn: dispatch (on the loop)."""
         if self._task is not None:
@@ -410,7 +414,7 @@ class QueueScheduler(Scheduler):
             self.failure_reason = next(
                 (o.error.message for o in result.outcomes if isinstance(o, Failed)), ""
             )
-        self._pool.release(instance, bool(self._limited and len(self._queue)))
+        self._pool.release(instance, self._limited and self._more_work(instance))
         if len(self._queue) and self._pool.has_idle():
             self._dispatch_now()  # the next batch first: the instance need not wait for the loop
         if result.executed:

@@ -205,9 +205,34 @@ async def test_without_a_limiter_the_rate_limiter_fields_are_ignored(made):
     await asyncio.wait_for(held, 10)
 
 
-def test_sequence_batching_with_resources_is_refused_with_the_limiter_on():
-    meter = Meter()
-    version = spec("seq", meter, extra="sequence_batching { }")
-    with pytest.raises(LoadError, match="not supported with sequence_batching"):
-        create_scheduler(version, VersionStatistics("seq", "1"), rate_limiter=RateLimiter())
-    assert create_scheduler(version, VersionStatistics("seq", "1")) is not None
+def sequence_request(model: str, corrid: int, step: int, last: int) -> InferRequest:
+    made = request(model, corrid * 100 + step)
+    made.parameters = {
+        "sequence_id": corrid,
+        "sequence_start": step == 0,
+        "sequence_end": step == last,
+    }
+    return made
+
+
+async def run_sequence(scheduler: QueueScheduler, corrid: int, steps: int) -> list[float]:
+    name = scheduler.spec.name
+    answers = []
+    for step in range(steps):
+        future = scheduler.submit(sequence_request(name, corrid, step, steps - 1))
+        answer = await asyncio.wait_for(future, 10)
+        answers.append(float(answer.outputs[0].data[0, 0]))
+    return answers
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 4 }"])
+async def test_sequence_models_sharing_one_copy_never_execute_at_once(made, strategy):
+    limiter = RateLimiter()
+    extra = f"sequence_batching {{ {strategy} }}"
+    a = await made("sa", limiter, extra=extra)
+    b = await made("sb", limiter, extra=extra)
+    runs = [run_sequence(s, corrid, 4) for corrid in (1, 2, 3) for s in (a, b)]
+    answers = await asyncio.wait_for(asyncio.gather(*runs), 20)
+    for (corrid, _), got in zip([(c, s) for c in (1, 2, 3) for s in "ab"], answers, strict=True):
+        assert got == [corrid * 100 + step + 1 for step in range(4)]
+    assert made.meter.peak == 1
