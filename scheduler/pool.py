@@ -552,13 +552,16 @@ class InstancePool:
         self._idle.extend(instance for instance in self.instances if not instance.passive)
 
     def _leave_limiter(self) -> None:
+        """Give back the turns of free instances, then leave the limiter (a running batch
+        keeps its resources until it ends)."""
         if self._limiter is not None and self._claimants:
+            self.return_unused()
             self._limiter.remove(self._claimants)
 
     async def unload(self) -> None:
         """Unload each instance on its own thread, all in parallel."""
-        self._idle.clear()
         self._leave_limiter()
+        self._idle.clear()
         await asyncio.gather(
             *(instance.unload() for instance in self.instances), return_exceptions=True
         )

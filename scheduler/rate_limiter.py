@@ -169,12 +169,11 @@ class RateLimiter:
         self._grant()  # larger defaults may let a waiter in
 
     def remove(self, claimants: Iterable[Claimant]) -> None:
-        """Leave (an unloaded version): give back what they hold, stop their waiting."""
+        """Leave (an unloaded version): stop their waiting. One that holds a turn keeps its
+        resources until `release`: its batch is still running on the device."""
         gone = set(map(id, claimants))
         for claimant in self._claimants:
-            if id(claimant) in gone:
-                if claimant.state == GRANTED:
-                    self._free(claimant)
+            if id(claimant) in gone and claimant.state == WAITING:
                 claimant.state = IDLE
         self._claimants = [c for c in self._claimants if id(c) not in gone]
         self._waiting = [c for c in self._waiting if id(c) not in gone]

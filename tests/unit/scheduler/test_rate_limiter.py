@@ -203,14 +203,16 @@ def test_global_resources_are_shared_across_devices():
     assert rl.in_use((GLOBAL, "g")) == 1
 
 
-def test_removing_a_claimant_frees_what_it_holds_and_lets_the_next_in():
+def test_a_removed_claimant_keeps_what_it_holds_until_its_batch_ends():
     rl = limiter()
     a = claimant(rl, "a", 'resources [{ name: "R" count: 1 }]')
     b = claimant(rl, "b", 'resources [{ name: "R" count: 1 }]')
-    rl.admit([a, b])
+    c = claimant(rl, "c", 'resources [{ name: "R" count: 1 }]')
+    rl.admit([a, b, c])
     rl.request(a)
     rl.request(b)
-    rl.remove([a])
-    assert b.state == GRANTED and rl.in_use((0, "r")) == 1
-    rl.release(a, executed=True)  # a late finish of the removed one changes nothing
-    assert rl.in_use((0, "r")) == 1
+    rl.request(c)
+    rl.remove([a, b])  # a runs, b waits
+    assert c.state != GRANTED and rl.in_use((0, "r")) == 1
+    rl.release(a, executed=True, again=True)  # a's batch ends: it does not wait again
+    assert c.state == GRANTED and a.state != GRANTED and rl.in_use((0, "r")) == 1
