@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.e2e
 METERED_MODEL = """
 import fcntl
 import json
+import os
 import time
 
 import numpy as np
@@ -37,6 +39,7 @@ import triton_python_backend_utils as pb_utils
 
 METER = %r
 NAME = %r
+GATE = METER + ".open"  # a request for -1 runs until the test creates this file
 
 
 def step(delta):
@@ -57,6 +60,12 @@ class TritonPythonModel:
     def execute(self, requests):
         step(+1)
         try:
+            x = pb_utils.get_input_tensor_by_name(requests[0], "X").as_numpy()
+            if x[0] == -1:
+                for _ in range(6000):
+                    if os.path.exists(GATE):
+                        break
+                    time.sleep(0.01)
             time.sleep(0.04)
             return [
                 pb_utils.InferenceResponse([pb_utils.Tensor(
@@ -76,6 +85,16 @@ instance_group [ { kind: KIND_CPU count: 1
   rate_limiter { resources [ { name: "card_memory" count: %d } ] priority: %d } } ]
 """
 REQUESTS = 24  # each model's, all sent at once
+BATCHED = """
+name: "batched"
+backend: "identity"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1
+  rate_limiter { resources [ { name: "card_memory" count: 1 } ] } } ]
+dynamic_batching { }
+"""
 
 
 def write(path: Path, text: str) -> None:
@@ -95,6 +114,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model(root, "first", meter, priority=1)
     model(root, "second", meter, priority=2)
     model(root, "big", meter, need=2)
+    write(root / "batched" / "config.pbtxt", BATCHED)
+    (root / "batched" / "1").mkdir()
     return root
 
 
@@ -178,3 +199,47 @@ def test_frontend_processes_share_the_owners_one_limiter(repo: Path):
     with started(repo, *flags) as server:
         record = load_all(server, repo)
         assert record["peak"] == 1 and len(record["order"]) == 2 * REQUESTS
+
+
+def wait_for(predicate, what: str) -> None:
+    for _ in range(3000):
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"never saw {what}")
+
+
+def test_requests_waiting_for_their_turn_are_pending_and_form_one_batch(repo: Path):
+    meter = meter_of(repo)
+    gate = Path(str(meter) + ".open")
+    meter.unlink(missing_ok=True)
+    gate.unlink(missing_ok=True)
+    with started(repo, "--rate-limit=execution_count") as server:
+        client = httpclient.InferenceServerClient(server.http_url, concurrency=8)
+        try:
+            client.load_model("batched")
+            x = httpclient.InferInput("X", [1], "FP32")
+            x.set_data_from_numpy(np.array([-1], np.float32))
+            holder = client.async_infer("first", [x])  # holds card_memory until the gate opens
+            wait_for(lambda: meter.exists() and json.loads(meter.read_text())["now"] == 1, "it run")
+            sent = []
+            for value in range(6):
+                y = httpclient.InferInput("INPUT0", [1, 1], "FP32")
+                y.set_data_from_numpy(np.array([[value]], np.float32))
+                sent.append(client.async_infer("batched", [y]))
+            metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
+            pending = 'nv_inference_pending_request_count{model="batched",version="1"} 6'
+            wait_for(lambda: pending in httpx.get(metrics).text, "6 pending")
+            assert (
+                client.get_inference_statistics("batched")["model_stats"][0]["execution_count"] == 0
+            )
+            gate.touch()
+            assert float(holder.get_result(timeout=60).as_numpy("Y")[0]) == 0
+            for value, answer in enumerate(sent):
+                assert answer.get_result(timeout=60).as_numpy("OUTPUT0")[0, 0] == value
+            stats = client.get_inference_statistics("batched")["model_stats"][0]
+            assert stats["execution_count"] == 1 and stats["inference_count"] == 6
+            assert [b["batch_size"] for b in stats["batch_stats"]] == [6]
+        finally:
+            client.close()
+            gate.unlink(missing_ok=True)

@@ -72,15 +72,23 @@ class MeteredModel(Backend):
         pass
 
 
-RESOURCE = 'rate_limiter { resources [{ name: "R" count: %d }] priority: %d }'
+RESOURCE = 'rate_limiter { resources [{ name: "R" %s count: %d }] priority: %d }'
 
 
-def spec(name: str, meter: Meter, extra: str = "", need: int = 1, priority: int = 1) -> VersionSpec:
+def spec(
+    name: str,
+    meter: Meter,
+    extra: str = "",
+    need: int = 1,
+    priority: int = 1,
+    group: str = "count: 2 kind: KIND_CPU",
+    scope: str = "",
+) -> VersionSpec:
     text = f"""
         name: "{name}" backend: "fake" max_batch_size: 8
         input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }}]
         output [{{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }}]
-        instance_group [{{ count: 2 kind: KIND_CPU {RESOURCE % (need, priority)} }}]
+        instance_group [{{ {group} {RESOURCE % (scope, need, priority)} }}]
         {extra}
     """
     config = text_format.Parse(text, ModelConfig())
@@ -236,3 +244,19 @@ async def test_sequence_models_sharing_one_copy_never_execute_at_once(made, stra
     for (corrid, _), got in zip([(c, s) for c in (1, 2, 3) for s in "ab"], answers, strict=True):
         assert got == [corrid * 100 + step + 1 for step in range(4)]
     assert made.meter.peak == 1
+
+
+@pytest.mark.parametrize(("scope", "peak"), [("", 2), ("global: true", 1)])
+async def test_each_device_has_its_own_copies_unless_the_resource_is_global(made, scope, peak):
+    limiter = RateLimiter()
+    group = "count: 1 kind: KIND_GPU gpus: [ 0, 1 ]"
+    m = await made("m", limiter, group=group, scope=scope)
+    gates = [made.meter.holds.setdefault(float(i), threading.Event()) for i in range(2)]
+    futures = [m.submit(request("m", float(i))) for i in range(2)]
+    await until(lambda: made.meter.now == peak)  # one instance per device: both run, or one
+    await asyncio.sleep(0.05)
+    assert made.meter.now == peak
+    for gate in gates:
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(*futures), 10)
+    assert made.meter.peak == peak
