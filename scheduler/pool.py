@@ -592,25 +592,29 @@ class InstancePool:
                 return True
         return False
 
-    def request_turn(self) -> bool:
-        """Ask the rate limiter a turn for one free instance, unless one already waits; True
-        when one was given at once (`acquire` then finds it)."""
-        if not self.limited or self._limiter is None:
+    def request_turn(self, wanted: int = 1) -> bool:
+        """Ask the rate limiter turns for free instances, fewest executions first, until
+        `wanted` (the requests queued) are waiting; True when one was given at once (`acquire`
+        then finds it). Several wait at once so that a blocked device does not hold back a
+        free one."""
+        limiter = self._limiter
+        if not self.limited or limiter is None:
             return False
-        best: Instance | None = None
+        waiting = 0
+        candidates: list[Claimant] = []
         for instance in self._idle:
             claimant = instance.claimant
             if claimant is None or not instance.healthy:
                 continue
             if claimant.state == WAITING:
-                return False
-            if claimant.state == IDLE and (
-                best is None or claimant.pass_ < best.claimant.pass_  # type: ignore[union-attr]
-            ):
-                best = instance
-        if best is None:
-            return False
-        return self._limiter.request(best.claimant)  # type: ignore[arg-type]
+                waiting += 1
+            elif claimant.state == IDLE:
+                candidates.append(claimant)
+        candidates.sort(key=lambda c: c.pass_)
+        for claimant in candidates[: max(0, wanted - waiting)]:
+            if limiter.request(claimant):
+                return True
+        return False
 
     def may_run(self, instance: Instance) -> bool:
         """Whether a free instance may run now: not limited, or given its turn."""

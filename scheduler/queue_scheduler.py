@@ -376,7 +376,7 @@ class QueueScheduler(Scheduler):
         while len(queue):
             # With the rate limiter an instance waits for its turn; the batch is formed when
             # the turn comes, so it holds what arrived meanwhile.
-            if not pool.has_idle() and not pool.request_turn():
+            if not pool.has_idle() and not pool.request_turn(len(queue)):
                 break
             batch, wake_at = queue.take(now, not self._accepting, arriving)
             if not batch:

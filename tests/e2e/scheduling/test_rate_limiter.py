@@ -3,10 +3,12 @@
 Two Python models (each instance its own worker process) share one resource: a file counter
 that every execute raises on entry and lowers on exit (under an flock, across the processes)
 shows how many executions overlapped and in what order they ran. With `--rate-limit
-execution_count` and one copy of the resource, never more than one runs at once, and the
-priority-1 model gets about twice the turns of the priority-2 one while both have work; a model
-asking for more than `--rate-limit-resource` gives is refused at load (HTTP 400 with Triton's
-reason) and is not ready. With `--rate-limit off` the same models overlap.
+execution_count` and one copy of the resource, never more than one runs at once (also with
+`--frontend-processes 2`: the models and the one limiter stay in the owner), and the priority-1
+model gets about twice the turns of the priority-2 one while both have work; requests waiting
+for their turn show in nv_inference_pending_request_count and run as one dynamic batch when it
+comes; a model asking for more than `--rate-limit-resource` gives is refused at load (HTTP 400
+with Triton's reason) and is not ready. With `--rate-limit off` the same models overlap.
 """
 
 from __future__ import annotations

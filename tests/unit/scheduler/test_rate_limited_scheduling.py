@@ -260,3 +260,17 @@ async def test_each_device_has_its_own_copies_unless_the_resource_is_global(made
         gate.set()
     await asyncio.wait_for(asyncio.gather(*futures), 10)
     assert made.meter.peak == peak
+
+
+async def test_a_device_whose_copies_are_taken_does_not_hold_back_a_free_one(made):
+    limiter = RateLimiter()
+    other = await made("o", limiter, group="count: 1 kind: KIND_GPU gpus: [ 0 ]")
+    m = await made("m", limiter, group="count: 1 kind: KIND_GPU gpus: [ 0, 1 ]")
+    gate = made.meter.holds[100.0] = threading.Event()
+    held = other.submit(request("o", 100))  # takes device 0's one copy
+    await until(lambda: made.meter.now == 1)
+    futures = [m.submit(request("m", float(i))) for i in range(3)]
+    await until(lambda: ("m", 1) in made.meter.batches)  # device 1's instance runs meanwhile
+    assert not held.done()
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(held, *futures), 10)
