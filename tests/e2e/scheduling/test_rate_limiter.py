@@ -188,6 +188,11 @@ def test_a_model_asking_more_than_the_flag_gives_is_refused_at_load(repo: Path):
         assert big["state"] == "UNAVAILABLE" and reason in big["reason"]
         # The models within the limit loaded and serve.
         assert httpx.get(f"http://{server.http_url}/v2/models/first/ready").status_code == 200
+        config = httpclient.InferenceServerClient(server.http_url).get_model_config("first")
+        assert config["instance_group"][0]["rate_limiter"] == {
+            "resources": [{"name": "card_memory", "global": False, "count": 1}],
+            "priority": 1,
+        }
 
 
 def test_with_the_rate_limiter_off_the_same_models_overlap(repo: Path):
