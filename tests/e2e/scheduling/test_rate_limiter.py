@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -182,6 +183,9 @@ def test_a_model_asking_more_than_the_flag_gives_is_refused_at_load(repo: Path):
         assert reason in answer.json()["error"]
         with pytest.raises(InferenceServerException, match="limited to 1"):
             httpclient.InferenceServerClient(server.http_url).load_model("big")
+        with pytest.raises(InferenceServerException, match="limited to 1") as refused:
+            grpcclient.InferenceServerClient(server.grpc_url).load_model("big")
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
         assert httpx.get(f"http://{server.http_url}/v2/models/big/ready").status_code != 200
         index = httpclient.InferenceServerClient(server.http_url).get_model_repository_index()
         big = next(entry for entry in index if entry["name"] == "big")
