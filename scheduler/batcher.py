@@ -24,6 +24,7 @@ from scheduler.clock import Clock
 from scheduler.interface import VersionSpec
 from scheduler.policy import LevelPolicy, QueuePolicy
 from scheduler.queue_scheduler import QUEUED, RUNNING, BatchingQueue, Entry, QueueScheduler
+from scheduler.rate_limiter import RateLimiter
 from scheduler.stats import VersionStatistics
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -263,7 +264,12 @@ class DynamicBatcher(QueueScheduler):
     """The scheduler for models with `dynamic_batching`."""
 
     def __init__(
-        self, spec: VersionSpec, stats: VersionStatistics, *, clock: Clock | None = None
+        self,
+        spec: VersionSpec,
+        stats: VersionStatistics,
+        *,
+        clock: Clock | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -271,4 +277,5 @@ class DynamicBatcher(QueueScheduler):
             BatchQueue(spec.config),
             clock=clock,
             preserve_ordering=spec.config.dynamic_batching.preserve_ordering,
+            rate_limiter=rate_limiter,
         )

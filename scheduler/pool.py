@@ -37,6 +37,7 @@ from scheduler.batch import concat_inputs, split_outputs
 from scheduler.clock import Clock
 from scheduler.interface import LoadError
 from scheduler.ragged import RaggedBatching
+from scheduler.rate_limiter import GRANTED, IDLE, WAITING, Claimant, RateLimiter, RateLimitError
 from scheduler.stats import FailureReason
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -151,6 +152,20 @@ def instance_specs(config: ModelConfig, model_name: str) -> list[tuple[InstanceS
     return specs
 
 
+def instance_groups(config: ModelConfig) -> list[Any]:
+    """The instance_group each of `instance_specs`' instances comes from, in the same order
+    (None for the one default instance of a config without groups)."""
+    groups = list(config.instance_group)
+    if not groups:
+        return [None]
+    made: list[Any] = []
+    for group in groups:
+        kind = _enum_name(group, "kind")
+        devices = len(group.gpus) if kind == "KIND_GPU" and len(group.gpus) else 1
+        made.extend([group] * (max(1, group.count) * devices))
+    return made
+
+
 # A job for an instance thread: (work, args, loop, on_done, tag). The thread runs work(*args),
 # which never raises, then on_done(tag, result) on `loop`; on_done None means nobody waits.
 _Job = tuple
@@ -194,6 +209,7 @@ class Instance:
         self.passive = passive
         self.healthy = True
         self.backend: Backend | None = None
+        self.claimant: Claimant | None = None  # its share of the rate limiter, if it needs one
         self._version = version
         self._version_label = str(version.version)
         self._clock = clock
@@ -464,9 +480,20 @@ class Instance:
 
 
 class InstancePool:
-    """All instances of a version, and which of them are free for the next batch."""
+    """All instances of a version, and which of them are free for the next batch.
 
-    def __init__(self, version: VersionSpec, clock: Clock) -> None:
+    With a rate limiter (scheduler/rate_limiter.py), an instance whose group names resources is
+    free for a batch only once the limiter has given it a turn: `request_turn` asks for one,
+    `on_grant` is called when it comes later, and a turn not used is given back.
+    """
+
+    def __init__(
+        self,
+        version: VersionSpec,
+        clock: Clock,
+        limiter: RateLimiter | None = None,
+        on_grant: Callable[[], Any] | None = None,
+    ) -> None:
         self.version = version
         outputs = _output_specs(version.config)
         self.instances = [
@@ -474,14 +501,37 @@ class InstancePool:
             for spec, passive in instance_specs(version.config, version.name)
         ]
         self._idle: deque[Instance] = deque()
+        self._limiter = limiter
+        self._claimants: list[Claimant] = []
+        if limiter is not None:
+            groups = instance_groups(version.config)
+            for instance, group in zip(self.instances, groups, strict=True):
+                if group is None or instance.passive or not group.HasField("rate_limiter"):
+                    continue
+                instance.claimant = limiter.claimant(
+                    f"{version.name}/{instance.name}",
+                    group.rate_limiter,
+                    instance.spec.device_id,
+                    on_grant or (lambda: None),
+                )
+                if instance.claimant is not None:
+                    self._claimants.append(instance.claimant)
+        self.limited = bool(self._claimants)
 
     async def load(self) -> None:
-        """Load every instance at once; if any fails, unload the rest and raise LoadError."""
+        """Load every instance at once; if any fails, unload the rest and raise LoadError.
+        Resources the server can never provide refuse the load before any instance loads."""
+        if self._limiter is not None and self._claimants:
+            try:
+                self._limiter.admit(self._claimants)
+            except RateLimitError as refused:
+                raise LoadError(refused.message) from refused
         try:
             results = await asyncio.gather(
                 *(instance.load() for instance in self.instances), return_exceptions=True
             )
         except asyncio.CancelledError:
+            self._leave_limiter()
             for instance in self.instances:
                 instance.queue_unload()
             raise
@@ -501,27 +551,95 @@ class InstancePool:
             raise LoadError(f"instance '{instance.name}' failed to load: {reason}") from exc
         self._idle.extend(instance for instance in self.instances if not instance.passive)
 
+    def _leave_limiter(self) -> None:
+        """Give back the turns of free instances, then leave the limiter (a running batch
+        keeps its resources until it ends)."""
+        if self._limiter is not None and self._claimants:
+            self.return_unused()
+            self._limiter.remove(self._claimants)
+
     async def unload(self) -> None:
         """Unload each instance on its own thread, all in parallel."""
+        self._leave_limiter()
         self._idle.clear()
         await asyncio.gather(
             *(instance.unload() for instance in self.instances), return_exceptions=True
         )
 
     def acquire(self) -> Instance | None:
-        """A free healthy instance, or None while all are busy."""
-        while self._idle:
-            instance = self._idle.popleft()
-            if instance.healthy:
+        """A free healthy instance that may run now, or None while all are busy."""
+        idle = self._idle
+        if not self.limited:
+            while idle:
+                instance = idle.popleft()
+                if instance.healthy:
+                    return instance
+            return None
+        for instance in list(idle):
+            if not instance.healthy:
+                idle.remove(instance)
+            elif instance.claimant is None or instance.claimant.state == GRANTED:
+                idle.remove(instance)
                 return instance
         return None
 
     def has_idle(self) -> bool:
         """Whether `acquire()` would find an instance (asked once per dispatch pass)."""
         for instance in self._idle:
-            if instance.healthy:
+            if instance.healthy and (
+                instance.claimant is None or instance.claimant.state == GRANTED
+            ):
                 return True
         return False
+
+    def request_turn(self, wanted: int = 1) -> bool:
+        """Ask the rate limiter turns for free instances, fewest executions first, until
+        `wanted` (the requests queued) are waiting; True when one was given at once (`acquire`
+        then finds it). Several wait at once so that a blocked device does not hold back a
+        free one."""
+        limiter = self._limiter
+        if not self.limited or limiter is None:
+            return False
+        waiting = 0
+        candidates: list[Claimant] = []
+        for instance in self._idle:
+            claimant = instance.claimant
+            if claimant is None or not instance.healthy:
+                continue
+            if claimant.state == WAITING:
+                waiting += 1
+            elif claimant.state == IDLE:
+                candidates.append(claimant)
+        candidates.sort(key=lambda c: c.pass_)
+        for claimant in candidates[: max(0, wanted - waiting)]:
+            if limiter.request(claimant):
+                return True
+        return False
+
+    def may_run(self, instance: Instance) -> bool:
+        """Whether a free instance may run now: not limited, or given its turn."""
+        claimant = instance.claimant
+        return claimant is None or claimant.state == GRANTED
+
+    def request_turn_for(self, instance: Instance) -> bool:
+        """Ask a turn for this free instance (a sequence's); True when it may run now."""
+        claimant = instance.claimant
+        if claimant is None or claimant.state == GRANTED:
+            return True
+        if claimant.state == WAITING or self._limiter is None:
+            return False
+        return self._limiter.request(claimant)
+
+    def return_unused(self) -> None:
+        """Give back the turns of free instances that got no batch (and stop their waiting,
+        when nothing is left to run)."""
+        limiter = self._limiter
+        if limiter is None:
+            return
+        for instance in self._idle:
+            claimant = instance.claimant
+            if claimant is not None and claimant.state == GRANTED:
+                limiter.release(claimant, executed=False)
 
     def idle_instances(self) -> list[Instance]:
         """The free healthy instances, for a scheduler that picks the instance itself (a
@@ -532,9 +650,15 @@ class InstancePool:
         """Take a free instance that `idle_instances` listed."""
         self._idle.remove(instance)
 
-    def release(self, instance: Instance) -> None:
-        if instance.healthy and not instance.passive:
+    def release(self, instance: Instance, more: bool = False) -> None:
+        """An instance finished its batch; `more`: its scheduler has work waiting (then it
+        waits for its next turn before anyone else is let in, as in Triton)."""
+        keep = instance.healthy and not instance.passive
+        if keep:
             self._idle.append(instance)
+        claimant = instance.claimant
+        if claimant is not None and self._limiter is not None:
+            self._limiter.release(claimant, executed=True, again=more and keep)
 
     def healthy(self) -> bool:
         return any(instance.healthy and not instance.passive for instance in self.instances)

@@ -34,6 +34,7 @@ from scheduler.clock import Clock, MonotonicClock, TimerHandle
 from scheduler.interface import Scheduler, VersionSpec
 from scheduler.policy import DrainRate
 from scheduler.pool import BatchRun, Failed, Instance, InstancePool
+from scheduler.rate_limiter import RateLimiter
 from scheduler.stats import FailureReason, RejectionReason, VersionStatistics
 
 logger = logging.getLogger(__name__)
@@ -194,11 +195,13 @@ class QueueScheduler(Scheduler):
         *,
         clock: Clock | None = None,
         preserve_ordering: bool = False,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         super().__init__(spec, stats)
         self._queue = queue
         self._clock: Clock = clock or MonotonicClock()
-        self._pool = InstancePool(spec, self._clock)
+        self._pool = InstancePool(spec, self._clock, rate_limiter, self._turn_given)
+        self._limited = self._pool.limited  # some instance runs only when given a turn
         self._preserve_ordering = preserve_ordering
         self._batching = spec.config.max_batch_size > 0
         self._accepting = False
@@ -334,6 +337,17 @@ class QueueScheduler(Scheduler):
         self._timer_at = when
         self._timer = self._clock.call_at(when, self._timer_fired) if when is not None else None
 
+    def _more_work(self, instance: Instance) -> bool:
+        """Whether `instance` has work waiting now (it then asks for its next turn at once)."""
+        return bool(len(self._queue))
+
+    def _turn_given(self) -> None:
+        """The rate limiter gave a waiting instance its turn: dispatch (on the loop)."""
+        if self._task is not None:
+            self._dispatch_now()
+        else:  # stopped meanwhile, or not yet started: nothing runs on this turn
+            self._pool.return_unused()
+
     def _timer_fired(self) -> None:
         self._timer = self._timer_at = None
         self._wake.set()
@@ -351,18 +365,27 @@ class QueueScheduler(Scheduler):
                 now,
                 RejectionReason.QUEUE_TIMEOUT,
             )
+        pool = self._pool
         if self._hold:
             if len(queue) < self._hold and self._accepting:
+                if self._limited:
+                    pool.return_unused()
                 return queue.next_deadline()
             self._hold = 0
         wake_at: int | None = None
-        while len(queue) and self._pool.has_idle():
+        while len(queue):
+            # With the rate limiter an instance waits for its turn; the batch is formed when
+            # the turn comes, so it holds what arrived meanwhile.
+            if not pool.has_idle() and not pool.request_turn(len(queue)):
+                break
             batch, wake_at = queue.take(now, not self._accepting, arriving)
             if not batch:
                 break
-            instance = self._pool.acquire()
+            instance = pool.acquire()
             assert instance is not None
             self._launch(instance, batch, now)
+        if self._limited:
+            pool.return_unused()  # a turn that found no batch (due later, or cancelled)
         deadline = queue.next_deadline()
         if deadline is not None and (wake_at is None or deadline < wake_at):
             wake_at = deadline
@@ -391,7 +414,7 @@ class QueueScheduler(Scheduler):
             self.failure_reason = next(
                 (o.error.message for o in result.outcomes if isinstance(o, Failed)), ""
             )
-        self._pool.release(instance)
+        self._pool.release(instance, self._limited and self._more_work(instance))
         if len(self._queue) and self._pool.has_idle():
             self._dispatch_now()  # the next batch first: the instance need not wait for the loop
         if result.executed:
@@ -534,6 +557,11 @@ class DefaultScheduler(QueueScheduler):
     instances in parallel, requests taken oldest first."""
 
     def __init__(
-        self, spec: VersionSpec, stats: VersionStatistics, *, clock: Clock | None = None
+        self,
+        spec: VersionSpec,
+        stats: VersionStatistics,
+        *,
+        clock: Clock | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
-        super().__init__(spec, stats, FifoQueue(), clock=clock)
+        super().__init__(spec, stats, FifoQueue(), clock=clock, rate_limiter=rate_limiter)

@@ -14,6 +14,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from backends import registry as backend_registry
@@ -23,6 +24,8 @@ from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
 from scheduler import affinity
+from scheduler.factory import create_scheduler
+from scheduler.rate_limiter import RateLimiter
 from server.core.inference_core import InferenceCore
 from server.core.inference_path import InferencePath
 from server.core.response_cache import ResponseCache, VersionCache
@@ -106,6 +109,8 @@ class ServerApp:
             custom_metric=custom.apply,
             declare_metric=custom.declare,
         )
+        # The one rate limiter (None with --rate-limit off): every model's scheduler shares it.
+        self.rate_limiter = _rate_limiter(settings)
         self.manager = ModelManager(
             ManagerSettings(
                 settings.model_repositories,
@@ -129,6 +134,7 @@ class ServerApp:
             infer=self.inference.infer_admitted,
             host=self.inference,
             response_cache=_response_cache(settings),
+            scheduler_factory=partial(create_scheduler, rate_limiter=self.rate_limiter),
         )
         self.poller: RepositoryPoller | None = None
         if settings.model_control_mode == "poll":
@@ -318,6 +324,21 @@ class ServerApp:
             listener.should_exit = True
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=grace + 1)
+
+
+def _rate_limiter(settings: ServerSettings) -> RateLimiter | None:
+    """The one rate limiter of this process (every model's instances share it), or None with
+    --rate-limit off (instance groups' rate_limiter is then ignored, as in Triton)."""
+    if settings.rate_limit != "execution_count":
+        if settings.rate_limit_resources:
+            log.warning("--rate-limit-resource is ignored: --rate-limit is off")
+        return None
+    limits = ", ".join(
+        f"{r.name}:{r.count}" + ("" if r.device is None else f":{r.device}")
+        for r in settings.rate_limit_resources
+    )
+    log.info("rate limiter: execution_count, resources %s", limits or "by default")
+    return RateLimiter(settings.rate_limit_resources)
 
 
 def _response_cache(settings: ServerSettings) -> Callable[[str, bool], VersionCache | None] | None:

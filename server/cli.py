@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.text import set_echo_limit
+from scheduler.rate_limiter import parse_resource_flag
 from server.net.loop import new_event_loop
 from server.observability import log_escaping
 from server.settings import (
@@ -495,6 +496,24 @@ def build_parser() -> argparse.ArgumentParser:
         "whose config has response_cache { enable: true } (default: no cache)",
     )
     add(
+        "--rate-limit",
+        type=str.lower,
+        choices=("off", "execution_count"),
+        default="off",
+        help="Triton's rate limiter: execution_count runs an instance's batch only while the "
+        "resources its instance_group's rate_limiter names are free, turns weighted by its "
+        "priority; off (default) ignores rate_limiter",
+    )
+    add(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        metavar="NAME:COUNT[:DEVICE]",
+        help="copies of a rate-limiter resource, per device (on DEVICE only, when given; a "
+        "global resource has COUNT for the whole server); repeatable; default: the most any "
+        "loaded instance asks for",
+    )
+    add(
         "--max-shared-memory-regions",
         type=_positive_int,
         default=1024,
@@ -619,6 +638,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
             args.grpc_restricted_protocol, "--grpc-restricted-protocol", GRPC_HEADER_PREFIX
         )
         cache_bytes = parse_cache_config(args.cache_config)
+        rate_resources = [parse_resource_flag(text) for text in args.rate_limit_resource]
         trace_config, otel_config = parse_trace_config(args.trace_config)
         if trace_config.get("trace_mode") == ["opentelemetry"]:
             _require_otel()
@@ -717,6 +737,8 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         custom_metric_max_buckets=args.custom_metric_max_buckets,
         custom_metric_max_text=args.custom_metric_max_text,
         response_cache_bytes=cache_bytes,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=rate_resources,
         http_restricted_api=http_restricted,
         grpc_restricted_protocol=grpc_restricted,
         trace_config=trace_config,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scheduler.rate_limiter import ResourceLimit
 from server.observability.quantiles import DEFAULT_CAPACITY, DEFAULT_QUANTILES
 
 SERVER_NAME = "ascend-serve"  # what server metadata names us unless --id says otherwise
@@ -125,6 +126,11 @@ class ServerSettings:
     # The response cache (server/core/response_cache.py), from --cache-config local,size=N:
     # bytes it may hold in all; 0: no cache (a model's response_cache is then ignored).
     response_cache_bytes: int = 0
+    # Triton's rate limiter (scheduler/rate_limiter.py): "off" ignores instance groups'
+    # rate_limiter; "execution_count" gives instances turns on the resources they name, whose
+    # copies are these --rate-limit-resource values (by default the most any instance asks).
+    rate_limit: str = "off"
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
     # System shared memory regions clients may register at once (server/core/client_shm.py).
     max_shared_memory_regions: int = 1024
     # How much of a client-chosen text an error or log line shows (protocol/text.py).

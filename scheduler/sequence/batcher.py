@@ -24,6 +24,7 @@ from scheduler.clock import Clock
 from scheduler.interface import VersionSpec
 from scheduler.pool import BatchRun, Instance, instance_specs
 from scheduler.queue_scheduler import Batch, QueueScheduler
+from scheduler.rate_limiter import RateLimiter
 from scheduler.sequence.config import (
     FLAG_END,
     FLAG_START,
@@ -43,14 +44,19 @@ class SequenceBatcher(QueueScheduler):
     """One model version's sequences: slots per instance, direct or oldest batches."""
 
     def __init__(
-        self, spec: VersionSpec, stats: VersionStatistics, *, clock: Clock | None = None
+        self,
+        spec: VersionSpec,
+        stats: VersionStatistics,
+        *,
+        clock: Clock | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.settings = settings = read_settings(spec.config)
         # The pool is built by the base class; its instance list follows the config the same
         # way, so the lanes are known before it exists.
         lanes = [not passive for _, passive in instance_specs(spec.config, spec.name)]
         self._sequences = SequenceQueue(settings, lanes)
-        super().__init__(spec, stats, self._sequences, clock=clock)
+        super().__init__(spec, stats, self._sequences, clock=clock, rate_limiter=rate_limiter)
         self._take = self._sequences.take_oldest if settings.oldest else self._sequences.take_direct
         self._state_outputs = frozenset(state.output_name for state in settings.states)
         self._active = -1
@@ -165,21 +171,36 @@ class SequenceBatcher(QueueScheduler):
                 RejectionReason.QUEUE_TIMEOUT,
             )
         wake_at = sequences.next_reap()
+        pool = self._pool
         if self._hold:  # TRITONSERVER_DELAY_SCHEDULER, as the queue scheduler honours it
             if len(sequences) < self._hold and self._accepting:
+                if self._limited:
+                    pool.return_unused()
                 return wake_at
             self._hold = 0
         if len(sequences):
             flush = not self._accepting
-            for instance in self._pool.idle_instances():
-                pairs, due = self._take(instance.spec.index, now, flush)
+            for instance in pool.idle_instances():
+                lane = instance.spec.index
+                # With the rate limiter, an instance whose slots have work asks for its own
+                # turn (a sequence stays on its instance); it runs when the turn comes.
+                if not pool.may_run(instance) and not (
+                    sequences.has_work(lane) and pool.request_turn_for(instance)
+                ):
+                    continue
+                pairs, due = self._take(lane, now, flush)
                 if pairs:
-                    self._pool.claim(instance)
+                    pool.claim(instance)
                     self._launch_slots(instance, pairs, now)
                 elif due is not None and (wake_at is None or due < wake_at):
                     wake_at = due
+        if self._limited:
+            pool.return_unused()  # a turn that found no batch due
         self._check_settled()
         return wake_at
+
+    def _more_work(self, instance: Instance) -> bool:
+        return self._sequences.has_work(instance.spec.index)
 
     def _launch_slots(self, instance: Instance, pairs: list[Pair], now: int) -> None:
         entries = [entry for _, entry, _ in pairs if entry is not None]

@@ -259,6 +259,15 @@ class SequenceQueue(RequestQueue):
             pairs.append(self._pop(slot) if head is not None else (slot, None, None))
         return pairs, None
 
+    def has_work(self, lane: int) -> bool:
+        """Whether one instance's slots hold a request it could run next (the rate limiter's
+        turn is asked only for such an instance)."""
+        oldest = self._settings.oldest
+        return any(
+            not (oldest and slot.in_flight) and self._head(slot) is not None
+            for slot in self.lanes[lane]
+        )
+
     def take_oldest(self, lane: int, now_ns: int, flush: bool) -> tuple[list[Pair], int | None]:
         """A dynamic batch from the sequences of one instance with nothing in flight, oldest
         head first, by preferred_batch_size and max_queue_delay_microseconds."""
