@@ -22,6 +22,7 @@ from repository.bounds import ModelBounds
 from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
+from repository.s3_mirror import MirrorError, ObjectRepositories
 from scheduler import affinity
 from server.core.inference_core import InferenceCore
 from server.core.inference_path import InferencePath
@@ -106,9 +107,20 @@ class ServerApp:
             custom_metric=custom.apply,
             declare_metric=custom.declare,
         )
+        # s3:// repositories, each mirrored into a local folder that is served as from disk.
+        self.objects: ObjectRepositories | None = None
+        repositories = list(settings.model_repositories)
+        if settings.object_repositories:
+            self.objects = ObjectRepositories(
+                settings.object_repositories,
+                settings.object_store_cache_dir,
+                settings.object_store_limits,
+            )
+            repositories += self.objects.roots
+        explicit = settings.model_control_mode == "explicit"
         self.manager = ModelManager(
             ManagerSettings(
-                settings.model_repositories,
+                repositories,
                 settings.auto_complete_config,
                 settings.exit_timeout_secs,
                 settings.model_config_name,
@@ -129,14 +141,16 @@ class ServerApp:
             infer=self.inference.infer_admitted,
             host=self.inference,
             response_cache=_response_cache(settings),
+            refresh=self.objects.refresh_model if self.objects is not None and explicit else None,
         )
         self.poller: RepositoryPoller | None = None
         if settings.model_control_mode == "poll":
             self.poller = RepositoryPoller(
-                settings.model_repositories,
+                repositories,
                 self.manager,
                 settings.repository_poll_secs,
                 settle=settings.repository_settle_secs,
+                refresh=self.objects.refresh if self.objects is not None else None,
             )
         self.core = InferenceCore(settings, self.registry, self.manager, self.inference)
         self._stop = asyncio.Event()
@@ -166,8 +180,13 @@ class ServerApp:
         """Load models and open the listeners. False when startup must abort (--exit-on-error)."""
         self.inference.attach_loop()
         missing = layout.missing_repositories(self.settings.model_repositories)
-        if missing:
-            reason = f"model repository '{missing[0]}' does not exist"
+        reason = f"model repository '{missing[0]}' does not exist" if missing else ""
+        if self.objects is not None:
+            try:
+                await asyncio.to_thread(self.objects.sync_all)
+            except MirrorError as exc:  # no bucket, no access, too many objects
+                reason = reason or str(exc)
+        if reason:
             log.error("%s", reason)
             if self.settings.exit_on_error:
                 log.error("exiting: --exit-on-error is set")
@@ -248,6 +267,13 @@ class ServerApp:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
+        try:
+            return await self._run()
+        finally:
+            if self.objects is not None:  # the mirrors: nothing runs from them any more
+                await asyncio.to_thread(self.objects.close)
+
+    async def _run(self) -> int:
         try:
             if not await self.start():
                 await self._close_listeners(1.0)
