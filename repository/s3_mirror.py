@@ -487,7 +487,7 @@ class ObjectRepositories:
         for mirror in self.mirrors:
             try:
                 mirror.sync()
-            except MirrorError as exc:
+            except (MirrorError, OSError) as exc:  # OSError: the cache folder's disk
                 log.error("%s; serving what was fetched before", exc)
 
     def refresh_model(self, name: str) -> None:
@@ -495,7 +495,7 @@ class ObjectRepositories:
         for mirror in self.mirrors:
             try:
                 mirror.sync_model(name)
-            except MirrorError as exc:
+            except (MirrorError, OSError) as exc:
                 log.error("%s; loading what was fetched before", exc)
 
     def close(self) -> None:
