@@ -29,6 +29,7 @@ from harness.serverproc import free_port
 class S3Endpoint:
     port: int
     secret: str = field(default_factory=lambda: f"secret-{uuid.uuid4().hex}")
+    token: str = field(default_factory=lambda: f"token-{uuid.uuid4().hex}")
     key_id: str = "AKIDTESTING0000000000"
 
     @property
@@ -40,6 +41,7 @@ class S3Endpoint:
         return {
             "AWS_ACCESS_KEY_ID": self.key_id,
             "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_SESSION_TOKEN": self.token,
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_EC2_METADATA_DISABLED": "true",
             "AWS_CONFIG_FILE": os.devnull,
@@ -54,6 +56,7 @@ class S3Endpoint:
             endpoint_url=self.url,
             aws_access_key_id=self.key_id,
             aws_secret_access_key=self.secret,
+            aws_session_token=self.token,
             region_name="us-east-1",
         )
 

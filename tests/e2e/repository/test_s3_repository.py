@@ -101,11 +101,11 @@ def test_a_model_in_s3_serves_beside_a_local_one_and_no_secret_is_shown(
         assert grpc.is_model_ready("simple", "1")
         entries = index(server.base)
         assert sorted(e["name"] for e in entries) == ["nearby", "simple"]
-        assert s3.secret not in str(entries)
+        assert s3.secret not in str(entries) and s3.token not in str(entries)
         assert any(cache.iterdir())  # the mirror, while serving
         log = server.log()
-    assert s3.secret not in log
-    assert s3.secret not in server.log()
+    assert s3.secret not in log and s3.token not in log
+    assert s3.secret not in server.log() and s3.token not in server.log()
     assert list(cache.iterdir()) == []  # the mirror is gone with the server
 
 
@@ -208,6 +208,15 @@ def test_a_missing_bucket_or_unreachable_endpoint_stops_the_server_with_a_messag
         start_server([s3.repository("no-such-bucket")], env=s3.env(), log_dir=tmp_path)
     assert "bucket 'no-such-bucket' does not exist" in str(failed.value)
     assert "Traceback" not in str(failed.value) and s3.secret not in str(failed.value)
+    # --exit-on-error=false: up, answering metadata, but not live, as for a missing directory.
+    with running_server(
+        [s3.repository("no-such-bucket")],
+        ["--exit-on-error=false"],
+        env=s3.env(),
+        wait_ready="/v2",
+        log_dir=tmp_path,
+    ) as server:
+        assert httpx.get(server.base + "/v2/health/live", timeout=5).status_code != 200
     closed = f"s3://127.0.0.1:{free_port()}/models"
     args = ["--object-store-timeout-secs", "2"]
     with pytest.raises(RuntimeError) as failed:
