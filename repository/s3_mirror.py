@@ -16,9 +16,7 @@ there: the poller then loads that unit at once (repository/fingerprint.py), as i
 deploy that writes `.ready` last. Without one, an upload in progress is judged by the poller's
 settle time like a copy in progress on disk.
 
-Credentials are boto3's: the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-AWS_SESSION_TOKEN, AWS_DEFAULT_REGION) or its other usual sources. They are never logged:
-boto3's own loggers are held at WARNING, and our messages go through `redacted()`.
+The client, its credentials and its errors are repository/s3_client.py's.
 
 Everything here blocks on the network and the disk: run it off the event loop.
 """
@@ -31,7 +29,6 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
@@ -39,6 +36,7 @@ from typing import Any
 
 from repository import layout
 from repository.fingerprint import READY_MARKER
+from repository.s3_client import ClientFactory, default_client, describe
 from repository.s3_location import S3Location
 
 log = logging.getLogger(__name__)
@@ -47,8 +45,6 @@ log = logging.getLogger(__name__)
 Unit = int | None
 _CHUNK = 1 << 20
 _STAGING = ".staging"
-_SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
-_QUIET_LOGGERS = ("boto3", "botocore", "s3transfer", "urllib3")
 _MAX_WARNED = 1000
 
 
@@ -81,16 +77,6 @@ UnitFiles = dict[str, RemoteFile]
 Listing = dict[str, dict[Unit, UnitFiles]]
 
 
-def redacted(text: str) -> str:
-    """`text` without the values of the credential variables (belt and braces: neither boto3's
-    errors nor ours are known to quote them)."""
-    for name in _SECRET_VARIABLES:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text
-
-
 def signature(files: UnitFiles) -> frozenset[tuple[str, str, int, float]]:
     return frozenset((f.relative, f.etag, f.size, f.modified) for f in files.values())
 
@@ -121,50 +107,6 @@ def _marker_name(unit: Unit) -> str:
     return READY_MARKER if unit is None else f"{unit}/{READY_MARKER}"
 
 
-def default_client(location: S3Location, limits: MirrorLimits) -> Any:
-    """A boto3 S3 client for `location`, with the limits' timeouts and few retries."""
-    import boto3
-    from botocore.config import Config
-
-    for name in _QUIET_LOGGERS:  # their DEBUG lines carry request headers
-        logging.getLogger(name).setLevel(logging.WARNING)
-    config = Config(
-        connect_timeout=limits.timeout_secs,
-        read_timeout=limits.timeout_secs,
-        retries={"max_attempts": 3, "mode": "standard"},
-        s3={"addressing_style": "path"} if location.endpoint else {},
-    )
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=location.endpoint,
-        region_name=os.environ.get("AWS_DEFAULT_REGION") or None,
-        config=config,
-    )
-
-
-def describe(exc: BaseException, location: S3Location) -> str:
-    """What went wrong, in words an operator can act on, without credentials."""
-    response = getattr(exc, "response", None)
-    code = ""
-    if isinstance(response, dict):
-        code = str(response.get("Error", {}).get("Code", ""))
-    name = type(exc).__name__
-    if code == "NoSuchBucket":
-        text = f"bucket '{location.bucket}' does not exist"
-    elif code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
-        text = (
-            f"access denied ({code}): check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
-            "and AWS_SESSION_TOKEN"
-        )
-    elif name == "NoCredentialsError":
-        text = "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-    elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError"):
-        text = f"cannot reach {location.endpoint or 'S3'}: {exc}"
-    else:
-        text = f"{name}: {exc}"
-    return redacted(text)
-
-
 class S3Mirror:
     """One S3 repository and its local mirror folder `root` (owned: emptied at start)."""
 
@@ -173,7 +115,7 @@ class S3Mirror:
         location: S3Location,
         root: Path,
         limits: MirrorLimits = MirrorLimits(),
-        client_factory: Callable[[S3Location, MirrorLimits], Any] = default_client,
+        client_factory: ClientFactory = default_client,
     ) -> None:
         self.location = location
         self.root = root
@@ -193,7 +135,7 @@ class S3Mirror:
     # ----- listing --------------------------------------------------------------------------
     def _s3(self) -> Any:
         if self._client is None:
-            self._client = self._client_factory(self.location, self.limits)
+            self._client = self._client_factory(self.location, self.limits.timeout_secs)
         return self._client
 
     def list(self, model: str | None = None) -> Listing:
@@ -455,7 +397,7 @@ class ObjectRepositories:
         locations: list[S3Location],
         cache_dir: Path | None = None,
         limits: MirrorLimits = MirrorLimits(),
-        client_factory: Callable[[S3Location, MirrorLimits], Any] = default_client,
+        client_factory: ClientFactory = default_client,
     ) -> None:
         self._owned = cache_dir is None
         self.cache_dir = (

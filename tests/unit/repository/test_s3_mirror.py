@@ -13,15 +13,9 @@ import pytest
 
 from repository import layout
 from repository.fingerprint import scan_model
+from repository.s3_client import default_client, redacted
 from repository.s3_location import S3Location
-from repository.s3_mirror import (
-    MirrorError,
-    MirrorLimits,
-    ObjectRepositories,
-    S3Mirror,
-    default_client,
-    redacted,
-)
+from repository.s3_mirror import MirrorError, MirrorLimits, ObjectRepositories, S3Mirror
 from tests.support.s3 import S3Endpoint, moto_thread
 
 BUCKET = "models"
@@ -115,8 +109,8 @@ def test_a_version_whose_fetch_fails_keeps_the_mirrored_copy_whole(
     put(s3, "m/1/b.bin", b"old b")
     failing: list[FailingGets] = []
 
-    def factory(where: S3Location, limits: MirrorLimits) -> Any:
-        failing.append(FailingGets(default_client(where, limits), "never"))
+    def factory(where: S3Location, timeout: float) -> Any:
+        failing.append(FailingGets(default_client(where, timeout), "never"))
         return failing[0]
 
     mirror = S3Mirror(location(endpoint, s3), tmp_path / "mirror", client_factory=factory)
