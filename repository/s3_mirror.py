@@ -128,9 +128,17 @@ class S3Mirror:
         self._warned: set[str] = set()
         # Units whose fetch failed, with what was listed then: the same failure is logged once.
         self._failed: dict[tuple[str, Unit], frozenset[tuple[str, str, int, float]]] = {}
-        if root.exists():
-            shutil.rmtree(root)
-        root.mkdir(parents=True)
+        self._prepared = False
+
+    def prepare(self) -> None:
+        """Empty (or create) the mirror folder, once, before the first sync: nothing from an
+        earlier run is served."""
+        if self._prepared:
+            return
+        if self.root.exists():
+            shutil.rmtree(self.root)
+        self.root.mkdir(parents=True)
+        self._prepared = True
 
     # ----- listing --------------------------------------------------------------------------
     def _s3(self) -> Any:
@@ -197,6 +205,7 @@ class S3Mirror:
         """Bring the whole mirror up to date. Raises MirrorError when the listing fails (the
         mirror then stays as it was)."""
         with self._lock:
+            self.prepare()
             listing = self.list()
             for name in sorted(set(self._held) - set(listing)):
                 self._remove_model(name)
@@ -206,6 +215,7 @@ class S3Mirror:
     def sync_model(self, name: str) -> None:
         """Bring one model's folder up to date (an explicit-mode load of it)."""
         with self._lock:
+            self.prepare()
             remote = self.list(name).get(name)
             if remote is None:
                 if name in self._held:
@@ -215,7 +225,8 @@ class S3Mirror:
 
     def close(self) -> None:
         with self._lock:
-            shutil.rmtree(self.root, ignore_errors=True)
+            if self._prepared:  # never delete what this mirror did not make
+                shutil.rmtree(self.root, ignore_errors=True)
             self._held.clear()
 
     def _remove_model(self, name: str) -> None:
@@ -389,8 +400,9 @@ class S3Mirror:
 class ObjectRepositories:
     """Every S3 repository of the server, mirrored under one cache folder.
 
-    `cache_dir` None: a temporary folder of this process, deleted by `close()`. Given: each
-    repository gets a subfolder named after its URL, emptied at start and deleted at close."""
+    `cache_dir` None: a temporary folder of this process (0700), deleted by `close()`. Given:
+    each repository gets a subfolder named after its URL, emptied at start and deleted at
+    close. Nothing is written before `sync_all()`, whose disk errors are OSErrors."""
 
     def __init__(
         self,
@@ -400,10 +412,9 @@ class ObjectRepositories:
         client_factory: ClientFactory = default_client,
     ) -> None:
         self._owned = cache_dir is None
-        self.cache_dir = (
-            Path(tempfile.mkdtemp(prefix="ascend-serve-repositories-"))
-            if cache_dir is None
-            else cache_dir
+        self._created = False  # the owned folder, once made
+        self.cache_dir = cache_dir or Path(tempfile.gettempdir()) / (
+            f"ascend-serve-repositories-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
         self.mirrors = [
             S3Mirror(
@@ -420,7 +431,13 @@ class ObjectRepositories:
         return [mirror.root for mirror in self.mirrors]
 
     def sync_all(self) -> None:
-        """Startup: every repository mirrored. Raises MirrorError naming the first that fails."""
+        """Startup: every repository mirrored. Raises MirrorError naming the first that fails
+        (every mirror folder exists by then, empty where its sync did not run)."""
+        if self._owned and not self._created:
+            self.cache_dir.mkdir(mode=0o700)
+            self._created = True
+        for mirror in self.mirrors:
+            mirror.prepare()
         for mirror in self.mirrors:
             mirror.sync()
 
@@ -443,5 +460,5 @@ class ObjectRepositories:
     def close(self) -> None:
         for mirror in self.mirrors:
             mirror.close()
-        if self._owned:
+        if self._created:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
