@@ -80,7 +80,7 @@ PORT_ATTEMPTS = 3
 
 
 def start_server(
-    repositories: Sequence[Path],
+    repositories: Sequence[Path | str],
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     log_dir: Path | None = None,
@@ -106,7 +106,7 @@ class _PortTaken(RuntimeError):
 
 
 def _start_once(
-    repositories: Sequence[Path],
+    repositories: Sequence[Path | str],
     extra_args: Sequence[str],
     env: dict[str, str] | None,
     log_dir: Path | None,
@@ -172,7 +172,7 @@ def _start_once(
 
 @contextmanager
 def running_server(
-    repositories: Sequence[Path],
+    repositories: Sequence[Path | str],
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     wait_ready: bool | str = True,

@@ -60,6 +60,13 @@ def scan_repositories(
 _KNOWN_SUBDIRS = ("configs", "warmup")
 
 
+def version_number(name: str) -> int | None:
+    """The version a directory name stands for: a positive integer without leading zeros."""
+    if not (name.isascii() and name.isdigit()) or (len(name) > 1 and name.startswith("0")):
+        return None
+    return int(name) or None
+
+
 def version_directories(model_dir: Path, *, quiet: bool = False) -> dict[int, Path]:
     """Positive integer subdirectories; others (leading zeros, non-numbers) are ignored, with a
     warning unless `quiet` (the poller looks every few seconds and would repeat it forever)."""
@@ -68,13 +75,14 @@ def version_directories(model_dir: Path, *, quiet: bool = False) -> dict[int, Pa
         if not entry.is_dir():
             continue
         name = entry.name
-        if not name.isdigit() or (len(name) > 1 and name.startswith("0")) or int(name) == 0:
+        number = version_number(name)
+        if number is None:
             if not quiet and not name.startswith(".") and name not in _KNOWN_SUBDIRS:
                 log.warning(
                     "ignoring '%s' in model '%s': not a version directory", name, model_dir.name
                 )
             continue
-        versions[int(name)] = entry
+        versions[number] = entry
     return dict(sorted(versions.items()))
 
 

@@ -119,6 +119,7 @@ class ModelManager:
         scheduler_factory: SchedulerFactory = create_scheduler,
         host: Any | None = None,
         response_cache: CacheBinder | None = None,
+        refresh: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -127,6 +128,9 @@ class ModelManager:
         self._host = host
         self._scheduler_factory = scheduler_factory
         self._response_cache = response_cache  # None: the server has no --cache-config
+        # Explicit mode with mirrored repositories: bring a model's folder up to date before
+        # a load looks for it (blocking; repository/s3_mirror.py).
+        self._refresh = refresh
         # One load or unload at a time per model; different models load concurrently. A name's
         # lock lives only while someone holds or waits for it, so that load requests for any
         # number of unknown names leave nothing behind.
@@ -342,6 +346,8 @@ class ModelManager:
         if not plausible_name(name):
             raise LoadError(not_in_repository(name))
         if not files:
+            if self._refresh is not None:
+                self._refresh(name)
             return self._locate(name)
         if override is None:
             raise LoadError(not_in_repository(name))

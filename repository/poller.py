@@ -81,7 +81,9 @@ class Observation:
 
 class RepositoryPoller:
     """`settle`: seconds a unit's files must be seen unchanged before it loads (0: two polls
-    in a row are enough); `clock` is for tests."""
+    in a row are enough); `refresh` (blocking) brings mirrored repositories up to date before
+    each scan (repository/s3_mirror.py), so a scan never sees a mirror mid-update; `clock` is
+    for tests."""
 
     def __init__(
         self,
@@ -90,12 +92,14 @@ class RepositoryPoller:
         interval: float,
         *,
         settle: float = 0.0,
+        refresh: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.repositories = repositories
         self.target = target
         self.interval = interval
         self.settle = settle
+        self._refresh = refresh
         self._clock = clock
         self._hasher = ContentHasher()
         self._previous = Observation()
@@ -238,6 +242,8 @@ class RepositoryPoller:
 
     async def poll(self) -> list[asyncio.Task]:
         """One pass: scan, decide, start the loads and unloads (returned, to await in tests)."""
+        if self._refresh is not None:
+            await asyncio.to_thread(self._refresh)
         seen = await asyncio.to_thread(self._observe, self._previous, False)
         return [self._launch(action) for action in self._decide(seen)]
 

@@ -23,6 +23,7 @@ from repository.bounds import ModelBounds
 from repository.manager import ManagerSettings, ModelManager
 from repository.poller import RepositoryPoller
 from repository.registry import ModelRegistry
+from repository.s3_mirror import MirrorError, ObjectRepositories
 from scheduler import affinity
 from scheduler.factory import create_scheduler
 from scheduler.rate_limiter import RateLimiter
@@ -111,9 +112,20 @@ class ServerApp:
         )
         # The one rate limiter (None with --rate-limit off): every model's scheduler shares it.
         self.rate_limiter = _rate_limiter(settings)
+        # s3:// repositories, each mirrored into a local folder that is served as from disk.
+        self.objects: ObjectRepositories | None = None
+        repositories = list(settings.model_repositories)
+        if settings.object_repositories:
+            self.objects = ObjectRepositories(
+                settings.object_repositories,
+                settings.object_store_cache_dir,
+                settings.object_store_limits,
+            )
+            repositories += self.objects.roots
+        explicit = settings.model_control_mode == "explicit"
         self.manager = ModelManager(
             ManagerSettings(
-                settings.model_repositories,
+                repositories,
                 settings.auto_complete_config,
                 settings.exit_timeout_secs,
                 settings.model_config_name,
@@ -135,14 +147,16 @@ class ServerApp:
             host=self.inference,
             response_cache=_response_cache(settings),
             scheduler_factory=partial(create_scheduler, rate_limiter=self.rate_limiter),
+            refresh=self.objects.refresh_model if self.objects is not None and explicit else None,
         )
         self.poller: RepositoryPoller | None = None
         if settings.model_control_mode == "poll":
             self.poller = RepositoryPoller(
-                settings.model_repositories,
+                repositories,
                 self.manager,
                 settings.repository_poll_secs,
                 settle=settings.repository_settle_secs,
+                refresh=self.objects.refresh if self.objects is not None else None,
             )
         self.core = InferenceCore(settings, self.registry, self.manager, self.inference)
         self._stop = asyncio.Event()
@@ -172,8 +186,13 @@ class ServerApp:
         """Load models and open the listeners. False when startup must abort (--exit-on-error)."""
         self.inference.attach_loop()
         missing = layout.missing_repositories(self.settings.model_repositories)
-        if missing:
-            reason = f"model repository '{missing[0]}' does not exist"
+        reason = f"model repository '{missing[0]}' does not exist" if missing else ""
+        if self.objects is not None:
+            try:
+                await asyncio.to_thread(self.objects.sync_all)
+            except MirrorError as exc:  # no bucket, no access, too many objects
+                reason = reason or str(exc)
+        if reason:
             log.error("%s", reason)
             if self.settings.exit_on_error:
                 log.error("exiting: --exit-on-error is set")
@@ -254,6 +273,13 @@ class ServerApp:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
+        try:
+            return await self._run()
+        finally:
+            if self.objects is not None:  # the mirrors: nothing runs from them any more
+                await asyncio.to_thread(self.objects.close)
+
+    async def _run(self) -> int:
         try:
             if not await self.start():
                 await self._close_listeners(1.0)

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from protocol.text import set_echo_limit
+from repository.s3_location import S3Location, is_url, parse_repository_url
+from repository.s3_mirror import MirrorLimits
 from scheduler.rate_limiter import parse_resource_flag
 from server.net.loop import new_event_loop
 from server.observability import log_escaping
@@ -60,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         dest="model_repositories",
         required=True,
-        type=Path,
-        help="path of a model repository; repeat for several",
+        metavar="PATH_OR_URL",
+        help="path of a model repository, or s3://bucket/path (s3://host:port/bucket/path "
+        "for an S3-compatible endpoint; credentials from AWS_* variables); repeat for several",
     )
     add(
         "--id",
@@ -405,6 +408,45 @@ def build_parser() -> argparse.ArgumentParser:
         "complete; 0: two polls in a row (default 10)",
     )
     add(
+        "--object-store-cache-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where s3:// repositories are mirrored, one folder each, emptied at start and "
+        "deleted at exit (default: a temporary folder of the server's own)",
+    )
+    add(
+        "--object-store-max-objects",
+        type=_positive_int,
+        default=MirrorLimits.max_objects,
+        metavar="N",
+        help=f"most objects one s3:// repository may list (default {MirrorLimits.max_objects})",
+    )
+    add(
+        "--object-store-max-object-bytes",
+        type=_positive_int,
+        default=MirrorLimits.max_object_bytes,
+        metavar="BYTES",
+        help="largest object fetched from an s3:// repository (default "
+        f"{MirrorLimits.max_object_bytes})",
+    )
+    add(
+        "--object-store-max-version-bytes",
+        type=_positive_int,
+        default=MirrorLimits.max_version_bytes,
+        metavar="BYTES",
+        help="most bytes of one version (or of a model's model-level files) fetched from an "
+        f"s3:// repository (default {MirrorLimits.max_version_bytes})",
+    )
+    add(
+        "--object-store-timeout-secs",
+        type=_positive_float,
+        default=MirrorLimits.timeout_secs,
+        metavar="SECS",
+        help="connect and read timeout of each object-store request (default "
+        f"{MirrorLimits.timeout_secs:g})",
+    )
+    add(
         "--traffic-gate-interval-secs",
         type=_positive_float,
         default=0.25,
@@ -625,6 +667,25 @@ _positive_float = _bounded(float, strict=True)
 _non_negative_float = _bounded(float, strict=False)
 
 
+def _split_repositories(
+    parser: argparse.ArgumentParser, values: list[str]
+) -> tuple[list[Path], list[S3Location]]:
+    """Local paths (resolved) and object-store URLs (parsed; a bad one stops here, saying why)."""
+    local: list[Path] = []
+    remote: list[S3Location] = []
+    for value in values:
+        if not is_url(value):
+            local.append(Path(value).resolve())
+            continue
+        try:
+            location = parse_repository_url(value)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if location not in remote:
+            remote.append(location)
+    return local, remote
+
+
 def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -645,6 +706,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         metrics_config = parse_metrics_config(args.metrics_config)
     except ValueError as exc:
         parser.error(str(exc))
+    local, remote = _split_repositories(parser, args.model_repositories)
     budget = args.http_max_inflight_body_size
     if budget is not None and budget < args.http_max_input_size:
         # a body within its own limit would always be refused as if the server were busy
@@ -653,7 +715,15 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
             f"{args.http_max_input_size}"
         )
     return ServerSettings(
-        model_repositories=[p.resolve() for p in args.model_repositories],
+        model_repositories=local,
+        object_repositories=remote,
+        object_store_cache_dir=args.object_store_cache_dir,
+        object_store_limits=MirrorLimits(
+            args.object_store_max_objects,
+            args.object_store_max_object_bytes,
+            args.object_store_max_version_bytes,
+            args.object_store_timeout_secs,
+        ),
         server_id=args.server_id,
         http_address=args.http_address,
         http_port=args.http_port,

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from repository.s3_location import S3Location
+from repository.s3_mirror import MirrorLimits
 from scheduler.rate_limiter import ResourceLimit
 from server.observability.quantiles import DEFAULT_CAPACITY, DEFAULT_QUANTILES
 
@@ -21,6 +23,11 @@ GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS = 60_000
 @dataclass
 class ServerSettings:
     model_repositories: list[Path] = field(default_factory=list)
+    # s3:// repositories (repository/s3_mirror.py): mirrored under object_store_cache_dir (None:
+    # a temporary folder of the server's own), within object_store_limits.
+    object_repositories: list[S3Location] = field(default_factory=list)
+    object_store_cache_dir: Path | None = None
+    object_store_limits: MirrorLimits = field(default_factory=MirrorLimits)
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     grpc_address: str = "0.0.0.0"

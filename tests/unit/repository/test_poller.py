@@ -427,3 +427,28 @@ def test_ready_markers_are_kept_apart_from_the_contents(tmp_path: Path) -> None:
     assert sorted(scanned.units[None]) == ["config.pbtxt"]
     assert scanned.marked_complete(1) and scanned.marked_complete(None)
     assert not scanned.marked_complete(2)
+
+
+async def test_refresh_runs_before_each_scan_so_a_poll_sees_what_it_brought(
+    tmp_path: Path,
+) -> None:
+    """A mirrored repository (repository/s3_mirror.py) is brought up to date by `refresh`; the
+    scan of the same poll must see the result, never a mirror mid-update."""
+    repo = tmp_path / "mirror"
+    repo.mkdir()
+    arrivals = [lambda: make_model(repo, "m", (1,)), lambda: None]
+    refreshed: list[int] = []
+
+    def refresh() -> None:
+        refreshed.append(1)
+        if arrivals:
+            arrivals.pop(0)()
+
+    manager = FakeManager()
+    poller = RepositoryPoller([repo], manager, 0.1, settle=0.0, refresh=refresh)
+    await poller.prime()
+    assert refreshed == []  # startup synced before prime; prime does not sync again
+    await poll(poller)  # the model arrives with this poll's refresh: seen once
+    await poll(poller)  # seen twice in a row: loaded
+    assert refreshed == [1, 1]
+    assert manager.calls == [("load", "m", [1], [])]
