@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from backends.base import Backend, BackendError, InstanceSpec, ParameterBound
-from backends.python.backend import CrashWindow, number_parameter
-from backends.python.process import (
-    WorkerDied,
-    WorkerProcess,
-    WorkerReplyError,
-    describe_exit,
-    end_workers,
-    workers_ended,
+from backends.python import process as workers
+from backends.python.backend import (
+    CRASH_PARAMETER_BOUNDS,
+    RESTART_BACKOFF_S,
+    RESTART_WAIT_S,
+    CrashWindow,
+    crash_window,
 )
+from backends.python.process import WorkerDied, WorkerProcess, WorkerReplyError
 from npu import config as npu_config
 from protocol import errors
 
@@ -49,8 +49,6 @@ log = logging.getLogger(__name__)
 MODULE = "npu.executor.main"
 LOAD_TIMEOUT_S = 600.0  # a large model's load may take minutes
 FINALIZE_TIMEOUT_S = 10.0  # the executor's own teardown (unload, reset, acl.finalize)
-RESTART_WAIT_S = 30.0
-RESTART_BACKOFF_S = 0.5
 
 Key = tuple[str, str, str, int]  # (model, version dir, instance group, device)
 
@@ -134,11 +132,11 @@ class Executor:
         while True:
             code = control.wait()
             control.sever()
-            detail = describe_exit(code)
+            detail = workers.describe_exit(code)
             with self.cond:
                 if self.state == self._STOPPED or control is not self.control:
                     return
-                if workers_ended():
+                if workers.workers_ended():
                     self.state = self._STOPPED
                 elif self.crashes.record(time.monotonic()):
                     self.state = self._RESTARTING
@@ -229,11 +227,7 @@ def _executor(key: Key, config: ModelConfig) -> Executor:
     """The running executor for `key`, started on first use (called with _lock held)."""
     executor = _executors.get(key)
     if executor is None:
-        crashes = CrashWindow(
-            int(number_parameter(config, "max_worker_crashes", 3)),
-            number_parameter(config, "worker_crash_window_s", 60.0),
-        )
-        executor = Executor(key, crashes)
+        executor = Executor(key, crash_window(config))
         executor.start()
         _executors[key] = executor
     return executor
@@ -279,10 +273,7 @@ class AscendExecutorBackend(Backend):
     backend_name: ClassVar[str] = "ascend"
     platforms: ClassVar[tuple[str, ...]] = ("ascend_om",)
     default_model_filename: ClassVar[str] = "model.om"
-    parameter_bounds: ClassVar[Mapping[str, ParameterBound]] = {
-        "max_worker_crashes": ParameterBound(0, 1_000_000, integer=True),
-        "worker_crash_window_s": ParameterBound(0.0, 86400.0 * 365),
-    }
+    parameter_bounds: ClassVar[Mapping[str, ParameterBound]] = CRASH_PARAMETER_BOUNDS
 
     def __init__(
         self, config: ModelConfig, model_dir: Path, version_dir: Path, instance: InstanceSpec
@@ -425,4 +416,4 @@ class AscendExecutorBackend(Backend):
 
     @classmethod
     def end_child_processes(cls) -> int:
-        return end_workers()
+        return workers.end_workers()
