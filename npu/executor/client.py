@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -36,9 +37,12 @@ from backends.python.backend import (
     RESTART_WAIT_S,
     CrashWindow,
     crash_window,
+    number_parameter,
 )
-from backends.python.process import WorkerDied, WorkerProcess, WorkerReplyError
+from backends.python.process import WorkerDied, WorkerProcess
+from backends.python.wire.framing import ArenaReader
 from npu import config as npu_config
+from npu.executor.buffers import InputArena, OutputSlabs
 from protocol import errors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,6 +51,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 MODULE = "npu.executor.main"
+# Output slabs per instance (config parameter `executor_output_buffers`; 0: copy outputs out).
+DEFAULT_OUTPUT_BUFFERS = 4
+MAX_OUTPUT_BUFFERS = 64
 LOAD_TIMEOUT_S = 600.0  # a large model's load may take minutes
 FINALIZE_TIMEOUT_S = 10.0  # the executor's own teardown (unload, reset, acl.finalize)
 
@@ -273,7 +280,11 @@ class AscendExecutorBackend(Backend):
     backend_name: ClassVar[str] = "ascend"
     platforms: ClassVar[tuple[str, ...]] = ("ascend_om",)
     default_model_filename: ClassVar[str] = "model.om"
-    parameter_bounds: ClassVar[Mapping[str, ParameterBound]] = CRASH_PARAMETER_BOUNDS
+    parameter_bounds: ClassVar[Mapping[str, ParameterBound]] = {
+        **CRASH_PARAMETER_BOUNDS,
+        "executor_output_buffers": ParameterBound(0, MAX_OUTPUT_BUFFERS, integer=True),
+    }
+    gathers_batches: ClassVar[bool] = True  # requests join straight into the shared arena
 
     def __init__(
         self, config: ModelConfig, model_dir: Path, version_dir: Path, instance: InstanceSpec
@@ -283,7 +294,12 @@ class AscendExecutorBackend(Backend):
         self._executor: Executor | None = None
         self._channel: WorkerProcess | None = None
         self._healthy = True
-        self._output_names = [output.name for output in config.output]
+        self._inputs = InputArena()
+        self._fallback = ArenaReader()  # the executor's arena, when no output slab was free
+        self._slabs: OutputSlabs | None = None
+        self._slab_limit = int(
+            number_parameter(config, "executor_output_buffers", DEFAULT_OUTPUT_BUFFERS)
+        )
 
     @classmethod
     def place_instances(cls, config: ModelConfig) -> None:
@@ -349,6 +365,11 @@ class AscendExecutorBackend(Backend):
             channel.close()
             raise BackendError(reply.get("error", "load failed"))
         self.batch_gears = tuple(reply.get("gears", ()))
+        if self._slabs is None and self._slab_limit > 0:
+            self._slabs = OutputSlabs(int(reply.get("output_bytes", 0)), self._slab_limit)
+        elif self._slabs is not None:
+            self._slabs.reset()  # a new process: the slabs are mapped there afresh
+        self._inputs.resend()
         previous = self._channel  # the channel into a process that died (a restart)
         self._executor, self._channel, self._healthy = executor, channel, True
         if previous is not None:
@@ -360,6 +381,10 @@ class AscendExecutorBackend(Backend):
         if channel is not None:
             channel.sever()
 
+    def gather(self, requests: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The batch's inputs, joined once, straight into the arena the executor reads."""
+        return self._inputs.gather(requests)
+
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         executor = self._executor
         if executor is None:
@@ -367,22 +392,51 @@ class AscendExecutorBackend(Backend):
         executor.ready()
         channel = self._channel
         assert channel is not None
+        if inputs is not self._inputs.gathered:  # not from gather(): a direct call
+            self.gather([inputs])
+        message: dict[str, Any] = {"op": "execute", "requests": [self._inputs.refs]}
+        fds: list[int] = []
+        new_inputs = self._inputs.take_new_fd()
+        if new_inputs is not None:
+            message["new_inputs"] = True
+            fds.append(new_inputs)
+        slabs = self._slabs
+        slab = slabs.acquire() if slabs is not None else None
+        if slab is not None:
+            message["slab"] = slab[0]
+            if slab[1] is not None:
+                message["new_slab"] = True
+                fds.append(slab[1])
         try:
-            results = channel.execute([inputs], self._output_names)
-        except WorkerReplyError as exc:
-            reply = exc.reply
-            self._healthy = bool(reply.get("healthy", True))
-            if reply.get("kind") == "invalid":
-                raise errors.InvalidArgument(str(exc)) from None
-            raise BackendError(str(exc), fatal=bool(reply.get("fatal"))) from None
+            reply, reply_fds = channel.call(message, fds)
         except WorkerDied as exc:
+            if slab is not None and slabs is not None:
+                slabs.give_back(slab[0])
             raise errors.Unavailable(
                 f"{executor.label}: the process {exc.detail} while running this batch; "
                 "it is being restarted"
             ) from None
-        result = results[0]
-        assert isinstance(result, dict)
-        return dict(result)
+        placed = reply.get("slab_outputs")
+        if slab is not None and placed is None:
+            assert slabs is not None
+            slabs.give_back(slab[0])
+        if not reply.get("ok"):
+            for fd in reply_fds:
+                os.close(fd)
+            self._healthy = bool(reply.get("healthy", True))
+            text = reply.get("error", "execute failed")
+            if reply.get("kind") == "invalid":
+                raise errors.InvalidArgument(text)
+            raise BackendError(text, fatal=bool(reply.get("fatal")))
+        self._healthy = bool(reply.get("healthy", True))
+        if placed is not None:
+            assert slabs is not None and slab is not None
+            return slabs.views(slab[0], placed)
+        if reply_fds:
+            self._fallback.adopt(reply_fds[0])
+            for extra in reply_fds[1:]:
+                os.close(extra)
+        return {ref[0]: self._fallback.copy(ref) for ref in reply["outputs"][0]}
 
     def unload(self) -> None:
         executor, channel = self._executor, self._channel
@@ -393,6 +447,11 @@ class AscendExecutorBackend(Backend):
             except WorkerDied:
                 pass
             channel.close()
+        self._inputs.close()
+        self._fallback.close()
+        if self._slabs is not None:
+            self._slabs.close()
+            self._slabs = None
         if executor is not None:
             self._detach(executor)
 
@@ -414,6 +473,6 @@ class AscendExecutorBackend(Backend):
         executor = self._executor
         return self._healthy and executor is not None and not executor.failed()
 
-    @classmethod
-    def end_child_processes(cls) -> int:
-        return workers.end_workers()
+    # end_child_processes: the base's 0. Executors are Python-backend workers, which
+    # PythonBackend.end_child_processes ends (this module imports it, so the registry calls
+    # it); ending them here too counted every worker twice.
