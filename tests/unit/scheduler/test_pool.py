@@ -426,3 +426,22 @@ async def test_a_backend_that_gathers_joins_every_batch_itself(journal):
     gathers = [name for phase, name, _ in journal.calls if phase == "gather"]
     assert gathers == ["[1]", "[2, 3]"]  # single requests too: the backend's memory is the point
     await scheduler.stop()
+
+
+async def test_an_answer_is_freed_when_its_caller_drops_it_without_the_collector(journal):
+    """No reference cycle keeps an answered request (and its tensors) alive: the server runs
+    the collector rarely (server/app.py), and the NPU executor reuses output buffers only once
+    the answers pointing into them are gone."""
+    import gc
+    import weakref
+
+    scheduler = await started(make_spec("max_batch_size: 8", journal))
+    gc.disable()
+    try:
+        response = await scheduler.submit(request(1))
+        output = weakref.ref(response.outputs[0].data)
+        del response
+        await until(lambda: output() is None)  # the instance thread lets go of it too
+    finally:
+        gc.enable()
+        await scheduler.stop()
