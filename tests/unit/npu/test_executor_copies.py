@@ -88,3 +88,19 @@ def test_outputs_still_held_keep_their_slab_and_later_batches_get_copies(
 def test_a_direct_execute_without_gather_still_works(executor: AscendExecutorBackend) -> None:
     out = executor.execute({"INPUT0": rows(3)})
     np.testing.assert_array_equal(out["OUTPUT0"], rows(3) * 2 + 1)
+
+
+def test_no_output_buffers_means_outputs_are_copied_out(acl_emu, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EMULATOR_PATH), str(ROOT)]))
+    text = 'parameters { key: "executor_output_buffers" value: { string_value: "0" } }\n'
+    config, model_dir, version_dir = prepare(tmp_path, text)
+    instance = AscendExecutorBackend(
+        config, model_dir, version_dir, InstanceSpec("m_0", "KIND_GPU", 0, 0)
+    )
+    instance.load()
+    try:
+        out = instance.execute(instance.gather([{"INPUT0": rows(3)}]))
+        assert not in_shared_memory(out["OUTPUT0"])
+        np.testing.assert_array_equal(out["OUTPUT0"], rows(3) * 2 + 1)
+    finally:
+        instance.unload()
