@@ -85,6 +85,9 @@ class Backend(ABC):
     # True when execute_requests should get the requests one by one (Python models) instead of
     # one concatenated batch.
     takes_request_lists: ClassVar[bool] = False
+    # True when the backend joins a batch's requests itself (`gather`), into memory of its own
+    # (the NPU executor's shared arena), instead of the scheduler's concatenation.
+    gathers_batches: ClassVar[bool] = False
     # True (per loaded model) when the model answers through each request's stream, any number
     # of times (`model_transaction_policy { decoupled: true }`): execute_decoupled is called.
     decoupled: bool = False
@@ -126,6 +129,11 @@ class Backend(ABC):
     @abstractmethod
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch. Inputs and outputs carry the batch dimension when the model batches."""
+
+    def gather(self, requests: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Join the requests' inputs along dim 0 for `execute`; only called when
+        `gathers_batches` is True (one copy, where the backend's device reads them)."""
+        raise BackendError(f"backend '{self.backend_name}' does not gather batches")
 
     def execute_requests(
         self,

@@ -34,7 +34,7 @@ from npu import config as npu_config
 from npu import deadline as npu_deadline
 from npu.device import DeviceSession
 from npu.errors import AclError, ExecutionHung, is_stream_fault, is_sync_timeout
-from npu.om_model import OmModel, describe_file, missing_model
+from npu.om_model import Allocate, OmModel, describe_file, missing_model
 from protocol.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,6 +60,8 @@ class AscendBackend(Backend):
         self._side: list[int] = []  # positions of side inputs (no batch axis) among the inputs
         self._deadline = npu_deadline.ExecutionDeadline()  # its timeout is read at load
         self._abandoned = False  # an execution hung: leave its resources to the driver
+        # Where each output's bytes go (the NPU executor sets its shared memory); np.empty if None.
+        self.allocate_output: Allocate | None = None
 
     @classmethod
     def place_instances(cls, config: ModelConfig) -> None:
@@ -171,15 +173,18 @@ class AscendBackend(Backend):
         """Run the batch; with side inputs, once per run of rows whose side rows agree."""
         assert self._model is not None and self._binding is not None
         side = self._side
+        allocate = self.allocate_output
         if not (self._binding.batching and side) or rows is None:
-            return self._model.run(arrays, rows)
+            return self._model.run(arrays, rows, allocate)
         starts = [0] + [
             r
             for r in range(1, rows)
             if any(not np.array_equal(arrays[i][r], arrays[i][r - 1]) for i in side)
         ]
         if len(starts) == 1:
-            return self._model.run([a[:1] if i in side else a for i, a in enumerate(arrays)], rows)
+            return self._model.run(
+                [a[:1] if i in side else a for i, a in enumerate(arrays)], rows, allocate
+            )
         parts = []
         for start, end in zip(starts, starts[1:] + [rows], strict=False):
             parts.append(
@@ -191,7 +196,12 @@ class AscendBackend(Backend):
                     end - start,
                 )
             )
-        return [np.concatenate(outs) for outs in zip(*parts, strict=False)]
+        joined = []
+        for outs in zip(*parts, strict=False):
+            shape = (sum(o.shape[0] for o in outs), *outs[0].shape[1:])
+            out = (allocate or np.empty)(shape, outs[0].dtype)
+            joined.append(np.concatenate(outs, out=out))
+        return joined
 
     def _arrays(self, inputs: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], int | None]:
         """The inputs in model order, contiguous, in the model's dtypes, with the row count."""
@@ -220,6 +230,13 @@ class AscendBackend(Backend):
                 )
             arrays.append(array)
         return arrays, rows
+
+    def output_bytes(self) -> int:
+        """The most bytes one execution's outputs take (at the largest gear), 64-byte aligned
+        each: what the NPU executor's output slabs are sized by."""
+        if self._model is None:
+            return 0
+        return sum((t.size + 63) // 64 * 64 for t in self._model.info.outputs)
 
     def unload(self) -> None:
         if self._abandoned:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from npu.device import DeviceSession, ensure_initialised
 from npu.errors import AclError, check, unwrap
 
 log = logging.getLogger(__name__)
+
+# Where an output's bytes go: called with (shape, dtype), returns an empty array to fill.
+Allocate = Callable[[tuple[int, ...], Any], np.ndarray]
 
 
 def describe_file(path: Path, device_id: int, input_shape: str | None = None) -> ModelDescription:
@@ -142,6 +146,7 @@ class OmModel:
         self.info = ModelDescription((), ())
         self._inputs: _Dataset | None = None
         self._outputs: _Dataset | None = None
+        self._allocate: Allocate = np.empty
 
     @classmethod
     def load(
@@ -280,11 +285,15 @@ class OmModel:
             check(acl, ret, f"acl.mdl.add_dataset_buffer ({label} {index})")
 
     # -- per batch ----------------------------------------------------------------------------
-    def run(self, arrays: Sequence[np.ndarray], rows: int | None) -> list[np.ndarray]:
+    def run(
+        self, arrays: Sequence[np.ndarray], rows: int | None, allocate: Allocate | None = None
+    ) -> list[np.ndarray]:
         """One execution. `arrays` are C-contiguous, one per model input in order; with `rows`
         the batched ones carry that many rows and are zero-padded up to the gear, the others
-        have their static shapes. Returns one array per output, padding dropped."""
+        have their static shapes. Returns one array per output, padding dropped. `allocate`
+        gives each output's destination (the NPU executor's shared memory), np.empty if None."""
         session = self.session
+        self._allocate = allocate or np.empty
         with session.running():
             if self._inputs is None or self._outputs is None:
                 raise BackendError("this copy of the model has been released")
@@ -318,7 +327,7 @@ class OmModel:
 
     def _copy_out(self, index: int, shape: tuple[int, ...], what: str, dtype) -> np.ndarray:
         assert self._outputs is not None
-        out = np.empty(shape, dtype=dtype)
+        out = self._allocate(shape, dtype)
         check(
             self.acl,
             self.acl.rt.memcpy(

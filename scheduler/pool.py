@@ -366,6 +366,8 @@ class Instance:
             if ragged is not None:
                 maps = [_input_map(request) for request in requests]
                 inputs = ragged.gather(maps)
+            elif backend.gathers_batches:  # joined once, where the backend reads them
+                inputs = backend.gather([_input_map(request) for request in requests])
             elif len(requests) == 1:  # nothing to join: the request's own arrays, no copy
                 inputs = _input_map(requests[0])
             else:

@@ -461,6 +461,10 @@ class QueueScheduler(Scheduler):
             # Answered now, so the cancel watch has nothing left to do: unhooking it saves
             # the loop a callback per request.
             future.remove_done_callback(entry.on_cancel)  # type: ignore[arg-type]  # set at admission
+            # And dropped: the callback holds the entry, which holds the future and so the
+            # answer; the cycle kept every answer's tensors until the collector ran (rarely:
+            # server/app.py), and with them the NPU executor's output buffers.
+            entry.on_cancel = None
             if isinstance(outcome, Failed):
                 future.set_exception(outcome.error)
                 stats.record_failure(outcome.reason, total)

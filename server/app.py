@@ -33,6 +33,7 @@ from server.core.response_cache import ResponseCache, VersionCache
 from server.http.fast_path import bounded_protocol_class
 from server.http.listener import http_frontend_listener
 from server.http.parsers import BodyOffload
+from server.malloc import steady_malloc
 from server.multiprocess.pool import FrontendPool
 from server.net.listeners import (
     Listener,
@@ -63,6 +64,7 @@ def _settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    steady_malloc()  # answers free their tensors at once: keep those pages (server/malloc.py)
 
 
 _GC_YOUNG_THRESHOLD = 10_000  # objects; CPython's default is 700

@@ -85,6 +85,22 @@ class CrashWindow:
         return len(self._times)
 
 
+# The config parameters that bound restarts, for every backend whose instances run in a
+# supervised worker process (Python models, NPU executors).
+CRASH_PARAMETER_BOUNDS: dict[str, ParameterBound] = {
+    "max_worker_crashes": ParameterBound(0, 1_000_000, integer=True),
+    "worker_crash_window_s": ParameterBound(0.0, 86400.0 * 365),
+}
+
+
+def crash_window(config: ModelConfig) -> CrashWindow:
+    """The restart budget a config asks for (defaults: 3 crashes within 60 s)."""
+    return CrashWindow(
+        int(number_parameter(config, "max_worker_crashes", 3)),
+        number_parameter(config, "worker_crash_window_s", 60.0),
+    )
+
+
 def number_parameter(config: ModelConfig, key: str, default: float) -> float:
     """A numeric config `parameters` entry, or `default`; BackendError naming it otherwise."""
     if key in config.parameters:
@@ -116,8 +132,7 @@ class PythonBackend(Backend):
             setting="max_response_ring_bytes",
             flag="--python-max-response-ring-bytes",
         ),
-        "max_worker_crashes": ParameterBound(0, 1_000_000, integer=True),
-        "worker_crash_window_s": ParameterBound(0.0, 86400.0 * 365),
+        **CRASH_PARAMETER_BOUNDS,
     }
 
     _READY, _RESTARTING, _FAILED, _STOPPED = "ready", "restarting", "failed", "stopped"
@@ -136,10 +151,7 @@ class PythonBackend(Backend):
             raise BackendError(
                 f"model '{config.name}': parameter 'response_buffer_size' must be at least 1"
             )
-        self._crashes = CrashWindow(
-            int(number_parameter(config, "max_worker_crashes", 3)),
-            number_parameter(config, "worker_crash_window_s", 60.0),
-        )
+        self._crashes = crash_window(config)
         self._output_names = [output.name for output in config.output]
         self._label = f"python model '{config.name}' instance '{self.instance.name}'"
         self._cond = threading.Condition()

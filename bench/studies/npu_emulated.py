@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from bench.cpu_time import process_tree
 from bench.served import run_point
 from harness.procutil import children_running
 from harness.serverproc import running_server
@@ -157,7 +158,9 @@ def measure(
             url = server.http_url if protocol == "http" else server.grpc_url
             flags = ["--measurement-mode", "count_windows", "--measurement-request-count"]
             flags += [str(requests), "--stability-percentage", "100", "--max-trials", "3"]
-            executors = children_running(server.pid, b"npu.executor.main")
+            # Each executor runs as its supervisor's child: count the supervisors' trees.
+            supervisors = children_running(server.pid, b"npu.executor.main")
+            executors = [pid for sup in supervisors for pid in process_tree(sup)]
             cpu_before = process_cpu(executors)
             busy(metrics)  # starts the emulator's utilisation window
             point = run_point(

@@ -23,27 +23,31 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from backends.base import Backend, BackendError, InstanceSpec, ParameterBound
-from backends.python.backend import CrashWindow, number_parameter
-from backends.python.process import (
-    WorkerDied,
-    WorkerProcess,
-    WorkerReplyError,
-    describe_exit,
-    end_workers,
-    workers_ended,
+from backends.python import process as workers
+from backends.python.backend import (
+    CRASH_PARAMETER_BOUNDS,
+    RESTART_BACKOFF_S,
+    RESTART_WAIT_S,
+    CrashWindow,
+    crash_window,
+    number_parameter,
 )
+from backends.python.process import WorkerDied, WorkerProcess
+from backends.python.wire.framing import ArenaReader
 from npu import config as npu_config
 from npu import deadline as npu_deadline
+from npu.executor.buffers import InputArena, OutputSlabs
 from protocol import errors
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,10 +56,11 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 MODULE = "npu.executor.main"
+# Output slabs per instance (config parameter `executor_output_buffers`; 0: copy outputs out).
+DEFAULT_OUTPUT_BUFFERS = 4
+MAX_OUTPUT_BUFFERS = 64
 LOAD_TIMEOUT_S = 600.0  # a large model's load may take minutes
 FINALIZE_TIMEOUT_S = 10.0  # the executor's own teardown (unload, reset, acl.finalize)
-RESTART_WAIT_S = 30.0
-RESTART_BACKOFF_S = 0.5
 
 Key = tuple[str, str, str, int]  # (model, version dir, instance group, device)
 
@@ -139,11 +144,11 @@ class Executor:
         while True:
             code = control.wait()
             control.sever()
-            detail = describe_exit(code)
+            detail = workers.describe_exit(code)
             with self.cond:
                 if self.state == self._STOPPED or control is not self.control:
                     return
-                if workers_ended():
+                if workers.workers_ended():
                     self.state = self._STOPPED
                 elif self.crashes.record(time.monotonic()):
                     self.state = self._RESTARTING
@@ -234,11 +239,7 @@ def _executor(key: Key, config: ModelConfig) -> Executor:
     """The running executor for `key`, started on first use (called with _lock held)."""
     executor = _executors.get(key)
     if executor is None:
-        crashes = CrashWindow(
-            int(number_parameter(config, "max_worker_crashes", 3)),
-            number_parameter(config, "worker_crash_window_s", 60.0),
-        )
-        executor = Executor(key, crashes)
+        executor = Executor(key, crash_window(config))
         executor.start()
         _executors[key] = executor
     return executor
@@ -285,10 +286,11 @@ class AscendExecutorBackend(Backend):
     platforms: ClassVar[tuple[str, ...]] = ("ascend_om",)
     default_model_filename: ClassVar[str] = "model.om"
     parameter_bounds: ClassVar[Mapping[str, ParameterBound]] = {
-        "max_worker_crashes": ParameterBound(0, 1_000_000, integer=True),
-        "worker_crash_window_s": ParameterBound(0.0, 86400.0 * 365),
+        **CRASH_PARAMETER_BOUNDS,
         **npu_deadline.PARAMETER_BOUNDS,
+        "executor_output_buffers": ParameterBound(0, MAX_OUTPUT_BUFFERS, integer=True),
     }
+    gathers_batches: ClassVar[bool] = True  # requests join straight into the shared arena
 
     def __init__(
         self, config: ModelConfig, model_dir: Path, version_dir: Path, instance: InstanceSpec
@@ -298,7 +300,12 @@ class AscendExecutorBackend(Backend):
         self._executor: Executor | None = None
         self._channel: WorkerProcess | None = None
         self._healthy = True
-        self._output_names = [output.name for output in config.output]
+        self._inputs = InputArena()
+        self._fallback = ArenaReader()  # the executor's arena, when no output slab was free
+        self._slabs: OutputSlabs | None = None
+        self._slab_limit = int(
+            number_parameter(config, "executor_output_buffers", DEFAULT_OUTPUT_BUFFERS)
+        )
 
     @classmethod
     def place_instances(cls, config: ModelConfig) -> None:
@@ -364,6 +371,11 @@ class AscendExecutorBackend(Backend):
             channel.close()
             raise BackendError(reply.get("error", "load failed"))
         self.batch_gears = tuple(reply.get("gears", ()))
+        if self._slabs is None and self._slab_limit > 0:
+            self._slabs = OutputSlabs(int(reply.get("output_bytes", 0)), self._slab_limit)
+        elif self._slabs is not None:
+            self._slabs.reset()  # a new process: the slabs are mapped there afresh
+        self._inputs.resend()
         previous = self._channel  # the channel into a process that died (a restart)
         self._executor, self._channel, self._healthy = executor, channel, True
         if previous is not None:
@@ -375,6 +387,10 @@ class AscendExecutorBackend(Backend):
         if channel is not None:
             channel.sever()
 
+    def gather(self, requests: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The batch's inputs, joined once, straight into the arena the executor reads."""
+        return self._inputs.gather(requests)
+
     def execute(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         executor = self._executor
         if executor is None:
@@ -382,26 +398,55 @@ class AscendExecutorBackend(Backend):
         executor.ready()
         channel = self._channel
         assert channel is not None
+        if inputs is not self._inputs.gathered:  # not from gather(): a direct call
+            self.gather([inputs])
+        message: dict[str, Any] = {"op": "execute", "requests": [self._inputs.refs]}
+        fds: list[int] = []
+        new_inputs = self._inputs.take_new_fd()
+        if new_inputs is not None:
+            message["new_inputs"] = True
+            fds.append(new_inputs)
+        slabs = self._slabs
+        slab = slabs.acquire() if slabs is not None else None
+        if slab is not None:
+            message["slab"] = slab[0]
+            if slab[1] is not None:
+                message["new_slab"] = True
+                fds.append(slab[1])
         try:
-            results = channel.execute([inputs], self._output_names)
-        except WorkerReplyError as exc:
-            reply = exc.reply
-            self._healthy = bool(reply.get("healthy", True))
-            if reply.get("kind") == "invalid":
-                raise errors.InvalidArgument(str(exc)) from None
-            if reply.get("kind") == "unavailable":
-                if reply.get("hung"):
-                    self._hung(str(exc))
-                raise errors.Unavailable(str(exc)) from None
-            raise BackendError(str(exc), fatal=bool(reply.get("fatal"))) from None
+            reply, reply_fds = channel.call(message, fds)
         except WorkerDied as exc:
+            if slab is not None and slabs is not None:
+                slabs.give_back(slab[0])
             raise errors.Unavailable(
                 f"{executor.label}: the process {exc.detail} while running this batch; "
                 "it is being restarted"
             ) from None
-        result = results[0]
-        assert isinstance(result, dict)
-        return dict(result)
+        placed = reply.get("slab_outputs")
+        if slab is not None and placed is None:
+            assert slabs is not None
+            slabs.give_back(slab[0])
+        if not reply.get("ok"):
+            for fd in reply_fds:
+                os.close(fd)
+            self._healthy = bool(reply.get("healthy", True))
+            text = reply.get("error", "execute failed")
+            if reply.get("kind") == "invalid":
+                raise errors.InvalidArgument(text)
+            if reply.get("kind") == "unavailable":
+                if reply.get("hung"):
+                    self._hung(text)
+                raise errors.Unavailable(text)
+            raise BackendError(text, fatal=bool(reply.get("fatal")))
+        self._healthy = bool(reply.get("healthy", True))
+        if placed is not None:
+            assert slabs is not None and slab is not None
+            return slabs.views(slab[0], placed)
+        if reply_fds:
+            self._fallback.adopt(reply_fds[0])
+            for extra in reply_fds[1:]:
+                os.close(extra)
+        return {ref[0]: self._fallback.copy(ref) for ref in reply["outputs"][0]}
 
     def _hung(self, message: str) -> None:
         """The executor says an execution never finished: the instance is out of service
@@ -425,6 +470,11 @@ class AscendExecutorBackend(Backend):
             except WorkerDied:
                 pass
             channel.close()
+        self._inputs.close()
+        self._fallback.close()
+        if self._slabs is not None:
+            self._slabs.close()
+            self._slabs = None
         if executor is not None:
             self._detach(executor)
 
@@ -446,6 +496,6 @@ class AscendExecutorBackend(Backend):
         executor = self._executor
         return self._healthy and executor is not None and not executor.failed()
 
-    @classmethod
-    def end_child_processes(cls) -> int:
-        return end_workers()
+    # end_child_processes: the base's 0. Executors are Python-backend workers, which
+    # PythonBackend.end_child_processes ends (this module imports it, so the registry calls
+    # it); ending them here too counted every worker twice.

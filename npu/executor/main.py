@@ -28,6 +28,7 @@ from backends.python.wire.channel import Channel
 from backends.python.wire.framing import ArenaReader, ArenaWriter, ChannelClosed
 from backends.python.worker.main import die_with_parent
 from npu.errors import ExecutionHung
+from npu.executor.buffers import SlabCarver
 from protocol.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger("npu.executor")
@@ -72,6 +73,7 @@ class InstanceLoop:
         self.channel = Channel(sock, lambda message, fds: "op", shared=False)
         self.inputs = ArenaReader()
         self.outputs = ArenaWriter()
+        self.slabs = SlabCarver()
         self.backend: Any = None
 
     def serve(self) -> None:
@@ -94,6 +96,7 @@ class InstanceLoop:
             self.sock.close()
             self.outputs.close()
             self.inputs.close()
+            self.slabs.close()
 
     def handle(self, op: str | None, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
         if op == "load":
@@ -121,23 +124,39 @@ class InstanceLoop:
             backend.load()
         except BaseException as exc:
             return _failure(exc)
+        backend.allocate_output = self.slabs.allocate
         self.backend = backend
-        return {"ok": True, "gears": list(backend.batch_gears)}
+        gears = list(backend.batch_gears)
+        return {"ok": True, "gears": gears, "output_bytes": backend.output_bytes()}
 
     def on_execute(self, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
-        if fds:
-            self.inputs.adopt(fds[0])
-            for extra in fds[1:]:
-                os.close(extra)
+        """Inputs are read in place from the server's arena (sent along when it was replaced,
+        `new_inputs`); outputs go straight into the slab the batch names (`slab`, its
+        descriptor sent the first time, `new_slab`), else into this side's own arena."""
+        fds = list(fds)
+        if message.get("new_inputs") and fds:
+            self.inputs.adopt(fds.pop(0))
+        slab = message.get("slab")
+        if slab is not None and message.get("new_slab") and fds:
+            self.slabs.adopt(slab, fds.pop(0))
+        for extra in fds:
+            os.close(extra)
         if self.backend is None:
             return {"ok": False, "kind": "backend", "error": "no model loaded", "fatal": True}, []
         view = self.inputs.view
         inputs = {ref[0]: view(ref) for ref in message["requests"][0]}
+        self.slabs.begin(slab)
         try:
             outputs = self.backend.execute(inputs)
+            placed = self.slabs.refs(outputs)
+            if placed is not None:
+                reply = {"ok": True, "slab_outputs": placed, "healthy": self.backend.healthy()}
+                return reply, []
             refs, new_fd = self.outputs.pack([outputs])
         except BaseException as exc:
             return _failure(exc, self.backend), []
+        finally:
+            self.slabs.end()
         reply = {"ok": True, "outputs": refs, "errors": [None], "healthy": self.backend.healthy()}
         return reply, ([new_fd] if new_fd is not None else [])
 

@@ -30,8 +30,12 @@ LOAD_MS = 3000
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("npu_executor")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("npu_executor")
+
+
+@pytest.fixture(scope="module")
+def server(root: Path) -> Iterator[ServerProcess]:
     repo = root / "models"
     omf.write_model_repository(repo, "npu_fast", gears=(1, 2), dynamic_batching=False)
     omf.write_model_repository(
@@ -49,6 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         om_writer=omf.with_fields(omf.scale_model, load_ms=LOAD_MS),
     )
     env = omf.emulator_env({"PYTHONPATH": str(ROOT)}, config={"device_count": 1})
+    env["ACL_EMU_IMPORTS"] = str(root / "acl_imports")
     args = ["--model-control-mode", "explicit", "--load-model", "npu_fast"]
     args += ["--load-model", "npu_busy", "--exit-timeout-secs", "10"]
     with running_server([repo], args, env=env, log_dir=root) as running:
@@ -100,6 +105,18 @@ def test_live_and_other_models_answer_throughout_a_slow_load(server: ServerProce
     assert max(live_gaps) < 1.0, f"liveness stalled {max(live_gaps):.2f} s during the load"
     assert max(infer_times) < 1.0, f"npu_fast took {max(infer_times):.2f} s during the load"
     assert infer(server, "npu_slow").json()["outputs"][0]["data"] == [3.0] * 4
+
+
+def test_acl_is_never_imported_in_the_server_process(server: ServerProcess, root: Path) -> None:
+    """The emulator records the pid of every process that imports it (ACL_EMU_IMPORTS)."""
+    assert infer(server, "npu_fast").status_code == 200
+    assert infer(server, "npu_busy").status_code == 200
+    imported = {int(line) for line in (root / "acl_imports").read_text().split()}
+    # The record works: the executor (each supervisor's child) of either model is in it.
+    for supervisor in executors(server, "npu_fast") + executors(server, "npu_busy"):
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+        assert {int(child) for child in children} & imported
+    assert server.pid not in imported
 
 
 def test_each_model_runs_in_an_executor_of_its_own(server: ServerProcess) -> None:

@@ -392,3 +392,56 @@ def test_factory_picks_the_batcher_only_for_dynamic_batching(journal, config_tex
     scheduler = create_scheduler(make_spec(config_text, journal), stats)
     assert type(scheduler) is kind
     assert scheduler.statistics is stats
+
+
+class GatheringDoubler(DoublerModel):
+    """A backend that joins its batches itself (the NPU executor's shared arena)."""
+
+    gathers_batches = True
+
+    def gather(self, requests):
+        numbers = [int(r["INPUT0"].reshape(-1)[0]) for r in requests]
+        with self.journal.lock:
+            self.journal.calls.append(("gather", str(numbers), threading.get_ident()))
+        return {"INPUT0": np.concatenate([r["INPUT0"] for r in requests])}
+
+
+async def test_a_backend_that_gathers_joins_every_batch_itself(journal):
+    spec = make_spec("max_batch_size: 8 dynamic_batching {}", journal)
+    model = type("GatheringDoubler", (GatheringDoubler,), {"journal": journal})
+    spec = VersionSpec(spec.name, 1, spec.config, spec.model_dir, spec.version_dir, model)
+    scheduler = create_scheduler(spec, VersionStatistics("m", "1"), clock=ManualClock())
+    await scheduler.start()
+    journal.holds[1] = threading.Event()
+    first = scheduler.submit(request(1))
+    await until(lambda: journal.ran)
+    later = [scheduler.submit(request(n, rows=n - 1)) for n in (2, 3)]  # queue behind it
+    journal.holds[1].set()
+    responses = await results(first, *later)
+    assert [r.outputs[0].data.tolist() for r in responses] == [
+        [[2.0, 2.0]],
+        [[4.0, 4.0]],
+        [[6.0, 6.0], [6.0, 6.0]],
+    ]
+    gathers = [name for phase, name, _ in journal.calls if phase == "gather"]
+    assert gathers == ["[1]", "[2, 3]"]  # single requests too: the backend's memory is the point
+    await scheduler.stop()
+
+
+async def test_an_answer_is_freed_when_its_caller_drops_it_without_the_collector(journal):
+    """No reference cycle keeps an answered request (and its tensors) alive: the server runs
+    the collector rarely (server/app.py), and the NPU executor reuses output buffers only once
+    the answers pointing into them are gone."""
+    import gc
+    import weakref
+
+    scheduler = await started(make_spec("max_batch_size: 8", journal))
+    gc.disable()
+    try:
+        response = await scheduler.submit(request(1))
+        output = weakref.ref(response.outputs[0].data)
+        del response
+        await until(lambda: output() is None)  # the instance thread lets go of it too
+    finally:
+        gc.enable()
+        await scheduler.stop()

@@ -5,9 +5,21 @@ the same names, argument parsing, return tuples, integer handles and error codes
 binding (see shared reference/pyacl.md), with a device-memory ledger, thread-bound contexts,
 dynamic-batch gears and fault injection behind them. `acl._emu` is the test control API, which
 the real module does not have.
+
+With ACL_EMU_IMPORTS naming a file, each process that imports this module appends its pid
+there (one line, O_APPEND): how a test shows that `acl` was imported only where it should be.
 """
 
 from __future__ import annotations
+
+import os as _os
+
+if _os.environ.get("ACL_EMU_IMPORTS"):
+    _fd = _os.open(_os.environ["ACL_EMU_IMPORTS"], _os.O_WRONLY | _os.O_APPEND | _os.O_CREAT)
+    try:
+        _os.write(_fd, f"{_os.getpid()}\n".encode())
+    finally:
+        _os.close(_fd)
 
 from . import _codes as C
 from ._runtime import RT, AclFail, entry, ret_only
