@@ -424,6 +424,10 @@ class WorkerProcess:
             self._call_lock.release()
             return False
         try:
+            # uvloop (libuv's uv_poll_init) makes a watched fd non-blocking; the socket object
+            # still reads as blocking (here once readable, and in `call` on a thread), so it
+            # must stay blocking or a read finds EAGAIN and the worker looks dead.
+            os.set_blocking(fileno, True)
             self._channel.send(message, [new_fd] if new_fd is not None else ())
         except BaseException:  # the worker is gone: `execute` finds that out and says so
             loop.remove_reader(fileno)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import uvloop
 
 from backends.python.backend import PythonBackend
 from protocol.errors import InternalError, InvalidArgument, Unavailable
@@ -98,3 +99,30 @@ async def test_a_decoupled_model_and_a_stopped_one_take_the_thread(add_sub) -> N
     await asyncio.to_thread(add_sub.unload)
     assert not add_sub.begin_requests([pair(1, 2)], details(1), never.set_result)
     assert not never.done()
+
+
+def test_under_uvloop_the_thread_way_and_finalize_still_work_after_the_loops(
+    tmp_path: Path,
+) -> None:
+    """uvloop makes a watched fd non-blocking; the worker's socket must not stay so, or the
+    next call from a thread (a batch, the finalize at unload) finds the worker 'dead'."""
+    config_text = ADD_SUB_CONFIG % ""
+    model_dir = write_model(tmp_path, "add_sub", ADD_SUB, config_text)
+    backend = make_backend(model_dir, config_text)
+    backend.load()
+
+    async def main() -> None:
+        for n in range(1, 6):
+            _, (result,) = await begun(backend, [pair(n, n)])
+            assert np.array_equal(result["OUTPUT0"], np.full((1, 4), 2 * n, np.float32))
+            (threaded,) = await asyncio.to_thread(backend.execute_requests, [pair(n, 1)])
+            assert np.array_equal(threaded["OUTPUT0"], np.full((1, 4), n + 1, np.float32))
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert backend.restarts == 0 and backend.healthy()
+    backend.unload()
+    assert (model_dir / "finalized").read_text() == "yes"
