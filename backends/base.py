@@ -2,13 +2,14 @@
 
 One Backend object is one loaded copy of one model version on one instance. The scheduler's
 instance pool calls `load`, `execute` and `unload` on that instance's own thread (never on the
-event loop), one call at a time, so a backend needs no locking of its own.
+event loop), one call at a time, so a backend needs no locking of its own. The one exception is
+`begin_requests`, which a backend may offer to start a batch from the loop itself.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -21,6 +22,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from protocol.proto.model_config_pb2 import ModelConfig
     from protocol.stream import StreamItem
     from protocol.types import InferRequest
+
+
+# What `begin_requests` answers with: one result per request (outputs or the exception that
+# fails it), or a function the instance thread runs to get them.
+RequestResults = list[dict[str, np.ndarray] | BaseException]
+RequestsOutcome = RequestResults | Callable[[], RequestResults]
 
 
 class BackendHost(Protocol):
@@ -144,6 +151,20 @@ class Backend(ABC):
         An entry may be an exception, which fails that request alone. `details` (the requests
         themselves) come only to a backend that `wants_request_details`."""
         raise BackendError(f"backend '{self.backend_name}' does not take request lists")
+
+    def begin_requests(
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        details: Sequence[InferRequest],
+        done: Callable[[RequestsOutcome], None],
+    ) -> bool:
+        """Start `execute_requests` from the event loop without the instance thread, for a
+        backend whose work happens elsewhere (a Python model's worker process): it sends the
+        work, the loop watches for the answer and calls `done` there, so a batch costs no
+        thread hop. `done` gets the results, or a function the instance thread must run for
+        them (the rest may wait, e.g. on a worker's restart). False (the default): not now;
+        the caller runs `execute_requests` on the instance thread as usual."""
+        return False
 
     def execute_decoupled(self, requests: Sequence[InferRequest]) -> list[None | BaseException]:
         """Start several requests of a decoupled model; their answers go to each request's

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from bench import served
-from bench.cpu_time import process_cpu, process_tree
+from bench.cpu_time import process_cpu, process_tree, tree_switches
 from bench.machine import portable
 from examples.build_repository import build_simple
 from harness.serverproc import free_port
@@ -44,6 +44,7 @@ CONCURRENCY = 8
 SERVER_CPU, CLIENT_CPU = 0, 1
 PY_MODEL = "py_add"
 TARGETS_US = {"http": 230.0, "grpc": 300.0}  # issue #12 (b): `simple`, ascend-serve alone
+GRPC_SWITCHES_TARGET = 8.0  # issue 27: voluntary context switches per gRPC `py_add` inference
 TRITON_WHEEL = "nvidia-pytriton==0.7.0"
 
 
@@ -56,6 +57,7 @@ class Sample:
     infer_per_sec: float = 0.0
     cpu_us: float = 0.0  # server process tree CPU per inference
     error: str = ""
+    switches: float = 0.0  # voluntary context switches of the server tree per inference
 
 
 @dataclass
@@ -79,6 +81,7 @@ class SideBySide:
             0,
             statistics.median(s.infer_per_sec for s in rows),
             statistics.median(s.cpu_us for s in rows),
+            switches=statistics.median(s.switches for s in rows),
         )
 
 
@@ -148,6 +151,10 @@ class PinnedServer:
     def tree_cpu(self) -> float:
         """CPU seconds of the server and every process below it."""
         return sum(process_cpu(pid) for pid in process_tree(self.process.pid))
+
+    def tree_switches(self) -> int:
+        """Voluntary context switches of the server and every process below it."""
+        return tree_switches(self.process.pid)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -258,9 +265,10 @@ def measure(
         str(csv_path),
     ]
     before_stats = served.model_stats(f"http://{server.http}", model)
-    before_cpu = server.tree_cpu()
+    before_cpu, before_switches = server.tree_cpu(), server.tree_switches()
     returncode, output = served.run_command(command, 180)
     cpu = server.tree_cpu() - before_cpu
+    switches = server.tree_switches() - before_switches
     after_stats = served.model_stats(f"http://{server.http}", model)
     (out_dir / f"{csv_path.stem}.log").write_text(output)
     requests = served.server_split(before_stats, after_stats).requests
@@ -270,6 +278,7 @@ def measure(
         return sample, command
     sample.infer_per_sec = float(served.read_csv(csv_path)["Inferences/Second"])
     sample.cpu_us = 1e6 * cpu / requests
+    sample.switches = switches / requests
     return sample, command
 
 
@@ -340,7 +349,8 @@ def run(
                         + (
                             sample.error
                             or f"{sample.infer_per_sec:,.0f} inf/s, "
-                            f"{sample.cpu_us:,.0f} µs CPU per inference"
+                            f"{sample.cpu_us:,.0f} µs CPU, "
+                            f"{sample.switches:.1f} context switches per inference"
                         )
                     )
             except RuntimeError as exc:
@@ -359,10 +369,13 @@ def report(result: SideBySide) -> list[str]:
         f"Each server and its children pinned to CPU {SERVER_CPU}, perf_analyzer to CPU "
         f"{CLIENT_CPU}, concurrency {CONCURRENCY}; CPU per inference = the server's process "
         f"tree CPU time / inferences it counted; median of the rounds (each round starts "
-        f"the servers afresh; rounds interleave them). Triton: {result.triton}.",
+        f"the servers afresh; rounds interleave them); context switches: the voluntary ones "
+        f"of every thread of the server tree (/proc/<pid>/task/*/status) per inference "
+        f"(issue 27 asks <= 8 over gRPC). Triton: {result.triton}.",
         "",
-        "| server | model | protocol | inferences/s | server CPU µs per inference | rounds (µs) |",
-        "|---|---|---|---:|---:|---|",
+        "| server | model | protocol | inferences/s | server CPU µs per inference "
+        "| context switches per inference | rounds (µs) |",
+        "|---|---|---|---:|---:|---:|---|",
     ]
     keys = sorted({(s.server, s.model, s.protocol) for s in result.samples if not s.error})
     for key in keys:
@@ -374,7 +387,7 @@ def report(result: SideBySide) -> list[str]:
         )
         lines.append(
             f"| {key[0]} | {key[1]} | {key[2]} | {median.infer_per_sec:,.0f} | "  # type: ignore[union-attr]
-            f"{median.cpu_us:,.0f} | {rounds} |"
+            f"{median.cpu_us:,.0f} | {median.switches:.1f} | {rounds} |"
         )  # type: ignore[union-attr]
     errors = [s for s in result.samples if s.error]
     if errors:
@@ -415,6 +428,14 @@ def verdicts(result: SideBySide) -> list[str]:
                 f"- CPU per inference, ONNX `simple`, {protocol}: <= {limit:.0f} µs: "
                 f"**{met}** — {simple.cpu_us:,.0f} µs"
             )
+    ours = result.median("ascend-serve", PY_MODEL, "grpc")
+    if ours:
+        met = "met" if ours.switches <= GRPC_SWITCHES_TARGET else "not met"
+        out.append(
+            f"- Context switches per inference, Python model `{PY_MODEL}`, grpc: <= "
+            f"{GRPC_SWITCHES_TARGET:.0f}: **{met}** — {ours.switches:.1f} (every thread of the "
+            f"server tree; the thread hops one request costs)"
+        )
     return out
 
 

@@ -34,3 +34,25 @@ def process_cpu(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of every thread of `pid` so far (0 once it is gone): each
+    is a thread going to sleep (a GIL hand-over, a wait on a socket, a futex), the count that
+    shows how many thread hops a request costs."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+                break
+    return total
+
+
+def tree_switches(root: int) -> int:
+    """`voluntary_switches` of `root` and every process below it."""
+    return sum(voluntary_switches(pid) for pid in process_tree(root))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from backends.base import Backend, BackendError, InstanceSpec
+from backends.base import Backend, BackendError, InstanceSpec, RequestsOutcome
 from protocol.datatypes import BY_CONFIG_NAME, numpy_to_wire
 from protocol.errors import InternalError, ServerError
 from protocol.types import InferRequest, InferResponse, Tensor
@@ -171,6 +171,16 @@ def instance_groups(config: ModelConfig) -> list[Any]:
 _Job = tuple
 
 
+def _run_safely(job: Callable[[], BatchRun], count: int) -> BatchRun:
+    """`job`, with a bug in it failing the batch rather than its caller."""
+    try:
+        return job()
+    except BaseException as exc:
+        return BatchRun.all_failed(
+            count, InternalError(str(exc) or type(exc).__name__), FailureReason.OTHER
+        )
+
+
 def _capture(function: Callable[[], Any]) -> tuple[BaseException | None, Any]:
     """Run a call (load, unload) on the instance thread, keeping its exception as a value."""
     try:
@@ -220,6 +230,7 @@ class Instance:
         self._thread: threading.Thread | None = None
         self._closed = False  # no more jobs are taken; the thread ends after those queued
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first call
+        self._begins = False  # the backend offers begin_requests (set once loaded)
 
     @property
     def name(self) -> str:
@@ -235,6 +246,8 @@ class Instance:
             version.config, version.model_dir, version.version_dir, self.spec, **extra
         )
         self.backend.load()
+        # A backend that can start a batch from the loop (a Python model) skips the hop.
+        self._begins = type(self.backend).begin_requests is not Backend.begin_requests
         self._loaded = True
 
     async def unload(self) -> None:
@@ -285,7 +298,45 @@ class Instance:
                 ),
             )
             return
+        if self._begins and self._begin_on_loop(requests, loop, on_done, tag):
+            return
         self._put((self._run_batch_safely, (requests, rows), loop, on_done, tag))
+
+    def _begin_on_loop(
+        self,
+        requests: Sequence[InferRequest],
+        loop: asyncio.AbstractEventLoop,
+        on_done: Callable[[Tag, BatchRun], None],
+        tag: Tag,
+    ) -> bool:
+        """Start the batch from the loop (Backend.begin_requests): its answer arrives on the
+        loop, with no hop to the instance thread and back. False: the backend cannot now."""
+        backend = self.backend
+        assert backend is not None
+        now = self._clock.now_ns
+        start = now()
+        inputs = [_input_map(request) for request in requests]
+        gathered = now()
+
+        def done(outcome: RequestsOutcome) -> None:
+            if callable(outcome):  # the rest may wait: it runs on the instance thread
+                job = partial(self._list_run, backend, requests, outcome, start, gathered)
+                self._put((_run_safely, (job, len(requests)), loop, on_done, tag))
+                return
+            on_done(
+                tag,
+                _run_safely(
+                    lambda: self._list_run(backend, requests, lambda: outcome, start, gathered),
+                    len(requests),
+                ),
+            )
+
+        try:
+            return backend.begin_requests(inputs, requests, done)
+        except Exception:  # a bug in the backend's fast path: the instance thread's way
+            logger.exception("instance '%s': cannot start a batch from the loop", self.name)
+            self._begins = False
+            return False
 
     # -- the hand-off ------------------------------------------------------------------------
 
@@ -405,18 +456,33 @@ class Instance:
         start = now()
         inputs = [_input_map(request) for request in requests]
         gathered = now()
-        results: Sequence[dict[str, np.ndarray] | BaseException | None]
-        try:
+
+        def execute() -> Sequence[dict[str, np.ndarray] | BaseException | None]:
             if backend.decoupled:
                 # The answers travel through each request's stream; its future only says
                 # whether execute took the request.
                 for request in requests:
                     request.stream.set_converter(partial(self._response, request))
-                results = backend.execute_decoupled(requests)
-            elif backend.wants_request_details:  # ids, parameters, requested outputs
-                results = backend.execute_requests(inputs, requests)
-            else:
-                results = backend.execute_requests(inputs)
+                return backend.execute_decoupled(requests)
+            if backend.wants_request_details:  # ids, parameters, requested outputs
+                return backend.execute_requests(inputs, requests)
+            return backend.execute_requests(inputs)
+
+        return self._list_run(backend, requests, execute, start, gathered)
+
+    def _list_run(
+        self,
+        backend: Backend,
+        requests: Sequence[InferRequest],
+        execute: Callable[[], Sequence[dict[str, np.ndarray] | BaseException | None]],
+        start: int,
+        gathered: int,
+    ) -> BatchRun:
+        """The BatchRun of a request list: `execute` gives one result per request."""
+        now = self._clock.now_ns
+        results: Sequence[dict[str, np.ndarray] | BaseException | None]
+        try:
+            results = execute()
             if len(results) != len(requests):
                 raise BackendError(
                     f"model returned {len(results)} responses for {len(requests)} requests"

@@ -32,13 +32,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.base import Backend, BackendError, BackendHost, ParameterBound
+from backends.base import Backend, BackendError, BackendHost, ParameterBound, RequestsOutcome
 from backends.python.process import (
     Result,
     WorkerDied,
@@ -400,6 +400,46 @@ class PythonBackend(Backend):
                 )
             return [self._result(result) for result in results]
         return self._unavailable(len(requests), "the worker process is restarting")
+
+    def begin_requests(
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        details: Sequence[InferRequest],
+        done: Callable[[RequestsOutcome], None],
+    ) -> bool:
+        """`execute_requests` without the instance thread (see Backend.begin_requests): the
+        loop sends the list and reads the worker's reply itself. Only a model that is not
+        decoupled, with its worker ready; anything else (a restart to wait for, a decoupled
+        model's pump) takes the instance thread as before."""
+        if self.decoupled:
+            return False
+        worker = self._worker  # read without the lock: a stale one fails the call, as below
+        if worker is None or self._state != self._READY:
+            return False
+        count = len(requests)
+
+        def replied(outcome: list[Result] | Exception) -> None:
+            if isinstance(outcome, WorkerReplyError):
+                done([errors.InternalError(str(outcome)) for _ in range(count)])
+            elif isinstance(outcome, Exception):  # the channel closed: the worker went
+                done(lambda: self._after_death(worker, count))
+            else:
+                done([self._result(result) for result in outcome])
+
+        return worker.begin_execute(
+            requests, self._output_names, _request_details(details, self._output_names), replied
+        )
+
+    def _after_death(self, worker: WorkerProcess, count: int) -> list[Any]:
+        """On the instance thread, after a call begun on the loop saw the worker go: what
+        execute_requests answers then (a restart that is under way, or the end)."""
+        detail = worker.exit_detail()
+        if self._wait_for_verdict(worker) == self._FAILED:
+            raise BackendError(self._failure, fatal=True)
+        return self._unavailable(
+            count,
+            f"the worker process {detail} while running this request; it is being restarted",
+        )
 
     def execute_decoupled(self, requests: Sequence[InferRequest]) -> list[None | BaseException]:
         """Hand the requests to the worker; their answers come through their streams. Like

@@ -17,6 +17,7 @@ left in its group is SIGKILLed too: a backstop should the supervisor itself have
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import queue
@@ -387,6 +388,89 @@ class WorkerProcess:
                 self._outputs.adopt(fds[0])
             results = self._results(reply)
         return results
+
+    def begin_execute(
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        output_names: Sequence[str],
+        details: Mapping[str, list] | None,
+        on_reply: Callable[[list[Result] | Exception], None],
+    ) -> bool:
+        """`execute` from the event loop, for a worker that is not pumped: send the list, let
+        the loop watch the socket, and call `on_reply` there with the results, the
+        WorkerReplyError, or ChannelClosed when the worker went (what to make of that may
+        wait, so it is left to the caller's thread). No thread waits for the worker, so a
+        batch costs no hop to the instance thread and back. The call lock is held until the
+        reply, as for `execute`. False, with nothing sent, when this cannot be done now (a
+        call in progress, the worker gone or going): the caller uses `execute`."""
+        if self._channel.shared or not self._call_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._closed or self.process.poll() is not None:
+                self._call_lock.release()
+                return False
+            loop = asyncio.get_running_loop()
+            fileno = self._sock.fileno()
+            refs, new_fd = self._inputs.pack(requests)
+            message: dict[str, Any] = {
+                "op": "execute",
+                "requests": refs,
+                "outputs": list(output_names),
+            }
+            if details:
+                message.update(details)
+            loop.add_reader(fileno, self._readable, loop, on_reply)
+        except BaseException:
+            self._call_lock.release()
+            return False
+        try:
+            # uvloop (libuv's uv_poll_init) makes a watched fd non-blocking; the socket object
+            # still reads as blocking (here once readable, and in `call` on a thread), so it
+            # must stay blocking or a read finds EAGAIN and the worker looks dead.
+            os.set_blocking(fileno, True)
+            self._channel.send(message, [new_fd] if new_fd is not None else ())
+        except BaseException:  # the worker is gone: `execute` finds that out and says so
+            loop.remove_reader(fileno)
+            self._call_lock.release()
+            return False
+        return True
+
+    def _readable(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_reply: Callable[[list[Result] | Exception], None],
+    ) -> None:
+        """On the loop, when the socket has bytes: route what arrived; on the reply, read the
+        outputs, free the socket and answer."""
+        receiver = self._channel.receiver
+        outcome: list[Result] | Exception
+        try:
+            while True:
+                message, fds = receiver.recv()
+                if self._route(message, fds) == "reply":
+                    break
+                if not receiver.has_message():
+                    return  # the reply comes with a later wake-up
+            for extra in fds[1:]:
+                os.close(extra)
+            if fds:
+                self._outputs.adopt(fds[0])
+            try:
+                outcome = self._results(message)
+            except WorkerReplyError as exc:
+                outcome = exc
+        except (ChannelClosed, OSError) as exc:
+            outcome = ChannelClosed(str(exc))
+        except Exception as exc:  # a reply that cannot be read: the call fails, not the loop
+            outcome = WorkerReplyError(f"unreadable reply from the worker: {exc}")
+        loop.remove_reader(self._sock.fileno())
+        self._call_lock.release()
+        on_reply(outcome)
+
+    def exit_detail(self) -> str:
+        """How the process ended, for a call that saw its channel close (may wait up to a
+        second for the exit: not on the loop)."""
+        return describe_exit(self._exit_code())
 
     def _results(self, reply: dict[str, Any]) -> list[Result]:
         if not reply.get("ok"):

@@ -56,6 +56,7 @@ class Run:
     cpu_us: float = 0.0  # the whole process tree, per inference
     server_us: float = 0.0  # the server process alone
     batch: float = 0.0
+    switches: float = 0.0  # voluntary context switches of the process tree, per inference
     error: str = ""
 
 
@@ -119,8 +120,10 @@ def measure(
     ]
     before = served.model_stats(f"http://{server.http}", model)
     tree_before, own_before = server.tree_cpu(), process_cpu(server.process.pid)
+    switches_before = server.tree_switches()
     code, output = served.run_command(command, 180)
     tree, own = server.tree_cpu() - tree_before, process_cpu(server.process.pid) - own_before
+    switches = server.tree_switches() - switches_before
     split = served.server_split(before, served.model_stats(f"http://{server.http}", model))
     (out_dir / f"{csv_path.stem}.log").write_text(output)
     if code != 0 or not csv_path.exists() or split.requests <= 0:
@@ -130,6 +133,7 @@ def measure(
     run.cpu_us = 1e6 * tree / split.requests
     run.server_us = 1e6 * own / split.requests
     run.batch = split.avg_batch
+    run.switches = switches / split.requests
     return run
 
 
@@ -170,7 +174,8 @@ def run_round(
                         run.error
                         or (
                             f"{run.infer_per_sec:,.0f} inf/s, {run.cpu_us:,.0f} µs CPU/inf "
-                            f"(server {run.server_us:,.0f}), batch {run.batch:.2f}"
+                            f"(server {run.server_us:,.0f}), batch {run.batch:.2f}, "
+                            f"{run.switches:.1f} context switches/inf"
                         )
                     ),
                     flush=True,
@@ -186,22 +191,24 @@ def run_round(
 
 def table(runs: list[Run]) -> list[str]:
     lines = [
-        "| round | tree | protocol | inf/s | CPU µs/inf (tree) | server | workers | batch |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| round | tree | protocol | inf/s | CPU µs/inf (tree) | server | workers | batch "
+        "| switches/inf |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         if r.error:
-            lines.append(f"| {r.round} | {r.label} | {r.protocol} | failed: {r.error} |||||")
+            lines.append(f"| {r.round} | {r.label} | {r.protocol} | failed: {r.error} ||||||")
         else:
             lines.append(
                 f"| {r.round} | {r.label} | {r.protocol} | {r.infer_per_sec:,.0f} | "
                 f"{r.cpu_us:,.0f} | {r.server_us:,.0f} | {r.cpu_us - r.server_us:,.0f} "
-                f"| {r.batch:.2f} |"
+                f"| {r.batch:.2f} | {r.switches:.1f} |"
             )
     lines += [
         "",
-        "| tree | protocol | median inf/s | median CPU µs/inf | rounds (µs) |",
-        "|---|---|---:|---:|---|",
+        "| tree | protocol | median inf/s | median CPU µs/inf | median switches/inf "
+        "| rounds (µs) |",
+        "|---|---|---:|---:|---:|---|",
     ]
     for label in dict.fromkeys(r.label for r in runs):
         for protocol in dict.fromkeys(r.protocol for r in runs):
@@ -211,6 +218,7 @@ def table(runs: list[Run]) -> list[str]:
                     f"| {label} | {protocol} | "
                     f"{statistics.median(r.infer_per_sec for r in ok):,.0f} | "
                     f"{statistics.median(r.cpu_us for r in ok):,.0f} | "
+                    f"{statistics.median(r.switches for r in ok):.1f} | "
                     f"{', '.join(f'{r.cpu_us:,.0f}' for r in ok)} |"
                 )
     return lines

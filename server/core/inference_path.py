@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from protocol.classification import classify
 from protocol.errors import (
@@ -45,6 +45,7 @@ from protocol.errors import (
 from protocol.stream import ResponseStream, StreamItem
 from protocol.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from repository.registry import ModelRegistry, VersionRecord
+from scheduler.interface import Scheduler
 from server.traffic.policy import NAMED, Policy, TrafficControl
 
 ONE_ANSWER_ERROR = (
@@ -154,9 +155,22 @@ class InferencePath:
             if policy is not None:
                 self.traffic.answered(policy, request, record, started, False)
             raise
+        return await self._reported(future, request, record, policy, started)
+
+    async def _reported(
+        self,
+        answer: Awaitable[InferResponse],
+        request: InferRequest,
+        record: VersionRecord,
+        policy: Policy | None,
+        started: int,
+    ) -> InferResponse:
+        """Await an admitted request's answer counted in flight (shutdown waits for it), tell
+        the traffic policy how it went, and keep the outputs asked for: the one epilogue of
+        the plain and the cached path."""
         self.enter()
         try:
-            response = await future
+            response = await answer
         except asyncio.CancelledError:
             raise
         except BaseException:
@@ -173,58 +187,56 @@ class InferencePath:
         self, request: InferRequest, record: VersionRecord, policy: Policy | None, started: int
     ) -> InferResponse:
         """infer_admitted for a copy with the response cache: validated as any request, then
-        looked up; a hit answers at once (no queue, no execution), a miss runs and stores its
-        answer. Hashing and storing large tensors happen in a thread."""
+        looked up (`_lookup`)."""
         scheduler = record.scheduler
         assert scheduler is not None
-        cache = record.cache
-        stats = scheduler.statistics
         try:
             scheduler.validate(request)  # a refused request is never looked up
         except Exception:
             if policy is not None:
                 self.traffic.answered(policy, request, record, started, False)
             raise
-        self.enter()
+        return await self._reported(
+            self._lookup(request, record, scheduler), request, record, policy, started
+        )
+
+    @staticmethod
+    async def _lookup(
+        request: InferRequest, record: VersionRecord, scheduler: Scheduler
+    ) -> InferResponse:
+        """A hit answers at once (no queue, no execution), a miss runs and stores its answer.
+        Hashing and storing large tensors happen in a thread."""
+        cache = record.cache
+        assert cache is not None
+        stats = scheduler.statistics
+        begin = time.monotonic_ns()
+        if cache.heavy(request.inputs):
+            key = await asyncio.to_thread(cache.key, request)
+        else:
+            key = cache.key(request)
+        entry = cache.lookup(key)
+        if entry is not None:
+            response = entry.answer(request)
+            now = time.monotonic_ns()
+            stats.record_cache_hit(
+                max(0, now - request.arrival_ns),
+                max(0, begin - request.arrival_ns),
+                now - begin,
+            )
+            return response
+        missed = time.monotonic_ns() - begin
         try:
-            begin = time.monotonic_ns()
-            if cache.heavy(request.inputs):
-                key = await asyncio.to_thread(cache.key, request)
-            else:
-                key = cache.key(request)
-            entry = cache.lookup(key)
-            if entry is not None:
-                response = entry.answer(request)
-                now = time.monotonic_ns()
-                stats.record_cache_hit(
-                    max(0, now - request.arrival_ns),
-                    max(0, begin - request.arrival_ns),
-                    now - begin,
-                )
-            else:
-                missed = time.monotonic_ns() - begin
-                try:
-                    response = await scheduler.admit(request)
-                except BaseException:
-                    stats.record_cache_miss(missed)
-                    raise
-                stored = time.monotonic_ns()
-                if cache.heavy(response.outputs):
-                    await asyncio.to_thread(cache.store, key, response)
-                else:
-                    cache.store(key, response)
-                stats.record_cache_miss(missed + time.monotonic_ns() - stored)
-        except asyncio.CancelledError:
-            raise
+            response = await scheduler.admit(request)
         except BaseException:
-            if policy is not None:
-                self.traffic.answered(policy, request, record, started, False)
+            stats.record_cache_miss(missed)
             raise
-        finally:
-            self.leave()
-        if policy is not None:
-            self.traffic.answered(policy, request, record, started, True)
-        return _select_outputs(response, request.outputs, record)
+        stored = time.monotonic_ns()
+        if cache.heavy(response.outputs):
+            await asyncio.to_thread(cache.store, key, response)
+        else:
+            cache.store(key, response)
+        stats.record_cache_miss(missed + time.monotonic_ns() - stored)
+        return response
 
     def _cached_nowait(
         self,

@@ -53,6 +53,11 @@ class Channel:
         self._broken: BaseException | None = None
         self._timeout: float | None = None  # the socket's, changed only when a wait needs
 
+    @property
+    def shared(self) -> bool:
+        """Whether several threads may wait on this channel (then only `wait` may read)."""
+        return self._shared
+
     def send(self, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
         with self._send_lock:
             send_message(self.sock, message, fds)
@@ -65,6 +70,12 @@ class Channel:
     def send_locked(self, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
         """`send` for a caller already holding `send_lock`."""
         send_message(self.sock, message, fds)
+
+    @property
+    def receiver(self) -> Receiver:
+        """The socket's reader, for an owner that reads replies itself (an event loop watching
+        the socket of a channel that is not shared)."""
+        return self._receiver
 
     def wait(self, key: Hashable, timeout: float | None = None) -> Message:
         """The next message routed to `key`. Raises ChannelClosed when the other side went,

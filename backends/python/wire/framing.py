@@ -93,6 +93,14 @@ class Receiver:
             return message, []
         return message, [fds.popleft() for _ in range(min(count, len(fds)))]
 
+    def has_message(self) -> bool:
+        """Whether a whole message is already read (a reader woken by the socket's readiness
+        then takes it without waiting for more bytes)."""
+        buffer = self._buffer
+        if len(buffer) < HEADER.size:
+            return False
+        return len(buffer) >= HEADER.size + HEADER.unpack_from(buffer)[0]
+
     def _fill(self, fds: deque[int], size: int) -> None:
         try:
             chunk, got_fds, _flags, _addr = socket.recv_fds(self.sock, size, MAX_FDS)

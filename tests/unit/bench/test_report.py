@@ -82,8 +82,9 @@ def test_python_model_latency_fast_model_and_side_by_side_are_reported() -> None
     offline = [Throughput(b, 10.0 * b, [10.0 * b]) for b in (1, 64)]
     side = SideBySide(
         samples=[
-            Sample("ascend-serve", "py_add", "http", 1, 900.0, 300.0),
-            Sample("triton", "py_add", "http", 1, 800.0, 400.0),
+            Sample("ascend-serve", "py_add", "http", 1, 900.0, 300.0, switches=2.25),
+            Sample("triton", "py_add", "http", 1, 800.0, 400.0, switches=1.5),
+            Sample("ascend-serve", "py_add", "grpc", 1, 500.0, 450.0, switches=12.0),
         ],
         triton="nvidia-pytriton==0.7.0",
         commands=[f"{PA} -m py_add"],
@@ -118,6 +119,11 @@ def test_python_model_latency_fast_model_and_side_by_side_are_reported() -> None
     assert "- Latency, `simple` concurrency 1, http: p50 added <= 0.5 ms: **met** — 200 µs" in text
     assert "direct `TritonPythonModel.execute` in-process, one request" in text
     assert "## Server CPU per inference, side by side with Triton" in text
+    assert "| ascend-serve | py_add | http | 900 | 300 | 2.2 | 300 |" in text
+    assert "| triton | py_add | http | 800 | 400 | 1.5 | 400 |" in text
+    assert (
+        "- Context switches per inference, Python model `py_add`, grpc: <= 8: **not met** — 12.0"
+    ) in text
     assert (
         "- CPU per inference, Python model `py_add`, http: ascend-serve <= Triton: **met**" in text
     )

@@ -445,3 +445,54 @@ async def test_an_answer_is_freed_when_its_caller_drops_it_without_the_collector
     finally:
         gc.enable()
         await scheduler.stop()
+
+
+class LoopBegunDoubler(DoublerModel):
+    """A request-list model that starts its batches from the loop (Backend.begin_requests):
+    request 5 answers there, request 7 leaves its answer to the instance thread (what a Python
+    model does when its worker died), request 9 cannot begin now (the thread runs it)."""
+
+    takes_request_lists = True
+
+    def execute_requests(self, requests, details=None):
+        self.journal.note("execute", self.instance.name)
+        return [
+            {"OUTPUT0": r["INPUT0"] * 2, "OUTPUT1": np.ones((1, 1), np.int32)} for r in requests
+        ]
+
+    def begin_requests(self, requests, details, done):
+        number = int(requests[0]["INPUT0"].reshape(-1)[0])
+        if number == 9:
+            return False
+        self.journal.note("begin", self.instance.name)
+        if number == 7:
+
+            def on_the_thread():
+                self.journal.note("finish", self.instance.name)
+                return [Unavailable("the worker process was killed by SIGKILL")]
+
+            asyncio.get_running_loop().call_soon(done, on_the_thread)
+        else:
+            answers = [{"OUTPUT0": r["INPUT0"] * 3} for r in requests]
+            asyncio.get_running_loop().call_soon(done, answers)
+        return True
+
+
+async def test_a_batch_begun_on_the_loop_answers_without_the_instance_thread(journal):
+    spec = make_spec("max_batch_size: 8", journal)
+    model = type("LoopBegunDoubler", (LoopBegunDoubler,), {"journal": journal})
+    spec = VersionSpec(spec.name, 1, spec.config, spec.model_dir, spec.version_dir, model)
+    stats = VersionStatistics("m", "1")
+    scheduler = await started(spec, stats)
+    begun, left, refused = await results(
+        scheduler.submit(request(5)), scheduler.submit(request(7)), scheduler.submit(request(9))
+    )
+    assert begun.outputs[0].data.tolist() == [[15.0, 15.0]]  # the loop's answer
+    assert isinstance(left, Unavailable) and "SIGKILL" in left.message
+    assert refused.outputs[0].data.tolist() == [[18.0, 18.0]]  # execute_requests, as before
+    assert stats.success.count == 2 and stats.fail.count == 1 and stats.pending == 0
+    loop_thread = threading.get_ident()
+    by_phase = {phase: thread for phase, _, thread in journal.calls}
+    assert by_phase["begin"] == loop_thread
+    assert by_phase["finish"] != loop_thread and by_phase["execute"] != loop_thread
+    await scheduler.stop()
