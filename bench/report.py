@@ -13,6 +13,7 @@ from bench import cpu_side_by_side, handover_cost
 from bench.machine import portable
 from bench.offline import Latency, Throughput
 from bench.served import RETRY_FLAGS, Point
+from bench.studies import npu_host_model
 
 # Targets from issues #4 and #12 (measured here, never asserted in a unit test).
 RATIO_TARGET = 0.8  # served/offline throughput, dynamic batching, concurrency 32
@@ -458,4 +459,6 @@ def render(r: Results) -> str:
         out += cpu_side_by_side.report(r.side_by_side)
     if r.handover is not None:
         out += handover_cost.report(r.handover)
+        fhg = {p: r.handover.costs(p) for p in sorted({k.split()[0] for k in r.handover.figures})}
+        out += npu_host_model.with_measured(fhg)
     return portable("\n".join(out), r.perf_analyzer)

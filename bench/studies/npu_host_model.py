@@ -99,14 +99,30 @@ def bounds(p: Protocol, c: Costs, kb: float, cores: int, devices: int, n: int) -
 def predict(p: Protocol, c: Costs, kb: float, cores: int, devices: int) -> Prediction:
     """The best number of frontend processes (1..cores less one per executor) and its rate."""
     best: Prediction | None = None
-    for n in range(1, max(1, cores - devices) + 1):
+    top = max(1, cores - devices)  # each device's executor keeps a core of its own
+    for n in range(1, top + 1):
         bs = bounds(p, c, kb, cores, devices, n)
         binds = min(bs, key=bs.__getitem__)
         rate = bs[binds]
         if best is None or rate > best.rate * 1.01:
             best = Prediction(rate, n, binds, bs)
     assert best is not None
+    if best.processes == top and best.binds in ("owner loop", "frontend loops"):
+        more = bounds(p, c, kb, cores + 1, devices, top + 1)
+        if min(more.values()) > best.rate * 1.01:  # another core would buy another process
+            best = replace(best, binds="cores")
     return best
+
+
+def split(p: Protocol, c: Costs, kb: float, cores: int, devices: int, servers: int) -> float:
+    """Served rate of `servers` independent servers, each with its share of cores and devices.
+
+    One owner loop per server is the wall past a few devices; separate servers (each seeing
+    its own devices) multiply it.
+    """
+    if devices % servers or cores < servers:
+        raise ValueError(f"{devices} devices and {cores} cores do not split into {servers} servers")
+    return servers * predict(p, c, kb, cores // servers, devices // servers).rate
 
 
 def table(
@@ -135,7 +151,53 @@ def report(c: Costs | None = None) -> str:
     for kb in (150.0, 600.0):
         for p in (HTTP, GRPC):
             out += table(p, c, kb, (4, 8, 16, 32, 64), (1, 2, 4, 8)) + [""]
+    out += [
+        "8 NPUs as S servers (each its share of the cores and devices): inf/s at 32 / 64 cores",
+        "",
+        "| request | proto | S 1 | S 2 | S 4 | S 8 | devices alone |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kb in (150.0, 600.0):
+        for p in (HTTP, GRPC):
+            cells = [
+                " / ".join(f"{split(p, c, kb, k, 8, s):,.0f}" for k in (32, 64))
+                for s in (1, 2, 4, 8)
+            ]
+            alone = 8 * c.batch * 1000.0 / device_ms(c.batch, c)
+            out.append(f"| {kb:g} KB | {p.name} | " + " | ".join(cells) + f" | {alone:,.0f} |")
     return "\n".join(out)
+
+
+def with_measured(fhg: dict[str, tuple[float, float, float]], c: Costs | None = None) -> list[str]:
+    """The RESULTS.md section: 8-NPU predictions with this run's f, h, g (bench/handover_cost.py).
+
+    `fhg` maps "http"/"grpc" to (f, h, g) µs; the per-KB, executor and device costs stay the
+    FINDINGS defaults, since this run measures none of them.
+    """
+    c = c or Costs()
+    base = {"http": HTTP, "grpc": GRPC}
+    cores = (4, 8, 16, 32, 64)
+    lines = [
+        "## An 8-NPU host from these costs (bench/studies/npu_host_model.py)",
+        "",
+        "A calculation, not a measurement: f, h and g from the table above, the per-KB, "
+        "executor and 310P ResNet50 device costs as recorded in bench/FINDINGS.md. Inferences/s "
+        "with the best number of frontend processes N, and the resource that binds.",
+        "",
+        "| protocol | request | " + " | ".join(f"{k} cores" for k in cores) + " |",
+        "|---|---|" + "---|" * len(cores),
+    ]
+    for key, (f, h, g) in sorted(fhg.items()):
+        if key not in base or any(v != v for v in (f, h, g)):  # unknown protocol or NaN
+            continue
+        p = replace(base[key], f_us=f, h_us=h, g_us=g)
+        for kb in (150.0, 600.0):
+            cells = []
+            for k in cores:
+                r = predict(p, c, kb, k, 8)
+                cells.append(f"{r.rate:,.0f} (N {r.processes}, {r.binds})")
+            lines.append(f"| {p.name} | {kb:g} KB | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ from bench.studies.npu_host_model import (
     gear,
     predict,
     report,
+    split,
+    with_measured,
 )
 
 FREE = Protocol("x", f_us=1.0, h_us=1.0, g_us=1.0, frontend_us_per_kb=0.0)
@@ -65,3 +67,21 @@ def test_the_report_has_the_four_tables() -> None:
     for head in ("HTTP, 150 KB", "gRPC, 150 KB", "HTTP, 600 KB", "gRPC, 600 KB"):
         assert head in text
     assert text.count("| 64 |") == 4
+
+
+def test_splitting_eight_devices_into_servers_multiplies_the_owner_wall() -> None:
+    one = split(HTTP, Costs(), 150.0, 64, 8, 1)
+    four = split(HTTP, Costs(), 150.0, 64, 8, 4)
+    assert one == pytest.approx(predict(HTTP, Costs(), 150.0, 64, 8).rate)
+    assert four == pytest.approx(4 * predict(HTTP, Costs(), 150.0, 16, 2).rate)
+    assert four > 3 * one
+    with pytest.raises(ValueError, match="do not split into 3 servers"):
+        split(HTTP, Costs(), 150.0, 64, 8, 3)
+
+
+def test_the_report_section_uses_the_measured_f_h_g_and_skips_unmeasured() -> None:
+    lines = with_measured({"http": (90.0, 70.0, 75.0), "grpc": (float("nan"),) * 3})
+    rows = [line for line in lines if line.startswith("| HTTP |")]
+    assert len(rows) == 2 and not any(line.startswith("| gRPC |") for line in lines)
+    expected = predict(HTTP, Costs(), 150.0, 64, 8)
+    assert rows[0].endswith(f"{expected.rate:,.0f} (N {expected.processes}, {expected.binds}) |")

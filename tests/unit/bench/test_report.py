@@ -129,3 +129,29 @@ def test_python_model_latency_fast_model_and_side_by_side_are_reported() -> None
     )
     assert text.index("CPU per inference, Python model") < text.index("## Machine")
     assert PA not in text and "$PERF_ANALYZER -m py_add" in text
+
+
+def test_measured_handover_costs_feed_the_npu_host_section() -> None:
+    from bench.handover_cost import HandoverCosts
+
+    costs = HandoverCosts("simple_batching", 16, 1)
+    for name, value in (("owner_us", 90.0), ("frontend_us", 75.0), ("infer_per_sec", 9000.0)):
+        costs.figures[f"http N=1 {name}"] = [value]
+    costs.figures["http N=2 owner_us"] = [70.0]
+    costs.figures["http N=2 frontend_us"] = [75.0]
+    costs.figures["http N=2 infer_per_sec"] = [8000.0]
+    results = Results(
+        machine={},
+        commands=[],
+        offline={},
+        offline_of={},
+        direct=Latency(1, 10, 10.0, 20.0, [10.0]),
+        served=[],
+        latency=[],
+        target_models={"on": "a", "off": "b"},
+        reference_models={"on": "c", "off": "d"},
+        handover=costs,
+    )
+    text = render(results)
+    assert "## An 8-NPU host from these costs (bench/studies/npu_host_model.py)" in text
+    assert "| HTTP | 150 KB | " in text and "| HTTP | 600 KB | " in text
