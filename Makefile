@@ -101,12 +101,19 @@ soak: $(VENV)/.installed-test
 # missing; if that fails the benchmark still runs and its report says Triton was not measured.
 TRITON_VENV := .venv-triton
 TRITON_WHEEL := nvidia-pytriton==0.7.0
+KSERVE_VENV := .venv-kserve
+KSERVE_PACKAGE := kserve==0.21.0
 
 bench: $(VENV)/.installed-test models
 	@if ! ls -d $(TRITON_VENV)/lib/python3*/site-packages/pytriton/tritonserver >/dev/null 2>&1; then \
 		echo "installing $(TRITON_WHEEL) into $(TRITON_VENV) (for the side-by-side with Triton)"; \
 		{ $(PYTHON) -m venv $(TRITON_VENV) && $(TRITON_VENV)/bin/pip install --quiet $(TRITON_WHEEL); } \
 			|| echo "could not install $(TRITON_WHEEL): the report will say Triton was not measured"; \
+	fi
+	@if ! ls -d $(KSERVE_VENV)/lib/python3*/site-packages/kserve >/dev/null 2>&1; then \
+		echo "installing $(KSERVE_PACKAGE) into $(KSERVE_VENV) (the peer of bench/kserve_peer.py)"; \
+		{ $(PYTHON) -m venv $(KSERVE_VENV) && $(KSERVE_VENV)/bin/pip install --quiet $(KSERVE_PACKAGE); } \
+			|| echo "could not install $(KSERVE_PACKAGE): the report will say KServe was not measured"; \
 	fi
 	@pa=$$($(FIND_PERF_ANALYZER)) || { echo "make bench needs perf_analyzer (why none was found \
 		or installed: above); give one: PERF_ANALYZER=/path/to/perf_analyzer make bench" >&2; exit 1; }; \

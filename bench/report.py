@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import cpu_side_by_side, handover_cost
+from bench import cpu_side_by_side, handover_cost, kserve_peer
 from bench.machine import portable
 from bench.offline import Latency, Throughput
 from bench.served import RETRY_FLAGS, Point
@@ -45,6 +45,8 @@ class Results:
     directs: dict[str, Latency] = field(default_factory=dict)
     # bench/cpu_side_by_side.py's SideBySide (rendered by its report() and verdicts())
     side_by_side: Any = None
+    # bench/kserve_peer.py's PeerRun (rendered by its report() and verdicts())
+    kserve: Any = None
     # bench/handover_cost.py's HandoverCosts (rendered by its report())
     handover: Any = None
 
@@ -309,6 +311,8 @@ def verdicts(r: Results) -> list[str]:
         )
     if r.side_by_side is not None:
         lines += cpu_side_by_side.verdicts(r.side_by_side)
+    if r.kserve is not None:
+        lines += kserve_peer.verdicts(r.kserve)
     return lines + _ratio_lines(r, r.reference_models, target=False)
 
 
@@ -457,6 +461,8 @@ def render(r: Results) -> str:
         out += [title, "", *_latency_table(r, model), ""]
     if r.side_by_side is not None:
         out += cpu_side_by_side.report(r.side_by_side)
+    if r.kserve is not None:
+        out += kserve_peer.report(r.kserve)
     if r.handover is not None:
         out += handover_cost.report(r.handover)
         fhg = {p: r.handover.costs(p) for p in sorted({k.split()[0] for k in r.handover.figures})}

@@ -31,7 +31,15 @@ from pathlib import Path
 
 import httpx
 
-from bench import cpu_side_by_side, floor, handover_cost, offline, report, served
+from bench import (
+    cpu_side_by_side,
+    floor,
+    handover_cost,
+    kserve_peer,
+    offline,
+    report,
+    served,
+)
 from bench.machine import load_average, machine_info, portable
 from bench.sections import carry_sections
 from examples.build_repository import (
@@ -357,6 +365,16 @@ def main(argv: list[str] | None = None) -> int:
             perf_analyzer, args.out_dir / "cpu", cpu_rounds, progress=progress, flags=flags
         )
         progress(f"  Triton: {side_by_side.triton}")
+    kserve = None
+    if cpu_rounds > 0:
+        progress(
+            f"beside {kserve_peer.KSERVE_LABEL}, the closed-loop Python client "
+            f"(bench/kserve_peer.py), {cpu_rounds} round(s)"
+        )
+        kserve = kserve_peer.run(
+            args.out_dir / "kserve", cpu_rounds, 2.0 if args.quick else 5.0, progress=progress
+        )
+        progress(f"  KServe: {kserve.kserve}")
     handover = None
     if not args.quick or args.cpu_rounds:
         progress("frontend processes: CPU per request handed over (bench/handover_cost.py)")
@@ -385,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         fast_models=FAST_MODELS if repo / FAST_MODELS["on"] in offline_dirs else {},
         directs={PYTHON_MODEL: direct_python},
         side_by_side=side_by_side,
+        kserve=kserve,
         handover=handover,
         notes=[
             f"load average (1/5/15 min) before: {load_before}, after: {load_average()}",

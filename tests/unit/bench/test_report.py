@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.kserve_peer import PeerRun
 from bench.offline import Latency, Throughput
 from bench.report import ROOT, Results, portable, render
 from bench.served import Point
@@ -103,9 +104,17 @@ def test_python_model_latency_fast_model_and_side_by_side_are_reported() -> None
         fast_models={"on": "mlp_compute"},
         directs={"py_add": Latency(1, 10, 3.0, 4.0, [3.0], call="execute")},
         side_by_side=side,
+        kserve=PeerRun(
+            kserve="not measured: no kserve (install `kserve==0.21.0` into .venv-kserve)"
+        ),
         perf_analyzer=PA,
     )
     text = render(results)
+    assert "## Beside KServe 0.21 (Python), one closed-loop Python client (issue 27)" in text
+    assert (
+        "- gRPC c=8 against KServe 0.21 (Python): not measured: no kserve (install "
+        "`kserve==0.21.0` into .venv-kserve)"
+    ) in text
     assert (
         "- Throughput, `mlp_compute` dynamic batching, concurrency 32, http: served/offline "
         ">= 0.8: **not met** — 100 / 640 inf/s"
