@@ -287,9 +287,14 @@ class Chaos:
         return 0
 
     def kill_one(self, rng: random.Random) -> int | None:
-        spare = self.leak_pid()
+        # The leaking worker and its supervisor (whose command line names the worker module
+        # too): killing either frees the leak the negative control is meant to show.
+        leak = self.leak_pid()
+        spare = {leak, parent_pid(leak)} if leak else set()
         candidates = [
-            pid for pid in worker_pids(self.server.pid) if pid != spare and process_age(pid) > 2.0
+            pid
+            for pid in worker_pids(self.server.pid)
+            if pid not in spare and process_age(pid) > 2.0
         ]
         if not candidates:
             return None
