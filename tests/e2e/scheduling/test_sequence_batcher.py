@@ -8,6 +8,7 @@ which correlation ID (and of which Python type) it saw, and what CORRID input th
 from __future__ import annotations
 
 import queue
+import re
 import subprocess
 import threading
 import time
@@ -340,6 +341,19 @@ def test_perf_analyzer_sequence_mode(server: ServerProcess, protocol: str) -> No
     ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     output = run.stdout + run.stderr
-    assert run.returncode == 0, output
     assert "Throughput:" in output and "infer/sec" in output, output
-    assert "error" not in output.lower(), output
+    # perf_analyzer's own end-of-run race, not the server's: in its default (async) sequence
+    # mode, ConcurrencyWorker::HandleExitConditions calls CompleteOngoingSequences, which sends
+    # each context's END request *before* WaitForOngoingRequests, while that sequence's previous
+    # request is still in flight on another connection. When the END is admitted first, the
+    # request left behind continues a sequence that has ended, and the answer is Triton's
+    # ("Thread [0] had error: ... must specify the START flag ...", exit status 2; about one run
+    # in 80 here). At most one per context is tolerated; any other error fails the test.
+    race = re.compile(
+        r"sequence \d+ to model 'accumulator_onnx' must specify the START flag", re.IGNORECASE
+    )
+    lines = output.splitlines()
+    raced = [line for line in lines if race.search(line)]
+    assert len(raced) <= 2, output  # --concurrency-range 2
+    assert not [line for line in lines if "error" in line.lower() and line not in raced], output
+    assert run.returncode == (2 if raced else 0), output
