@@ -153,7 +153,7 @@ class BatchQueue(BatchingQueue):
     # -- sealing a batch ----------------------------------------------------------------------
 
     def take(
-        self, now_ns: int, flush: bool, arriving: bool = False
+        self, now_ns: int, flush: bool, defer_due: bool = False
     ) -> tuple[list[Entry], int | None]:
         self._compact()
         batch: list[Entry] = []
@@ -179,7 +179,7 @@ class BatchQueue(BatchingQueue):
         if not batch:
             return [], None
         delay_exceeded = self._delay_ns > 0 and now_ns - oldest >= self._delay_ns
-        if delay_exceeded and arriving and not flush:
+        if delay_exceeded and defer_due and not flush:
             return [], oldest + self._delay_ns  # due: the timer's pass seals it this turn
         if best and not delay_exceeded and not flush:
             batch = batch[:best]

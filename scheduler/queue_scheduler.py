@@ -127,14 +127,15 @@ class BatchingQueue(RequestQueue):
 
     @abstractmethod
     def take(
-        self, now_ns: int, flush: bool, arriving: bool = False
+        self, now_ns: int, flush: bool, defer_due: bool = False
     ) -> tuple[list[Entry], int | None]:
         """The next batch for a free instance (removed from the queue and marked RUNNING), or
         ([], when to look again: None for 'on the next arrival'). `flush` means no more
-        requests will come: send without waiting. `arriving` means the caller is `submit()`:
-        a batch that is due only because its queue delay ran out is then left to the timer's
-        pass (return it as due, not the batch), which also takes what else arrives in this
-        loop turn; sealing it mid-turn would cut those off and make batches smaller."""
+        requests will come: send without waiting. `defer_due` means the caller runs in the
+        middle of a loop turn (`submit()`, or an instance's answer coming back): a batch that is
+        due only because its queue delay ran out is then left to the timer's pass (return it as
+        due, not the batch), which also takes what else arrives in this loop turn; sealing it
+        mid-turn would cut those off and make batches smaller."""
 
 
 class FifoQueue(BatchingQueue):
@@ -149,7 +150,7 @@ class FifoQueue(BatchingQueue):
         self._count += 1
 
     def take(
-        self, now_ns: int, flush: bool, arriving: bool = False
+        self, now_ns: int, flush: bool, defer_due: bool = False
     ) -> tuple[list[Entry], int | None]:
         entries = self._entries
         while entries:
@@ -291,7 +292,7 @@ class QueueScheduler(Scheduler):
         self._stats.pending_changed(+1)
         entry.on_cancel = partial(self._future_done, entry)
         future.add_done_callback(entry.on_cancel)
-        self._dispatch_now(arriving=True)  # launched before we return, when the rules allow
+        self._dispatch_now(defer_due=True)  # launched before we return, when the rules allow
         return future
 
     def _admits_while_draining(self, request: InferRequest) -> bool:
@@ -313,10 +314,10 @@ class QueueScheduler(Scheduler):
             self._dispatch_now()
             await wake.wait()
 
-    def _dispatch_now(self, arriving: bool = False) -> None:
+    def _dispatch_now(self, defer_due: bool = False) -> None:
         """One dispatch pass here and now, then the timer for the next one."""
         try:
-            self._set_timer(self._dispatch(arriving))
+            self._set_timer(self._dispatch(defer_due))
         except Exception:  # a bug here must not strand queued requests
             logger.exception(
                 "scheduler for '%s' version %s failed", self._spec.name, self._spec.version
@@ -352,9 +353,9 @@ class QueueScheduler(Scheduler):
         self._timer = self._timer_at = None
         self._wake.set()
 
-    def _dispatch(self, arriving: bool = False) -> int | None:
+    def _dispatch(self, defer_due: bool = False) -> int | None:
         """Reject expired requests, give batches to free instances; return when to look again.
-        `arriving`: the pass of `submit()` (see `BatchingQueue.take`)."""
+        `defer_due`: a pass in the middle of a loop turn (see `BatchingQueue.take`)."""
         now = self._clock.now_ns()
         queue: BatchingQueue = self._queue  # type: ignore[assignment]  # the default dispatcher's
         for entry in queue.expire(now):
@@ -378,7 +379,7 @@ class QueueScheduler(Scheduler):
             # the turn comes, so it holds what arrived meanwhile.
             if not pool.has_idle() and not pool.request_turn(len(queue)):
                 break
-            batch, wake_at = queue.take(now, not self._accepting, arriving)
+            batch, wake_at = queue.take(now, not self._accepting, defer_due)
             if not batch:
                 break
             instance = pool.acquire()
@@ -416,7 +417,10 @@ class QueueScheduler(Scheduler):
             )
         self._pool.release(instance, self._limited and self._more_work(instance))
         if len(self._queue) and self._pool.has_idle():
-            self._dispatch_now()  # the next batch first: the instance need not wait for the loop
+            # The next batch first, so the instance need not wait for the loop; but one that is
+            # due only by its delay waits for the timer's pass this turn, with this turn's
+            # arrivals (sealed here, HTTP batches halved: bench/FINDINGS.md 22).
+            self._dispatch_now(defer_due=True)
         if result.executed:
             self._stats.record_execution(
                 batch.rows + batch.padding,

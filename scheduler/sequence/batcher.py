@@ -147,7 +147,7 @@ class SequenceBatcher(QueueScheduler):
 
     # -- dispatch -------------------------------------------------------------------------
 
-    def _dispatch(self, arriving: bool = False) -> int | None:
+    def _dispatch(self, defer_due: bool = False) -> int | None:
         """Release idle sequences, then give each free instance its slots' next batch."""
         now = self._clock.now_ns()
         sequences = self._sequences

@@ -107,6 +107,34 @@ async def test_the_next_batch_starts_in_the_callback_that_answers_the_last(batch
     assert h.recorder.batches == [[0], [1, 2]]
 
 
+async def test_a_batch_due_when_the_instance_frees_takes_that_turn_s_arrivals(batcher):
+    """The answer that frees the instance comes back mid-turn: a batch due only by its delay
+    is sealed by the timer's pass after it, so what else arrives in that turn joins it."""
+    h = await batcher("max_queue_delay_microseconds: 1000")
+    zero = await busy(h)
+    first = h.submit(1)
+    await h.advance(1 * MS)  # due now, but no instance is free
+    assert h.pending == 1
+    later: list[asyncio.Future] = []
+    zero.add_done_callback(lambda _: later.append(h.submit(2)))  # runs in the answer's turn
+    h.recorder.release_all()
+    await results(zero, first)
+    await results(*later)
+    assert h.recorder.batches == [[0], [1, 2]]
+
+
+async def test_a_preferred_batch_not_yet_due_starts_in_the_answer_s_callback(batcher):
+    h = await batcher(TRITON_CASE)
+    zero = await busy(h)
+    one, two = h.submit(1), h.submit(2)
+    h.recorder.release_all()
+    async with asyncio.timeout(10):
+        await zero
+    assert h.pending == 0
+    await results(one, two)
+    assert h.recorder.batches == [[0], [1, 2]]
+
+
 async def test_zero_delay_sends_what_is_there(batcher):
     h = await batcher("preferred_batch_size: [4]")
     await results(h.submit(1))
