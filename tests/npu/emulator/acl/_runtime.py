@@ -141,9 +141,6 @@ class Device:
     # When the device is free next and how long it was busy (shared across processes when
     # Config.timeline_dir is set): one execution at a time per device, whatever the stream.
     timeline: DeviceTimeline = field(default_factory=lambda: DeviceTimeline(0))
-    # This process's last utilisation reading (or the device's creation here): (when, busy
-    # seconds up to then). get_device_utilization_rate answers for the time since.
-    window: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(eq=False)
@@ -301,7 +298,7 @@ class Runtime:
 def new_device(device: int, config: Config) -> Device:
     base = DEVICE_BASE + device * DEVICE_SPAN
     timeline = DeviceTimeline(device, config.timeline_dir or None)
-    return Device(device, base, next_addr=base, timeline=timeline, window=timeline.busy_through())
+    return Device(device, base, next_addr=base, timeline=timeline)
 
 
 def config_from_env() -> Config:

@@ -33,6 +33,9 @@ _CELL = struct.Struct("=ddq")  # free_at, busy seconds scheduled so far, pid of 
 # After the cell, from _TABLE_AT: the device memory each process holds, (pid, bytes) per slot.
 _SLOT = struct.Struct("=qq")
 _TABLE_AT, _SLOTS = 32, 64
+# Then the last utilisation reading, by any process: (when, busy seconds up to then).
+_WINDOW = struct.Struct("=dd")
+_WINDOW_AT = _TABLE_AT + _SLOT.size * _SLOTS
 
 
 class DeviceTimeline:
@@ -42,11 +45,13 @@ class DeviceTimeline:
         self.device = device
         self._lock = threading.Lock()
         self._fd: int | None = None
-        self._cell = (0.0, 0.0, 0)
+        self._cell: Cell = (0.0, 0.0, 0)
+        self._window = (time.monotonic(), 0.0)
         if directory:
             Path(directory).mkdir(parents=True, exist_ok=True)
             path = os.path.join(directory, f"device-{device}")
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._update(self._open_window)
 
     # -- storage ------------------------------------------------------------------------------
     def _read(self) -> Cell:
@@ -112,21 +117,34 @@ class DeviceTimeline:
 
         self._update(change)
 
-    def busy_through(self) -> tuple[float, float]:
-        """(now, the seconds the device has been busy up to now)."""
-
-        def change(cell: Cell, now: float) -> tuple[Cell | None, Any]:
-            free_at, busy, hung = _settled(cell)
-            through = busy - max(0.0, free_at - now)
-            if hung:  # busy since the hang began, and still
-                through += max(0.0, now - free_at)
-            return None, (now, through)
-
-        return self._update(change)
-
     def end_of_queue(self) -> float:
         """When the device will have finished what is queued on it (now if idle)."""
         return self._update(lambda cell, now: (None, max(now, _settled(cell)[0])))
+
+    # -- utilisation ------------------------------------------------------------------------------
+    def _open_window(self, cell: Cell, now: float) -> tuple[Cell | None, Any]:
+        """The first process to open the device starts its utilisation window (with the lock)."""
+        assert self._fd is not None
+        raw = os.pread(self._fd, _WINDOW.size, _WINDOW_AT)
+        if len(raw) < _WINDOW.size or _WINDOW.unpack(raw)[0] == 0.0:
+            os.pwrite(self._fd, _WINDOW.pack(now, _busy_through(_settled(cell), now)), _WINDOW_AT)
+        return None, None
+
+    def utilisation(self) -> float:
+        """The device's busy fraction since the last reading (by any process that shares it:
+        the device's own figure, whoever asks), or since it was first opened."""
+
+        def change(cell: Cell, now: float) -> tuple[Cell | None, Any]:
+            through = _busy_through(_settled(cell), now)
+            if self._fd is None:
+                then, before = self._window
+                self._window = (now, through)
+            else:
+                then, before = _WINDOW.unpack(os.pread(self._fd, _WINDOW.size, _WINDOW_AT))
+                os.pwrite(self._fd, _WINDOW.pack(now, through), _WINDOW_AT)
+            return None, (through - before) / max(now - then, 1e-9)
+
+        return self._update(change)
 
     # -- the device's memory --------------------------------------------------------------------
     def charge(self, own: int, capacity: int) -> tuple[bool, int]:
@@ -166,6 +184,15 @@ class DeviceTimeline:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _busy_through(cell: Cell, now: float) -> float:
+    """The seconds the device has been busy up to `now` (queued work not yet run excluded)."""
+    free_at, busy, hung = cell
+    through = busy - max(0.0, free_at - now)
+    if hung:  # busy since the hang began, and still
+        through += max(0.0, now - free_at)
+    return through
 
 
 def _settled(cell: Cell) -> Cell:

@@ -379,10 +379,7 @@ def get_device_utilization_rate(device_id: int) -> tuple[dict, int]:
     with RT.lock:
         RT.require_init()
         dev = RT.require_device_id(device_id)
-        (then, before), (now, busy) = dev.window, dev.timeline.busy_through()
-        window = max(now - then, 1e-9)
-        cube = max(0, min(100, int(round(100 * (busy - before) / window))))
-        dev.window = (now, busy)
+        cube = max(0, min(100, int(round(100 * dev.timeline.utilisation()))))
         return (
             {
                 "cube_utilization": cube,
