@@ -16,6 +16,7 @@ NPU_BUSY_SPY=<file> records the first executor with py-spy (`--gil --idle`, raw)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -30,20 +31,45 @@ import numpy as np
 from harness.serverproc import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
+EMULATOR = ROOT / "tests" / "npu" / "emulator"  # put on the server's PYTHONPATH, not imported
 FEATURES, ROWS, DEVICE_MS, COPY_BYTES_PER_S, CLIENTS = 1024, 8, 20, 8e6, 6
 SERVER_CPU, CLIENT_CPU = 0, 1
 
 
-def repository(root: Path, per_process: int, count: int) -> Path:
-    from tests.support import om_fixtures as omf
+def manifest() -> dict:
+    """The emulated `.om` (tests/npu/emulator's format, as npu_emulated.py writes it):
+    INPUT0 [-1, 1024] FP32 -> OUTPUT0 = INPUT0 * 2 + 1 and OUTPUT1 = row sums, gears 4 and 8,
+    DEVICE_MS per execution."""
+    fp32, nd = 0, 2  # ACL_FLOAT, ACL_FORMAT_ND
+    return {
+        "format": "acl-emulator-om",
+        "version": 1,
+        "inputs": [{"name": "INPUT0", "dtype": fp32, "format": nd, "dims": [-1, FEATURES]}],
+        "outputs": [
+            {"name": "OUTPUT0", "dtype": fp32, "format": nd, "dims": [-1, FEATURES]},
+            {"name": "OUTPUT1", "dtype": fp32, "format": nd, "dims": [-1, 1]},
+        ],
+        "weight_size": 4096,
+        "work_size": 4096,
+        "compute": [
+            {
+                "op": "scale_add",
+                "inputs": ["INPUT0"],
+                "output": "OUTPUT0",
+                "scale": 2.0,
+                "bias": 1.0,
+            },
+            {"op": "row_sum", "inputs": ["INPUT0"], "output": "OUTPUT1"},
+        ],
+        "dynamic_batch": [4, ROWS],
+        "latency_ms": {"fixed": DEVICE_MS},
+    }
 
+
+def repository(root: Path, per_process: int, count: int) -> Path:
     repo = root / "models"
-    omf.scale_model(
-        repo / "busy" / "1" / "model.om",
-        gears=(4, ROWS),
-        features=FEATURES,
-        latency_ms={"fixed": DEVICE_MS},
-    )
+    (repo / "busy" / "1").mkdir(parents=True)
+    (repo / "busy" / "1" / "model.om").write_text(json.dumps(manifest()))
     (repo / "busy" / "config.pbtxt").write_text(
         'name: "busy"\nbackend: "ascend"\n'
         f"instance_group [ {{ kind: KIND_GPU, count: {count}, gpus: [ 0 ] }} ]\n"
@@ -66,15 +92,12 @@ def measure(per_process: int, count: int, window: float, copy: float) -> tuple[f
     """(busy fraction over the window, inferences answered in it)."""
     import tritonclient.http as httpclient
 
-    from tests.support import om_fixtures as omf
-
     with tempfile.TemporaryDirectory(prefix="npu-busy-") as tmp:
         root = Path(tmp)
         repo = repository(root, per_process, count)
-        env = omf.emulator_env(
-            {"PYTHONPATH": str(ROOT)},
-            config={"device_count": 1, "copy_bytes_per_s": copy},
-        )
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EMULATOR), str(ROOT)]))
+        config = {"device_count": 1, "copy_bytes_per_s": copy, "timeline_dir": str(root / "dev")}
+        env["ACL_EMU_CONFIG"] = json.dumps(config)  # the executors share the one device
         everywhere = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {SERVER_CPU})  # the server and the executors it spawns
         try:
