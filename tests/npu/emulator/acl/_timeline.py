@@ -117,10 +117,6 @@ class DeviceTimeline:
 
         self._update(change)
 
-    def end_of_queue(self) -> float:
-        """When the device will have finished what is queued on it (now if idle)."""
-        return self._update(lambda cell, now: (None, max(now, _settled(cell)[0])))
-
     # -- utilisation ------------------------------------------------------------------------------
     def _open_window(self, cell: Cell, now: float) -> tuple[Cell | None, Any]:
         """The first process to open the device starts its utilisation window (with the lock)."""
