@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -95,7 +96,9 @@ class Server:
         command += ["--metrics-address", "127.0.0.1", "--metrics-port", str(free_port())]
         emulator = tree / "tests" / "npu" / "emulator"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(emulator), str(tree)]))
-        env["ACL_EMU_CONFIG"] = json.dumps(EMULATOR_CONFIG)
+        # The server's executor processes share each emulated device (timeline and memory).
+        devices = tempfile.mkdtemp(prefix="acl-emu-devices-")
+        env["ACL_EMU_CONFIG"] = json.dumps({**EMULATOR_CONFIG, "timeline_dir": devices})
         self._log = open(log, "w")
         self.process = subprocess.Popen(
             command, cwd=tree, env=env, stdout=self._log, stderr=subprocess.STDOUT

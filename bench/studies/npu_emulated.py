@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -147,7 +148,9 @@ def measure(
     root = out / f"{runs[0][0]}_dev{len(gpus)}_count{count}"
     repo = write_repository(root, gpus, count)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EMULATOR), str(ROOT)]))
-    env["ACL_EMU_CONFIG"] = json.dumps(EMULATOR_CONFIG)
+    # The server's executor processes share each emulated device (its timeline and memory).
+    devices = tempfile.mkdtemp(prefix="acl-emu-devices-")
+    env["ACL_EMU_CONFIG"] = json.dumps({**EMULATOR_CONFIG, "timeline_dir": devices})
     args = ["--model-control-mode", "explicit", "--exit-timeout-secs", "10"]
     for kind in sorted({kind for kind, _ in runs}):
         args += ["--load-model", kind]

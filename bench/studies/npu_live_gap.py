@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -89,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True)
     repo = write_repository(args.out)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EMULATOR), str(ROOT)]))
-    env["ACL_EMU_CONFIG"] = json.dumps(EMULATOR_CONFIG)
+    # The server's executor processes share each emulated device (its timeline and memory).
+    devices = tempfile.mkdtemp(prefix="acl-emu-devices-")
+    env["ACL_EMU_CONFIG"] = json.dumps({**EMULATOR_CONFIG, "timeline_dir": devices})
     flags = ["--model-control-mode", "explicit", "--exit-timeout-secs", "10"]
     url = "/v2/repository/models/" + MODEL
     found: dict[str, list[float]] = {"load": [], "unload": [], "swap": []}

@@ -62,7 +62,15 @@ MAX_OUTPUT_BUFFERS = 64
 LOAD_TIMEOUT_S = 600.0  # a large model's load may take minutes
 FINALIZE_TIMEOUT_S = 10.0  # the executor's own teardown (unload, reset, acl.finalize)
 
-Key = tuple[str, str, str, int]  # (model, version dir, instance group, device)
+# Instances of one group on one NPU that share an executor process (config parameter
+# `executor_instances_per_process`; 0: all of them). One process per instance by default: the
+# GIL-holding copies and the reply of one instance then never delay another's return from the
+# device or its next batch (bench/FINDINGS.md, "the device never waits for the host"); each
+# process pays its own pyACL runtime and copy of the model's host state.
+DEFAULT_INSTANCES_PER_PROCESS = 1
+MAX_INSTANCES_PER_PROCESS = 64
+
+Key = tuple[str, str, str, int, int]  # (model, version dir, instance group, device, process)
 
 _lock = threading.Lock()
 _executors: dict[Key, Executor] = {}
@@ -75,7 +83,7 @@ class Executor:
 
     def __init__(self, key: Key, crashes: CrashWindow) -> None:
         self.key = key
-        self.label = f"NPU executor for model '{key[0]}' group '{key[2]}' on NPU {key[3]}"
+        self.label = f"NPU executor {key[4]} for model '{key[0]}' group '{key[2]}' on NPU {key[3]}"
         self.crashes = crashes
         self.cond = threading.Condition()
         self.state = self._STOPPED
@@ -86,8 +94,18 @@ class Executor:
 
     # -- process -------------------------------------------------------------------------
     def args(self) -> list[str]:
-        """What `ps` shows after the module: which model, group and device this one runs."""
-        return ["--model", self.key[0], "--group", self.key[2], "--device", str(self.key[3])]
+        """What `ps` shows after the module: which model, group, device and process this is."""
+        model, _, group, device, process = self.key
+        return [
+            "--model",
+            model,
+            "--group",
+            group,
+            "--device",
+            str(device),
+            "--process",
+            str(process),
+        ]
 
     def start(self) -> None:
         try:
@@ -235,14 +253,23 @@ class Executor:
             return self.state == self._FAILED
 
 
-def _executor(key: Key, config: ModelConfig) -> Executor:
-    """The running executor for `key`, started on first use (called with _lock held)."""
-    executor = _executors.get(key)
-    if executor is None:
-        executor = Executor(key, crash_window(config))
-        executor.start()
-        _executors[key] = executor
-    return executor
+def _executor_with_room(
+    place: tuple[str, str, str, int], per_process: int, config: ModelConfig
+) -> Executor:
+    """The first executor of this group on this NPU with room for one more instance
+    (`per_process`; 0: no limit), a new one started when none has (called with _lock held)."""
+    process = 0
+    while True:
+        key = (*place, process)
+        executor = _executors.get(key)
+        if executor is None:
+            executor = Executor(key, crash_window(config))
+            executor.start()
+            _executors[key] = executor
+            return executor
+        if per_process <= 0 or len(executor.instances) < per_process:
+            return executor
+        process += 1
 
 
 def readings() -> list[tuple[int, Any]]:
@@ -289,6 +316,9 @@ class AscendExecutorBackend(Backend):
         **CRASH_PARAMETER_BOUNDS,
         **npu_deadline.PARAMETER_BOUNDS,
         "executor_output_buffers": ParameterBound(0, MAX_OUTPUT_BUFFERS, integer=True),
+        "executor_instances_per_process": ParameterBound(
+            0, MAX_INSTANCES_PER_PROCESS, integer=True
+        ),
     }
     gathers_batches: ClassVar[bool] = True  # requests join straight into the shared arena
 
@@ -306,6 +336,11 @@ class AscendExecutorBackend(Backend):
         self._slab_limit = int(
             number_parameter(config, "executor_output_buffers", DEFAULT_OUTPUT_BUFFERS)
         )
+        self._per_process = int(
+            number_parameter(
+                config, "executor_instances_per_process", DEFAULT_INSTANCES_PER_PROCESS
+            )
+        )
 
     @classmethod
     def place_instances(cls, config: ModelConfig) -> None:
@@ -314,7 +349,7 @@ class AscendExecutorBackend(Backend):
     @classmethod
     def auto_complete(cls, config: ModelConfig, model_dir: Path, version_dir: Path) -> None:
         """Read the `.om` in a short-lived executor (reading it is pyACL calls too)."""
-        key = (config.name, str(version_dir), "<auto-complete>", npu_config.probe_device(config))
+        key = (config.name, str(version_dir), "<auto-complete>", npu_config.probe_device(config), 0)
         executor = Executor(key, CrashWindow(0, 0.0))
         executor.start()
         try:
@@ -331,13 +366,11 @@ class AscendExecutorBackend(Backend):
             executor.stop()
         config.ParseFromString(reply["config"])
 
-    def _key(self) -> Key:
-        group = self.instance.name.rsplit("_", 1)[0]
-        return (self.config.name, str(self.version_dir), group, self.instance.device_id)
-
     def load(self) -> None:
+        group = self.instance.name.rsplit("_", 1)[0]
+        place = (self.config.name, str(self.version_dir), group, self.instance.device_id)
         with _lock:  # listed before it attaches, so a last unload meanwhile keeps the process
-            executor = _executor(self._key(), self.config)
+            executor = _executor_with_room(place, self._per_process, self.config)
             executor.instances.append(self)
         try:
             self._attach(executor)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,13 +161,16 @@ def emulator_env(
 ) -> dict[str, str]:
     """Environment for a server subprocess whose `import acl` gets the emulator. `config` is
     the emulator's settings (device_count, memory_bytes, faults=[{fn, ret, count, after}] ...);
-    `report_path` makes it write its leak and misuse report there at exit."""
+    `report_path` makes it write its leak and misuse report there at exit. Unless `config`
+    names a `timeline_dir`, a fresh one is made, so the server's executor processes share
+    each emulated device (one execution at a time on it, as on a card)."""
     env = dict(os.environ if base is None else base)
+    settings = dict(config or {})
+    settings.setdefault("timeline_dir", tempfile.mkdtemp(prefix="acl-emu-devices-"))
     env["PYTHONPATH"] = os.pathsep.join(
         [str(EMULATOR_PATH)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
-    if config:
-        env["ACL_EMU_CONFIG"] = json.dumps(dict(config))
+    env["ACL_EMU_CONFIG"] = json.dumps(settings)
     if report_path:
         env["ACL_EMU_REPORT"] = str(report_path)
     return env

@@ -1,7 +1,8 @@
 """Many NPUs: instances spread over the devices that `instance_group { gpus }` or the
 `device_ids` / `device_id` parameters of Ascend's Triton GE backend configs name, one executor
-process per device; a device the machine does not have refuses the model at load by name; and
-the default two instances per NPU keep the device busy while batches are copied."""
+process per instance; a device the machine does not have refuses the model at load by name; and
+the default two instances per NPU, in processes of their own, keep the device busy while
+batches are copied."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def test_instances_run_on_every_named_device(server: ServerProcess, model: str, 
     assert entries(server)[model]["state"] == "READY"
     config = httpx.get(f"{server.base}/v2/models/{model}/config", timeout=10).json()
     assert [g["gpus"] for g in config["instance_group"]] == [devices]
-    assert devices_of(server, model) == devices
+    assert sorted(set(devices_of(server, model))) == devices
     for _ in range(4):
         response = infer(server, model, 3)
         assert response.status_code == 200, response.text
@@ -106,16 +107,22 @@ def test_an_unreadable_device_ids_refuses_the_model(server: ServerProcess) -> No
 
 
 # -- the device never waits for the host ---------------------------------------------------------
-# Each batch: 8 rows of 1024 FP32 copied in and out at 8 MB/s (4 ms each way, holding the GIL as
-# pyACL's memcpy does) around 20 ms of device time. One instance per NPU leaves the device idle
-# while its batch is copied (about 20 of every 28+ ms); the default two overlap one's copies with
-# the other's execution.
+# Each batch: 8 rows of 1024 FP32 (32 KB) copied in and out (holding the executor's GIL, as
+# pyACL's memcpy does) around 20 ms of device time, under 6 clients sending back to back.
+# "light": copies at 8 MB/s, 4 ms each way, the default two instances per NPU. "heavy": copies
+# at 2.5 MB/s, 13 ms each way (more GIL time per batch than device time), three instances.
+# One executor process per instance (the default) lets one instance's copies run while another
+# returns from the device; the device starts each queued execution when the one before ends.
 BUSY_FEATURES, BUSY_ROWS = 1024, 8
+BUSY_LOADS = {"light": (8e6, None), "heavy": (2.5e6, 3)}  # copy bytes/s, instances per NPU
 
 
-@pytest.fixture(scope="module")
-def busy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("npu_busy")
+@pytest.fixture(scope="module", params=sorted(BUSY_LOADS))
+def busy_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    copy_rate, count = BUSY_LOADS[request.param]
+    root = tmp_path_factory.mktemp(f"npu_busy_{request.param}")
     repo = root / "models"
     omf.scale_model(
         repo / "npu_default" / "1" / "model.om",
@@ -123,12 +130,14 @@ def busy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         features=BUSY_FEATURES,
         latency_ms={"fixed": 20},
     )
+    groups = f"instance_group [ {{ count: {count} }} ]\n" if count else ""  # else the defaults
     (repo / "npu_default" / "config.pbtxt").write_text(
-        'name: "npu_default"\nbackend: "ascend"\n'  # instance_group, count: the defaults
+        f'name: "npu_default"\nbackend: "ascend"\n{groups}'
     )
-    config = {"device_count": 1, "copy_bytes_per_s": 8e6}
+    config = {"device_count": 1, "copy_bytes_per_s": copy_rate}
     env = omf.emulator_env({"PYTHONPATH": str(ROOT)}, config=config)
     with running_server([repo], ["--exit-timeout-secs", "10"], env=env, log_dir=root) as running:
+        running.load = request.param  # type: ignore[attr-defined]
         yield running
 
 
@@ -142,8 +151,12 @@ def aicore(server: ServerProcess) -> float:
 
 
 def test_the_device_stays_busy_under_a_saturating_load(busy_server: ServerProcess) -> None:
+    """The emulated device's own utilisation, not a timing of our code: >= 0.9 means it
+    hardly ever waits for the host. Best of two 3 s windows (the machine is shared)."""
     config = httpx.get(f"{busy_server.base}/v2/models/npu_default/config", timeout=10).json()
-    assert [(g["count"], g["gpus"]) for g in config["instance_group"]] == [(2, [0])]
+    count = BUSY_LOADS[busy_server.load][1] or 2  # type: ignore[attr-defined]
+    assert [(g["count"], g["gpus"]) for g in config["instance_group"]] == [(count, [0])]
+    assert devices_of(busy_server, "npu_default") == [0] * count  # a process per instance
     x = np.ones((BUSY_ROWS, BUSY_FEATURES), dtype=np.float32)
     stop, failures = threading.Event(), []
 
@@ -161,15 +174,20 @@ def test_the_device_stays_busy_under_a_saturating_load(busy_server: ServerProces
     clients = [threading.Thread(target=client) for _ in range(6)]
     for thread in clients:
         thread.start()
+    readings = []
     try:
-        time.sleep(1.0)  # warm up, then measure a window
+        time.sleep(1.0)  # warm up, then measure two windows
         aicore(busy_server)
-        time.sleep(4.0)
-        busy = aicore(busy_server)
+        for _ in range(2):
+            time.sleep(3.0)
+            readings.append(aicore(busy_server))
     finally:
         stop.set()
         for thread in clients:
             thread.join(30)
     assert not failures, failures
-    # Measured on a 2-core machine: 0.66 with `count: 1` (the old default), 0.81 with two.
-    assert busy >= 0.75, busy
+    # Measured on the shared 2-core machine (bench/FINDINGS.md, "the device never waits for
+    # the host"): light 0.97-1.00 (0.80 before), heavy 0.88-1.00 (0.6 with the instances in
+    # one process, bounded there by 20 ms of device per 26 ms of GIL-held copies).
+    floor = 0.9 if busy_server.load == "light" else 0.8  # type: ignore[attr-defined]
+    assert max(readings) >= floor, readings

@@ -157,9 +157,11 @@ def test_the_other_npu_serves_and_metrics_and_log_say_why(
 
 
 def test_unloading_the_hung_model_ends_its_executor(server: ServerProcess, hung: dict) -> None:
-    [pid] = executors(server, "npu_hang")
+    pids = executors(server, "npu_hang")
+    assert len(pids) == 2  # one process per instance (executor_instances_per_process: 1)
     response = httpx.post(f"{server.base}/v2/repository/models/npu_hang/unload", timeout=60)
     assert response.status_code == 200, response.text
-    assert wait_gone(pid, timeout=30)  # its exit hands the device memory back to the driver
+    # Their exit hands the device memory back to the driver.
+    assert all(wait_gone(pid, timeout=30) for pid in pids)
     assert "left to the driver" in server.log()
     assert infer(server, "npu_ok").status_code == 200

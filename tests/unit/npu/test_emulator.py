@@ -627,3 +627,109 @@ def test_dims_gears_are_read_and_set_in_the_input_shape_order(ready, tmp_path):
     assert set_dims([4, 2, 1, 16, 3]) == 145012  # bias is not listed
     assert set_dims([3, 2, 1, 16]) == 145013  # no such gear
     release(acl, model_id, desc, (in_ds, out_ds), ptrs, bufs)
+
+
+# A child process: `runs` executions of the model at argv[1] on device 0, one after another;
+# prints when it started submitting and when its last execution came back.
+_CHILD = """
+import sys, time
+import acl
+path, runs = sys.argv[1], int(sys.argv[2])
+acl.init(); acl.rt.set_device(0)
+stream, _ = acl.rt.create_stream()
+model_id, _ = acl.mdl.load_from_file(path)
+desc = acl.mdl.create_desc(); acl.mdl.get_desc(desc, model_id)
+datasets = []
+for count, size_of in ((acl.mdl.get_num_inputs(desc), acl.mdl.get_input_size_by_index),
+                       (acl.mdl.get_num_outputs(desc), acl.mdl.get_output_size_by_index)):
+    ds = acl.mdl.create_dataset()
+    for i in range(count):
+        ptr, _ = acl.rt.malloc(size_of(desc, i), 0)
+        acl.mdl.add_dataset_buffer(ds, acl.create_data_buffer(ptr, size_of(desc, i)))
+    datasets.append(ds)
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+for _ in range(runs):
+    assert acl.mdl.execute_async(model_id, datasets[0], datasets[1], stream) == 0
+    assert acl.rt.synchronize_stream(stream) == 0
+print(started, time.monotonic(), flush=True)
+"""
+
+
+def test_two_processes_share_one_device(tmp_path):
+    """Executions that two processes submit to one NPU run one after another on it, as on a
+    card (its AI cores serve every process's streams), when they share a timeline
+    directory: the second process's work waits for the first's, so the two finish no sooner
+    than the sum of their device times."""
+    import subprocess
+    import sys
+
+    path = omf.scale_model(tmp_path / "m.om", gears=None, latency_ms={"fixed": 20})
+    env = omf.emulator_env(config={"timeline_dir": str(tmp_path / "timeline")})
+    runs = 20
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(path), str(runs)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        spans = [child.communicate(timeout=60)[0].split() for child in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    started = min(float(span[0]) for span in spans)
+    ended = max(float(span[1]) for span in spans)
+    # 40 executions of 20 ms on one device: at least 0.8 s of device time, in any order.
+    # With a timeline per process (the emulator before) the two ran side by side (~0.4 s).
+    assert ended - started >= 2 * runs * 0.020 * 0.99, (ended - started, spans)
+
+
+def test_processes_share_one_device_s_memory(tmp_path):
+    """A device's memory is physical: what one process holds there is not free to another,
+    and comes back when that process ends."""
+    import subprocess
+    import sys
+
+    config = {"timeline_dir": str(tmp_path / "timeline"), "memory_bytes": 1 << 20}
+    env = omf.emulator_env(config=config)
+    grab = (
+        "import sys, acl; acl.init(); acl.rt.set_device(0); "
+        "ptr, ret = acl.rt.malloc(700 << 10, 0); free, total, _ = acl.rt.get_mem_info(1); "
+        "print(ret, free, flush=True); sys.stdin.readline(); ret == 0 and acl.rt.free(ptr); "
+        "acl.rt.reset_device(0)"
+    )
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", grab],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    holder = start()
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().split()[0] == "0"
+        second = start()
+        out, _ = second.communicate("\n", timeout=60)
+        code, free = (int(v) for v in out.split())
+        assert code == 207001 and free < 400 << 10  # out of device memory: the first holds it
+    finally:
+        holder.communicate("\n", timeout=60)
+    third = start()
+    out, _ = third.communicate("\n", timeout=60)
+    assert out.split()[0] == "0"  # given back when the first ended

@@ -43,15 +43,11 @@ def configure(**overrides: Any) -> None:
                 raise AttributeError(f"no emulator setting {key!r}")
             setattr(RT.config, key, value)
         if "device_count" in overrides:
-            from ._runtime import DEVICE_BASE, DEVICE_SPAN, Device
+            from ._runtime import new_device
 
             for d in range(RT.config.device_count):
-                RT.devices.setdefault(
-                    d,
-                    Device(
-                        d, DEVICE_BASE + d * DEVICE_SPAN, next_addr=DEVICE_BASE + d * DEVICE_SPAN
-                    ),
-                )
+                if d not in RT.devices:
+                    RT.devices[d] = new_device(d, RT.config)
 
 
 def inject(
@@ -77,6 +73,8 @@ def release_hangs() -> None:
     with RT.lock:
         RT.unhang.set()
         RT.unhang = threading.Event()
+        for device in RT.devices.values():
+            device.timeline.unblock()  # this process's hangs free their devices
 
 
 def hung() -> int:

@@ -1,8 +1,9 @@
 """acl.mdl's execution: the checks GE makes before a model runs, reading the inputs at the
 current gear (AIPP applied), the stand-in compute, and the outputs written back. The device
-time (fixed + per sample x gear) is spent holding the device's engine, so one device runs one
-execution at a time; a synchronous execute also holds the GIL (and the emulator lock) for it,
-as the real one does, while synchronize_stream waits with the GIL released."""
+time (fixed + per sample x gear) is queued on the device's timeline (_timeline.py) when the
+execution is submitted, so one device runs one execution at a time, whichever thread or process
+submitted it; a synchronous execute also holds the GIL (and the emulator lock) until its
+execution ends, as the real one does, while synchronize_stream waits with the GIL released."""
 
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ class Task:
     latency_s: float = 0.0
     shapes: dict | None = None  # input shapes at a dynamic HW / dims gear
     stream: int = 0
+    end: float | None = None  # when it ends on the device's timeline, once queued there
+    hang: threading.Event | None = None  # a hung execution: set when the test releases it
 
+
+# While a hung execution holds the device, a new one polls for it at this interval.
+HUNG_POLL_S = 0.01
 
 # -- execution --------------------------------------------------------------------------------
 
@@ -216,47 +222,62 @@ def _compute(task: Task) -> int:
         record.update(
             count=record["count"] + 1, gear=task.gear, inputs=arrays, shape_gear=model.shape_gear
         )
-        RT.devices[model.device].busy_s += task.latency_s
         return C.SUCCESS
     except AclFail as failure:
         RT.set_err(failure.message)
         return failure.code
 
 
+def queue(task: Task) -> float:
+    """Queue the execution on its device's timeline (once): when it ends there. The device
+    starts it when the executions queued before it (by any process) have ended."""
+    if task.end is None:
+        timeline = RT.devices[task.model.device].timeline
+        end = timeline.reserve(task.latency_s)
+        while end is None:  # a hung execution holds the device, perhaps another process's
+            time.sleep(HUNG_POLL_S)
+            end = timeline.reserve(task.latency_s)
+        task.end = end
+    return task.end
+
+
+def queue_or_hang(task: Task) -> None:
+    """execute_async on a stream: queue the execution, or, with a hang poison in its inputs,
+    let it take the device for good once what is queued before it has run: every later
+    execution on the device, from any process, waits until the test releases it
+    (`_emu.release_hangs`, or a reset) or this process ends. The real one never ends. Never
+    waits (the caller holds the emulator lock): while a hang holds the device, the execution
+    is queued when its stream is synchronised."""
+    try:
+        hangs = _om.hangs(task.model.spec, _read_inputs(task))
+    except AclFail:  # unreadable inputs: the execution reports it when it runs
+        hangs = False
+    timeline = RT.devices[task.model.device].timeline
+    if not hangs:
+        task.end = timeline.reserve(task.latency_s)
+        return
+    RT.hung += 1
+    task.hang = RT.unhang
+    timeline.block()  # False: another hang holds the device already, and this one follows it
+
+
 def run_task(task: Task, hold_lock: bool) -> int:
-    """Wait out the emulated device time on the model's device (holding the GIL and the lock
-    for a synchronous execute, as the real one holds the GIL; with neither under
+    """Wait until the execution has ended on the device (holding the GIL and the lock for a
+    synchronous execute, as the real one holds the GIL; with neither under
     synchronize_stream), then compute."""
-    engine = RT.devices[task.model.device].engine
     try:
         if hold_lock:
             with RT.lock:
-                with engine:
-                    hold_gil(task.latency_s)
+                hold_gil(queue(task) - time.monotonic())
                 return _compute(task)
-        with engine:
-            time.sleep(task.latency_s)
-            _hang_if_poisoned(task)
+        if task.hang is not None:
+            task.hang.wait()
+        else:
+            time.sleep(max(0.0, queue(task) - time.monotonic()))
         with RT.lock:
             return _compute(task)
     finally:
         task.model.busy = None
-
-
-def _hang_if_poisoned(task: Task) -> None:
-    """A hang poison in the inputs: the device never finishes this execution. It keeps the
-    device (its engine: nothing else runs there) and the model (still busy) until the test
-    releases it (`_emu.release_hangs`, or a reset); the real one never returns at all."""
-    with RT.lock:
-        try:
-            inputs = _read_inputs(task)
-        except AclFail:  # released meanwhile (a reset): _compute reports it
-            return
-        if not _om.hangs(task.model.spec, inputs):
-            return
-        RT.hung += 1
-        unhang = RT.unhang
-    unhang.wait()
 
 
 @entry("mdl.execute", "kkk", ret_only)
@@ -272,6 +293,7 @@ def execute_async(model_id: int, in_ds: int, out_ds: int, stream: int) -> int:
         task = _prepare(model_id, in_ds, out_ds, stream)
         if stream:
             RT.streams[stream].pending.append(task)  # a broken stream fails it at synchronize
+            queue_or_hang(task)  # the device starts it once what is queued before it has run
         else:  # the context's default stream: emulate as synchronous
             return run_task(task, hold_lock=True)
         return C.SUCCESS

@@ -104,15 +104,16 @@ class Ledger:
         dev = self.rt.devices[device]
         charged = align_up(size, 32) + 32
         capacity = self.rt.config.memory_bytes
-        if dev.charged + charged > capacity:
-            raise AclFail(
-                oom_code,
-                f"device {device} out of memory: asked {size} bytes, "
-                f"{capacity - dev.charged} of {capacity} free",
-            )
         ptr = align_up(dev.next_addr, 64)
         if ptr + charged >= dev.base + DEVICE_SPAN:
             raise AclFail(oom_code, f"device {device} address space exhausted")
+        fits, others = dev.timeline.charge(dev.charged + charged, capacity)  # every process's
+        if not fits:
+            raise AclFail(
+                oom_code,
+                f"device {device} out of memory: asked {size} bytes, "
+                f"{capacity - dev.charged - others} of {capacity} free",
+            )
         dev.next_addr = ptr + charged
         dev.charged += charged
         storage = np.full(size, self.rt.config.fill_byte, dtype=np.uint8)
@@ -135,7 +136,9 @@ class Ledger:
         del self.live[ptr]
         self._bases.remove(ptr)
         self.freed.add(ptr)
-        self.rt.devices[alloc.device].charged -= alloc.charged
+        dev = self.rt.devices[alloc.device]
+        dev.charged -= alloc.charged
+        dev.timeline.charge(dev.charged, self.rt.config.memory_bytes)
         return alloc
 
     @staticmethod

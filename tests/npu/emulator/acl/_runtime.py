@@ -6,8 +6,8 @@ wrappers keep the GIL (a synchronous execute, memcpy, load_from_file, get_desc, 
 the first set_device) wait in `hold_gil`, a C sleep made through `ctypes.PyDLL` that keeps the
 real GIL, so every other Python thread of the process, an event loop included, stalls as it
 would on hardware. `synchronize_stream` waits with `time.sleep`, which releases it. Each
-device runs one execution at a time (`Device.engine`): streams on one device serialise, devices
-run in parallel.
+device runs one execution at a time (`Device.timeline`, _timeline.py): streams on one device
+serialise, whichever process submitted them (with `timeline_dir` set), and devices run in parallel.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import itertools
 import json
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import _codes as C
+from ._timeline import DeviceTimeline
 
 
 class EmulatorViolation(AssertionError):
@@ -81,6 +81,10 @@ class Config:
     # The binding has acl.rt.synchronize_stream_with_timeout (CANN 8 does); False: an older
     # binding without it, where `getattr(acl.rt, name)` raises AttributeError.
     sync_with_timeout: bool = True
+    # A directory shared by the processes of one test (tests/support/om_fixtures.emulator_env
+    # makes one): each device's execution timeline is a file there, so executions submitted by
+    # several processes queue on the same emulated device, as on a card. Empty: per process.
+    timeline_dir: str = ""
 
 
 @dataclass
@@ -134,10 +138,9 @@ class Device:
     charged: int = 0
     lost: bool = False
     next_addr: int = 0
-    busy_s: float = 0.0
-    window_start: float = field(default_factory=time.monotonic)
-    # Held while the device computes: one execution at a time per device, whatever the stream.
-    engine: threading.Lock = field(default_factory=threading.Lock)
+    # When the device is free next and how long it was busy (shared across processes when
+    # Config.timeline_dir is set): one execution at a time per device, whatever the stream.
+    timeline: DeviceTimeline = field(default_factory=lambda: DeviceTimeline(0))
 
 
 @dataclass(eq=False)
@@ -177,10 +180,11 @@ class Runtime:
             self.tls = threading.local()
             self.initialised = False
             self.ever_initialised = False
-            self.devices = {
-                d: Device(d, DEVICE_BASE + d * DEVICE_SPAN, next_addr=DEVICE_BASE + d * DEVICE_SPAN)
-                for d in range(self.config.device_count)
-            }
+            for old in getattr(self, "devices", {}).values():
+                old.timeline.unblock()  # a hang of this process ends with the reset
+                old.timeline.charge(0, 0)  # and its device memory is given back
+                old.timeline.close()
+            self.devices = {d: new_device(d, self.config) for d in range(self.config.device_count)}
             self._counters = {kind: itertools.count(1) for kind in _HANDLE_BASES}
             self._model_ids = itertools.count(1)
             self.contexts: dict[int, Context] = {}
@@ -289,6 +293,12 @@ class Runtime:
                         self.devices[device].lost = True
                     return fault.ret
         return None
+
+
+def new_device(device: int, config: Config) -> Device:
+    base = DEVICE_BASE + device * DEVICE_SPAN
+    timeline = DeviceTimeline(device, config.timeline_dir or None)
+    return Device(device, base, next_addr=base, timeline=timeline)
 
 
 def config_from_env() -> Config:

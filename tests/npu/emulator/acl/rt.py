@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from . import _codes as C
 from ._runtime import (
@@ -371,7 +370,8 @@ def get_mem_info(attr: int) -> tuple[int, int, int]:
         answers = attr == C.MEM_DDR and not RT.config.has_hbm or attr == C.MEM_HBM
         if not answers:
             return 0, 0, C.SUCCESS
-        return total - dev.charged, total, C.SUCCESS
+        _, others = dev.timeline.charge(dev.charged, total)  # the device's, every process's
+        return max(0, total - dev.charged - others), total, C.SUCCESS
 
 
 @entry("rt.get_device_utilization_rate", "k", lambda code: ({}, code), device_arg=0)
@@ -379,10 +379,7 @@ def get_device_utilization_rate(device_id: int) -> tuple[dict, int]:
     with RT.lock:
         RT.require_init()
         dev = RT.require_device_id(device_id)
-        now = time.monotonic()
-        window = max(now - dev.window_start, 1e-9)
-        cube = min(100, int(round(100 * dev.busy_s / window)))
-        dev.busy_s, dev.window_start = 0.0, now
+        cube = max(0, min(100, int(round(100 * dev.timeline.utilisation()))))
         return (
             {
                 "cube_utilization": cube,
