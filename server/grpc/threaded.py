@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,8 @@ from server.grpc.services import InferenceServicer, StreamLimits, add_service
 from server.grpc.traffic import TrafficServicer
 from server.net.listeners import bind_failure
 from server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 STOP_POLL_SECONDS = 0.05
@@ -320,6 +323,11 @@ class ThreadedGrpcFrontend:
         if not self.port:
             raise bind_failure("GRPC", self.settings.grpc_address, self.settings.grpc_port)
         self.server.start()
+        log.info(
+            "gRPC served by grpcio's synchronous server: %d threads, %d streams",
+            self.settings.grpc_threads,
+            self.stream_limit,
+        )
 
     async def stop(self, grace: float | None) -> None:
         self.health.close()

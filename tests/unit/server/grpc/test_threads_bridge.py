@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from server.cli import settings_from_args
 from server.grpc.threaded import LoopBridge, _Call
 
 
@@ -86,3 +87,32 @@ def test_a_cancel_from_grpc_ends_a_call_that_would_never_finish() -> None:
             await asyncio.wait_for(waiting, 5)
 
     asyncio.run(main())
+
+
+def test_the_grpc_server_flags() -> None:
+    default = settings_from_args(["--model-repository", "/tmp"])
+    assert (default.grpc_server, default.grpc_threads, default.grpc_thread_streams) == (
+        "aio",
+        64,
+        32,
+    )
+    assert default.grpc_max_concurrent_rpcs == 1024
+    given = settings_from_args(
+        [
+            "--model-repository",
+            "/tmp",
+            "--grpc-server",
+            "threads",
+            "--grpc-threads",
+            "8",
+            "--grpc-thread-streams",
+            "2",
+            "--grpc-max-concurrent-rpcs",
+            "16",
+        ]
+    )
+    assert (given.grpc_server, given.grpc_threads, given.grpc_thread_streams) == ("threads", 8, 2)
+    assert given.grpc_max_concurrent_rpcs == 16
+    for bad in (["--grpc-server", "sync"], ["--grpc-threads", "0"]):
+        with pytest.raises(SystemExit):
+            settings_from_args(["--model-repository", "/tmp", *bad])
