@@ -93,3 +93,23 @@ def test_a_bad_request_reads_the_same_as_on_grpc_aio(server: ServerProcess) -> N
     assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "malformed request message" in malformed.value.details()
     channel.close()
+
+
+def test_calls_past_the_concurrent_rpc_limit_are_refused(
+    example_repository: Path, tmp_path: Path
+) -> None:
+    args = ["--grpc-server", "threads", "--grpc-max-concurrent-rpcs", "2"]
+    with running_server([example_repository], args, log_dir=tmp_path) as running:
+        channel = grpc.insecure_channel(f"127.0.0.1:{running.grpc_port}")
+        health = health_pb2_grpc.HealthStub(channel)
+        watches = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
+        try:
+            for watch in watches:
+                assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as refused:
+                health.Check(health_pb2.HealthCheckRequest())
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            for watch in watches:
+                watch.cancel()
+            channel.close()
