@@ -168,7 +168,7 @@ class PinnedServer:
 
 
 # ascend-serve's gRPC on grpcio's synchronous server (--grpc-server threads), beside the default
-THREADS = "ascend-serve (grpc threads)"
+THREADS = "ascend-serve-threads"
 
 
 def start_ours(
@@ -199,7 +199,7 @@ def start_ours(
         name,
         command,
         dict(os.environ, PYTHONPATH=str(ROOT)),
-        out_dir / f"{name.replace(' ', '-')}-round{round_no}.log",
+        out_dir / f"{name}-round{round_no}.log",
         http_port,
         grpc_port,
     )
