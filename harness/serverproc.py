@@ -101,6 +101,18 @@ def start_server(
     raise AssertionError("unreachable")
 
 
+# Runs the suite's servers on the other gRPC server (--grpc-server threads) unless a test
+# chooses itself.
+GRPC_SERVER_ENV = "ASCEND_TEST_GRPC_SERVER"
+
+
+def _grpc_server_choice(extra_args: Sequence[str]) -> list[str]:
+    choice = os.environ.get(GRPC_SERVER_ENV, "")
+    if not choice or any(str(a).startswith("--grpc-server") for a in extra_args):
+        return []
+    return ["--grpc-server", choice]
+
+
 class _PortTaken(RuntimeError):
     pass
 
@@ -131,6 +143,7 @@ def _start_once(
         "--metrics-port",
         str(metrics_port),
         *extra_args,
+        *_grpc_server_choice(extra_args),
     ]
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(

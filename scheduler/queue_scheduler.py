@@ -419,7 +419,7 @@ class QueueScheduler(Scheduler):
         if len(self._queue) and self._pool.has_idle():
             # The next batch first, so the instance need not wait for the loop; but one that is
             # due only by its delay waits for the timer's pass this turn, with this turn's
-            # arrivals (sealed here, HTTP batches halved: bench/FINDINGS.md 23).
+            # arrivals (sealed here, HTTP batches halved: bench/FINDINGS.md 24).
             self._dispatch_now(defer_due=True)
         if result.executed:
             self._stats.record_execution(

@@ -233,7 +233,7 @@ class ServerApp:
         for listener in self._listeners:
             self._tasks.append(asyncio.create_task(listener.serve()))
         if s.allow_grpc:
-            from server.grpc.listener import start_grpc_server
+            from server.grpc.frontend import start_grpc_server
 
             self.grpc_server = await start_grpc_server(self.core, s)
         # Wait until every listener is bound before declaring the server live.

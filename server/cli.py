@@ -367,6 +367,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="close a gRPC connection that has not completed its HTTP/2 handshake after this "
         "many milliseconds (a silent client; default 30000)",
     )
+    add(
+        "--grpc-server",
+        default="aio",
+        choices=["aio", "threads"],
+        help="which grpcio server serves gRPC: aio (grpc.aio on the event loop) or threads "
+        "(grpcio's synchronous server, handing each burst of calls to the loop; default aio)",
+    )
+    add(
+        "--grpc-threads",
+        type=_positive_int,
+        default=64,
+        help="--grpc-server threads: handler threads; calls past them wait (default 64)",
+    )
+    add(
+        "--grpc-thread-streams",
+        type=_positive_int,
+        default=32,
+        help="--grpc-server threads: streaming calls (ModelStreamInfer, Health.Watch) open at "
+        "once, each holding a thread; more are answered RESOURCE_EXHAUSTED (default 32)",
+    )
+    add(
+        "--grpc-max-concurrent-rpcs",
+        type=_positive_int,
+        default=1024,
+        help="--grpc-server threads: calls open at once, waiting ones included; more are "
+        "answered RESOURCE_EXHAUSTED (default 1024)",
+    )
     add("--model-config-name", default=None, help="use configs/<name>.pbtxt where present")
     add(
         "--metrics-summary-samples",
@@ -771,6 +798,10 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_stream_first_request_timeout_ms=args.grpc_stream_first_request_timeout,
         grpc_max_connections=args.grpc_max_connections,
         grpc_handshake_timeout_ms=args.grpc_handshake_timeout,
+        grpc_server=args.grpc_server,
+        grpc_threads=args.grpc_threads,
+        grpc_thread_streams=args.grpc_thread_streams,
+        grpc_max_concurrent_rpcs=args.grpc_max_concurrent_rpcs,
         model_config_name=args.model_config_name,
         model_load_retry_count=args.model_load_retry_count,
         model_max_batch_size=args.model_max_batch_size,

@@ -97,6 +97,14 @@ class ServerSettings:
     grpc_max_stream_pending_size: int = GRPC_STREAM_PENDING_SIZE
     grpc_stream_first_request_timeout_ms: int = GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS  # 0: none
     grpc_handshake_timeout_ms: int = 30_000
+    # Which grpcio server serves gRPC: "aio" (grpc.aio on the event loop) or "threads" (grpcio's
+    # synchronous server, server/grpc/threaded.py): its handler threads, the streams
+    # (ModelStreamInfer, Health.Watch) that may hold one at once, and the calls open at once
+    # (past the threads they wait; past this they are answered RESOURCE_EXHAUSTED).
+    grpc_server: str = "aio"
+    grpc_threads: int = 64
+    grpc_thread_streams: int = 32
+    grpc_max_concurrent_rpcs: int = 1024
     grpc_max_message_size: int = GRPC_MAX_MESSAGE
     grpc_infer_response_compression_level: str = "none"
     model_config_name: str | None = None

@@ -14,7 +14,10 @@ B, not across modes).
 
     .venv/bin/python -m bench.ab.python_model_ab --a ../base-checkout --b . [--rounds 4]
         [--model py_add] [--protocols http,grpc] [--out-dir bench/out/ab] [--together]
-        [--concurrency 8]
+        [--concurrency 8] [--args-a "..."] [--args-b "--grpc-server threads"]
+
+`--args-a` / `--args-b` add server flags to one tree's servers: with the same tree twice they
+A/B two settings (e.g. the two gRPC servers, FINDINGS "gRPC on grpcio's synchronous server").
 
 The model comes from this tree's bench/models (the same model.py for both servers); `--model
 simple` builds the ONNX `simple` model instead, as a reference that has no Python worker
@@ -32,6 +35,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +64,9 @@ class Run:
     error: str = ""
 
 
-def start(tree: Path, label: str, repo: Path, out_dir: Path, round_no: int) -> PinnedServer:
+def start(
+    tree: Path, label: str, repo: Path, out_dir: Path, round_no: int, extra: Sequence[str] = ()
+) -> PinnedServer:
     """The tree's server, run from the tree itself with this Python, pinned to CPU 0."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [
@@ -81,6 +87,7 @@ def start(tree: Path, label: str, repo: Path, out_dir: Path, round_no: int) -> P
         "127.0.0.1",
         "--metrics-port",
         str(metrics_port),
+        *extra,
     ]
     env = dict(os.environ, PYTHONPATH=str(tree))
     return PinnedServer(
@@ -146,7 +153,11 @@ def run_round(
 ) -> list[Run]:
     """Start the trees' servers, measure each protocol on all of them at once (one tree: the
     interleaved A/B; two: `--together`), stop them."""
-    servers = [start(tree, label, repo, args.out_dir, round_no) for label, tree in trees]
+    extra = {args.label_a: args.args_a.split(), args.label_b: args.args_b.split()}
+    servers = [
+        start(tree, label, repo, args.out_dir, round_no, extra.get(label, []))
+        for label, tree in trees
+    ]
     runs: list[Run] = []
     try:
         for server in servers:
@@ -230,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b", type=Path, default=ROOT, help="candidate source tree")
     parser.add_argument("--label-a", default="A")
     parser.add_argument("--label-b", default="B")
+    parser.add_argument("--args-a", default="", help="server flags for tree A's servers")
+    parser.add_argument("--args-b", default="", help="server flags for tree B's servers")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--model", default="py_add")
     parser.add_argument("--protocols", default="http,grpc")

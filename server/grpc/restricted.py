@@ -57,3 +57,45 @@ def _refusing(handler: grpc.RpcMethodHandler, text: str) -> grpc.RpcMethodHandle
     if handler.request_streaming:
         return grpc.stream_unary_rpc_method_handler(unary, None, serializer)
     return grpc.unary_unary_rpc_method_handler(unary, None, serializer)
+
+
+class RestrictedProtocolThreadInterceptor(grpc.ServerInterceptor):
+    """The same check for grpcio's synchronous server (--grpc-server threads)."""
+
+    def __init__(self, restrictions: Mapping[str, Restriction]) -> None:
+        self.restrictions = dict(restrictions)
+
+    def intercept_service(
+        self,
+        continuation: Callable[[Any], grpc.RpcMethodHandler | None],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        category = grpc_category(details.method)
+        restriction = self.restrictions.get(category) if category else None
+        if restriction is None:
+            return continuation(details)
+        for key, value in details.invocation_metadata or ():
+            if key == restriction.header:
+                if restriction.allows(value if isinstance(value, str) else None):
+                    return continuation(details)
+                break
+        handler = continuation(details)
+        return None if handler is None else _refusing_sync(handler, refusal_text(restriction))
+
+
+def _refusing_sync(handler: grpc.RpcMethodHandler, text: str) -> grpc.RpcMethodHandler:
+    def unary(request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAVAILABLE, text)
+
+    def streaming(request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAVAILABLE, text)
+        yield  # pragma: no cover - a generator that never yields
+
+    serializer = handler.response_serializer
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(streaming, None, serializer)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(streaming, None, serializer)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(unary, None, serializer)
+    return grpc.unary_unary_rpc_method_handler(unary, None, serializer)

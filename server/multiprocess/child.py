@@ -37,7 +37,7 @@ async def serve(
     quick: ControlClient,
     slow: ControlClient,
 ) -> int:
-    from server.grpc.listener import start_grpc_server
+    from server.grpc.frontend import start_grpc_server
     from server.http.listener import http_frontend_listener
     from server.net.listeners import wait_started
 

@@ -23,11 +23,16 @@ REPO_TEXT = "This API is restricted, expecting header 'admin-key'"
 GRPC_TEXT = "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["aio", "threads"])
 def restricted_server(
-    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    example_repository: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
+    """Both gRPC servers (--grpc-server): each has its own interceptor."""
     args = [
+        "--grpc-server",
+        request.param,
         "--model-control-mode",
         "explicit",
         "--load-model",

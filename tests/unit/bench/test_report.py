@@ -164,3 +164,18 @@ def test_measured_handover_costs_feed_the_npu_host_section() -> None:
     text = render(results)
     assert "## An 8-NPU host from these costs (bench/studies/npu_host_model.py)" in text
     assert "| HTTP | 150 KB | " in text and "| HTTP | 600 KB | " in text
+
+
+def test_the_threaded_grpc_server_is_reported_beside_grpc_aio() -> None:
+    from bench.cpu_side_by_side import THREADS, Sample, SideBySide, verdicts
+
+    side = SideBySide(
+        samples=[
+            Sample("ascend-serve", "py_add", "grpc", 1, 500.0, 600.0, switches=11.0),
+            Sample(THREADS, "py_add", "grpc", 1, 900.0, 300.0, switches=9.5),
+        ]
+    )
+    assert (
+        "- The same with `--grpc-server threads`: **not met** — 9.5 switches, 300 µs CPU per "
+        "inference, 0.50x the CPU of grpc.aio"
+    ) in verdicts(side)
