@@ -37,7 +37,13 @@ from typing import Any
 import numpy as np
 
 from bench.cpu_time import process_cpu
-from examples.build_repository import build_simple, build_simple_batching
+from examples.build_repository import (
+    build_simple,
+    build_simple_batching,
+    make_simple_model,
+    simple_config,
+    write_model_dir,
+)
 from harness.procutil import connection_peers, frontend_children
 from harness.serverproc import ServerProcess, start_server
 
@@ -270,15 +276,22 @@ def run_trees(
     progress: Callable[[str], None],
     counts: tuple[int, ...],
     trees: list[tuple[str, Path]],
+    delay_us: int | None = None,
 ) -> dict[str, HandoverCosts]:
-    """Each round measures every tree in turn (A B A B ...); the costs per tree's label."""
+    """Each round measures every tree in turn (A B A B ...); the costs per tree's label.
+    `delay_us`: simple_batching's max queue delay instead of its 500 µs (a longer one forms
+    the batches a busier owner would see, from a load this machine can make)."""
     global MODEL
     MODEL = model
     results = {label: HandoverCosts(model, connections, rounds) for label, _ in trees}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         build_simple(repo)
-        build_simple_batching(repo)
+        if delay_us is None:
+            build_simple_batching(repo)
+        else:
+            config = simple_config("simple_batching", 64, max_queue_delay_us=delay_us)
+            write_model_dir(repo, "simple_batching", make_simple_model(), config)
         try:
             for round_no in range(rounds):
                 for label, tree in trees:
@@ -387,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=["http", "grpc"], action="append")
     parser.add_argument("--model", choices=["simple", "simple_batching"], default="simple_batching")
     parser.add_argument("--processes", type=int, choices=[1, 2], action="append")
+    parser.add_argument("--delay-us", type=int, help="simple_batching's max queue delay (500)")
     parser.add_argument(
         "--tree", action="append", default=[], help="LABEL=PATH of a source tree (A/B: twice)"
     )
@@ -401,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         print,
         tuple(args.processes or [1, 2]),
         trees or [("", ROOT)],
+        args.delay_us,
     )
     for label, costs in results.items():
         if label:
