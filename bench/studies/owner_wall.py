@@ -135,9 +135,11 @@ def feeder(argv: list[str]) -> int:
 
 
 def owner(argv: list[str]) -> int:
-    """The server, whose frontend process is this module's feeder."""
+    """The server (run as `python -m server` runs it), whose frontend process is this module's
+    feeder."""
+    import runpy
+
     import server.multiprocess.pool as pool
-    from server.cli import main as server_main
 
     real = subprocess.Popen
 
@@ -146,7 +148,12 @@ def owner(argv: list[str]) -> int:
         return real(args, *rest, **kwargs)
 
     pool.subprocess = types.SimpleNamespace(Popen=popen)  # type: ignore[attr-defined]
-    return server_main(argv)
+    sys.argv = ["server", *argv]
+    try:
+        runpy.run_module("server", run_name="__main__", alter_sys=True)
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0
 
 
 # ----- the driver -------------------------------------------------------------------------
