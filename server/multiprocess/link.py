@@ -161,7 +161,13 @@ class FrontendLink(asyncio.Protocol):
         lengths = struct.pack(f"<{len(sizes)}Q", *sizes)
         inline = sum(sizes) if offset < 0 else 0
         rest = HEAD.size - 4 + len(lengths) + len(data) + inline
-        parts: list[Any] = [HEAD.pack(rest, len(data), offset, len(sizes)), lengths, data]
+        try:
+            head = HEAD.pack(rest, len(data), offset, len(sizes))
+        except struct.error:  # over 4 GiB: the caller sends its messages one by one
+            if offset >= 0:
+                self.allocator.release(offset)
+            raise
+        parts: list[Any] = [head, lengths, data]
         if offset < 0:
             parts += raws
         return parts
