@@ -11,7 +11,13 @@ channel), `--connections` of them, in this process; CPU is read from /proc, so t
 not depend on how fast the client is, only the throughput does. bench/FINDINGS.md 9.9 uses
 them.
 
+The server and its children run pinned to CPU 0, this client to CPU 1 (as the rest of bench/),
+so that the owner, the frontend process and the client do not trade places on two cores. With
+`--tree LABEL=PATH` given twice, each round starts each tree's server in turn (A B A B ...),
+for an A/B of two source trees in one run; `--processes 2` measures h and g alone.
+
     .venv/bin/python -m bench.handover_cost [--seconds 8] [--rounds 2]
+    .venv/bin/python -m bench.handover_cost --tree base=../base --tree new=. --processes 2
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -30,11 +37,43 @@ from typing import Any
 import numpy as np
 
 from bench.cpu_time import process_cpu
-from examples.build_repository import build_simple, build_simple_batching
+from examples.build_repository import (
+    build_simple,
+    build_simple_batching,
+    make_simple_model,
+    simple_config,
+    write_model_dir,
+)
 from harness.procutil import connection_peers, frontend_children
 from harness.serverproc import ServerProcess, start_server
 
 MODEL = "simple_batching"  # add/sub of [16] INT32 with dynamic batching; or "simple"
+SERVER_CPU, CLIENT_CPU = 0, 1  # as bench/cpu_side_by_side.py
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _all_cpus() -> set[int]:
+    return set(range(os.cpu_count() or 1))
+
+
+def start_pinned(repo: Path, processes: int, log_dir: Path, tree: Path = ROOT) -> ServerProcess:
+    """A server from `tree` whose processes and threads all run on SERVER_CPU (they inherit
+    this process's affinity at their start); this process then runs on CLIENT_CPU."""
+    cpus = _all_cpus()
+    pin = len(cpus) > 1
+    if pin:
+        os.sched_setaffinity(0, {SERVER_CPU})
+    try:
+        # PYTHONSAFEPATH: `-m server` does not put the working directory first on sys.path,
+        # so PYTHONPATH alone says which tree runs.
+        env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"} if tree != ROOT else None
+        server = start_server(
+            [repo], ["--frontend-processes", str(processes)], env=env, log_dir=log_dir
+        )
+    finally:
+        if pin:
+            os.sched_setaffinity(0, {CLIENT_CPU})
+    return server
 
 
 def _http_request(port: int) -> bytes:
@@ -129,19 +168,32 @@ def measure(
         await asyncio.sleep(1.0)  # warm up
         start_done, start = done, time.monotonic()
         before = {pid: process_cpu(pid) for pid in pids}
+        counts_before = await asyncio.to_thread(_counts, server)
         await asyncio.sleep(seconds)
         after = {pid: process_cpu(pid) for pid in pids}
+        counts_after = await asyncio.to_thread(_counts, server)
         served = done - start_done
         elapsed = time.monotonic() - start
         deadline = 0.0
         await asyncio.gather(*tasks, return_exceptions=True)
         result["infer_per_sec"] = served / elapsed
+        executions = counts_after[1] - counts_before[1]
+        result["batch"] = (counts_after[0] - counts_before[0]) / max(executions, 1)
         result["owner_us"] = 1e6 * (after[server.pid] - before[server.pid]) / max(served, 1)
         result["frontend_us"] = 1e6 * sum(after[p] - before[p] for p in pids[1:]) / max(served, 1)
         return served
 
     asyncio.run(run())
     return result
+
+
+def _counts(server: ServerProcess) -> tuple[int, int]:
+    """The model's inference and execution counts (their ratio over a run: the mean batch)."""
+    import httpx
+
+    stats = httpx.get(f"{server.base}/v2/models/{MODEL}/stats", timeout=5.0).json()
+    entry = stats["model_stats"][0]
+    return int(entry["inference_count"]), int(entry["execution_count"])
 
 
 async def _grpc_channel(port: int, wanted: Callable[[int], bool]) -> tuple[Any, Any, Any]:
@@ -207,41 +259,97 @@ def run(
     connections: int = 16,
     protocols: tuple[str, ...] = ("http", "grpc"),
     progress: Callable[[str], None] = print,
+    counts: tuple[int, ...] = (1, 2),
+    tree: Path = ROOT,
 ) -> HandoverCosts:
+    return run_trees(
+        rounds, seconds, model, connections, protocols, progress, counts, [("", tree)]
+    )[""]
+
+
+def run_trees(
+    rounds: int,
+    seconds: float,
+    model: str,
+    connections: int,
+    protocols: tuple[str, ...],
+    progress: Callable[[str], None],
+    counts: tuple[int, ...],
+    trees: list[tuple[str, Path]],
+    delay_us: int | None = None,
+) -> dict[str, HandoverCosts]:
+    """Each round measures every tree in turn (A B A B ...); the costs per tree's label.
+    `delay_us`: simple_batching's max queue delay instead of its 500 µs (a longer one forms
+    the batches a busier owner would see, from a load this machine can make)."""
     global MODEL
     MODEL = model
-    result = HandoverCosts(model, connections, rounds)
+    results = {label: HandoverCosts(model, connections, rounds) for label, _ in trees}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         build_simple(repo)
-        build_simple_batching(repo)
-        for round_no in range(rounds):
-            for processes in (1, 2):
-                server = start_server(
-                    [repo], ["--frontend-processes", str(processes)], log_dir=Path(tmp)
-                )
-                try:
-                    while len(frontend_children(server.pid)) < processes - 1:
-                        time.sleep(0.1)
-                    owner = server.pid
-                    wanted = (
-                        (lambda pid, owner=owner: pid == owner)
-                        if processes == 1
-                        else (lambda pid, owner=owner: pid != owner and pid > 0)
-                    )
-                    for protocol in protocols:
-                        r = measure(server, protocol, connections, seconds, wanted)
-                        key = f"{protocol} N={processes}"
-                        progress(
-                            f"  round {round_no + 1} {key}: {r['infer_per_sec']:,.0f} "
-                            f"req/s, owner {r['owner_us']:.0f} µs/req, frontend process "
-                            f"{r['frontend_us']:.0f} µs/req"
+        if delay_us is None:
+            build_simple_batching(repo)
+        else:
+            config = simple_config("simple_batching", 64, max_queue_delay_us=delay_us)
+            write_model_dir(repo, "simple_batching", make_simple_model(), config)
+        try:
+            for round_no in range(rounds):
+                for label, tree in trees:
+                    for processes in counts:
+                        _round(
+                            results[label],
+                            label,
+                            tree,
+                            repo,
+                            Path(tmp),
+                            round_no,
+                            processes,
+                            protocols,
+                            connections,
+                            seconds,
+                            progress,
                         )
-                        for name, value in r.items():
-                            result.figures.setdefault(f"{key} {name}", []).append(value)
-                finally:
-                    server.stop()
-    return result
+        finally:
+            os.sched_setaffinity(0, _all_cpus())
+    return results
+
+
+def _round(
+    result: HandoverCosts,
+    label: str,
+    tree: Path,
+    repo: Path,
+    log_dir: Path,
+    round_no: int,
+    processes: int,
+    protocols: tuple[str, ...],
+    connections: int,
+    seconds: float,
+    progress: Callable[[str], None],
+) -> None:
+    server = start_pinned(repo, processes, log_dir, tree)
+    try:
+        while len(frontend_children(server.pid)) < processes - 1:
+            time.sleep(0.1)
+        owner = server.pid
+        wanted = (
+            (lambda pid, owner=owner: pid == owner)
+            if processes == 1
+            else (lambda pid, owner=owner: pid != owner and pid > 0)
+        )
+        for protocol in protocols:
+            r = measure(server, protocol, connections, seconds, wanted)
+            key = f"{protocol} N={processes}"
+            name = f"{label} {key}" if label else key
+            progress(
+                f"  round {round_no + 1} {name}: {r['infer_per_sec']:,.0f} req/s, owner "
+                f"{r['owner_us']:.0f} µs/req, frontend process {r['frontend_us']:.0f} µs/req, "
+                f"batch {r['batch']:.1f}"
+            )
+            for name, value in r.items():
+                result.figures.setdefault(f"{key} {name}", []).append(value)
+    finally:
+        server.stop()
 
 
 def report(costs: HandoverCosts) -> list[str]:
@@ -291,15 +399,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--protocol", choices=["http", "grpc"], action="append")
     parser.add_argument("--model", choices=["simple", "simple_batching"], default="simple_batching")
+    parser.add_argument("--processes", type=int, choices=[1, 2], action="append")
+    parser.add_argument("--delay-us", type=int, help="simple_batching's max queue delay (500)")
+    parser.add_argument(
+        "--tree", action="append", default=[], help="LABEL=PATH of a source tree (A/B: twice)"
+    )
     args = parser.parse_args(argv)
-    costs = run(
+    trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree]
+    results = run_trees(
         args.rounds,
         args.seconds,
         args.model,
         args.connections,
         tuple(args.protocol or ["http", "grpc"]),
+        print,
+        tuple(args.processes or [1, 2]),
+        trees or [("", ROOT)],
+        args.delay_us,
     )
-    print("\n".join(report(costs)))
+    for label, costs in results.items():
+        if label:
+            print(f"\n### {label}")
+        print("\n".join(report(costs)))
     return 0
 
 

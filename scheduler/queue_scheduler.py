@@ -11,6 +11,8 @@ a dispatch pass itself (so a request that finds an idle instance is launched bef
 returns), and so does the callback that delivers a finished batch (so the instance gets its next
 batch at once). A dispatch task remains for what happens later: the queue delay and queue
 timeouts (one timer, always set for the next moment a pass is due), cancellation and drain.
+Requests admitted together inside `admission_group()` (the model owner admitting a frontend
+process's frame of requests) share one pass per scheduler, run when the group ends.
 
 Every admitted request ends in exactly one of: answered, failed by its batch, rejected on queue
 timeout, cancelled, or failed by drain/stop. Each of those paths records its statistics once and
@@ -22,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -38,6 +42,34 @@ from scheduler.rate_limiter import RateLimiter
 from scheduler.stats import FailureReason, RejectionReason, VersionStatistics
 
 logger = logging.getLogger(__name__)
+
+
+class _Group(threading.local):
+    """The admission group open on this thread: the schedulers that owe a dispatch pass."""
+
+    owing: list[QueueScheduler] | None = None
+
+
+_GROUP = _Group()
+
+
+@contextmanager
+def admission_group() -> Iterator[None]:
+    """Requests submitted inside are queued, and each scheduler they went to runs one dispatch
+    pass when the group ends, not one per request: the pass walks the queue, and a batch formed
+    after the last of them takes them all. Nested groups join the outer one."""
+    if _GROUP.owing is not None:
+        yield
+        return
+    owing: list[QueueScheduler] = []
+    _GROUP.owing = owing
+    try:
+        yield
+    finally:
+        _GROUP.owing = None
+        for scheduler in owing:
+            scheduler._owes_pass = False
+            scheduler._dispatch_now(defer_due=True)
 
 
 def _delay_scheduler() -> int:
@@ -221,6 +253,7 @@ class QueueScheduler(Scheduler):
         self._loop: asyncio.AbstractEventLoop | None = None
         # Triton's test hook: form no batch until this many requests are queued (once).
         self._hold = DELAY_SCHEDULER
+        self._owes_pass = False  # admitted in an open admission_group(): its pass comes at the end
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -292,7 +325,12 @@ class QueueScheduler(Scheduler):
         self._stats.pending_changed(+1)
         entry.on_cancel = partial(self._future_done, entry)
         future.add_done_callback(entry.on_cancel)
-        self._dispatch_now(defer_due=True)  # launched before we return, when the rules allow
+        owing = _GROUP.owing
+        if owing is None:
+            self._dispatch_now(defer_due=True)  # launched before we return, when the rules allow
+        elif not self._owes_pass:  # one pass when the group ends
+            self._owes_pass = True
+            owing.append(self)
         return future
 
     def _admits_while_draining(self, request: InferRequest) -> bool:
@@ -419,7 +457,7 @@ class QueueScheduler(Scheduler):
         if len(self._queue) and self._pool.has_idle():
             # The next batch first, so the instance need not wait for the loop; but one that is
             # due only by its delay waits for the timer's pass this turn, with this turn's
-            # arrivals (sealed here, HTTP batches halved: bench/FINDINGS.md 24).
+            # arrivals (sealed here, HTTP batches halved: bench/FINDINGS.md 25).
             self._dispatch_now(defer_due=True)
         if result.executed:
             self._stats.record_execution(

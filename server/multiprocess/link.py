@@ -10,6 +10,12 @@ same way. When the last view of a message is gone, the receiver tells the sender
 sent once per loop turn for all regions freed in it) and the sender reuses the space. Smaller
 messages travel inline: for a few hundred bytes the socket copy costs less than the release message.
 
+Messages sent in one loop turn leave as one frame at its end, one pickle of (BATCH, [messages])
+(a lone message is pickled as itself), with all their tensors in one region of the arena: the
+requests a frontend process decoded in one turn, or the answers of one batch, cost the receiver
+one read, one unpickle and one admission pass (bench/FINDINGS.md, "the hand-over in frames").
+The region comes back when the last view of any of its messages is gone.
+
 Frame: HEAD (length of the rest, pickle length, arena offset or -1 for inline, buffer count),
 the buffer lengths (u64 each), the pickle, then the buffers themselves when inline.
 """
@@ -17,6 +23,7 @@ the buffer lengths (u64 each), the pickle, then the buffers themselves when inli
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import struct
 import threading
@@ -28,6 +35,8 @@ import numpy as np
 
 from server.multiprocess.arena import ALIGN, Arena, RingAllocator
 
+log = logging.getLogger(__name__)
+
 HEAD = struct.Struct("<IIqI")
 _LENGTH = struct.Struct("<I")
 SHM_MIN_BYTES = 4096  # below this, tensors ride inline (measured: bench/FINDINGS.md 9.9)
@@ -38,6 +47,7 @@ CANCEL = 2  # frontend -> owner: (CANCEL, id): the client went away
 RESULT = 3  # owner -> frontend: (RESULT, id, InferResponse)
 ERROR = 4  # owner -> frontend: (ERROR, id, ServerError)
 EXITING = 5  # owner -> frontend: (EXITING,): shutdown began; refuse new requests
+BATCH = 6  # either way: (BATCH, [messages]): every message sent in one loop turn
 
 
 def _span(size: int) -> int:
@@ -47,7 +57,9 @@ def _span(size: int) -> int:
 
 class FrontendLink(asyncio.Protocol):
     """One end of a frontend link. `on_message(message)` gets every message but RELEASE;
-    `on_lost(exc)` is called once when the socket closes."""
+    `on_lost(exc)` is called once when the socket closes. `on_frame(messages)`, when given,
+    gets the messages of one received frame together instead (RELEASE taken out), so that the
+    owner admits them in one pass."""
 
     def __init__(
         self,
@@ -55,12 +67,14 @@ class FrontendLink(asyncio.Protocol):
         incoming: Arena,
         on_message: Callable[[tuple], None],
         on_lost: Callable[[Exception | None], None],
+        on_frame: Callable[[list[tuple]], None] | None = None,
     ) -> None:
         self.outgoing = outgoing
         self.incoming = incoming
         self.allocator = RingAllocator(outgoing.size)
         self.on_message = on_message
         self.on_lost = on_lost
+        self.on_frame = on_frame
         self.transport: asyncio.Transport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = 0
@@ -68,7 +82,7 @@ class FrontendLink(asyncio.Protocol):
         self._buffer = bytearray()
         self._need = 0
         self._releases: list[int] = []
-        self._outgoing: list[Any] = []  # frames written once per loop turn
+        self._messages: list[tuple] = []  # sent in this loop turn: one frame at its end
 
     # ----- asyncio.Protocol --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,13 +116,36 @@ class FrontendLink(asyncio.Protocol):
 
     # ----- sending -----------------------------------------------------------------------
     def send(self, message: tuple) -> None:
+        """Queue `message`; every message of this loop turn leaves in one frame at its end.
+        What it holds is pickled then, so it must not change meanwhile."""
         if self.closed or self.transport is None:
             return
+        if not self._messages:
+            self.loop.call_soon(self._flush)  # type: ignore[union-attr]
+        self._messages.append(message)
+
+    def _flush(self) -> None:
+        messages, self._messages = self._messages, []
+        if not messages or self.closed or self.transport is None:
+            return
+        try:
+            parts = self._frame(messages[0] if len(messages) == 1 else (BATCH, messages))
+        except Exception:  # one message that cannot be pickled must not take the others
+            parts = []
+            for message in messages:
+                try:
+                    parts += self._frame(message)
+                except Exception:
+                    log.exception("a message of tag %r could not be sent", message[0])
+        self.transport.writelines(parts)
+
+    def _frame(self, message: tuple) -> list[Any]:
+        """The parts of one frame: tensors of SHM_MIN_BYTES and more in all go into one region
+        of the outgoing arena (when it has room), smaller ones inline."""
         buffers: list[pickle.PickleBuffer] = []
         data = pickle.dumps(message, 5, buffer_callback=buffers.append)
         if not buffers:
-            self._write((HEAD.pack(HEAD.size - 4 + len(data), len(data), -1, 0), data))
-            return
+            return [HEAD.pack(HEAD.size - 4 + len(data), len(data), -1, 0), data]
         raws = [buffer.raw() for buffer in buffers]
         sizes = [raw.nbytes for raw in raws]
         offset = -1
@@ -124,21 +161,16 @@ class FrontendLink(asyncio.Protocol):
         lengths = struct.pack(f"<{len(sizes)}Q", *sizes)
         inline = sum(sizes) if offset < 0 else 0
         rest = HEAD.size - 4 + len(lengths) + len(data) + inline
-        self._write((HEAD.pack(rest, len(data), offset, len(sizes)), lengths, data))
+        try:
+            head = HEAD.pack(rest, len(data), offset, len(sizes))
+        except struct.error:  # over 4 GiB: the caller sends its messages one by one
+            if offset >= 0:
+                self.allocator.release(offset)
+            raise
+        parts: list[Any] = [head, lengths, data]
         if offset < 0:
-            self._write(raws)
-
-    def _write(self, parts: Any) -> None:
-        """Queue frames; they go out in one write at the end of this loop turn (the answers
-        of one batch, say), not one system call each."""
-        if not self._outgoing:
-            self.loop.call_soon(self._flush)  # type: ignore[union-attr]
-        self._outgoing.extend(parts)
-
-    def _flush(self) -> None:
-        parts, self._outgoing = self._outgoing, []
-        if parts and not self.closed and self.transport is not None:
-            self.transport.writelines(parts)
+            parts += raws
+        return parts
 
     def close(self) -> None:
         if self.transport is not None:
@@ -170,11 +202,28 @@ class FrontendLink(asyncio.Protocol):
                 buffers.append(frame[pos : pos + n])
                 pos += n
             message = pickle.loads(data, buffers=buffers)
-        if message[0] == RELEASE:
-            for start in message[1]:
-                self.allocator.release(start)
+        if message[0] == BATCH:
+            messages = message[1]
+            for item in messages:
+                if item[0] == RELEASE:
+                    self._release(item[1])
+            if self.on_frame is not None:
+                self.on_frame([item for item in messages if item[0] != RELEASE])
+            else:
+                for item in messages:
+                    if item[0] != RELEASE:
+                        self.on_message(item)
             return
-        self.on_message(message)
+        if message[0] == RELEASE:
+            self._release(message[1])
+        elif self.on_frame is not None:
+            self.on_frame([message])
+        else:
+            self.on_message(message)
+
+    def _release(self, starts: list[int]) -> None:
+        for start in starts:
+            self.allocator.release(start)
 
     def _released(self, offset: int) -> None:
         """The last view of a region is gone (on whichever thread dropped it)."""

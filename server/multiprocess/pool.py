@@ -27,6 +27,7 @@ from typing import Any
 
 from protocol.errors import InternalError, as_server_error
 from protocol.link_codec import pack_response, unpack_request
+from scheduler.queue_scheduler import admission_group
 from server.core.api import CONTROL_METHODS
 from server.core.inference_core import InferenceCore
 from server.multiprocess.arena import Arena
@@ -88,7 +89,9 @@ class FrontendProcess:
             sock.close()
         to_owner.close_fd()
         to_frontend.close_fd()
-        self.link = FrontendLink(to_frontend, to_owner, self._on_message, self._on_lost)
+        self.link = FrontendLink(
+            to_frontend, to_owner, self._on_message, self._on_lost, self._on_frame
+        )
         await self.loop.connect_accepted_socket(lambda: self.link, infer_here)  # type: ignore
         quick = Connection(quick_here.detach())
         slow = Connection(slow_here.detach())
@@ -108,6 +111,16 @@ class FrontendProcess:
             raise RuntimeError(f"frontend process {self.index} failed to start: {self.failed}")
 
     # ----- inference handed over --------------------------------------------------------
+    def _on_frame(self, messages: list[tuple]) -> None:
+        """The messages of one frame (what the frontend process sent in one loop turn): their
+        requests are admitted together, one dispatch pass per model version at the end."""
+        if len(messages) == 1:
+            self._on_message(messages[0])
+            return
+        with admission_group():
+            for message in messages:
+                self._on_message(message)
+
     def _on_message(self, message: tuple) -> None:
         tag = message[0]
         if tag == INFER:
