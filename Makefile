@@ -42,7 +42,8 @@ install-dev: $(VENV)/.installed-dev
 install-test: $(VENV)/.installed-test
 
 # The checks CI runs before the tests: ruff's lint and format check, then mypy over the product
-# packages (the list and the settings are in pyproject.toml; the cache in .mypy_cache). mypy needs
+# packages and bench/ (the list, bench's excluded model repositories and peers/, and the settings
+# are in pyproject.toml; the cache in .mypy_cache). mypy needs
 # the test extras too (onnx, httpx, opentelemetry are imported by harness/, examples/ and otel.py),
 # so lint installs them. `make fmt` rewrites instead: ruff format, then ruff's safe fixes.
 .PHONY: lint fmt

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -124,7 +125,7 @@ async def drive(
             await channel.close()
 
 
-def _raise_failed(tasks: list[asyncio.Future]) -> None:  # type: ignore[type-arg]
+def _raise_failed(tasks: Sequence[asyncio.Future[Any]]) -> None:
     for task in tasks:
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise RuntimeError(f"client loop failed: {task.exception()!r}")

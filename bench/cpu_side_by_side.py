@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -294,7 +294,7 @@ def run(
     out_dir: Path,
     rounds: int = 3,
     with_triton: bool = True,
-    progress=print,  # type: ignore[no-untyped-def]
+    progress: Callable[[str], None] = print,
     flags: Sequence[str] = served.CONVERGE_FLAGS,
 ) -> SideBySide:
     """Every round: ascend-serve (py_add and simple, HTTP and gRPC), then Triton (py_add).
@@ -336,13 +336,15 @@ def run(
         plan.append(("triton", [(PY_MODEL, "http"), (PY_MODEL, "grpc")]))
     for round_no in range(1, rounds + 1):
         for name, points in plan:
-            server = (
-                start_ours(ours_repo, out_dir, round_no)
-                if name == "ascend-serve"
-                else start_ours(ours_repo, out_dir, round_no, THREADS, ["--grpc-server", "threads"])
-                if name == THREADS
-                else start_triton(dist, backends, triton_repo, out_dir, round_no)
-            )  # type: ignore[arg-type]
+            if name == "ascend-serve":
+                server = start_ours(ours_repo, out_dir, round_no)
+            elif name == THREADS:
+                server = start_ours(
+                    ours_repo, out_dir, round_no, THREADS, ["--grpc-server", "threads"]
+                )
+            else:  # "triton" is planned only once both were found
+                assert dist is not None and backends is not None
+                server = start_triton(dist, backends, triton_repo, out_dir, round_no)
             try:
                 server.wait_ready()
                 if round_no == 1:
@@ -390,15 +392,16 @@ def report(result: SideBySide) -> list[str]:
     keys = sorted({(s.server, s.model, s.protocol) for s in result.samples if not s.error})
     for key in keys:
         median = result.median(*key)
+        assert median is not None  # keys are the (server, model, protocol) with a sample
         rounds = ", ".join(
             f"{s.cpu_us:,.0f}"
             for s in result.samples
             if (s.server, s.model, s.protocol) == key and not s.error
         )
         lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {median.infer_per_sec:,.0f} | "  # type: ignore[union-attr]
+            f"| {key[0]} | {key[1]} | {key[2]} | {median.infer_per_sec:,.0f} | "
             f"{median.cpu_us:,.0f} | {median.switches:.1f} | {rounds} |"
-        )  # type: ignore[union-attr]
+        )
     errors = [s for s in result.samples if s.error]
     if errors:
         lines += [

@@ -19,6 +19,7 @@ import asyncio
 import json
 import pickle
 import sys
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,13 @@ import grpc
 import httpx
 import numpy as np
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto import grpc_service_pb2_grpc as service
 
 # gRPC methods perf_analyzer calls, with their response types.
-_GRPC_ANSWERS = {
+_GRPC_ANSWERS: dict[str, type[Message]] = {
     "ServerMetadata": pb.ServerMetadataResponse,
     "ServerLive": pb.ServerLiveResponse,
     "ServerReady": pb.ServerReadyResponse,
@@ -202,7 +204,7 @@ def grpc_servicer(canned: Any) -> service.GRPCInferenceServiceServicer:
     model asked about (the statistics counting what this server answered for it)."""
     models = {c["model"]: c for c in _models(canned)}
     first = next(iter(models))
-    methods = {}
+    methods: dict[str, Callable[..., Awaitable[Any]]] = {}
     for name, kind in _GRPC_ANSWERS.items():
         answers = {model: kind.FromString(c["grpc"][name]) for model, c in models.items()}
 
@@ -265,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-port", type=int, required=True)
     args = parser.parse_args(argv)
     canned = pickle.loads(args.canned.read_bytes())
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
 

@@ -140,7 +140,7 @@ def measure(
             pairs = await _http_connections(server.http_port, connections, wanted)
             done = 0
 
-            async def one(reader: Any, writer: Any) -> None:
+            async def one_http(reader: Any, writer: Any) -> None:
                 nonlocal done
                 request = _http_request(server.http_port)
                 while time.monotonic() < deadline:
@@ -152,18 +152,18 @@ def measure(
                     await reader.readexactly(length)
                     done += 1
 
-            workers = [one(r, w) for r, w in pairs]
+            workers = [one_http(r, w) for r, w in pairs]
         else:
             channel, stub, message = await _grpc_channel(server.grpc_port, wanted)
             done = 0
 
-            async def one() -> None:  # type: ignore[misc]
+            async def one_grpc() -> None:
                 nonlocal done
                 while time.monotonic() < deadline:
                     await stub(message)
                     done += 1
 
-            workers = [one() for _ in range(connections)]
+            workers = [one_grpc() for _ in range(connections)]
         tasks = [asyncio.ensure_future(w) for w in workers]
         await asyncio.sleep(1.0)  # warm up
         start_done, start = done, time.monotonic()

@@ -18,6 +18,7 @@ import asyncio
 import os
 import shutil
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,7 +137,9 @@ def measure(
     return sample
 
 
-def run(out_dir: Path, rounds: int = 2, seconds: float = 5.0, progress=print) -> PeerRun:  # type: ignore[no-untyped-def]
+def run(
+    out_dir: Path, rounds: int = 2, seconds: float = 5.0, progress: Callable[[str], None] = print
+) -> PeerRun:
     """Every round: ascend-serve, then KServe, each at every point of POINTS."""
     result = PeerRun()
     if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:

@@ -184,9 +184,11 @@ def measure_served(
     if not args.no_reference:
         groups.append((REFERENCE_MODELS, concurrencies))
     with running_server([repo], log_dir=args.out_dir) as server:
+        server_argv = server.process.args
+        assert isinstance(server_argv, list), server_argv  # the harness starts it from a list
         commands = [
             f"# server (log: {server.log_path}):",
-            shlex.join(str(a) for a in server.process.args),
+            shlex.join(os.fsdecode(a) for a in server_argv),
         ]
         progress(f"server pid {server.pid} on http {server.http_url}, grpc {server.grpc_url}")
         urls = {"http": server.http_url, "grpc": server.grpc_url}

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -117,8 +118,9 @@ def server_split(before: dict | None, after: dict | None) -> ServerSplit:
         return ServerSplit()
 
     def delta(*keys: str) -> int:
-        a, b = after, before
-        for key in keys:
+        a: Any = after
+        b: Any = before
+        for key in keys:  # nested dicts down to a number
             a, b = a[key], b[key]
         return int(a) - int(b)
 

@@ -46,7 +46,9 @@ def count_in_this_process(by_function: bool) -> None:
     def tracer(frame: FrameType, event: str, arg: object) -> Any:
         frame.f_trace_opcodes = True
         if event == "opcode":
-            counts[frame.f_code.co_qualname] += 1
+            # co_qualname is 3.11+; 3.10 (requires-python) has only the bare name.
+            code = frame.f_code
+            counts[getattr(code, "co_qualname", code.co_name)] += 1
         return tracer
 
     async def run() -> list[int]:

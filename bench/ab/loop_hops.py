@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import shutil
 import statistics
@@ -74,11 +75,12 @@ async def batches(rounds: int, count: int, report: Callable[[str], None]) -> dic
         spec = VersionSpec("py_add", 1, config, model_dir, model_dir / "1", PythonBackend)
         pool = InstancePool(spec, MonotonicClock())
         await pool.load()
-        instance = pool.acquire()
-        assert instance is not None
+        acquired = pool.acquire()
+        assert acquired is not None
+        instance: Instance = acquired
         loop = asyncio.get_running_loop()
 
-        async def run(n: int, on_loop: bool, instance: Instance = instance) -> None:
+        async def run(n: int, on_loop: bool) -> None:
             instance._begins = on_loop  # the switch Instance.load sets for such a backend
             for _ in range(n):
                 answer: asyncio.Future[BatchRun] = loop.create_future()
@@ -101,7 +103,7 @@ async def moments(rounds: int, count: int, report: Callable[[str], None]) -> dic
         clock = clocks[timerfd]
         for _ in range(n):
             due: asyncio.Future[None] = loop.create_future()
-            clock.call_at(clock.now_ns() + 100_000, lambda due=due: due.set_result(None))
+            clock.call_at(clock.now_ns() + 100_000, functools.partial(due.set_result, None))
             await due
 
     ways = {"fine timer thread": False, "timerfd on the loop": True}
@@ -121,7 +123,11 @@ async def _rounds(
     seen: dict[str, list[Figures]] = {name: [] for name in ways}
     for round_no in range(1, rounds + 1):
         for name, flag in ways.items():
-            figures = await measured(count, lambda n, flag=flag: run(n, flag))
+
+            def one_way(n: int, flag: bool = flag) -> Awaitable[None]:
+                return run(n, flag)
+
+            figures = await measured(count, one_way)
             seen[name].append(figures)
             report(
                 f"round {round_no} {name}: {figures[0]:.0f} µs CPU, {figures[1]:.2f} switches, "

@@ -141,10 +141,15 @@ def worker_side(plain: bool, count: int) -> OpcodeCounter:
     channel = getattr(loop, "channel", None)
 
     def serve_one() -> None:
-        received, fds = channel.wait("op") if channel is not None else loop.receiver.recv()
+        if channel is not None:
+            received, fds = channel.wait("op")
+        else:  # trees before the Channel: the loop read its socket with a framing.Receiver
+            received, fds = getattr(loop, "receiver").recv()  # noqa: B009
         reply, reply_fds = loop.on_execute(received, fds)
         loop.reply(reply, reply_fds)
 
+    # the first pack maps a fresh arena, whose descriptor the worker must receive
+    assert fd is not None
     framing.send_message(server, message, [fd])
     serve_one()
     replies.recv()

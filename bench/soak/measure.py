@@ -103,7 +103,9 @@ def sample_tree(server_pid: int) -> dict:
                 per_process[pid] = int(handle.read().split()[1]) * PAGE_KB
                 rss += per_process[pid]
             with open(f"/proc/{pid}/status") as handle:
-                threads += int(re.search(r"^Threads:\s+(\d+)", handle.read(), re.M).group(1))
+                found = re.search(r"^Threads:\s+(\d+)", handle.read(), re.M)
+                if found is not None:  # absent once the process is a zombie
+                    threads += int(found.group(1))
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 fds += 1
                 try:

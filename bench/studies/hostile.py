@@ -568,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
         post(port, "/v2/repository/index", b'{"ready": true}' + b" " * (1 << 20))
         live = Poller(port, "GET", "/v2/health/live")
         small = Poller(port, "POST", "/v2/models/simple/infer", SMALL)
-        live.start(), small.start()
+        live.start()
+        small.start()
 
         quiet_live, quiet_small = phase(live, small, args.quiet_secs)
         print(

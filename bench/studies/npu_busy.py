@@ -177,9 +177,9 @@ def main() -> None:
     print("\n| instances per process | instances | busy (each round) | inf/s (each round) |")
     print("|---|---|---|---|")
     for variant, rows in results.items():
-        busy = " / ".join(f"{b:.2f}" for b, _ in rows)
-        rate = " / ".join(f"{n / args.window:.0f}" for _, n in rows)
-        print(f"| {variant[0] or 'all'} | {variant[1]} | {busy} | {rate} |")
+        busy_each = " / ".join(f"{b:.2f}" for b, _ in rows)
+        rate_each = " / ".join(f"{n / args.window:.0f}" for _, n in rows)
+        print(f"| {variant[0] or 'all'} | {variant[1]} | {busy_each} | {rate_each} |")
 
 
 if __name__ == "__main__":

@@ -147,7 +147,10 @@ def owner(argv: list[str]) -> int:
         args = [MODULE if a == "server.multiprocess.child" else a for a in args]
         return real(args, *rest, **kwargs)
 
-    pool.subprocess = types.SimpleNamespace(Popen=popen)  # type: ignore[attr-defined]
+    # pool's own `subprocess`, holding only the Popen it calls; the rest keep the real one
+    shim = types.ModuleType("subprocess")
+    vars(shim)["Popen"] = popen
+    pool.subprocess = shim
     sys.argv = ["server", *argv]
     try:
         runpy.run_module("server", run_name="__main__", alter_sys=True)
@@ -157,9 +160,9 @@ def owner(argv: list[str]) -> int:
 
 
 # ----- the driver -------------------------------------------------------------------------
-def _counts(base: str) -> int:
+def _counts(base: str) -> tuple[int, int]:
     stats = httpx.get(f"{base}/v2/models/{MODEL}/stats", timeout=5.0).json()["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])  # type: ignore[return-value]
+    return int(stats["inference_count"]), int(stats["execution_count"])
 
 
 def measure(tree: Path, repo: Path, protocol: str, window: int, seconds: float, log: Path) -> dict:
