@@ -440,11 +440,12 @@ class InferHttpProtocol(BoundedHttpProtocol):
     """uvicorn's protocol; infer POSTs run `_serve_infer` instead of the ASGI app.
 
     An infer body over server/http/receive.py's DIRECT_MIN with a declared Content-Length is
-    received into a BodySink: what the parser already holds of it is copied in, and, served by a
-    DirectReceiver, the reads after that go straight into the sink's array (`body_received`)
-    while the parser is bypassed. Once the body is complete the connection gets a fresh parser
-    (the old one still waits for the bytes it never saw). A body that never completes ends its
-    connection, as it did before.
+    received into a BodySink: what the parser already holds of it is copied in, and a
+    DirectReceiver becomes the transport's protocol, so the reads after that go straight into
+    the sink's array (`body_received`) while the parser is bypassed. Once the body is complete
+    this protocol takes the transport back (small requests never see the receiver) and the
+    connection gets a fresh parser (the old one still waits for the bytes it never saw). A body
+    that never completes ends its connection, as it did before.
     """
 
     frontend: Any  # server.http.routes.HttpFrontend, set by protocol_class()
@@ -509,14 +510,24 @@ class InferHttpProtocol(BoundedHttpProtocol):
             sink.add(cycle.body)
             cycle.body = bytearray()
         self.direct_sink = sink
+        # from the next read on (uvloop and asyncio restart reading with the receiver's buffers)
+        self.transport.set_protocol(DirectReceiver(self))
         return sink
+
+    def _end_direct(self) -> None:
+        """No body is received into a sink any more: reads go to this protocol again."""
+        self.direct_sink = None
+        transport = self.transport
+        current = transport.get_protocol()
+        if isinstance(current, DirectReceiver) and current.protocol is self:
+            transport.set_protocol(self)
 
     def _close_sink(self, sink: BodySink) -> None:
         """The request is answered or gone: give its budget back. A body that did not all
         arrive leaves the parser behind the wire, so what still comes is dropped (the
         connection closes after the answer)."""
         if self.direct_sink is sink:
-            self.direct_sink = None
+            self._end_direct()
             if self._lingering < 0:
                 self._lingering = 0
         sink.release()
@@ -530,7 +541,8 @@ class InferHttpProtocol(BoundedHttpProtocol):
         self.cycle.message_event.set()
 
     def on_message_complete(self) -> None:
-        self.direct_sink = None  # the parser read the rest of the body itself
+        if self.direct_sink is not None:  # the parser read the rest of the body itself
+            self._end_direct()
         super().on_message_complete()
 
     def body_received(self, nbytes: int) -> None:
@@ -542,7 +554,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
         self._unset_keepalive_if_required()
         sink.filled += nbytes
         if sink.complete:
-            self.direct_sink = None
+            self._end_direct()
             self.parser = self._new_parser()
             cycle.more_body = False
         elif not cycle.response_complete:

@@ -5,9 +5,8 @@ process alike."""
 from __future__ import annotations
 
 from server.core.api import CoreAPI
-from server.http.fast_path import InferHttpProtocol, protocol_class
+from server.http.fast_path import protocol_class
 from server.http.parsers import BodyOffload
-from server.http.receive import receiver_factory
 from server.http.routes import HttpFrontend
 from server.net.listeners import Listener, http_limits, uvicorn_listener
 from server.settings import ServerSettings
@@ -19,15 +18,12 @@ def http_frontend_listener(core: CoreAPI, settings: ServerSettings) -> tuple[Lis
     the caller closes at shutdown."""
     s = settings
     frontend = HttpFrontend(core)
-    http = protocol_class(frontend, http_limits(s))
-    if issubclass(http, InferHttpProtocol):  # large infer bodies go straight into their arrays
-        http = receiver_factory(http)
     listener = uvicorn_listener(
         frontend.build_app(),
         s.http_address,
         s.http_port,
         s.log_verbose,
-        http,
+        protocol_class(frontend, http_limits(s)),
         s.http_keep_alive_timeout_secs,
         reuse_port=s.frontend_processes > 1,
     )

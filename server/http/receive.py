@@ -3,11 +3,11 @@
 Why: uvloop hands a plain `asyncio.Protocol` each read as a fresh bytes (a copy out of its read
 buffer), httptools hands `on_body` another fresh bytes, uvicorn appends it to a bytearray and the
 reader joined the chunks: four copies of every tensor byte before decoding (bench/FINDINGS.md,
-"HTTP bodies received into one buffer"). Here the transport's protocol is a `BufferedProtocol`
-(`DirectReceiver`, wrapping uvicorn's httptools protocol): while the protocol has a `BodySink`
-open, the kernel writes the rest of the body straight into that body's own array
-(`get_buffer` returns its empty part) and the parser is bypassed; otherwise each read goes into
-one scratch buffer per thread and on to the protocol's `data_received`, as before.
+"HTTP bodies received into one buffer"). Here, once a large body's headers are parsed, the
+transport's protocol becomes a `BufferedProtocol` (`DirectReceiver`, wrapping uvicorn's httptools
+protocol) until the body is complete: the kernel writes the rest of the body straight into that
+body's own array (`get_buffer` returns its empty part) and the parser is bypassed. Between such
+bodies the transport reads for uvicorn's protocol exactly as before.
 
 A sink's array is a fresh `np.empty` of exactly Content-Length bytes, never pooled: the tensors
 decoded from it are views of it and may outlive the request (a batch, a response cache), and
@@ -25,11 +25,12 @@ import numpy as np
 
 from server.http.body import BodyBudget
 
-# Bodies over this size are received into a sink. One read of the scratch buffer (below) may
-# hold the headers and the start of the body; what follows goes to the sink. Smaller bodies
-# arrive with their headers in one read, so a sink would save nothing.
+# Bodies over this size are received into a sink. The read that holds the headers may hold the
+# start of the body too (through the parser, copied into the sink); what follows goes to the
+# sink. A smaller body mostly arrives with its headers in that read, so a sink saves little.
 DIRECT_MIN = 64 * 1024
-# One read between bodies: libuv's suggested read size, so a small request still arrives whole.
+# The read buffer for a read that finds no sink open (not expected: the receiver is installed
+# only while one is), so that it still reaches the parser.
 SCRATCH_SIZE = 64 * 1024
 
 _scratch = threading.local()
@@ -130,20 +131,22 @@ class ReceivingProtocol(Protocol):
 
 
 class DirectReceiver(asyncio.BufferedProtocol):
-    """The transport's protocol: reads go into the open sink's array, or into the scratch
-    buffer and on to the wrapped protocol's `data_received`.
+    """The transport's protocol while a body is received into a sink: reads go into the sink's
+    array; should one come with no sink open, into the scratch buffer and on to the wrapped
+    protocol's `data_received`.
 
     A separate object because uvloop takes `get_buffer` only from a protocol that is not an
-    `asyncio.Protocol`, which uvicorn's is. Everything else is passed on unchanged;
-    `transport.get_protocol()` is this object (`protocol` is the wrapped one).
+    `asyncio.Protocol`, which uvicorn's is. The wrapped protocol installs it with
+    `transport.set_protocol` when it opens a sink and takes the transport back when the body is
+    complete, so the reads between bodies cost what they always did. Everything else is passed
+    on unchanged; `protocol` is the wrapped one.
     """
 
-    __slots__ = ("protocol", "_reading", "_scratch")
+    __slots__ = ("protocol", "_reading")
 
     def __init__(self, protocol: ReceivingProtocol) -> None:
         self.protocol = protocol
         self._reading: memoryview | None = None  # the buffer handed out by get_buffer
-        self._scratch = _scratch_buffer()  # built on the thread of the loop that reads
 
     def connection_made(self, transport: Any) -> None:
         self.protocol.connection_made(transport)
@@ -162,7 +165,7 @@ class DirectReceiver(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         sink = self.protocol.direct_sink
-        buffer = sink.window() if sink is not None else self._scratch
+        buffer = sink.window() if sink is not None else _scratch_buffer()
         self._reading = buffer
         return buffer
 
@@ -175,13 +178,3 @@ class DirectReceiver(asyncio.BufferedProtocol):
             self.protocol.body_received(nbytes)
         else:
             self.protocol.data_received(buffer[:nbytes])
-
-
-def receiver_factory(protocol_class: Any) -> Any:
-    """The callable uvicorn builds each connection's protocol with (its `http` setting): the
-    given protocol class, wrapped in a DirectReceiver."""
-
-    def build(**kwargs: Any) -> DirectReceiver:
-        return DirectReceiver(protocol_class(**kwargs))
-
-    return build
