@@ -53,6 +53,7 @@ _WANTED_HEADERS = {
         "inference-header-content-length",
         "accept-encoding",
         "traceparent",
+        "transfer-encoding",
     )
 }
 # Above this size the payload is written on its own rather than joined to the headers (a copy).
@@ -467,9 +468,14 @@ class InferHttpProtocol(BoundedHttpProtocol):
             if match is not None and (
                 guard is None or guard.refusal(scope["path"], scope["headers"]) is None
             ):
-                sink = self._open_sink(cycle)
+                headers = {
+                    _WANTED_HEADERS[key]: value.decode("latin-1")
+                    for key, value in scope["headers"]
+                    if key in _WANTED_HEADERS
+                }
+                sink = self._open_sink(cycle, headers)
                 task = self.loop.create_task(
-                    self._serve_infer(cycle, match.group(1), match.group(2) or "", sink)
+                    self._serve_infer(cycle, match.group(1), match.group(2) or "", headers, sink)
                 )
                 if sink is not None:  # given back even by a task cancelled before it ran
                     task.add_done_callback(lambda _task: self._close_sink(sink))
@@ -485,23 +491,24 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if task is not None and not task.done():
             task.cancel()  # the queued request is dropped; nobody is left to answer
 
-    def _open_sink(self, cycle: RequestResponseCycle) -> BodySink | None:
-        """A sink for this request's body: when it is the request being parsed, its length is
-        declared (not chunked) and within the limit, and it is large (server/http/receive.py).
+    def _open_sink(
+        self, cycle: RequestResponseCycle, headers: Mapping[str, str]
+    ) -> BodySink | None:
+        """A sink for this request's body: when its length is declared (not chunked), large
+        (server/http/receive.py) and within the limit, and it is the request being parsed.
         Anything else is read as before, and refused there when it must be."""
-        if cycle is not self.cycle or not cycle.more_body or not self._is_transport_protocol():
-            return None
-        declared = b""
-        for key, value in cycle.scope["headers"]:
-            if key == b"content-length":
-                declared = value
-            elif key == b"transfer-encoding":
-                return None
-        if not declared.isdigit():
-            return None
+        declared = headers.get("content-length")
+        if declared is None or len(declared) < 5 or not declared.isdigit():
+            return None  # under 10,000 bytes, or refused by the reader
         size = int(declared)
         limit = self.frontend.body_limit
-        if size > limit.max_bytes:
+        if (
+            size > limit.max_bytes
+            or "transfer-encoding" in headers
+            or cycle is not self.cycle
+            or not cycle.more_body
+            or not self._is_transport_protocol()
+        ):
             return None
         sink = open_sink(size, limit.budget)
         if sink is None:
@@ -535,7 +542,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
     def on_body(self, body: bytes) -> None:
         sink = self.direct_sink
         if sink is None:
-            super().on_body(body)
+            HttpToolsProtocol.on_body(self, body)
             return
         sink.add(body)
         self.cycle.message_event.set()
@@ -543,7 +550,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
     def on_message_complete(self) -> None:
         if self.direct_sink is not None:  # the parser read the rest of the body itself
             self._end_direct()
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
 
     def body_received(self, nbytes: int) -> None:
         """A read that went straight into the open sink, past the parser."""
@@ -562,14 +569,15 @@ class InferHttpProtocol(BoundedHttpProtocol):
         cycle.message_event.set()
 
     async def _serve_infer(
-        self, cycle: RequestResponseCycle, name: str, version: str, sink: BodySink | None = None
+        self,
+        cycle: RequestResponseCycle,
+        name: str,
+        version: str,
+        headers: Mapping[str, str],
+        sink: BodySink | None,
     ) -> None:
+        """One infer request: `headers` are the ones it reads (names in lower case)."""
         start = time.monotonic_ns() if self.frontend.core.may_trace else 0
-        headers = {
-            _WANTED_HEADERS[key]: value.decode("latin-1")
-            for key, value in cycle.scope["headers"]
-            if key in _WANTED_HEADERS
-        }
         held = 0  # body bytes charged to the frontend's budget, given back when answered
         try:
             body, held = await self._read_body(cycle, headers, sink)

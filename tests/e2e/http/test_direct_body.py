@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from examples.common import finish_model, write_model_dir
 from harness.serverproc import ServerProcess, running_server
@@ -37,11 +37,11 @@ TIMEOUT = 20.0
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`bytes_id`: ONNX Identity over UINT8 [-1], unbatched, so a body may have any size."""
     root = tmp_path_factory.mktemp("repo")
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
-        "bytes_id",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.UINT8, ["n"])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.UINT8, ["n"])],
+    graph = onnx.GraphProto(
+        name="bytes_id",
+        node=[onnx.NodeProto(op_type="Identity", input=["INPUT0"], output=["OUTPUT0"])],
+        input=[_uint8_vector("INPUT0")],
+        output=[_uint8_vector("OUTPUT0")],
     )
     config = (
         'name: "bytes_id"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
@@ -50,6 +50,13 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     write_model_dir(root, "bytes_id", finish_model(graph, "UINT8 passthrough."), config)
     return root
+
+
+def _uint8_vector(name: str) -> onnx.ValueInfoProto:
+    value = onnx.ValueInfoProto(name=name)
+    value.type.tensor_type.elem_type = onnx.TensorProto.UINT8
+    value.type.tensor_type.shape.dim.add().dim_param = "n"
+    return value
 
 
 @pytest.fixture(scope="module")
