@@ -36,7 +36,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from protocol.errors import Cancelled
-from server.http.body import BodyBuffer
+from server.http.body import BodyBudgetExhausted, BodyBuffer
 from server.http.receive import BodySink, DirectReceiver, open_sink
 from server.http.responses import JSON, http_error
 from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
@@ -545,7 +545,21 @@ class InferHttpProtocol(BoundedHttpProtocol):
             HttpToolsProtocol.on_body(self, body)
             return
         sink.add(body)
-        self.cycle.message_event.set()
+        self._charge(sink)  # the reader wakes at on_message_complete
+
+    def _charge(self, sink: BodySink) -> bool:
+        """Count a read against the body budget; False (and the reader woken to answer 503,
+        reading stopped) once the budget refuses the body."""
+        if sink.refusal is not None:
+            return False
+        try:
+            sink.charge()
+        except BodyBudgetExhausted as refusal:
+            sink.refusal = refusal
+            self.flow.pause_reading()
+            self.cycle.message_event.set()
+            return False
+        return True
 
     def on_message_complete(self) -> None:
         if self.direct_sink is not None:  # the parser read the rest of the body itself
@@ -560,13 +574,15 @@ class InferHttpProtocol(BoundedHttpProtocol):
             return
         self._unset_keepalive_if_required()
         sink.filled += nbytes
+        if not self._charge(sink):
+            return
         if sink.complete:
             self._end_direct()
             self.parser = self._new_parser()
             cycle.more_body = False
+            cycle.message_event.set()  # the reader's one wake-up
         elif not cycle.response_complete:
             self._note_body_read()
-        cycle.message_event.set()
 
     async def _serve_infer(
         self,
@@ -669,9 +685,12 @@ class InferHttpProtocol(BoundedHttpProtocol):
         return buffer.parts if self.frontend.offload.wants(total) else buffer.join(), total
 
     async def _read_sink(self, cycle: RequestResponseCycle, sink: BodySink) -> Any:
-        """Wait until the sink is full, charging its bytes to the budget as they come."""
+        """Wait until the sink is full (the protocol charges its bytes to the budget as they
+        come and wakes this once: complete, refused, or the client gone)."""
         while True:
-            sink.charge()
+            sink.charge()  # what _open_sink copied in from the parser
+            if sink.refusal is not None:
+                raise sink.refusal
             if cycle.disconnected:
                 raise Cancelled("the client disconnected before sending the whole request")
             if sink.complete:

@@ -48,20 +48,21 @@ def _scratch_buffer() -> memoryview:
 class BodySink:
     """One body of known length, received into an array of exactly that size.
 
-    `filled` counts the bytes in place; `charged` how many of them the reader has counted
-    against the frontend's BodyBudget (it charges them as it wakes, as it did per chunk). The
-    whole declared size is also reserved in the budget while the sink is open
-    (`BodyBudget.reserved`), so the arrays allocated ahead of their bytes stay within the
-    budget too; `open_sink` refuses a sink past it and the body is then read chunk by chunk,
-    as before. `release()` gives both back, once."""
+    `filled` counts the bytes in place; `charged` how many of them are counted against the
+    frontend's BodyBudget (the protocol charges each read as it takes it, so the reader wakes
+    once, when the body is complete or refused: `refusal`). The whole declared size is also
+    reserved in the budget while the sink is open (`BodyBudget.reserved`), so the arrays
+    allocated ahead of their bytes stay within the budget too; `open_sink` refuses a sink past
+    it and the body is then read chunk by chunk, as before. `release()` gives both back, once."""
 
-    __slots__ = ("array", "budget", "charged", "filled", "view")
+    __slots__ = ("array", "budget", "charged", "filled", "refusal", "view")
 
     def __init__(self, size: int, budget: BodyBudget) -> None:
         self.array = np.empty(size, dtype=np.uint8)  # not zeroed: every byte is written once
         self.view = memoryview(self.array)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
         self.filled = 0
         self.charged = 0
+        self.refusal: Exception | None = None  # the budget refused the body part-way
         self.budget: BodyBudget | None = budget
         budget.reserved += size
 
