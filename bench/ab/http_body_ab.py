@@ -3,7 +3,7 @@ real HTTP listener (protocol, body reader, decode, encode, answer write) over a 
 echoes the inputs back as outputs, so no scheduler, backend or batch gather is counted.
 
     .venv/bin/python -m bench.ab.http_body_ab --a ../base-checkout [--b .] [--rounds 3]
-        [--sizes 4096,153600,614400,4194304] [--concurrency 4]
+        [--sizes 4096,153600,614400,4194304] [--concurrency 4] [--side-by-side SLICES]
 
 Why: on this shared 2-core machine the end-to-end figures of bench/studies/npu_copies.py move
 by 20-50 %, which hides a change to the frontend's copies among the model's, the batcher's
@@ -11,7 +11,9 @@ and the neighbours' CPU. Here only what the frontend does per byte is left, next
 bench/studies/http_floor.py (the same client against a bare server that does nothing but
 receive and send). Each server runs from its own tree (PYTHONPATH, cwd) pinned to CPU 0, the
 client (bench/studies/npu_copies.py's: tritonclient, binary tensors, the same request counts)
-on CPU 1; rounds alternate A B A B, each followed by the floor's bare server ("floor").
+on CPU 1; rounds alternate A B A B, each followed by the floor's bare server ("floor"). With
+`--side-by-side N` both servers run at once and N slices of requests alternate between them
+(CPU from schedstat), which this machine's drifting load cannot tilt towards one tree.
 """
 
 from __future__ import annotations
@@ -73,27 +75,70 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def point(tree: Path, size: int, connections: int) -> dict[str, Any]:
-    from bench.studies.npu_copies import drive, requests_for
+def start(tree: Path) -> tuple[subprocess.Popen[str], SimpleNamespace]:
+    """One tree's echo server, listening; the process and the target `drive` takes."""
     from harness.serverproc import free_port
 
     port = free_port()
     command = ["taskset", "-c", str(SERVER_CPU), sys.executable, __file__, "--serve", str(port)]
     env = dict(os.environ, PYTHONPATH=str(tree))
     process = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+    while True:  # until uvicorn listens
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.1)
+    return process, SimpleNamespace(http_port=port)
+
+
+def task_ns(pid: int) -> int:
+    """CPU time of all of a process's threads, in ns (schedstat: finer than clock ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+            total += int(stat.read().split()[0])
+    return total
+
+
+def side_by_side(a: Path, b: Path, size: int, slices: int, per: int, connections: int) -> dict:
+    """Both trees' servers up at once; slices of `per` requests alternate A B B A ...; µs per
+    request over all slices (and per slice), so the neighbours' load falls on both alike."""
+    from bench.studies.npu_copies import drive
+
+    servers = {"A": start(a), "B": start(b)}
+    spent = {"A": 0, "B": 0}
+    rounds: dict[str, list[float]] = {"A": [], "B": []}
     try:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "ready"
-        target = SimpleNamespace(http_port=port)
-        deadline = time.monotonic() + 30
-        while True:  # until uvicorn listens
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        for _, target in servers.values():
+            drive(target, "onnx_id", "http", size, max(connections * 2, 16), connections)  # type: ignore[arg-type]
+        for index in range(slices):
+            for label in ("A", "B") if index % 2 == 0 else ("B", "A"):
+                process, target = servers[label]
+                before = task_ns(process.pid)
+                drive(target, "onnx_id", "http", size, per, connections)  # type: ignore[arg-type]
+                used = task_ns(process.pid) - before
+                spent[label] += used
+                rounds[label].append(round(used / per / 1000, 1))
+    finally:
+        for process, _ in servers.values():
+            process.kill()
+            process.wait()
+    us = {label: spent[label] / slices / per / 1000 for label in spent}
+    return {"size": size, "A_us": us["A"], "B_us": us["B"], "ratio": us["B"] / us["A"], **rounds}
+
+
+def point(tree: Path, size: int, connections: int) -> dict[str, Any]:
+    from bench.studies.npu_copies import drive, requests_for
+
+    process, target = start(tree)
+    try:
         drive(target, "onnx_id", "http", size, max(connections * 2, 16), connections)  # type: ignore[arg-type]
         count = requests_for(size)
         before = cpu_seconds(process.pid)
@@ -117,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-floor", dest="floor", action="store_false", help="skip bench/studies/http_floor"
     )
+    parser.add_argument(
+        "--side-by-side",
+        type=int,
+        metavar="SLICES",
+        help="run A and B at once, alternating this many slices of requests per size",
+    )
     args = parser.parse_args(argv)
     if args.serve:
         serve_echo(args.serve)
@@ -126,6 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     from bench.studies.http_floor import point as floor_point
 
     os.sched_setaffinity(0, {CLIENT_CPU})
+    if args.side_by_side:
+        for size in [int(s) for s in args.sizes.split(",")]:
+            per = max(16, min(300, (64 << 20) // size))
+            row = side_by_side(
+                args.a.resolve(), args.b.resolve(), size, args.side_by_side, per, args.concurrency
+            )
+            print(json.dumps(row), flush=True)
+        return 0
     for size in [int(s) for s in args.sizes.split(",")]:
         for round_no in range(args.rounds):
             for label, tree in (("A", args.a), ("B", args.b)):
