@@ -2,7 +2,7 @@
 and gRPC, 4 KB / 150 KB / 600 KB / 4 MB per request (issue 26, item 2), as an A/B of two trees.
 
     .venv/bin/python -m bench.studies.npu_copies --a ../base-checkout [--b .] [--rounds 2]
-        [--sizes 4096,153600,614400,4194304] [--concurrency 8] [--out DIR]
+        [--sizes 4096,153600,614400,4194304] [--concurrency 8] [--out DIR] [--pin]
 
 Why: the bytes of a tensor cost the server CPU each time they are copied; the figure to judge
 a change of the copy path by is CPU per KB, measured on both trees in the same minutes (rounds
@@ -17,7 +17,8 @@ Python's, and it copies in and out of it).
 Models: `npu_id` (an emulated .om, UINT8 [-1, n] -> identity, gears 1-8, 50 µs of device time,
 copies at 20 GB/s so the device is never the limit) and `onnx_id` (ONNX Identity, UINT8 [-1, n],
 dynamic batching on both). The answer is as large as the request: per KB means per KB of input,
-the output's bytes riding along.
+the output's bytes riding along. `--pin` runs each server and its children on CPU 0 and the
+client on CPU 1, as bench/cpu_side_by_side.py does.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ SIZES = (4096, 150 * 1024, 600 * 1024, 4 << 20)
 GEARS = [1, 2, 4, 8]
 EMULATOR_CONFIG = {"device_count": 1, "copy_bytes_per_s": 20e9, "memory_bytes": 16 << 30}
 BATCHING = "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+SERVER_CPU, CLIENT_CPU = 0, 1  # with --pin
 
 
 def requests_for(size: int) -> int:
@@ -88,9 +90,11 @@ def write_repository(repo: Path, size: int) -> None:
 class Server:
     """One tree's server (run from the tree itself), stopped by pid."""
 
-    def __init__(self, tree: Path, repo: Path, log: Path) -> None:
+    def __init__(self, tree: Path, repo: Path, log: Path, pin: bool = False) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
         command = [sys.executable, "-m", "server", "--model-repository", str(repo)]
+        if pin:
+            command = ["taskset", "-c", str(SERVER_CPU), *command]
         command += ["--http-address", "127.0.0.1", "--http-port", str(self.http_port)]
         command += ["--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port)]
         command += ["--metrics-address", "127.0.0.1", "--metrics-port", str(free_port())]
@@ -216,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("npu_copies_report"))
+    parser.add_argument("--pin", action="store_true", help="server on CPU 0, client on CPU 1")
     args = parser.parse_args(argv)
+    if args.pin:
+        os.sched_setaffinity(0, {CLIENT_CPU})
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -224,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         write_repository(repo, size)
         for round_no in range(args.rounds):
             for label, tree in (("A", args.a), ("B", args.b)):
-                server = Server(tree.resolve(), repo, args.out / f"{label}-{size}-{round_no}.log")
+                log = args.out / f"{label}-{size}-{round_no}.log"
+                server = Server(tree.resolve(), repo, log, args.pin)
                 try:
                     for model in args.models.split(","):
                         for protocol in args.protocols.split(","):

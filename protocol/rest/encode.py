@@ -42,6 +42,15 @@ def encode_infer_response(
     An output is binary when its RequestedOutput says so, or says nothing and `binary_default`
     (the request's binary_data_output) is true. Binary blobs follow the JSON in output order.
     """
+    parts, json_length = encode_infer_response_parts(response, requested, binary_default)
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), json_length
+
+
+def encode_infer_response_parts(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> tuple[list[Buffer], int | None]:
+    """`encode_infer_response` left in pieces: the JSON, then each binary output as a view of
+    its array (no copy), for a writer that sends them as they are (one `writelines`)."""
     choices = {output.name: output.binary for output in requested} if requested else {}
     entries: list[dict[str, Any]] = []
     blobs: list[Buffer] = []
@@ -65,8 +74,8 @@ def encode_infer_response(
             entries.append(entry)
     header = _dumps(_response_document(response, entries))
     if not blobs:
-        return header, None
-    return b"".join([header, *blobs]), len(header)
+        return [header], None
+    return [header, *blobs], len(header)
 
 
 def encode_error(message: str) -> bytes:

@@ -38,11 +38,14 @@ class BodyBudget:
     subtracts the body's total once its request is answered or refused.
     """
 
-    __slots__ = ("held", "max_bytes")
+    __slots__ = ("held", "max_bytes", "reserved")
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.held = 0
+        # Declared sizes of the bodies being received into arrays of their own
+        # (server/http/receive.py); bounded by max_bytes on its own.
+        self.reserved = 0
 
     def exhausted(self) -> Overloaded:
         return BodyBudgetExhausted(

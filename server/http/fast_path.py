@@ -36,7 +36,8 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from protocol.errors import Cancelled
-from server.http.body import BodyBuffer
+from server.http.body import BodyBudgetExhausted, BodyBuffer
+from server.http.receive import BodySink, DirectReceiver, open_sink
 from server.http.responses import JSON, http_error
 from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
 
@@ -52,6 +53,7 @@ _WANTED_HEADERS = {
         "inference-header-content-length",
         "accept-encoding",
         "traceparent",
+        "transfer-encoding",
     )
 }
 # Above this size the payload is written on its own rather than joined to the headers (a copy).
@@ -239,11 +241,13 @@ class BoundedHttpProtocol(HttpToolsProtocol):
                 self._arm_wait()
                 return
         if cycle is not None and cycle.more_body and not cycle.response_complete:
-            self._body_read_at = self.loop.time()  # a body is still coming: time it
-            if self._body_timer is None:
-                self._body_timer = self.loop.call_later(
-                    self.limits.body_timeout, self._body_timeout
-                )
+            self._note_body_read()
+
+    def _note_body_read(self) -> None:
+        """A read of a body still incomplete: time it (--http-body-timeout-secs)."""
+        self._body_read_at = self.loop.time()
+        if self._body_timer is None:
+            self._body_timer = self.loop.call_later(self.limits.body_timeout, self._body_timeout)
 
     def _feed(self, data: bytes) -> None:
         """uvicorn's `data_received`, with the parser's refusals logged at most once every few
@@ -386,7 +390,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def _arm_wait(self) -> None:
         transport = self.transport
-        if transport.is_closing() or transport.get_protocol() is not self:  # closed, upgraded
+        if transport.is_closing() or not self._is_transport_protocol():  # closed, upgraded
             return
         now = self.loop.time()
         scope = self.scope
@@ -400,6 +404,21 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(
             max(wait[1] - now, 0.0), self.timeout_keep_alive_handler
         )
+
+    def _is_transport_protocol(self) -> bool:
+        """Whether the transport still reads for this protocol (itself or its DirectReceiver),
+        not for one it was upgraded to."""
+        current = self.transport.get_protocol()
+        return current is self or (isinstance(current, DirectReceiver) and current.protocol is self)
+
+    def _new_parser(self) -> httptools.HttpRequestParser:
+        """A parser as uvicorn makes one for a connection."""
+        parser = httptools.HttpRequestParser(self)
+        try:
+            parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        except AttributeError:  # httptools < 0.6.3
+            pass
+        return parser
 
     def timeout_keep_alive_handler(self) -> None:
         if self._wait is not None and not self.transport.is_closing():
@@ -419,9 +438,21 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
 
 class InferHttpProtocol(BoundedHttpProtocol):
-    """uvicorn's protocol; infer POSTs run `_serve_infer` instead of the ASGI app."""
+    """uvicorn's protocol; infer POSTs run `_serve_infer` instead of the ASGI app.
+
+    An infer body over server/http/receive.py's DIRECT_MIN with a declared Content-Length is
+    received into a BodySink: what the parser already holds of it is copied in, and a
+    DirectReceiver becomes the transport's protocol, so the reads after that go straight into
+    the sink's array (`body_received`) while the parser is bypassed. Once the body is complete
+    this protocol takes the transport back (small requests never see the receiver) and the
+    connection gets a fresh parser (the old one still waits for the bytes it never saw). A body
+    that never completes ends its connection, as it did before.
+    """
 
     frontend: Any  # server.http.routes.HttpFrontend, set by protocol_class()
+    # The body of the request being parsed, while it is received into its own array; read by
+    # the DirectReceiver for every read (class default: no per-connection cost).
+    direct_sink: BodySink | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -437,9 +468,17 @@ class InferHttpProtocol(BoundedHttpProtocol):
             if match is not None and (
                 guard is None or guard.refusal(scope["path"], scope["headers"]) is None
             ):
+                headers = {
+                    _WANTED_HEADERS[key]: value.decode("latin-1")
+                    for key, value in scope["headers"]
+                    if key in _WANTED_HEADERS
+                }
+                sink = self._open_sink(cycle, headers)
                 task = self.loop.create_task(
-                    self._serve_infer(cycle, match.group(1), match.group(2) or "")
+                    self._serve_infer(cycle, match.group(1), match.group(2) or "", headers, sink)
                 )
+                if sink is not None:  # given back even by a task cancelled before it ran
+                    task.add_done_callback(lambda _task: self._close_sink(sink))
                 self._infer_task = task
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)
@@ -452,16 +491,112 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if task is not None and not task.done():
             task.cancel()  # the queued request is dropped; nobody is left to answer
 
-    async def _serve_infer(self, cycle: RequestResponseCycle, name: str, version: str) -> None:
+    def _open_sink(
+        self, cycle: RequestResponseCycle, headers: Mapping[str, str]
+    ) -> BodySink | None:
+        """A sink for this request's body: when its length is declared (not chunked), large
+        (server/http/receive.py) and within the limit, and it is the request being parsed.
+        Anything else is read as before, and refused there when it must be."""
+        declared = headers.get("content-length")
+        if declared is None or len(declared) < 5 or not declared.isdigit():
+            return None  # under 10,000 bytes, or refused by the reader
+        size = int(declared)
+        limit = self.frontend.body_limit
+        if (
+            size > limit.max_bytes
+            or "transfer-encoding" in headers
+            or cycle is not self.cycle
+            or not cycle.more_body
+            or not self._is_transport_protocol()
+        ):
+            return None
+        sink = open_sink(size, limit.budget)
+        if sink is None:
+            return None
+        if cycle.body:  # what the parser gave before the request started
+            sink.add(cycle.body)
+            cycle.body = bytearray()
+        self.direct_sink = sink
+        # from the next read on (uvloop and asyncio restart reading with the receiver's buffers)
+        self.transport.set_protocol(DirectReceiver(self))
+        return sink
+
+    def _end_direct(self) -> None:
+        """No body is received into a sink any more: reads go to this protocol again."""
+        self.direct_sink = None
+        transport = self.transport
+        current = transport.get_protocol()
+        if isinstance(current, DirectReceiver) and current.protocol is self:
+            transport.set_protocol(self)
+
+    def _close_sink(self, sink: BodySink) -> None:
+        """The request is answered or gone: give its budget back. A body that did not all
+        arrive leaves the parser behind the wire, so what still comes is dropped (the
+        connection closes after the answer)."""
+        if self.direct_sink is sink:
+            self._end_direct()
+            if self._lingering < 0:
+                self._lingering = 0
+        sink.release()
+
+    def on_body(self, body: bytes) -> None:
+        sink = self.direct_sink
+        if sink is None:
+            HttpToolsProtocol.on_body(self, body)
+            return
+        sink.add(body)
+        self._charge(sink)  # the reader wakes at on_message_complete
+
+    def _charge(self, sink: BodySink) -> bool:
+        """Count a read against the body budget; False (and the reader woken to answer 503,
+        reading stopped) once the budget refuses the body."""
+        if sink.refusal is not None:
+            return False
+        try:
+            sink.charge()
+        except BodyBudgetExhausted as refusal:
+            sink.refusal = refusal
+            self.flow.pause_reading()
+            self.cycle.message_event.set()
+            return False
+        return True
+
+    def on_message_complete(self) -> None:
+        if self.direct_sink is not None:  # the parser read the rest of the body itself
+            self._end_direct()
+        HttpToolsProtocol.on_message_complete(self)
+
+    def body_received(self, nbytes: int) -> None:
+        """A read that went straight into the open sink, past the parser."""
+        sink = self.direct_sink
+        cycle = self.cycle
+        if sink is None or cycle is None:  # not reachable: the receiver read into the sink
+            return
+        self._unset_keepalive_if_required()
+        sink.filled += nbytes
+        if not self._charge(sink):
+            return
+        if sink.complete:
+            self._end_direct()
+            self.parser = self._new_parser()
+            cycle.more_body = False
+            cycle.message_event.set()  # the reader's one wake-up
+        elif not cycle.response_complete:
+            self._note_body_read()
+
+    async def _serve_infer(
+        self,
+        cycle: RequestResponseCycle,
+        name: str,
+        version: str,
+        headers: Mapping[str, str],
+        sink: BodySink | None,
+    ) -> None:
+        """One infer request: `headers` are the ones it reads (names in lower case)."""
         start = time.monotonic_ns() if self.frontend.core.may_trace else 0
-        headers = {
-            _WANTED_HEADERS[key]: value.decode("latin-1")
-            for key, value in cycle.scope["headers"]
-            if key in _WANTED_HEADERS
-        }
         held = 0  # body bytes charged to the frontend's budget, given back when answered
         try:
-            body, held = await self._read_body(cycle, headers)
+            body, held = await self._read_body(cycle, headers, sink)
             received = (
                 (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns()))
                 if start
@@ -492,13 +627,16 @@ class InferHttpProtocol(BoundedHttpProtocol):
             self._infer_task = None
             if held:
                 self.frontend.body_limit.budget.held -= held
+            if sink is not None:
+                self._close_sink(sink)
         await self._respond(cycle, status, media_type, payload, extra)
 
     async def _read_body(
-        self, cycle: RequestResponseCycle, headers: Mapping[str, str]
+        self, cycle: RequestResponseCycle, headers: Mapping[str, str], sink: BodySink | None
     ) -> tuple[Any, int]:
         """The body uvicorn buffered, and its size charged to the body budget (the caller gives
-        it back); waits for the rest only when it has not all arrived.
+        it back); waits for the rest only when it has not all arrived. A body received into
+        its sink is the sink's array (the sink holds its charge).
 
         A small request arrives with its headers, so the usual case awaits nothing. Large ones
         are taken chunk by chunk (no copy: each chunk is uvicorn's own buffer), refused once
@@ -511,6 +649,8 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if cycle.waiting_for_100_continue and not self.transport.is_closing():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             cycle.waiting_for_100_continue = False
+        if sink is not None:
+            return await self._read_sink(cycle, sink), 0
         if not cycle.more_body:
             body = cycle.body
             cycle.body = bytearray()
@@ -544,19 +684,40 @@ class InferHttpProtocol(BoundedHttpProtocol):
         total = buffer.total
         return buffer.parts if self.frontend.offload.wants(total) else buffer.join(), total
 
+    async def _read_sink(self, cycle: RequestResponseCycle, sink: BodySink) -> Any:
+        """Wait until the sink is full (the protocol charges its bytes to the budget as they
+        come and wakes this once: complete, refused, or the client gone)."""
+        while True:
+            sink.charge()  # what _open_sink copied in from the parser
+            if sink.refusal is not None:
+                raise sink.refusal
+            if cycle.disconnected:
+                raise Cancelled("the client disconnected before sending the whole request")
+            if sink.complete:
+                break
+            cycle.flow.resume_reading()  # paused behind a pipelined request, or by uvicorn
+            await cycle.message_event.wait()
+            cycle.message_event.clear()
+        body = sink.body()
+        return [body] if self.frontend.offload.wants(sink.size) else body
+
     async def _respond(
         self,
         cycle: RequestResponseCycle,
         status: int,
         media_type: str,
-        payload: bytes,
+        payload: Any,
         extra: Mapping[str, str],
     ) -> None:
-        """Status line, headers and a small body in a single write; then uvicorn's bookkeeping."""
+        """Status line, headers and a small body in a single write; a large one as its pieces
+        in one `writelines` (the head, the JSON, views of the output arrays: nothing joined);
+        then uvicorn's bookkeeping."""
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
         if cycle.disconnected:
             return
+        parts: list[Any] = payload if type(payload) is list else [payload]
+        size = sum(map(len, parts))  # bytes, or byte-cast memoryviews: len is the byte count
         head = [STATUS_LINE[status]]
         for key, value in cycle.default_headers:  # server, date
             head += [key, b": ", value, b"\r\n"]
@@ -564,7 +725,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
             b"content-type: ",
             media_type.encode("latin-1"),
             b"\r\ncontent-length: ",
-            str(len(payload)).encode("latin-1"),
+            str(size).encode("latin-1"),
             b"\r\n",
         ]
         for name, text in extra.items():  # our own names and values: no CR/LF in them
@@ -572,12 +733,14 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if not cycle.keep_alive:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
-        if len(payload) <= _JOIN_LIMIT:
-            head.append(payload)
+        if size <= _JOIN_LIMIT:
+            head += parts
             self.transport.write(b"".join(head))
         else:
-            self.transport.write(b"".join(head))
-            self.transport.write(payload)
+            # uvloop keeps each piece (a memoryview holds its array) until it is sent
+            first = 1 if len(parts[0]) <= _JOIN_LIMIT else 0  # the JSON rides with the head
+            head += parts[:first]
+            self.transport.writelines([b"".join(head), *parts[first:]])
         if cycle.access_log:
             cycle.access_logger.info(
                 '%s - "%s %s HTTP/%s" %d',

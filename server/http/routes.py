@@ -29,6 +29,7 @@ from protocol.errors import (
 )
 from protocol.rest import decode as rest_decode
 from protocol.rest import encode as rest_encode
+from protocol.rest.common import Buffer
 from protocol.types import InferRequest
 from server.core.api import CoreAPI, InputRule, Resolved
 from server.http.admin import AdminRoutes
@@ -45,6 +46,8 @@ from server.http.responses import JSON, Handler, empty, error_response, guarded,
 from server.restricted import HttpGuard, RestrictionMiddleware
 
 HEADER_LENGTH = "inference-header-content-length"
+# An infer answer's body: one buffer, or its pieces (the JSON, then views of binary outputs).
+Payload = bytes | list[Buffer]
 
 
 class HttpFrontend:
@@ -162,11 +165,13 @@ class HttpFrontend:
         payload, headers, media_type = await self.infer_reply(
             name, version, request.headers, request.stream()
         )
-        return Response(payload, status_code=200, headers=headers, media_type=media_type)
+        return Response(
+            joined_payload(payload), status_code=200, headers=headers, media_type=media_type
+        )
 
     async def infer_reply(
         self, name: str, version: str, headers: Mapping[str, str], chunks: AsyncIterator[bytes]
-    ) -> tuple[bytes, dict[str, str], str]:
+    ) -> tuple[Payload, dict[str, str], str]:
         """Body in, (payload, extra headers, content type) out: decode once, infer, encode once."""
         start = time.monotonic_ns() if self.core.may_trace else 0
         self.body_limit.check_declared(headers)
@@ -186,9 +191,10 @@ class HttpFrontend:
 
     async def infer_body(
         self, name: str, version: str, headers: Mapping[str, str], body: Any, received: tuple = ()
-    ) -> tuple[bytes, dict[str, str], str]:
+    ) -> tuple[Payload, dict[str, str], str]:
         """infer_reply for a body already read (and within the size limit): one buffer, or the
-        list of its chunks when it is over --http-offload-threshold."""
+        list of its chunks when it is over --http-offload-threshold. The payload is one buffer
+        or a list of them (the JSON, then binary outputs as views of their arrays)."""
         if type(body) is list or (len(body) > self.offload.threshold and self.offload.enabled):
             infer_request, record = await self._decode_large(name, version, headers, body)
         else:
@@ -210,6 +216,7 @@ class HttpFrontend:
         binary_default = bool(infer_request.parameters.get("binary_data_output", False))
         response = await self.core.infer(infer_request, record)
         offload = self.offload
+        payload: Payload
         if offload.enabled and offload.wants(
             json_output_size(response, infer_request.outputs, binary_default)
         ):
@@ -224,8 +231,8 @@ class HttpFrontend:
             payload, json_length = await asyncio.to_thread(
                 rest_encode.encode_infer_response, response, infer_request.outputs, binary_default
             )
-        else:
-            payload, json_length = rest_encode.encode_infer_response(
+        else:  # the pieces as they are: the direct path writes them without joining them
+            payload, json_length = rest_encode.encode_infer_response_parts(
                 response, infer_request.outputs, binary_default
             )
         extra: dict[str, str] = {}
@@ -235,10 +242,11 @@ class HttpFrontend:
             media_type = "application/octet-stream"
         encoding = compression.choose_response_encoding(headers.get("accept-encoding"))
         if encoding:
-            if offload.wants(len(payload)):  # zlib releases the GIL: a thread is enough
-                payload = await asyncio.to_thread(compression.compress, payload, encoding)
+            whole = joined_payload(payload)
+            if offload.wants(len(whole)):  # zlib releases the GIL: a thread is enough
+                payload = await asyncio.to_thread(compression.compress, whole, encoding)
             else:
-                payload = compression.compress(payload, encoding)
+                payload = compression.compress(whole, encoding)
             extra["Content-Encoding"] = encoding
         return payload, extra, media_type
 
@@ -406,6 +414,13 @@ class HttpFrontend:
             return json_response({"error": text}, exc.status_code)
 
         return app
+
+
+def joined_payload(payload: Payload) -> bytes:
+    """An answer's pieces as one bytes (for a writer that takes one buffer, or to compress)."""
+    if type(payload) is list:
+        return payload[0] if len(payload) == 1 and type(payload[0]) is bytes else b"".join(payload)
+    return payload  # type: ignore[return-value]  # one buffer already
 
 
 def _joined(parts: list) -> Any:
