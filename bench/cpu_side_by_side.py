@@ -37,7 +37,7 @@ from bench import served
 from bench.cpu_time import process_cpu, process_tree, tree_switches
 from bench.machine import portable
 from examples.build_repository import build_simple
-from harness.serverproc import free_port
+from harness.serverproc import free_port, loopback_listeners
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 8
@@ -181,18 +181,7 @@ def start_ours(
         "server",
         "--model-repository",
         str(repo),
-        "--http-address",
-        "127.0.0.1",
-        "--http-port",
-        str(http_port),
-        "--grpc-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(grpc_port),
-        "--metrics-address",
-        "127.0.0.1",
-        "--metrics-port",
-        str(metrics_port),
+        *loopback_listeners(http_port, grpc_port, metrics_port),
         *extra,
     ]
     return PinnedServer(

@@ -113,6 +113,25 @@ def _grpc_server_choice(extra_args: Sequence[str]) -> list[str]:
     return ["--grpc-server", choice]
 
 
+def loopback_listeners(http_port: int, grpc_port: int, metrics_port: int) -> list[str]:
+    """The server flags that put its three listeners on 127.0.0.1 at these ports (tests and
+    benchmarks never listen beyond the machine)."""
+    return [
+        "--http-address",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-address",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
+    ]
+
+
 class _PortTaken(RuntimeError):
     pass
 
@@ -130,18 +149,7 @@ def _start_once(
     for repository in repositories:
         args += ["--model-repository", str(repository)]
     args += [
-        "--http-address",
-        "127.0.0.1",
-        "--http-port",
-        str(http_port),
-        "--grpc-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(grpc_port),
-        "--metrics-address",
-        "127.0.0.1",
-        "--metrics-port",
-        str(metrics_port),
+        *loopback_listeners(http_port, grpc_port, metrics_port),
         *extra_args,
         *_grpc_server_choice(extra_args),
     ]

@@ -46,7 +46,7 @@ from bench.cpu_time import process_cpu
 from examples.build_repository import build_simple
 from examples.mlp_compute import BENCH_BUILDERS
 from harness.perf_analyzer import default_cache, locate
-from harness.serverproc import free_port
+from harness.serverproc import free_port, loopback_listeners
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,18 +75,7 @@ def start(
         "server",
         "--model-repository",
         str(repo),
-        "--http-address",
-        "127.0.0.1",
-        "--http-port",
-        str(http_port),
-        "--grpc-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(grpc_port),
-        "--metrics-address",
-        "127.0.0.1",
-        "--metrics-port",
-        str(metrics_port),
+        *loopback_listeners(http_port, grpc_port, metrics_port),
         *extra,
     ]
     env = dict(os.environ, PYTHONPATH=str(tree))

@@ -40,7 +40,7 @@ import numpy as np
 from bench.cpu_time import process_cpu
 from examples.build_repository import make_simple_model, simple_config, write_model_dir
 from harness.procutil import children_running
-from harness.serverproc import free_port
+from harness.serverproc import free_port, loopback_listeners
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "bench.studies.owner_wall"
@@ -174,18 +174,7 @@ def measure(tree: Path, repo: Path, protocol: str, window: int, seconds: float, 
         "owner",
         "--model-repository",
         str(repo),
-        "--http-address",
-        "127.0.0.1",
-        "--http-port",
-        str(http_port),
-        "--grpc-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(grpc_port),
-        "--metrics-address",
-        "127.0.0.1",
-        "--metrics-port",
-        str(metrics_port),
+        *loopback_listeners(http_port, grpc_port, metrics_port),
         "--frontend-processes",
         "2",
     ]
