@@ -167,6 +167,19 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
+def add_port(server: Any, settings: ServerSettings) -> int:
+    """Bind the gRPC address to `server` (grpc.aio's or grpcio's synchronous one); the port,
+    or the OSError that says the address cannot be bound."""
+    address = _address(settings.grpc_address, settings.grpc_port)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if not port:
+        raise bind_failure("GRPC", settings.grpc_address, settings.grpc_port)
+    return int(port)
+
+
 class GrpcFrontend:
     """The running gRPC server. `stop()` first ends the long-lived calls (health watches, open
     streams once their in-flight requests are answered), so shutdown need not wait the whole
@@ -187,13 +200,7 @@ class GrpcFrontend:
         self.port = 0
 
     async def start(self) -> None:
-        address = _address(self.settings.grpc_address, self.settings.grpc_port)
-        try:
-            self.port = self.server.add_insecure_port(address)
-        except RuntimeError:
-            self.port = 0
-        if not self.port:
-            raise bind_failure("GRPC", self.settings.grpc_address, self.settings.grpc_port)
+        self.port = add_port(self.server, self.settings)
         await self.server.start()
 
     async def stop(self, grace: float | None) -> None:

@@ -17,6 +17,37 @@ def refusal_text(restriction: Restriction) -> str:
     return f"This protocol is restricted, expecting header '{restriction.header}'"
 
 
+def refused_by(
+    restrictions: Mapping[str, Restriction], details: grpc.HandlerCallDetails
+) -> Restriction | None:
+    """The restriction that refuses this call (its category is restricted and the call lacks
+    the header, or the header's value is not allowed), or None when the call may proceed."""
+    category = grpc_category(details.method)
+    restriction = restrictions.get(category) if category else None
+    if restriction is None:
+        return None
+    for key, value in details.invocation_metadata or ():
+        if key == restriction.header:
+            allowed = restriction.allows(value if isinstance(value, str) else None)
+            return None if allowed else restriction
+    return restriction
+
+
+def _shaped_like(
+    handler: grpc.RpcMethodHandler, unary: Callable[..., Any], streaming: Callable[..., Any]
+) -> grpc.RpcMethodHandler:
+    """A handler of `handler`'s shape running `unary` or `streaming` (the request is never
+    parsed: no deserializer)."""
+    serializer = handler.response_serializer
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(streaming, None, serializer)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(streaming, None, serializer)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(unary, None, serializer)
+    return grpc.unary_unary_rpc_method_handler(unary, None, serializer)
+
+
 class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, restrictions: Mapping[str, Restriction]) -> None:
         self.restrictions = dict(restrictions)
@@ -26,21 +57,15 @@ class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[Any], Awaitable[grpc.RpcMethodHandler | None]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        category = grpc_category(details.method)
-        restriction = self.restrictions.get(category) if category else None
-        if restriction is None:
-            return await continuation(details)
-        for key, value in details.invocation_metadata or ():
-            if key == restriction.header:
-                if restriction.allows(value if isinstance(value, str) else None):
-                    return await continuation(details)
-                break
+        restriction = refused_by(self.restrictions, details)
         handler = await continuation(details)
-        return None if handler is None else _refusing(handler, refusal_text(restriction))
+        if restriction is None or handler is None:
+            return handler
+        return _refusing(handler, refusal_text(restriction))
 
 
 def _refusing(handler: grpc.RpcMethodHandler, text: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape that only aborts (the request is never parsed)."""
+    """A handler of the same shape that only aborts."""
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(grpc.StatusCode.UNAVAILABLE, text)
@@ -49,14 +74,7 @@ def _refusing(handler: grpc.RpcMethodHandler, text: str) -> grpc.RpcMethodHandle
         await context.abort(grpc.StatusCode.UNAVAILABLE, text)
         yield  # pragma: no cover - an async generator that never yields
 
-    serializer = handler.response_serializer
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(streaming, None, serializer)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(streaming, None, serializer)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(unary, None, serializer)
-    return grpc.unary_unary_rpc_method_handler(unary, None, serializer)
+    return _shaped_like(handler, unary, streaming)
 
 
 class RestrictedProtocolThreadInterceptor(grpc.ServerInterceptor):
@@ -70,17 +88,11 @@ class RestrictedProtocolThreadInterceptor(grpc.ServerInterceptor):
         continuation: Callable[[Any], grpc.RpcMethodHandler | None],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        category = grpc_category(details.method)
-        restriction = self.restrictions.get(category) if category else None
-        if restriction is None:
-            return continuation(details)
-        for key, value in details.invocation_metadata or ():
-            if key == restriction.header:
-                if restriction.allows(value if isinstance(value, str) else None):
-                    return continuation(details)
-                break
+        restriction = refused_by(self.restrictions, details)
         handler = continuation(details)
-        return None if handler is None else _refusing_sync(handler, refusal_text(restriction))
+        if restriction is None or handler is None:
+            return handler
+        return _refusing_sync(handler, refusal_text(restriction))
 
 
 def _refusing_sync(handler: grpc.RpcMethodHandler, text: str) -> grpc.RpcMethodHandler:
@@ -91,11 +103,4 @@ def _refusing_sync(handler: grpc.RpcMethodHandler, text: str) -> grpc.RpcMethodH
         context.abort(grpc.StatusCode.UNAVAILABLE, text)
         yield  # pragma: no cover - a generator that never yields
 
-    serializer = handler.response_serializer
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(streaming, None, serializer)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(streaming, None, serializer)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(unary, None, serializer)
-    return grpc.unary_unary_rpc_method_handler(unary, None, serializer)
+    return _shaped_like(handler, unary, streaming)

@@ -37,10 +37,9 @@ from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
 from server.core.api import CoreAPI
-from server.grpc.listener import HealthServicer, server_options
+from server.grpc.listener import HealthServicer, add_port, server_options
 from server.grpc.services import InferenceServicer, StreamLimits, add_service
 from server.grpc.traffic import TrafficServicer
-from server.net.listeners import bind_failure
 from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -315,13 +314,7 @@ class ThreadedGrpcFrontend:
 
     # ----- start and stop -------------------------------------------------------------------
     async def start(self) -> None:
-        address = _address(self.settings.grpc_address, self.settings.grpc_port)
-        try:
-            self.port = self.server.add_insecure_port(address)
-        except RuntimeError:
-            self.port = 0
-        if not self.port:
-            raise bind_failure("GRPC", self.settings.grpc_address, self.settings.grpc_port)
+        self.port = add_port(self.server, self.settings)
         self.server.start()
         log.info(
             "gRPC served by grpcio's synchronous server: %d threads, %d streams",
@@ -338,10 +331,6 @@ class ThreadedGrpcFrontend:
             await asyncio.sleep(STOP_POLL_SECONDS)
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.readers.shutdown(wait=False, cancel_futures=True)
-
-
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 class _Capture:
