@@ -43,9 +43,14 @@ class BodyBudget:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.held = 0
-        # Declared sizes of the bodies being received into arrays of their own
-        # (server/http/receive.py); bounded by max_bytes on its own.
+        # The part not yet received of the bodies being received into arrays of their own
+        # (server/http/receive.py): committed memory all the same, so every check is against
+        # held + reserved.
         self.reserved = 0
+
+    def committed(self) -> int:
+        """Bytes held, plus the rest of the bodies whose arrays are already allocated."""
+        return self.held + self.reserved
 
     def exhausted(self) -> Overloaded:
         return BodyBudgetExhausted(
@@ -118,7 +123,7 @@ class BodyBuffer:
         budget.held += size  # charged first: release() gives back exactly self.total
         if total > self.limit.max_bytes:
             raise self.limit.too_large()
-        if budget.held > budget.max_bytes:
+        if budget.committed() > budget.max_bytes:
             raise budget.exhausted()
         if chunk:
             self.parts.append(chunk)

@@ -659,7 +659,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
             if size > limit.max_bytes:
                 raise limit.too_large()
             budget = limit.budget
-            if budget.held + size > budget.max_bytes:
+            if budget.committed() + size > budget.max_bytes:
                 raise budget.exhausted()
             budget.held += size
             return body, size

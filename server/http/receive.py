@@ -50,10 +50,12 @@ class BodySink:
 
     `filled` counts the bytes in place; `charged` how many of them are counted against the
     frontend's BodyBudget (the protocol charges each read as it takes it, so the reader wakes
-    once, when the body is complete or refused: `refusal`). The whole declared size is also
-    reserved in the budget while the sink is open (`BodyBudget.reserved`), so the arrays
-    allocated ahead of their bytes stay within the budget too; `open_sink` refuses a sink past
-    it and the body is then read chunk by chunk, as before. `release()` gives both back, once."""
+    once, when the body is complete or refused: `refusal`). The part not yet received is
+    reserved in the budget (`BodyBudget.reserved`; each charge moves bytes from there to
+    `held`), so an array allocated ahead of its bytes counts in full against every other body:
+    memory committed to bodies stays within the budget (tests/e2e/http/test_body_bounds.py
+    measures it). `open_sink` refuses a sink that does not fit beside the others, and that body
+    is read chunk by chunk, as before. `release()` gives both back, once."""
 
     __slots__ = ("array", "budget", "charged", "filled", "refusal", "view")
 
@@ -70,7 +72,7 @@ class BodySink:
         """Give the reservation and the charged bytes back (once; later calls do nothing)."""
         budget, self.budget = self.budget, None
         if budget is not None:
-            budget.reserved -= len(self.view)
+            budget.reserved -= len(self.view) - self.charged
             budget.held -= self.charged
             self.charged = 0
 
@@ -81,8 +83,9 @@ class BodySink:
         fresh = self.filled - self.charged
         if fresh and budget is not None:
             self.charged = self.filled
-            budget.held += fresh
-            if budget.held > budget.max_bytes:
+            budget.held += fresh  # from the reservation: what is committed does not change
+            budget.reserved -= fresh
+            if budget.committed() > budget.max_bytes:
                 raise budget.exhausted()
 
     @property
@@ -112,7 +115,7 @@ class BodySink:
 def open_sink(size: int, budget: BodyBudget) -> BodySink | None:
     """A sink for a body of `size` bytes, or None when it is too small to need one or when
     the sinks already open reserve too much of the budget."""
-    if size <= DIRECT_MIN or budget.reserved + size > budget.max_bytes:
+    if size <= DIRECT_MIN or budget.committed() + size > budget.max_bytes:
         return None
     return BodySink(size, budget)
 

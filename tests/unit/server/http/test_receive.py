@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.http.body import BodyBudget, BodyBudgetExhausted
+from server.http.body import BodyBudget, BodyBudgetExhausted, BodyBuffer, BodyLimit
 from server.http.receive import DIRECT_MIN, BodySink, DirectReceiver, open_sink
 
 
@@ -64,16 +64,25 @@ def test_a_sink_reserves_its_size_and_gives_back_what_it_holds_once() -> None:
     assert budget.held == 0 and budget.reserved == 0
 
 
-def test_charging_past_the_budget_refuses_the_body() -> None:
+def test_a_sink_s_unreceived_part_counts_against_every_other_body() -> None:
+    """The array is allocated at once, so its whole size is committed: another body cannot
+    take that memory while the sink waits for its bytes, and the sink's own bytes move from
+    the reservation to `held` without changing what is committed."""
     budget = BodyBudget(2 * DIRECT_MIN)
     budget.held = DIRECT_MIN  # another body's bytes
+    assert open_sink(DIRECT_MIN + 1000, budget) is None  # does not fit beside it: chunk by chunk
+    budget.held = 0
     sink = open_sink(DIRECT_MIN + 1000, budget)
-    assert sink is not None
-    sink.filled = DIRECT_MIN + 1000
+    assert sink is not None and budget.committed() == DIRECT_MIN + 1000
+    other = BodyBuffer(BodyLimit(4 * DIRECT_MIN, budget))
     with pytest.raises(BodyBudgetExhausted, match="--http-max-inflight-body-size"):
-        sink.charge()
+        other.add(b"x" * (DIRECT_MIN - 500))
+    other.release()
+    sink.filled = DIRECT_MIN + 1000
+    sink.charge()  # its own bytes: never refused for them
+    assert budget.held == DIRECT_MIN + 1000 and budget.reserved == 0
     sink.release()
-    assert budget.held == DIRECT_MIN and budget.reserved == 0
+    assert budget.held == 0 and budget.reserved == 0
 
 
 def test_the_body_is_a_view_of_the_array() -> None:
