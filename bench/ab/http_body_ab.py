@@ -70,11 +70,6 @@ def serve_echo(port: int) -> None:
     loop.run_until_complete(listener.serve())
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def start(tree: Path) -> tuple[subprocess.Popen[str], SimpleNamespace]:
     """One tree's echo server, listening; the process and the target `drive` takes."""
     from harness.serverproc import free_port
@@ -135,15 +130,11 @@ def side_by_side(a: Path, b: Path, size: int, slices: int, per: int, connections
 
 
 def point(tree: Path, size: int, connections: int) -> dict[str, Any]:
-    from bench.studies.npu_copies import drive, requests_for
+    from bench.studies.http_floor import cpu_per_request
 
     process, target = start(tree)
     try:
-        drive(target, "onnx_id", "http", size, max(connections * 2, 16), connections)  # type: ignore[arg-type]
-        count = requests_for(size)
-        before = cpu_seconds(process.pid)
-        drive(target, "onnx_id", "http", size, count, connections)  # type: ignore[arg-type]
-        cpu = cpu_seconds(process.pid) - before
+        count, cpu = cpu_per_request(process.pid, target, size, connections)
     finally:
         process.kill()
         process.wait()

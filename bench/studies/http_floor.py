@@ -26,9 +26,11 @@ import os
 import subprocess
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
+from bench.cpu_time import process_cpu
 from bench.studies.npu_copies import drive, requests_for
 
 SIZES = (4096, 150 * 1024, 600 * 1024, 4 << 20)
@@ -113,9 +115,14 @@ def serve(mode: str) -> None:
     uvloop.run(main())
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_per_request(pid: int, target: Any, size: int, connections: int) -> tuple[int, float]:
+    """Warm the server at `target`, then (requests, server CPU seconds) for one measured run of
+    binary `onnx_id` requests of `size` bytes: the measure http_floor and http_body_ab share."""
+    drive(target, "onnx_id", "http", size, max(connections * 2, 16), connections)
+    count = requests_for(size)
+    before = process_cpu(pid)
+    drive(target, "onnx_id", "http", size, count, connections)
+    return count, process_cpu(pid) - before
 
 
 def point(mode: str, size: int, connections: int) -> dict[str, float | str]:
@@ -125,11 +132,7 @@ def point(mode: str, size: int, connections: int) -> dict[str, float | str]:
     try:
         assert process.stdout is not None
         target = SimpleNamespace(http_port=int(process.stdout.readline()))
-        drive(target, "onnx_id", "http", size, max(connections * 2, 16), connections)  # type: ignore[arg-type]
-        count = requests_for(size)
-        before = cpu_seconds(process.pid)
-        drive(target, "onnx_id", "http", size, count, connections)  # type: ignore[arg-type]
-        cpu = cpu_seconds(process.pid) - before
+        count, cpu = cpu_per_request(process.pid, target, size, connections)
     finally:
         process.kill()
         process.wait()
