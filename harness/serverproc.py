@@ -101,7 +101,7 @@ def start_server(
     raise AssertionError("unreachable")
 
 
-# Runs the suite's servers on the other gRPC server (--grpc-server threads) unless a test
+# Runs the suite's servers on the other gRPC server (--grpc-server aio) unless a test
 # chooses itself.
 GRPC_SERVER_ENV = "ASCEND_TEST_GRPC_SERVER"
 

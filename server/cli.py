@@ -21,6 +21,7 @@ from server.settings import (
     DEFAULT_MAX_INPUT_SIZE,
     DEFAULT_QUANTILES,
     GRPC_MAX_MESSAGE,
+    GRPC_MESSAGE_TIMEOUT_MS,
     GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS,
     GRPC_STREAM_PENDING_SIZE,
     SERVER_NAME,
@@ -369,23 +370,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--grpc-server",
-        default="aio",
+        default="threads",
         choices=["aio", "threads"],
-        help="which grpcio server serves gRPC: aio (grpc.aio on the event loop) or threads "
-        "(grpcio's synchronous server, handing each burst of calls to the loop; default aio)",
+        help="which grpcio server serves gRPC: threads (grpcio's synchronous server, handing "
+        "each burst of calls to the loop) or aio (grpc.aio on the event loop; default threads)",
     )
     add(
         "--grpc-threads",
         type=_positive_int,
-        default=64,
-        help="--grpc-server threads: handler threads; calls past them wait (default 64)",
+        default=None,
+        help="--grpc-server threads: handler threads, made as calls need them; calls past them "
+        "wait (default: --grpc-max-concurrent-rpcs, a thread for every call it admits)",
     )
     add(
         "--grpc-thread-streams",
         type=_positive_int,
-        default=32,
+        default=256,
         help="--grpc-server threads: streaming calls (ModelStreamInfer, Health.Watch) open at "
-        "once, each holding a thread; more are answered RESOURCE_EXHAUSTED (default 32)",
+        "once, each holding a thread; more are answered RESOURCE_EXHAUSTED (default 256)",
     )
     add(
         "--grpc-max-concurrent-rpcs",
@@ -393,6 +395,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="--grpc-server threads: calls open at once, waiting ones included; more are "
         "answered RESOURCE_EXHAUSTED (default 1024)",
+    )
+    add(
+        "--grpc-message-timeout",
+        type=_non_negative_int,
+        default=GRPC_MESSAGE_TIMEOUT_MS,
+        metavar="MS",
+        help="--grpc-server threads: cancel a call whose request message has not arrived this "
+        f"many milliseconds after it opened; 0: no limit (default {GRPC_MESSAGE_TIMEOUT_MS})",
     )
     add("--model-config-name", default=None, help="use configs/<name>.pbtxt where present")
     add(
@@ -802,6 +812,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_threads=args.grpc_threads,
         grpc_thread_streams=args.grpc_thread_streams,
         grpc_max_concurrent_rpcs=args.grpc_max_concurrent_rpcs,
+        grpc_message_timeout_ms=args.grpc_message_timeout,
         model_config_name=args.model_config_name,
         model_load_retry_count=args.model_load_retry_count,
         model_max_batch_size=args.model_max_batch_size,

@@ -18,6 +18,7 @@ GRPC_MAX_MESSAGE = 2**31 - 1
 # which its requests are not read (server/grpc/services.py); and the time to its first request.
 GRPC_STREAM_PENDING_SIZE = 16 * 1024 * 1024
 GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS = 60_000
+GRPC_MESSAGE_TIMEOUT_MS = 60_000
 
 
 @dataclass
@@ -97,14 +98,17 @@ class ServerSettings:
     grpc_max_stream_pending_size: int = GRPC_STREAM_PENDING_SIZE
     grpc_stream_first_request_timeout_ms: int = GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS  # 0: none
     grpc_handshake_timeout_ms: int = 30_000
-    # Which grpcio server serves gRPC: "aio" (grpc.aio on the event loop) or "threads" (grpcio's
-    # synchronous server, server/grpc/threaded.py): its handler threads, the streams
-    # (ModelStreamInfer, Health.Watch) that may hold one at once, and the calls open at once
-    # (past the threads they wait; past this they are answered RESOURCE_EXHAUSTED).
-    grpc_server: str = "aio"
-    grpc_threads: int = 64
-    grpc_thread_streams: int = 32
+    # Which grpcio server serves gRPC: "threads" (grpcio's synchronous server,
+    # server/grpc/threaded.py) or "aio" (grpc.aio on the event loop); its handler threads
+    # (None: one for each call grpc_max_concurrent_rpcs admits, made as calls need them), the
+    # streams (ModelStreamInfer, Health.Watch) that may hold one at once, the calls open at once (past the threads they
+    # wait; past this they are answered RESOURCE_EXHAUSTED), and how long a call may wait for its
+    # request message before it is cancelled (0: no bound; server/grpc/message_wait.py).
+    grpc_server: str = "threads"
+    grpc_threads: int | None = None
+    grpc_thread_streams: int = 256
     grpc_max_concurrent_rpcs: int = 1024
+    grpc_message_timeout_ms: int = GRPC_MESSAGE_TIMEOUT_MS
     grpc_max_message_size: int = GRPC_MAX_MESSAGE
     grpc_infer_response_compression_level: str = "none"
     model_config_name: str | None = None

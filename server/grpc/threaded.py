@@ -7,6 +7,9 @@ each call in one of its handler threads instead. The transport is all that diffe
 servicers of server/grpc/services.py (and the traffic and health services) still run on the
 event loop, through a stand-in for grpc.aio's ServicerContext.
 
+- Every RPC with one request message is registered as request-streaming, so its handler runs
+  when the call opens and takes the message itself, within `--grpc-message-timeout`
+  (server/grpc/message_wait.py): a call whose message never comes cannot keep its thread.
 - `ModelInfer` takes raw bytes: the handler thread parses the message, queues the call for the
   loop and waits on a lock; the loop is woken once per burst of arrivals (one
   `call_soon_threadsafe` only when no drain is already scheduled), starts each call as a task,
@@ -38,6 +41,7 @@ from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceService
 from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
 from server.core.api import CoreAPI
 from server.grpc.listener import HealthServicer, add_port, server_options
+from server.grpc.message_wait import MessageWatch, NoMessage, one_message_required
 from server.grpc.services import InferenceServicer, StreamLimits, add_service
 from server.grpc.traffic import TrafficServicer
 from server.settings import ServerSettings
@@ -201,7 +205,9 @@ class ThreadedGrpcFrontend:
         self.settings = settings
         self.loop = asyncio.get_running_loop()
         self.bridge = LoopBridge(self.loop)
-        threads = settings.grpc_threads
+        threads = settings.grpc_threads or settings.grpc_max_concurrent_rpcs
+        self.threads = threads
+        self.watch = MessageWatch(settings.grpc_message_timeout_ms / 1000)
         # Streams hold a thread each: at least one thread is always left for unary calls.
         self.stream_limit = max(1, min(settings.grpc_thread_streams, threads - 1))
         self.streams = threading.BoundedSemaphore(self.stream_limit)
@@ -227,9 +233,19 @@ class ThreadedGrpcFrontend:
     parse_infer: Callable[[bytes], Any] = staticmethod(pb.ModelInferRequest.FromString)
 
     # ----- handlers -------------------------------------------------------------------------
-    def model_infer(self, data: bytes, context: grpc.ServicerContext) -> bytes:
+    def first(self, requests: Iterator[Any], context: grpc.ServicerContext, method: str) -> Any:
+        """The call's one request message (a unary call's message, or a server stream's)."""
+        try:
+            return self.watch.first(requests, context)
+        except NoMessage:
+            if context.is_active():  # half-closed without it, as grpcio answers that
+                context.abort(grpc.StatusCode.UNIMPLEMENTED, one_message_required(method))
+            context.abort(grpc.StatusCode.CANCELLED, "no request message")  # moot: it has ended
+            raise AssertionError("unreachable: abort raises") from None  # pragma: no cover
+
+    def model_infer(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         """ModelInfer: parsed here, run on the loop, serialized here."""
-        message = self.parse_infer(data)
+        message = self.parse_infer(self.first(requests, context, MODEL_INFER))
         stand_in = StandInContext(context)
         infer: Any = self.inference.ModelInfer  # a coroutine function, given the stand-in
         try:
@@ -240,8 +256,9 @@ class ThreadedGrpcFrontend:
             context.abort(grpc.StatusCode.CANCELLED, "cancelled")
         return response.SerializeToString()
 
-    def unary(self, method: Any) -> Callable:
-        def handler(request: Any, context: grpc.ServicerContext) -> Any:
+    def unary(self, method: Any, name: str) -> Callable:
+        def handler(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            request = self.first(requests, context, name)
             stand_in = StandInContext(context)
             try:
                 return self.bridge.run(lambda: method(request, stand_in), context)
@@ -252,12 +269,13 @@ class ThreadedGrpcFrontend:
 
         return handler
 
-    def streaming(self, method: Any, request_streaming: bool) -> Callable:
-        def handler(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    def streaming(self, method: Any, request_streaming: bool, name: str) -> Callable:
+        def handler(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
             if not self.streams.acquire(blocking=False):
                 error = too_many_streams(self.stream_limit)
                 context.abort(grpc.StatusCode[error.grpc_status_name()], error.message)
             try:
+                request = requests if request_streaming else self.first(requests, context, name)
                 yield from self._pump(method, request, context, request_streaming)
             finally:
                 self.streams.release()
@@ -315,10 +333,11 @@ class ThreadedGrpcFrontend:
     # ----- start and stop -------------------------------------------------------------------
     async def start(self) -> None:
         self.port = add_port(self.server, self.settings)
+        self.watch.start()
         self.server.start()
         log.info(
             "gRPC served by grpcio's synchronous server: %d threads, %d streams",
-            self.settings.grpc_threads,
+            self.threads,
             self.stream_limit,
         )
 
@@ -329,6 +348,7 @@ class ThreadedGrpcFrontend:
         # The handler threads need the loop until they end: wait without blocking it.
         while not done.is_set():
             await asyncio.sleep(STOP_POLL_SECONDS)
+        self.watch.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.readers.shutdown(wait=False, cancel_futures=True)
 
@@ -351,26 +371,24 @@ class _Capture:
 
     def _wrap(self, service: str, name: str, handler: grpc.RpcMethodHandler) -> Any:
         frontend = self.frontend
-        if f"/{service}/{name}" == MODEL_INFER:
+        # Every handler is registered request-streaming: it runs when the call opens, so a
+        # message that never comes is bounded (server/grpc/message_wait.py).
+        method_name = f"/{service}/{name}"
+        if method_name == MODEL_INFER:
             if handler.request_deserializer is not None:
                 frontend.parse_infer = handler.request_deserializer
-            return grpc.unary_unary_rpc_method_handler(frontend.model_infer)
+            return grpc.stream_unary_rpc_method_handler(frontend.model_infer)
         if handler.response_streaming:
             method = handler.stream_stream or handler.unary_stream
-            make = (
-                grpc.stream_stream_rpc_method_handler
-                if handler.request_streaming
-                else grpc.unary_stream_rpc_method_handler
-            )
-            return make(
-                frontend.streaming(method, handler.request_streaming),
+            return grpc.stream_stream_rpc_method_handler(
+                frontend.streaming(method, handler.request_streaming, method_name),
                 handler.request_deserializer,
                 handler.response_serializer,
             )
         if handler.request_streaming:  # no such RPC in these services
             raise TypeError(f"{service}/{name}: stream-unary is not served")
-        return grpc.unary_unary_rpc_method_handler(
-            frontend.unary(handler.unary_unary),
+        return grpc.stream_unary_rpc_method_handler(
+            frontend.unary(handler.unary_unary, method_name),
             handler.request_deserializer,
             handler.response_serializer,
         )

@@ -1,7 +1,7 @@
 """What only `--grpc-server threads` has: streams hold a handler thread each, so at most
 `--grpc-thread-streams` are open at once and one more is refused RESOURCE_EXHAUSTED, while
-unary calls keep being answered. The rest of the gRPC suite runs against this server with
-ASCEND_TEST_GRPC_SERVER=threads (README, "gRPC servers")."""
+unary calls keep being answered. It is the default server, so the rest of the gRPC suite runs
+against it too (README, "gRPC servers")."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_a_bad_request_reads_the_same_as_on_grpc_aio(server: ServerProcess) -> N
 def test_calls_past_the_concurrent_rpc_limit_are_refused(
     example_repository: Path, tmp_path: Path
 ) -> None:
-    args = ["--grpc-server", "threads", "--grpc-max-concurrent-rpcs", "2"]
+    args = ["--grpc-server", "threads", "--grpc-threads", "8", "--grpc-max-concurrent-rpcs", "2"]
     with running_server([example_repository], args, log_dir=tmp_path) as running:
         channel = grpc.insecure_channel(f"127.0.0.1:{running.grpc_port}")
         health = health_pb2_grpc.HealthStub(channel)

@@ -92,11 +92,12 @@ def test_a_cancel_from_grpc_ends_a_call_that_would_never_finish() -> None:
 def test_the_grpc_server_flags() -> None:
     default = settings_from_args(["--model-repository", "/tmp"])
     assert (default.grpc_server, default.grpc_threads, default.grpc_thread_streams) == (
-        "aio",
-        64,
-        32,
+        "threads",
+        None,  # one for each call --grpc-max-concurrent-rpcs admits
+        256,
     )
     assert default.grpc_max_concurrent_rpcs == 1024
+    assert default.grpc_message_timeout_ms == 60_000
     given = settings_from_args(
         [
             "--model-repository",
@@ -109,10 +110,13 @@ def test_the_grpc_server_flags() -> None:
             "2",
             "--grpc-max-concurrent-rpcs",
             "16",
+            "--grpc-message-timeout",
+            "0",
         ]
     )
     assert (given.grpc_server, given.grpc_threads, given.grpc_thread_streams) == ("threads", 8, 2)
     assert given.grpc_max_concurrent_rpcs == 16
+    assert given.grpc_message_timeout_ms == 0
     for bad in (["--grpc-server", "sync"], ["--grpc-threads", "0"]):
         with pytest.raises(SystemExit):
             settings_from_args(["--model-repository", "/tmp", *bad])
