@@ -16,7 +16,7 @@ import numpy as np
 
 from protocol import datatypes, shared_memory
 from protocol.errors import InvalidArgument
-from protocol.grpc.wire import InferAnswer, InferRequestMessage
+from protocol.grpc.wire import InferAnswer, InferRequestMessage, StreamAnswer
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.text import shown
 from protocol.types import (
@@ -303,14 +303,18 @@ def encode_infer_answer(response: InferResponse, request_id: str = "") -> InferA
 
 
 def encode_infer_response(response: InferResponse, request_id: str = "") -> pb.ModelInferResponse:
-    """The same answer as one protobuf message (a stream's answers nest it)."""
+    """The same answer as one protobuf message (copies the outputs; the servers send
+    `encode_infer_answer`'s)."""
     return encode_infer_answer(response, request_id).to_message()
 
 
 def stream_response(
-    response: pb.ModelInferResponse, final: bool = True
-) -> pb.ModelStreamInferResponse:
+    response: pb.ModelInferResponse | InferAnswer, final: bool = True
+) -> pb.ModelStreamInferResponse | StreamAnswer:
     """A stream answer; `triton_final_response` tells the client this request is complete."""
+    if isinstance(response, InferAnswer):
+        response.message.parameters["triton_final_response"].bool_param = final
+        return StreamAnswer(response)
     message = pb.ModelStreamInferResponse(infer_response=response)
     message.infer_response.parameters["triton_final_response"].bool_param = final
     return message
@@ -319,7 +323,11 @@ def stream_response(
 def stream_empty_final(model_name: str, request_id: str) -> pb.ModelStreamInferResponse:
     """The flag-only last answer of a decoupled request, for a client that asked for it
     (`triton_enable_empty_final_response`): no outputs, and model_version "" as in Triton."""
-    return stream_response(pb.ModelInferResponse(model_name=model_name, id=request_id), True)
+    message = pb.ModelStreamInferResponse()
+    message.infer_response.model_name = model_name
+    message.infer_response.id = request_id
+    message.infer_response.parameters["triton_final_response"].bool_param = True
+    return message
 
 
 def stream_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:

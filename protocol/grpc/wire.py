@@ -13,7 +13,8 @@ tensor bytes"). Here only the small fields go through protobuf:
   gets exactly protobuf's answer, and protobuf stays the judge of every field it parses.
 - `InferAnswer.SerializeToString` writes the small fields with protobuf and appends each
   field-6 (raw_output_contents) entry, tag and length before the output array's own bytes, in
-  one `b"".join`: the arrays' bytes are copied once, into the bytes grpc sends.
+  one `b"".join`: the arrays' bytes are copied once, into the bytes grpc sends. A stream's
+  answer (`StreamAnswer`) is the same bytes behind the tag and length of its field 2.
 
 Small messages are left to protobuf whole (`SCAN_FROM_BYTES`): there the walk's Python loop
 costs more than the copies it saves. Nothing here imports grpc.
@@ -29,9 +30,11 @@ from protocol.proto import grpc_service_pb2 as pb
 SCAN_FROM_BYTES = 96 << 10  # a request of fewer bytes is parsed by protobuf whole (measured)
 RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
 RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
+INFER_RESPONSE_FIELD = 2  # ModelStreamInferResponse.infer_response
 _LENGTH_DELIMITED, _VARINT, _FIXED64, _FIXED32 = 2, 0, 1, 5
 _RAW_INPUT_TAG = RAW_INPUT_FIELD << 3 | _LENGTH_DELIMITED
 _RAW_OUTPUT_TAG = bytes([RAW_OUTPUT_FIELD << 3 | _LENGTH_DELIMITED])
+_INFER_RESPONSE_TAG = bytes([INFER_RESPONSE_FIELD << 3 | _LENGTH_DELIMITED])
 _MAX_TAG = (1 << 32) - 1
 _MAX_VARINT_BYTES = 10
 
@@ -157,9 +160,9 @@ def parse_infer_request(data: bytes) -> pb.ModelInferRequest | InferRequestMessa
 
 
 # ----- answers ------------------------------------------------------------------------------
-def _length_prefix(length: int) -> bytes:
-    """The tag and varint length of one raw_output_contents entry."""
-    out = bytearray(_RAW_OUTPUT_TAG)
+def _length_prefix(tag: bytes, length: int) -> bytes:
+    """A length-delimited record's tag and varint length."""
+    out = bytearray(tag)
     while length >= 0x80:
         out.append(length & 0x7F | 0x80)
         length >>= 7
@@ -178,26 +181,56 @@ class InferAnswer:
         self.message = message
         self.raw = raw
 
-    def SerializeToString(self) -> bytes:
-        parts: list[bytes | memoryview] = [self.message.SerializeToString()]
+    def parts(self) -> tuple[list[bytes | memoryview], int]:
+        """The serialized message in pieces (the arrays' buffers among them), and its size."""
+        head = self.message.SerializeToString()
+        parts: list[bytes | memoryview] = [head]
+        size = len(head)
         for entry in self.raw:
-            parts.append(_length_prefix(len(entry)))
-            parts.append(entry)
-        return b"".join(parts)
+            prefix = _length_prefix(_RAW_OUTPUT_TAG, len(entry))
+            parts += (prefix, entry)
+            size += len(prefix) + len(entry)
+        return parts, size
+
+    def SerializeToString(self) -> bytes:
+        return b"".join(self.parts()[0])
 
     def ByteSize(self) -> int:
         return self.message.ByteSize() + sum(
-            len(_length_prefix(len(entry))) + len(entry) for entry in self.raw
+            len(_length_prefix(_RAW_OUTPUT_TAG, len(entry))) + len(entry) for entry in self.raw
         )
 
     def to_message(self) -> pb.ModelInferResponse:
-        """The same answer as one protobuf message (copies the outputs: for tests and streams)."""
+        """The same answer as one protobuf message (copies the outputs: for tests)."""
         message = pb.ModelInferResponse()
         message.CopyFrom(self.message)
         message.raw_output_contents.extend([bytes(entry) for entry in self.raw])
         return message
 
 
+class StreamAnswer:
+    """A ModelStreamInferResponse carrying an InferAnswer (`infer_response`, no
+    `error_message`), serialized the same way: the outputs' bytes copied once."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: InferAnswer) -> None:
+        self.answer = answer
+
+    def SerializeToString(self) -> bytes:
+        parts, size = self.answer.parts()
+        return b"".join([_length_prefix(_INFER_RESPONSE_TAG, size), *parts])
+
+    def ByteSize(self) -> int:
+        size = self.answer.ByteSize()
+        return len(_length_prefix(_INFER_RESPONSE_TAG, size)) + size
+
+    def to_message(self) -> pb.ModelStreamInferResponse:
+        """The same answer as one protobuf message (for tests)."""
+        return pb.ModelStreamInferResponse(infer_response=self.answer.to_message())
+
+
 def serialize(answer: Any) -> bytes:
-    """grpc's response serializer for ModelInfer: an InferAnswer or a protobuf message."""
+    """grpc's response serializer for ModelInfer and ModelStreamInfer: an InferAnswer, a
+    StreamAnswer or a protobuf message."""
     return answer.SerializeToString()

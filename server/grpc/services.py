@@ -137,7 +137,7 @@ class _HandlerCapture:
 _INFER_SERVICE = "inference.GRPCInferenceService"
 WIRE_CODECS: dict[tuple[str, str], tuple[Callable[[bytes], Any], Callable[[Any], bytes] | None]] = {
     (_INFER_SERVICE, "ModelInfer"): (wire.parse_infer_request, wire.serialize),
-    (_INFER_SERVICE, "ModelStreamInfer"): (wire.parse_infer_request, None),
+    (_INFER_SERVICE, "ModelStreamInfer"): (wire.parse_infer_request, wire.serialize),
 }
 
 
@@ -194,12 +194,7 @@ async def _infer(
     outputs stay their arrays until grpc serializes it (WIRE_CODECS)."""
     request = await _decode(core, message, traceparent, offload_threshold)
     response = await core.infer(request, endpoint=GRPC_INFER_RPC)
-    if (
-        offload_threshold is not None
-        and codec.per_element_output_bytes(response) > offload_threshold
-    ):
-        return await asyncio.to_thread(codec.encode_infer_answer, response, message.id)
-    return codec.encode_infer_answer(response, message.id)
+    return await _encode(response, message.id, offload_threshold)
 
 
 async def _decode(
@@ -225,14 +220,15 @@ async def _decode(
 
 async def _encode(
     response: InferResponse, request_id: str, offload_threshold: int | None
-) -> pb.ModelInferResponse:
-    """The answer on the wire; large BYTES outputs are serialized in a thread, as above."""
+) -> wire.InferAnswer:
+    """The answer on the wire, its outputs still their arrays until grpc serializes it
+    (WIRE_CODECS); large BYTES outputs are serialized in a thread, as above."""
     if (
         offload_threshold is not None
         and codec.per_element_output_bytes(response) > offload_threshold
     ):
-        return await asyncio.to_thread(codec.encode_infer_response, response, request_id)
-    return codec.encode_infer_response(response, request_id)
+        return await asyncio.to_thread(codec.encode_infer_answer, response, request_id)
+    return codec.encode_infer_answer(response, request_id)
 
 
 def _traceparent(core: CoreAPI, context: grpc.aio.ServicerContext) -> str:

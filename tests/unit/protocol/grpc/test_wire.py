@@ -225,8 +225,32 @@ def test_an_answer_keeps_the_output_arrays_until_serialized() -> None:
     assert wire.serialize(answer.to_message()) == answer.SerializeToString()
 
 
+@pytest.mark.parametrize("final", [True, False])
+def test_a_stream_answer_serializes_to_protobufs_own_bytes(final: bool) -> None:
+    answer = codec.stream_response(codec.encode_infer_answer(sample_response(), "s"), final)
+    assert isinstance(answer, wire.StreamAnswer)
+    data = wire.serialize(answer)
+    assert data == answer.to_message().SerializeToString()
+    assert answer.ByteSize() == len(data)
+    parsed = pb.ModelStreamInferResponse.FromString(data)
+    assert not parsed.error_message
+    assert parsed.infer_response.parameters["triton_final_response"].bool_param is final
+    assert parsed.infer_response.raw_output_contents[5] == b"\x07" * 200_000
+
+
+def test_protobuf_stream_answers_keep_their_shape() -> None:
+    """The flag-only final answer and failures stay protobuf messages, as before."""
+    empty = codec.stream_empty_final("m", "r")
+    assert (empty.infer_response.model_name, empty.infer_response.id) == ("m", "r")
+    assert empty.infer_response.parameters["triton_final_response"].bool_param
+    assert not empty.infer_response.model_version and not empty.infer_response.outputs
+    plain = codec.stream_response(pb.ModelInferResponse(id="a"), False)
+    assert isinstance(plain, pb.ModelStreamInferResponse)
+    assert wire.serialize(plain) == plain.SerializeToString()
+
+
 @pytest.mark.parametrize("length", [0, 1, 127, 128, 16_383, 16_384, 2_097_152, 2**31 - 1])
 def test_length_prefixes_are_protobufs_varints(length: int) -> None:
-    prefix = wire._length_prefix(length)
+    prefix = wire._length_prefix(b"\x32", length)
     assert prefix[0] == 0x32
-    assert wire._varint(prefix + b"", 1) == (length, len(prefix))
+    assert wire._varint(prefix, 1) == (length, len(prefix))
