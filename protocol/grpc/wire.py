@@ -28,6 +28,10 @@ from typing import Any
 from protocol.proto import grpc_service_pb2 as pb
 
 SCAN_FROM_BYTES = 96 << 10  # a request of fewer bytes is parsed by protobuf whole (measured)
+# Top-level records the walk reads before it leaves the message to protobuf: a real request has
+# a few per input; 64 MiB of two-byte records would keep the Python loop (and, on grpc.aio,
+# the event loop) busy for seconds where protobuf's C parse takes milliseconds.
+SCAN_MAX_RECORDS = 4096
 RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
 RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
 INFER_RESPONSE_FIELD = 2  # ModelStreamInferResponse.infer_response
@@ -97,12 +101,17 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 def scan(data: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | None:
     """The (start, stop) spans of the other fields' records and of the field-7 entries'
-    contents, in order; None when the top level is not a sequence of well-formed records."""
+    contents, in order; None when the top level is not a sequence of well-formed records, or
+    has more than SCAN_MAX_RECORDS of them."""
     end = len(data)
     pos = keep_from = 0
     kept: list[tuple[int, int]] = []
     raw: list[tuple[int, int]] = []
+    records = 0
     while pos < end:
+        records += 1
+        if records > SCAN_MAX_RECORDS:
+            return None
         start = pos
         tag = data[pos]
         if tag < 0x80:

@@ -154,6 +154,16 @@ def test_malformed_and_unusual_messages_read_as_protobuf_reads_them(data: bytes)
     assert outcome(wire.parse_infer_request, data) == outcome(pb.ModelInferRequest.FromString, data)
 
 
+def test_a_message_of_very_many_records_is_left_to_protobuf() -> None:
+    """Hostile input: a raw entry then 100,000 one-field records is not walked in Python."""
+    data = RAW + b"\xa0\x06\x01" * 100_000
+    parsed = wire.parse_infer_request(data)
+    assert type(parsed) is pb.ModelInferRequest
+    assert list(parsed.raw_input_contents) == [b"abcd"]
+    few = RAW + b"\xa0\x06\x01" * (wire.SCAN_MAX_RECORDS - 1)
+    assert type(wire.parse_infer_request(few)) is wire.InferRequestMessage
+
+
 def test_field_7_before_inputs_still_gives_views() -> None:
     data = CASES["field 7 before the inputs"]
     parsed = wire.parse_infer_request(data)
