@@ -36,6 +36,18 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def task_ns(pid: int) -> int:
+    """CPU time of all of a process's threads, in ns (schedstat: finer than clock ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return total
+
+
 def voluntary_switches(pid: int) -> int:
     """Voluntary context switches of every thread of `pid` so far (0 once it is gone): each
     is a thread going to sleep (a GIL hand-over, a wait on a socket, a futex), the count that

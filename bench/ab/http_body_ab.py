@@ -93,18 +93,10 @@ def start(tree: Path) -> tuple[subprocess.Popen[str], SimpleNamespace]:
     return process, SimpleNamespace(http_port=port)
 
 
-def task_ns(pid: int) -> int:
-    """CPU time of all of a process's threads, in ns (schedstat: finer than clock ticks)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
-            total += int(stat.read().split()[0])
-    return total
-
-
 def side_by_side(a: Path, b: Path, size: int, slices: int, per: int, connections: int) -> dict:
     """Both trees' servers up at once; slices of `per` requests alternate A B B A ...; µs per
     request over all slices (and per slice), so the neighbours' load falls on both alike."""
+    from bench.cpu_time import task_ns
     from bench.studies.npu_copies import drive
 
     servers = {"A": start(a), "B": start(b)}

@@ -16,6 +16,7 @@ import numpy as np
 
 from protocol import datatypes, shared_memory
 from protocol.errors import InvalidArgument
+from protocol.grpc.wire import InferAnswer, InferRequestMessage, StreamAnswer
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.text import shown
 from protocol.types import (
@@ -43,6 +44,9 @@ _TYPED_PARAMETERS: dict[str, tuple[str, ...]] = {
 _RESERVED_PREFIX = "triton_"
 CONTENTS_STEP = 1 << 16  # typed values converted per step once a tensor has more
 _INT64_MAX = 2**63 - 1
+# What a ModelInfer deserializer gives: protobuf's message, or protocol/grpc/wire.py's with the
+# raw contents left in the received bytes.
+ReceivedRequest = pb.ModelInferRequest | InferRequestMessage
 
 
 # ----- parameters ---------------------------------------------------------------------------
@@ -160,7 +164,7 @@ def _converted(
         ) from None
 
 
-def per_element_input_bytes(message: pb.ModelInferRequest) -> int:
+def per_element_input_bytes(message: ReceivedRequest) -> int:
     """How many bytes of the request are converted element by element when decoded (BYTES raw
     contents, and typed contents at 8 bytes a value); numeric raw contents become views and
     do not count. O(number of inputs): it decides whether the decode leaves the event loop."""
@@ -189,7 +193,7 @@ def _has_contents(tensor: pb.ModelInferRequest.InferInputTensor) -> bool:
 
 
 def _decode_input(
-    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, model: str
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | memoryview | None, model: str
 ) -> Tensor:
     datatype = datatypes.lookup(tensor.datatype)
     shape = _shape(tensor.name, tensor.shape)
@@ -214,8 +218,9 @@ def _decode_input(
     return Tensor(tensor.name, datatype.name, shape, data, parameters)
 
 
-def _raw_contents(message: pb.ModelInferRequest) -> list[bytes | None]:
-    """One raw buffer per input (read once: each access copies out of the message), or Nones
+def _raw_contents(message: ReceivedRequest) -> list[bytes | memoryview | None]:
+    """One raw buffer per input (read once: each access to protobuf's copies out of the
+    message; wire.py's are views of the received bytes), or Nones
     when the request uses typed contents. Inputs in shared memory have no raw entry (as
     tritonclient sends them): the others take the entries in order."""
     raw = list(message.raw_input_contents)
@@ -253,7 +258,7 @@ def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> R
     return RequestedOutput(output.name, None, classification, parameters)
 
 
-def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
+def decode_infer_request(message: ReceivedRequest) -> InferRequest:
     """ModelInferRequest -> InferRequest: wire checks only, tensors as numpy arrays."""
     raw = _raw_contents(message)
     inputs = [
@@ -272,14 +277,10 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
 
 
 # ----- outputs ------------------------------------------------------------------------------
-def _raw_bytes(tensor: Tensor) -> bytes:
-    """protobuf bytes fields take `bytes` only, so a numeric view is copied exactly once here."""
-    raw = datatypes.raw_from_tensor(tensor.data, tensor.datatype)
-    return raw if isinstance(raw, bytes) else bytes(raw)
-
-
-def encode_infer_response(response: InferResponse, request_id: str = "") -> pb.ModelInferResponse:
-    """InferResponse -> ModelInferResponse with every output in raw_output_contents."""
+def encode_infer_answer(response: InferResponse, request_id: str = "") -> InferAnswer:
+    """InferResponse -> ModelInfer's answer with every output in raw_output_contents, the
+    outputs' bytes still their arrays' (protocol/grpc/wire.py copies them once, into the
+    bytes grpc sends); the other fields in protobuf's message."""
     message = pb.ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
@@ -290,18 +291,30 @@ def encode_infer_response(response: InferResponse, request_id: str = "") -> pb.M
             name=tensor.name, datatype=tensor.datatype, shape=[int(d) for d in tensor.shape]
         )
         encode_parameters(output.parameters, tensor.parameters)
-    # index-aligned with `outputs`: an output written to shared memory has an empty entry
-    message.raw_output_contents.extend(
-        [b"" if shared_memory.REGION in t.parameters else _raw_bytes(t) for t in response.outputs]
-    )
     encode_parameters(message.parameters, response.parameters)
-    return message
+    # index-aligned with `outputs`: an output written to shared memory has an empty entry
+    raw = [
+        b""
+        if shared_memory.REGION in t.parameters
+        else datatypes.raw_from_tensor(t.data, t.datatype)
+        for t in response.outputs
+    ]
+    return InferAnswer(message, raw)
+
+
+def encode_infer_response(response: InferResponse, request_id: str = "") -> pb.ModelInferResponse:
+    """The same answer as one protobuf message (copies the outputs; the servers send
+    `encode_infer_answer`'s)."""
+    return encode_infer_answer(response, request_id).to_message()
 
 
 def stream_response(
-    response: pb.ModelInferResponse, final: bool = True
-) -> pb.ModelStreamInferResponse:
+    response: pb.ModelInferResponse | InferAnswer, final: bool = True
+) -> pb.ModelStreamInferResponse | StreamAnswer:
     """A stream answer; `triton_final_response` tells the client this request is complete."""
+    if isinstance(response, InferAnswer):
+        response.message.parameters["triton_final_response"].bool_param = final
+        return StreamAnswer(response)
     message = pb.ModelStreamInferResponse(infer_response=response)
     message.infer_response.parameters["triton_final_response"].bool_param = final
     return message
@@ -310,7 +323,11 @@ def stream_response(
 def stream_empty_final(model_name: str, request_id: str) -> pb.ModelStreamInferResponse:
     """The flag-only last answer of a decoupled request, for a client that asked for it
     (`triton_enable_empty_final_response`): no outputs, and model_version "" as in Triton."""
-    return stream_response(pb.ModelInferResponse(model_name=model_name, id=request_id), True)
+    message = pb.ModelStreamInferResponse()
+    message.infer_response.model_name = model_name
+    message.infer_response.id = request_id
+    message.infer_response.parameters["triton_final_response"].bool_param = True
+    return message
 
 
 def stream_error(message: str, request_id: str) -> pb.ModelStreamInferResponse:

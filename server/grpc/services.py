@@ -31,7 +31,7 @@ from protocol.errors import (
     client_error,
     server_exiting,
 )
-from protocol.grpc import codec
+from protocol.grpc import codec, wire
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
 from protocol.types import InferRequest, InferResponse
@@ -132,9 +132,30 @@ class _HandlerCapture:
         self.registered[service] = handlers
 
 
+# ModelInfer's messages on the wire without protobuf's copies of the tensor bytes
+# (protocol/grpc/wire.py): method -> (request deserializer, response serializer or None).
+_INFER_SERVICE = "inference.GRPCInferenceService"
+WIRE_CODECS: dict[tuple[str, str], tuple[Callable[[bytes], Any], Callable[[Any], bytes] | None]] = {
+    (_INFER_SERVICE, "ModelInfer"): (wire.parse_infer_request, wire.serialize),
+    (_INFER_SERVICE, "ModelStreamInfer"): (wire.parse_infer_request, wire.serialize),
+}
+
+
+def _wire_handler(service: str, name: str, handler: Any) -> Any:
+    """The handler with WIRE_CODECS's (de)serializers where it names some, the deserializer
+    lenient."""
+    parse, serialize = WIRE_CODECS.get((service, name), (None, None))
+    if serialize is not None:
+        handler = handler._replace(response_serializer=serialize)
+    if handler.request_deserializer is None:
+        return handler
+    return handler._replace(request_deserializer=_lenient(parse or handler.request_deserializer))
+
+
 def add_service(server: Any, add_to_server: Callable[[Any, Any], None], servicer: Any) -> None:
     """`add_to_server(servicer, server)` (generated code), with request deserializers that
-    turn a malformed message into `Undecodable` instead of raising."""
+    turn a malformed message into `Undecodable` instead of raising, and ModelInfer's
+    messages read and written by protocol/grpc/wire.py."""
     capture = _HandlerCapture()
     add_to_server(servicer, capture)
     if not capture.registered:  # generated code older than registered handlers: as it is
@@ -142,10 +163,7 @@ def add_service(server: Any, add_to_server: Callable[[Any, Any], None], servicer
         return
     for service, handlers in capture.registered.items():
         lenient = {
-            name: handler._replace(request_deserializer=_lenient(handler.request_deserializer))
-            if handler.request_deserializer is not None
-            else handler
-            for name, handler in handlers.items()
+            name: _wire_handler(service, name, handler) for name, handler in handlers.items()
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, lenient),))
         server.add_registered_method_handlers(service, lenient)
@@ -168,11 +186,12 @@ _END = object()
 
 async def _infer(
     core: CoreAPI,
-    message: pb.ModelInferRequest,
+    message: codec.ReceivedRequest,
     traceparent: str = "",
     offload_threshold: int | None = None,
-) -> pb.ModelInferResponse:
-    """One inference, wire to wire (ModelInfer): a decoupled model is refused."""
+) -> wire.InferAnswer:
+    """One inference, wire to wire (ModelInfer): a decoupled model is refused. The answer's
+    outputs stay their arrays until grpc serializes it (WIRE_CODECS)."""
     request = await _decode(core, message, traceparent, offload_threshold)
     response = await core.infer(request, endpoint=GRPC_INFER_RPC)
     return await _encode(response, message.id, offload_threshold)
@@ -180,7 +199,7 @@ async def _infer(
 
 async def _decode(
     core: CoreAPI,
-    message: pb.ModelInferRequest,
+    message: codec.ReceivedRequest,
     traceparent: str,
     offload_threshold: int | None,
 ) -> InferRequest:
@@ -201,14 +220,15 @@ async def _decode(
 
 async def _encode(
     response: InferResponse, request_id: str, offload_threshold: int | None
-) -> pb.ModelInferResponse:
-    """The answer on the wire; large BYTES outputs are serialized in a thread, as above."""
+) -> wire.InferAnswer:
+    """The answer on the wire, its outputs still their arrays until grpc serializes it
+    (WIRE_CODECS); large BYTES outputs are serialized in a thread, as above."""
     if (
         offload_threshold is not None
         and codec.per_element_output_bytes(response) > offload_threshold
     ):
-        return await asyncio.to_thread(codec.encode_infer_response, response, request_id)
-    return codec.encode_infer_response(response, request_id)
+        return await asyncio.to_thread(codec.encode_infer_answer, response, request_id)
+    return codec.encode_infer_answer(response, request_id)
 
 
 def _traceparent(core: CoreAPI, context: grpc.aio.ServicerContext) -> str:
@@ -223,7 +243,7 @@ def _traceparent(core: CoreAPI, context: grpc.aio.ServicerContext) -> str:
 
 async def _stream_answers(
     core: CoreAPI,
-    message: pb.ModelInferRequest,
+    message: Any,
     traceparent: str = "",
     offload_threshold: int | None = None,
 ) -> AsyncIterator[Any]:
@@ -499,9 +519,9 @@ class InferenceServicer(GRPCInferenceServiceServicer):
 
     # ----- inference ----------------------------------------------------------------------
     @guarded
-    async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelInferResponse:
+    async def ModelInfer(  # answers wire.InferAnswer (WIRE_CODECS)
+        self, request: codec.ReceivedRequest, context: grpc.aio.ServicerContext
+    ) -> wire.InferAnswer:
         return await _infer(
             self.core, request, _traceparent(self.core, context), self.offload_threshold
         )
