@@ -101,9 +101,10 @@ class ServerSettings:
     # Which grpcio server serves gRPC: "threads" (grpcio's synchronous server,
     # server/grpc/threaded.py) or "aio" (grpc.aio on the event loop); its handler threads
     # (None: one for each call grpc_max_concurrent_rpcs admits, made as calls need them), the
-    # streams (ModelStreamInfer, Health.Watch) that may hold one at once, the calls open at once (past the threads they
-    # wait; past this they are answered RESOURCE_EXHAUSTED), and how long a call may wait for its
-    # request message before it is cancelled (0: no bound; server/grpc/message_wait.py).
+    # streams (ModelStreamInfer, Health.Watch) that may hold one at once, the calls open at once
+    # (past the threads they wait; past this they are answered RESOURCE_EXHAUSTED), and how long
+    # a call may wait for its request message before it is cancelled (0: no bound;
+    # server/grpc/message_wait.py).
     grpc_server: str = "threads"
     grpc_threads: int | None = None
     grpc_thread_streams: int = 256
