@@ -356,4 +356,5 @@ def test_perf_analyzer_sequence_mode(server: ServerProcess, protocol: str) -> No
     raced = [line for line in lines if race.search(line)]
     assert len(raced) <= 2, output  # --concurrency-range 2
     assert not [line for line in lines if "error" in line.lower() and line not in raced], output
-    assert run.returncode == (2 if raced else 0), output
+    # raced, perf_analyzer exits 2, or 0 when the raced request ended its last window's count
+    assert run.returncode in ((0, 2) if raced else (0,)), output
