@@ -182,7 +182,8 @@ def _length_prefix(tag: bytes, length: int) -> bytes:
 class InferAnswer:
     """A ModelInferResponse whose raw_output_contents stay the outputs' own buffers until it is
     serialized: `message` holds every other field. `SerializeToString` is what grpc's response
-    serializer calls (server/grpc/services.py) and is byte-for-byte what protobuf would write."""
+    serializer calls (server/grpc/services.py) and is what protobuf would write (map entries in
+    whichever order protobuf's own serialization of `message` puts them)."""
 
     __slots__ = ("message", "raw")
 
