@@ -14,6 +14,7 @@ from protocol.text import set_echo_limit
 from repository.s3_location import S3Location, is_url, parse_repository_url
 from repository.s3_mirror import MirrorLimits
 from scheduler.rate_limiter import parse_resource_flag
+from server.cpu_scheduling import POLICIES, apply_thread_scheduling
 from server.net.loop import new_event_loop
 from server.observability import log_escaping
 from server.settings import (
@@ -25,6 +26,7 @@ from server.settings import (
     GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS,
     GRPC_STREAM_PENDING_SIZE,
     SERVER_NAME,
+    THREAD_SCHEDULING,
     ServerSettings,
     parse_cache_config,
 )
@@ -367,6 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="close a gRPC connection that has not completed its HTTP/2 handshake after this "
         "many milliseconds (a silent client; default 30000)",
+    )
+    add(
+        "--thread-scheduling",
+        default=THREAD_SCHEDULING,
+        choices=list(POLICIES),
+        help="Linux scheduling policy of the server's threads and processes: batch "
+        "(SCHED_BATCH: a woken thread waits for its waker, which holds the GIL, to sleep instead "
+        "of preempting it) or normal (SCHED_OTHER; default batch)",
     )
     add(
         "--grpc-server",
@@ -809,6 +819,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_max_connections=args.grpc_max_connections,
         grpc_handshake_timeout_ms=args.grpc_handshake_timeout,
         grpc_server=args.grpc_server,
+        thread_scheduling=args.thread_scheduling,
         grpc_threads=args.grpc_threads,
         grpc_thread_streams=args.grpc_thread_streams,
         grpc_max_concurrent_rpcs=args.grpc_max_concurrent_rpcs,
@@ -867,6 +878,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     log_escaping.install()  # no client-chosen control character reaches the log
     set_echo_limit(settings.max_echo_chars)
+    # Before the loop, the workers and grpc's threads exist: they inherit the policy.
+    scheduling = apply_thread_scheduling(settings.thread_scheduling)
+    logging.getLogger("ascend_serve").info("thread scheduling: %s", scheduling)
     from server.app import ServerApp
 
     loop = new_event_loop()

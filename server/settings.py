@@ -19,6 +19,7 @@ GRPC_MAX_MESSAGE = 2**31 - 1
 GRPC_STREAM_PENDING_SIZE = 16 * 1024 * 1024
 GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS = 60_000
 GRPC_MESSAGE_TIMEOUT_MS = 60_000
+THREAD_SCHEDULING = "batch"  # or "normal" (server/cpu_scheduling.py)
 
 
 @dataclass
@@ -98,6 +99,9 @@ class ServerSettings:
     grpc_max_stream_pending_size: int = GRPC_STREAM_PENDING_SIZE
     grpc_stream_first_request_timeout_ms: int = GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS  # 0: none
     grpc_handshake_timeout_ms: int = 30_000
+    # Linux scheduling policy of the server's threads and processes: "batch" (SCHED_BATCH: a
+    # woken thread does not preempt its waker, which holds the GIL) or "normal" (SCHED_OTHER).
+    thread_scheduling: str = THREAD_SCHEDULING
     # Which grpcio server serves gRPC: "threads" (grpcio's synchronous server,
     # server/grpc/threaded.py) or "aio" (grpc.aio on the event loop); its handler threads
     # (None: one for each call grpc_max_concurrent_rpcs admits, made as calls need them), the
