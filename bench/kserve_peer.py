@@ -24,11 +24,11 @@ from pathlib import Path
 
 from bench import closed_loop
 from bench.cpu_side_by_side import (
+    AIO,
     CLIENT_CPU,
     PY_MODEL,
     ROOT,
     SERVER_CPU,
-    THREADS,
     PinnedServer,
     start_ours,
 )
@@ -156,14 +156,14 @@ def run(
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(ROOT / "bench" / "models" / PY_MODEL, repo / PY_MODEL)
     for round_no in range(1, rounds + 1):
-        for name in (OURS, THREADS, KSERVE_LABEL):
+        for name in (OURS, AIO, KSERVE_LABEL):
             if name == OURS:
                 server = start_ours(repo, out_dir, round_no)
-            elif name == THREADS:  # its gRPC points only: HTTP is the same server
-                server = start_ours(repo, out_dir, round_no, THREADS, ["--grpc-server", "threads"])
+            elif name == AIO:  # its gRPC points only: HTTP is the same server
+                server = start_ours(repo, out_dir, round_no, AIO, ["--grpc-server", "aio"])
             else:
                 server = start_kserve(python, out_dir, round_no)
-            points = [p for p in POINTS if name != THREADS or p[0] == "grpc"]
+            points = [p for p in POINTS if name != AIO or p[0] == "grpc"]
             try:
                 server.wait_ready()
                 for protocol, concurrency in points:
@@ -186,10 +186,10 @@ def run(
 
 def verdicts(result: PeerRun) -> list[str]:
     """Issue 27 target 1's KServe half: ascend-serve gRPC c=8 >= 1.5x KServe's throughput
-    (and the same for `--grpc-server threads` when it was measured)."""
+    (and the same for `--grpc-server aio` when it was measured)."""
     peer = result.median(KSERVE_LABEL, "grpc", 8)
     lines = []
-    for name, label in ((OURS, "ascend-serve"), (THREADS, "ascend-serve --grpc-server threads")):
+    for name, label in ((OURS, "ascend-serve"), (AIO, "ascend-serve --grpc-server aio")):
         ours = result.median(name, "grpc", 8)
         if ours and peer and peer.infer_per_sec > 0:
             ratio = ours.infer_per_sec / peer.infer_per_sec
@@ -234,15 +234,15 @@ def report(result: PeerRun) -> list[str]:
             else "-"
         )
         lines.append(f"| {protocol} | {concurrency} | {cell(ours)} | {cell(peer)} | {ratio} |")
-        threads = result.median(THREADS, protocol, concurrency)
-        if threads is not None:
+        aio = result.median(AIO, protocol, concurrency)
+        if aio is not None:
             ratio = (
-                f"{threads.infer_per_sec / peer.infer_per_sec:.2f}x"
+                f"{aio.infer_per_sec / peer.infer_per_sec:.2f}x"
                 if peer and peer.infer_per_sec > 0
                 else "-"
             )
             lines.append(
-                f"| {protocol}, `--grpc-server threads` | {concurrency} | {cell(threads)} "
+                f"| {protocol}, `--grpc-server aio` | {concurrency} | {cell(aio)} "
                 f"| {cell(peer)} | {ratio} |"
             )
     errors = [s for s in result.samples if s.error]

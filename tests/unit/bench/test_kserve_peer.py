@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import kserve_peer
-from bench.kserve_peer import KSERVE_LABEL, OURS, THREADS, PeerRun, PeerSample
+from bench.kserve_peer import AIO, KSERVE_LABEL, OURS, PeerRun, PeerSample
 
 
 def _run() -> PeerRun:
@@ -16,7 +16,7 @@ def _run() -> PeerRun:
     for round_no, (ours, peer) in enumerate(((3000.0, 1500.0), (3400.0, 1700.0)), start=1):
         samples += [
             PeerSample(OURS, "grpc", 8, round_no, ours, 200.0),
-            PeerSample(THREADS, "grpc", 8, round_no, 2 * ours, 100.0),
+            PeerSample(AIO, "grpc", 8, round_no, 2 * ours, 100.0),
             PeerSample(KSERVE_LABEL, "grpc", 8, round_no, peer, 400.0),
             PeerSample(OURS, "http", 1, round_no, 1000.0, 300.0),
             PeerSample(KSERVE_LABEL, "http", 1, round_no, 1250.0, 500.0),
@@ -31,8 +31,8 @@ def test_report_has_kserve_rows_with_ratios_and_verdict() -> None:
     assert "| http | 1 | 1,000 (300) | 1,250 (500) | 0.80x |" in text
     assert "- failed: round 2 KServe 0.21 (Python) http c8: client loop failed: x" in text
     assert f"ascend-serve >= 1.5x {KSERVE_LABEL}: **met** — 3,200 vs 1,600" in text
-    assert "| grpc, `--grpc-server threads` | 8 | 6,400 (100) | 1,600 (400) | 4.00x |" in text
-    assert f"threads >= 1.5x {KSERVE_LABEL}: **met** — 6,400 vs 1,600 inferences/s (4.00x)" in text
+    assert "| grpc, `--grpc-server aio` | 8 | 6,400 (100) | 1,600 (400) | 4.00x |" in text
+    assert f"aio >= 1.5x {KSERVE_LABEL}: **met** — 6,400 vs 1,600 inferences/s (4.00x)" in text
 
 
 def test_verdict_not_met_below_the_target() -> None:

@@ -166,16 +166,16 @@ def test_measured_handover_costs_feed_the_npu_host_section() -> None:
     assert "| HTTP | 150 KB | " in text and "| HTTP | 600 KB | " in text
 
 
-def test_the_threaded_grpc_server_is_reported_beside_grpc_aio() -> None:
-    from bench.cpu_side_by_side import THREADS, Sample, SideBySide, verdicts
+def test_grpc_aio_is_reported_beside_the_default_grpc_server() -> None:
+    from bench.cpu_side_by_side import AIO, Sample, SideBySide, verdicts
 
     side = SideBySide(
         samples=[
-            Sample("ascend-serve", "py_add", "grpc", 1, 500.0, 600.0, switches=11.0),
-            Sample(THREADS, "py_add", "grpc", 1, 900.0, 300.0, switches=9.5),
+            Sample("ascend-serve", "py_add", "grpc", 1, 900.0, 300.0, switches=7.0),
+            Sample(AIO, "py_add", "grpc", 1, 500.0, 600.0, switches=11.0),
         ]
     )
     assert (
-        "- The same with `--grpc-server threads`: **not met** — 9.5 switches, 300 µs CPU per "
-        "inference, 0.50x the CPU of grpc.aio"
+        "- The same with `--grpc-server aio`: **not met** — 11.0 switches, 600 µs CPU per "
+        "inference, 2.00x the CPU of the default"
     ) in verdicts(side)
