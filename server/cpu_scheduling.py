@@ -46,13 +46,12 @@ def apply_thread_scheduling(policy: str) -> str:
         return "normal"
     if os.sched_getscheduler(0) not in (os.SCHED_OTHER, batch):
         return "left as set (not SCHED_OTHER)"
-    try:
-        for thread in _threads():
-            try:
-                setter(thread, batch, os.sched_param(0))
-            except ProcessLookupError:
-                pass  # a thread that ended since the list was read
-    except OSError as exc:  # a sandbox that forbids it: serve anyway, on the default
-        log.warning("--thread-scheduling batch not applied (%s): threads stay SCHED_OTHER", exc)
-        return f"normal (SCHED_BATCH refused: {exc.strerror or exc})"
+    for thread in _threads():
+        try:
+            setter(thread, batch, os.sched_param(0))
+        except ProcessLookupError:
+            continue  # a thread that ended since the list was read
+        except OSError as exc:  # a sandbox that forbids it: serve anyway, on the default
+            log.warning("--thread-scheduling batch not applied (%s): threads stay SCHED_OTHER", exc)
+            return f"normal (SCHED_BATCH refused: {exc.strerror or exc})"
     return "batch"

@@ -69,13 +69,17 @@ def _typed_value(key: str, parameter: pb.InferParameter, kinds: tuple[str, ...])
     return getattr(parameter, kind)
 
 
+def _entries(parameters: Mapping[str, pb.InferParameter]) -> Iterable[tuple[str, Any]]:
+    """A parameters map's items; nothing to walk for an empty one (most requests), whose
+    `items()` on a protobuf map still costs about a microsecond."""
+    return parameters.items() if parameters else ()
+
+
 def decode_request_parameters(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
     """Request-level parameters as Python values; Triton's own keys must have Triton's types,
     and other `triton_*` keys are reserved."""
     decoded: dict[str, Any] = {}
-    if not parameters:  # most requests: `items()` of an empty protobuf map still costs ~1 µs
-        return decoded
-    for key, parameter in parameters.items():
+    for key, parameter in _entries(parameters):
         kinds = _TYPED_PARAMETERS.get(key)
         if kinds is not None:
             decoded[key] = _typed_value(key, parameter, kinds)
@@ -216,8 +220,7 @@ def _decode_input(
         data = datatypes.tensor_from_raw(datatype, shape, raw, tensor.name)
     else:
         data = _array_from_contents(tensor, datatype, shape)
-    given = tensor.parameters
-    parameters = {key: parameter_value(key, value) for key, value in given.items()} if given else {}
+    parameters = {key: parameter_value(key, value) for key, value in _entries(tensor.parameters)}
     return Tensor(tensor.name, datatype.name, shape, data, parameters)
 
 
@@ -244,9 +247,7 @@ def _decode_output(output: pb.ModelInferRequest.InferRequestedOutputTensor) -> R
     over gRPC (outputs are always raw) and is ignored."""
     classification = 0
     parameters: dict[str, Any] = {}
-    if not output.parameters:
-        return RequestedOutput(output.name, None, 0, parameters)
-    for key, value in output.parameters.items():
+    for key, value in _entries(output.parameters):
         if key == "classification":
             classification = _typed_value(key, value, ("int64_param", "uint64_param"))
             if classification < 0:

@@ -34,11 +34,11 @@ def policies(pid: int) -> set[int]:
 
 
 @pytest.mark.parametrize(
-    ("flags", "policy"),
-    [((), "SCHED_BATCH"), (("--thread-scheduling", "normal"), "SCHED_OTHER")],
+    ("flags", "policy", "logged"),
+    [((), "SCHED_BATCH", "batch"), (("--thread-scheduling", "normal"), "SCHED_OTHER", "normal")],
 )
 def test_the_servers_threads_and_workers_run_under_the_chosen_policy(
-    tmp_path: Path, flags: tuple[str, ...], policy: str
+    tmp_path: Path, flags: tuple[str, ...], policy: str, logged: str
 ) -> None:
     write_python_model(tmp_path, "sleeper", SLEEPER_MODEL, sleeper_config("sleeper"))
     expected = getattr(os, policy)
@@ -56,4 +56,4 @@ def test_the_servers_threads_and_workers_run_under_the_chosen_policy(
         assert policies(server.pid) == {expected}
         assert policies(worker) == {expected}
         log = server.log_path.read_text()
-        assert f"thread scheduling: {'batch' if flags == () else 'normal'}" in log
+        assert f"thread scheduling: {logged}" in log

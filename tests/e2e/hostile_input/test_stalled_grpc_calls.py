@@ -46,17 +46,14 @@ class Stalled:
         self.gates.append(gate)
         return call.future(_never(gate))
 
-    def reopen_refused(self) -> int:
+    def reopen_refused(self) -> None:
         """Open again the calls the server refused RESOURCE_EXHAUSTED: a slot of a call that
         ended just before (the harness's own readiness calls) can still count for a moment
-        under load. How many were reopened."""
-        reopened = 0
+        under load."""
         for number, call in enumerate(self.calls):
-            if call.done() and call.exception() is not None:
-                if call.exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    self.calls[number] = self._open(number)
-                    reopened += 1
-        return reopened
+            error = call.exception() if call.done() else None
+            if error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self.calls[number] = self._open(number)
 
     def close(self) -> None:
         for call in self.calls:
