@@ -11,7 +11,8 @@ answers exactly the names CONTROL_METHODS lists, derived from it, so the two sid
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 from protocol.errors import HTTP_ENDPOINT
@@ -140,6 +141,19 @@ class CoreAPI(ControlAPI, Protocol):
         record: Resolved | None = None,
         endpoint: str = HTTP_ENDPOINT,
     ) -> InferResponse: ...
+
+    def infer_nowait(
+        self,
+        request: InferRequest,
+        on_done: Callable[[InferResponse | None, BaseException | None], None],
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> asyncio.Future | None:
+        """`infer` without a task per request, for a caller that keeps none (the model owner
+        answering a frontend process, the synchronous gRPC server): `on_done(response, error)`
+        runs on the loop once the answer is in. Returns a future whose cancel drops the
+        request (and calls no `on_done`), or None when it was refused at once (on_done has
+        run). May raise at once (a bad shared-memory reference)."""
+        ...
 
     def infer_stream(
         self, request: InferRequest, record: Resolved | None = None

@@ -52,16 +52,22 @@ STREAM_OUTBOX_SIZE = 64  # answers of one ModelStreamInfer call waiting to be wr
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata of a full-queue UNAVAILABLE
 
 
-async def abort(context: grpc.aio.ServicerContext, error: ServerError) -> NoReturn:
-    """End the RPC with the status the one error table gives, and the error's message: the one
-    gRPC mapping of errors, for unary RPCs and streams alike (see `rpc_error`). A full queue
-    also says when to retry, in whole seconds, as `retry-after` trailing metadata."""
+def grpc_status(error: ServerError) -> tuple[grpc.StatusCode, str, tuple]:
+    """The status the one error table gives, the error's message and the trailing metadata:
+    the one gRPC mapping of errors, for unary RPCs and streams alike, on both gRPC servers (see
+    `rpc_error`). A full queue also says when to retry, in whole seconds, as `retry-after`."""
     code = grpc.StatusCode[error.grpc_status_name()]
     if isinstance(error, Overloaded):
-        await context.abort(
-            code, error.message, trailing_metadata=((RETRY_AFTER_KEY, str(error.retry_after)),)
-        )
-    await context.abort(code, error.message)
+        return code, error.message, ((RETRY_AFTER_KEY, str(error.retry_after)),)
+    return code, error.message, ()
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ServerError) -> NoReturn:
+    """End the RPC with `grpc_status(error)`."""
+    code, message, trailing = grpc_status(error)
+    if trailing:
+        await context.abort(code, message, trailing_metadata=trailing)
+    await context.abort(code, message)
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
 
@@ -212,9 +218,25 @@ async def _decode(
         request = await asyncio.to_thread(codec.decode_infer_request, message)
     else:
         request = codec.decode_infer_request(message)
+    return _traced(request, traceparent, now)
+
+
+def decode_received(
+    core: CoreAPI, message: codec.ReceivedRequest, traceparent: str
+) -> InferRequest:
+    """`_decode` where nothing else waits on the thread (the synchronous server's handler
+    thread): no offload."""
+    now = time.monotonic_ns() if core.may_trace else 0
+    return _traced(codec.decode_infer_request(message), traceparent, now)
+
+
+def _traced(request: InferRequest, traceparent: str, received_ns: int) -> InferRequest:
     request.traceparent = traceparent
-    if now:
-        request.received = (("GRPC_WAITREAD_START", now), ("GRPC_WAITREAD_END", now))
+    if received_ns:
+        request.received = (
+            ("GRPC_WAITREAD_START", received_ns),
+            ("GRPC_WAITREAD_END", received_ns),
+        )
     return request
 
 
@@ -231,7 +253,7 @@ async def _encode(
     return codec.encode_infer_answer(response, request_id)
 
 
-def _traceparent(core: CoreAPI, context: grpc.aio.ServicerContext) -> str:
+def traceparent_of(core: CoreAPI, context: Any) -> str:
     """The client's W3C trace context, read only in OpenTelemetry trace mode."""
     if not core.propagates_trace:
         return ""
@@ -314,7 +336,7 @@ class InferStream:
         self.offload_threshold = offload_threshold
         self.limits = limits
         self.raise_errors = _wants_status_errors(context)
-        self.traceparent = _traceparent(core, context)
+        self.traceparent = traceparent_of(core, context)
         # Bounded: a decoupled model's answers wait here for a slow client, and past this many
         # its answers stay unread, so its sender blocks (backends/python/worker/bridge.py).
         # Entries are (answer, its bytes).
@@ -523,7 +545,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         self, request: codec.ReceivedRequest, context: grpc.aio.ServicerContext
     ) -> wire.InferAnswer:
         return await _infer(
-            self.core, request, _traceparent(self.core, context), self.offload_threshold
+            self.core, request, traceparent_of(self.core, context), self.offload_threshold
         )
 
     async def ModelStreamInfer(

@@ -10,11 +10,13 @@ event loop, through a stand-in for grpc.aio's ServicerContext.
 - Every RPC with one request message is registered as request-streaming, so its handler runs
   when the call opens and takes the message itself, within `--grpc-message-timeout`
   (server/grpc/message_wait.py): a call whose message never comes cannot keep its thread.
-- `ModelInfer` takes raw bytes: the handler thread parses the message, queues the call for the
-  loop and waits on a lock; the loop is woken once per burst of arrivals (one
-  `call_soon_threadsafe` only when no drain is already scheduled), starts each call as a task,
-  and the task's end releases the thread, which serializes the answer.
-- Every other unary RPC is the same hop, without the fast parse.
+- `ModelInfer` takes raw bytes: the handler thread parses and decodes the message, queues the
+  request for the loop and waits on a lock; the loop is woken once per burst of arrivals (one
+  `call_soon_threadsafe` only when no drain is already scheduled) and admits the burst's
+  requests together (`admission_group`: one dispatch pass per model version), with no task per
+  request (`core.infer_nowait`); the answer's callback releases the thread, which encodes and
+  serializes the answer. A malformed message never reaches the loop.
+- Every other unary RPC is the same hop, run as a task on the loop.
 - Streams (`ModelStreamInfer`, `Health.Watch`) hold a handler thread each, pulling the
   servicer's async generator one answer at a time (so grpc's flow control still holds it
   back); a request stream is read by a thread of its own. At most `--grpc-thread-streams` are
@@ -30,19 +32,32 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2_grpc
 
-from protocol.errors import TooLarge
+from protocol.errors import GRPC_INFER_RPC, TooLarge
+from protocol.grpc import codec
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
+from protocol.types import InferRequest, InferResponse
+from scheduler.queue_scheduler import admission_group
 from server.core.api import CoreAPI
 from server.grpc.listener import HealthServicer, add_port, server_options
 from server.grpc.message_wait import MessageWatch, NoMessage, one_message_required
-from server.grpc.services import InferenceServicer, StreamLimits, add_service
+from server.grpc.services import (
+    InferenceServicer,
+    StreamLimits,
+    Undecodable,
+    add_service,
+    decode_received,
+    grpc_status,
+    rpc_error,
+    traceparent_of,
+)
 from server.grpc.traffic import TrafficServicer
 from server.settings import ServerSettings
 
@@ -130,15 +145,124 @@ class _Call:
         return self.task.result()
 
 
+class _InferCall:
+    """One ModelInfer call handed to the loop with no task, its outcome handed back to the
+    handler thread waiting on `lock`.
+
+    A small message (up to --grpc-offload-threshold bytes) arrives as its bytes, and the loop
+    parses, decodes, admits (`core.infer_nowait`), encodes and serializes it: the handler
+    thread then runs no Python of ours but the hand-over, which measured cheaper than sharing
+    the work with it (each GIL hand-back to a thread costs more than the work; FINDINGS 32).
+    A larger one arrives parsed and decoded by the thread, and an answer with more output
+    bytes than the threshold goes back as its InferResponse, for the thread to serialize: no
+    work proportional to a tensor's size runs on the loop."""
+
+    __slots__ = (
+        "frontend",
+        "received",
+        "traceparent",
+        "request_id",
+        "lock",
+        "future",
+        "answer",
+        "error",
+        "ended",
+        "waited",
+    )
+
+    def __init__(
+        self, frontend: ThreadedGrpcFrontend, received: bytes | InferRequest, traceparent: str
+    ) -> None:
+        self.frontend = frontend
+        self.received = received
+        self.traceparent = traceparent
+        self.request_id = ""
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.future: asyncio.Future | None = None
+        self.answer: bytes | InferResponse | None = None
+        self.error: BaseException | None = None
+        self.ended = False  # on the loop: the outcome is set and the lock released
+        self.waited = False  # the thread has its outcome: a later cancel has nothing to do
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop (a cancel that came first has ended it)."""
+        if self.ended:
+            return
+        received, frontend = self.received, self.frontend
+        try:
+            if type(received) is bytes:
+                request = frontend.decode(received, self.traceparent)
+            else:
+                assert isinstance(received, InferRequest)
+                request = received
+            self.request_id = request.id
+            self.future = frontend.core.infer_nowait(request, self._end, GRPC_INFER_RPC)
+        except Exception as exc:  # undecodable, or a bad shared-memory reference
+            self._end(None, exc)
+
+    def _end(self, response: InferResponse | None, error: BaseException | None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if response is not None and not _large_answer(response, self.frontend.offload_threshold):
+            try:
+                answer = codec.encode_infer_answer(response, self.request_id)
+                self.answer = answer.SerializeToString()
+            except Exception as exc:
+                error = exc
+        else:
+            self.answer = response
+        self.error = error
+        self.lock.release()
+
+    def cancel_on_loop(self) -> None:
+        """The client cancelled or its deadline passed: the request is dropped if it has not
+        run (the scheduler counts it CANCELED), and the thread answers CANCELLED."""
+        if self.future is not None and not self.ended:
+            self.future.cancel()
+        self._end(None, asyncio.CancelledError())
+
+    def wait(self) -> bytes:
+        """In the handler thread: the serialized answer (or its error raised here)."""
+        self.lock.acquire()
+        self.waited = True
+        if self.error is not None:
+            raise self.error
+        answer = self.answer
+        if isinstance(answer, bytes):
+            return answer
+        assert isinstance(answer, InferResponse)
+        return codec.encode_infer_answer(answer, self.request_id).SerializeToString()
+
+
+def _large_answer(response: InferResponse, threshold: int) -> bool:
+    """More output bytes than `threshold` to convert or copy: serialized in the handler thread."""
+    size = 0
+    for tensor in response.outputs:
+        data = tensor.data
+        if isinstance(data, np.ndarray):
+            size += 8 * data.size if data.dtype == object else data.nbytes
+    return size > threshold
+
+
+class _LoopWork(Protocol):
+    waited: bool
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None: ...
+
+    def cancel_on_loop(self) -> None: ...
+
+
 class LoopBridge:
     """Hands calls from handler threads to the event loop, one wake per burst of arrivals."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.pending: collections.deque[_Call] = collections.deque()
+        self.pending: collections.deque[_LoopWork] = collections.deque()
         self.scheduled = False
 
-    def submit(self, call: _Call) -> None:
+    def submit(self, call: _LoopWork) -> None:
         """From a handler thread. The append comes before the check, and the drain clears the
         flag before it empties the queue, so no call is left behind without a drain."""
         self.pending.append(call)
@@ -147,10 +271,16 @@ class LoopBridge:
             self.loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
+        """The burst's calls, in order; the inference requests among them admitted together
+        (one dispatch pass per model version at the end, as a frontend process's frame)."""
         self.scheduled = False
         pending, loop = self.pending, self.loop
-        while pending:
+        if len(pending) == 1:
             pending.popleft().start(loop)
+            return
+        with admission_group():
+            while pending:
+                pending.popleft().start(loop)
 
     def run(self, make: Callable[[], Coroutine[Any, Any, Any]], context: Any) -> Any:
         """From a handler thread: run `make()` on the loop and wait for it; a client's cancel
@@ -161,7 +291,15 @@ class LoopBridge:
         self.submit(call)
         return call.wait()
 
-    def _cancel(self, call: _Call) -> None:
+    def infer(self, call: _InferCall, context: Any) -> bytes:
+        """From a handler thread: admit the request on the loop and wait for its serialized
+        answer; a client's cancel or deadline drops it there."""
+        if not context.add_callback(lambda: self._cancel(call)):
+            raise asyncio.CancelledError()  # the call has already ended
+        self.submit(call)
+        return call.wait()
+
+    def _cancel(self, call: _LoopWork) -> None:
         if not call.waited:
             self.loop.call_soon_threadsafe(call.cancel_on_loop)
 
@@ -219,6 +357,8 @@ class ThreadedGrpcFrontend:
             interceptors=_interceptors(settings),
             maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         )
+        self.core = core
+        self.offload_threshold = settings.grpc_offload_threshold
         self.inference = InferenceServicer(
             core, settings.grpc_offload_threshold, StreamLimits.of(settings)
         )
@@ -232,6 +372,14 @@ class ThreadedGrpcFrontend:
     # ModelInfer's deserializer (add_service's, which never raises), run in the handler thread
     parse_infer: Callable[[bytes], Any] = staticmethod(pb.ModelInferRequest.FromString)
 
+    def decode(self, data: bytes, traceparent: str) -> InferRequest:
+        """A ModelInferRequest's bytes -> the request (refused as INVALID_ARGUMENT when the
+        message does not parse)."""
+        message = self.parse_infer(data)
+        if type(message) is Undecodable:
+            raise message.error
+        return decode_received(self.core, message, traceparent)
+
     # ----- handlers -------------------------------------------------------------------------
     def first(self, requests: Iterator[Any], context: grpc.ServicerContext, method: str) -> Any:
         """The call's one request message (a unary call's message, or a server stream's)."""
@@ -244,17 +392,25 @@ class ThreadedGrpcFrontend:
             raise AssertionError("unreachable: abort raises") from None  # pragma: no cover
 
     def model_infer(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
-        """ModelInfer: parsed here, run on the loop, serialized here."""
-        message = self.parse_infer(self.first(requests, context, MODEL_INFER))
-        stand_in = StandInContext(context)
-        infer: Any = self.inference.ModelInfer  # a coroutine function, given the stand-in
+        """ModelInfer, the message's bytes to the answer's (_InferCall says what runs where);
+        every failure answered through the one error table (services.grpc_status)."""
+        data = self.first(requests, context, MODEL_INFER)
         try:
-            response = self.bridge.run(lambda: infer(message, stand_in), context)
-        except grpc.aio.AbortError:
-            stand_in.finish()
+            traceparent = traceparent_of(self.core, context)
+            if len(data) <= self.offload_threshold:
+                call = _InferCall(self, data, traceparent)
+            else:
+                call = _InferCall(self, self.decode(data, traceparent), "")
+            return self.bridge.infer(call, context)
         except asyncio.CancelledError:
             context.abort(grpc.StatusCode.CANCELLED, "cancelled")
-        return response.SerializeToString()
+        except Exception as exc:
+            error = rpc_error(exc, "ModelInfer")
+        code, details, trailing = grpc_status(error)
+        if trailing:
+            context.set_trailing_metadata(trailing)
+        context.abort(code, details)
+        raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
     def unary(self, method: Any, name: str) -> Callable:
         def handler(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -228,32 +228,71 @@ class RemoteCore:
         self, request: InferRequest, record: Resolved | None = None, endpoint: str = HTTP_ENDPOINT
     ) -> InferResponse:
         """`record` is not sent: the owner picks the version the request runs on."""
+        self._check_open()
+        ident, future = self._send(request, endpoint)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._cancel(ident)
+            raise
+        finally:
+            self._ended()
+
+    def infer_nowait(
+        self,
+        request: InferRequest,
+        on_done: Callable[[InferResponse | None, BaseException | None], None],
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> asyncio.Future | None:
+        """`infer` with no task (CoreAPI.infer_nowait): cancelling the returned future tells
+        the owner to drop the request, and calls no `on_done`."""
+        try:
+            self._check_open()
+        except Exception as exc:
+            on_done(None, exc)
+            return None
+        ident, future = self._send(request, endpoint)
+
+        def finished(done: asyncio.Future) -> None:
+            self._ended()
+            if done.cancelled():
+                self._cancel(ident)
+                return
+            error = done.exception()
+            on_done(None if error is not None else done.result(), error)
+
+        future.add_done_callback(finished)
+        return future
+
+    def _check_open(self) -> None:
         if self.exiting:
             raise server_exiting()
-        link = self.link
-        if link.closed:
+        if self.link.closed:
             raise Unavailable(OWNER_GONE)
+
+    def _send(self, request: InferRequest, endpoint: str) -> tuple[int, asyncio.Future]:
+        """Hand the request to the owner; its answer will resolve the future."""
         self._next_id += 1
         ident = self._next_id
         future = self.loop.create_future()
         self._pending[ident] = future
-        link.send(
+        self.link.send(
             (INFER, ident, pack_request(request))
             if endpoint == HTTP_ENDPOINT
             else (INFER, ident, pack_request(request), endpoint)
         )
         self.inflight += 1
         self._idle.clear()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if self._pending.pop(ident, None) is not None:
-                link.send((CANCEL, ident))  # the owner drops it if it has not run yet
-            raise
-        finally:
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
+        return ident, future
+
+    def _cancel(self, ident: int) -> None:
+        if self._pending.pop(ident, None) is not None:
+            self.link.send((CANCEL, ident))  # the owner drops it if it has not run yet
+
+    def _ended(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
         try:
