@@ -233,3 +233,39 @@ def test_a_frontend_dying_mid_batch_costs_the_other_frontend_nothing() -> None:
         assert not first_owner.inflight
 
     asyncio.run(scenario())
+
+
+def test_infer_nowait_from_a_frontend_process_answers_cancels_and_refuses() -> None:
+    """RemoteCore.infer_nowait (the `threads` gRPC server's path in a frontend process): the
+    owner's answer reaches `on_done`; a cancel of the returned future reaches the owner, which
+    drops the request, and calls no `on_done`; once exiting it refuses at once."""
+
+    async def scenario() -> None:
+        core = _Core()
+        remote, owner = await _frontend(core, 1)
+        done: list[tuple[Any, Any]] = []
+
+        def request(value: int) -> InferRequest:
+            data = np.full(4, value, np.int32)
+            return InferRequest("m", "", f"req-{value}", [Tensor("X", "INT32", (4,), data)])
+
+        answered = remote.infer_nowait(request(1), lambda r, e: done.append((r, e)))
+        dropped = remote.infer_nowait(request(2), lambda r, e: done.append((r, e)))
+        assert answered is not None and dropped is not None
+        await _until(lambda: len(core.waiting) == 2)
+        dropped.cancel()
+        await _until(lambda: core.waiting[1][2].cancelled())  # the owner dropped it
+        core.answer(0)
+        await _until(lambda: bool(done))
+        response, error = done[0]
+        assert error is None and response.id == "req-1"
+        assert int(response.outputs[0].data[0]) == 10
+        await _until(lambda: remote.inflight == 0)
+        assert len(done) == 1 and not remote._pending and not owner.inflight
+
+        remote.exiting = True
+        assert remote.infer_nowait(request(3), lambda r, e: done.append((r, e))) is None
+        assert done[1][0] is None and "exiting" in str(done[1][1]).lower()
+        assert len(core.waiting) == 2  # never sent
+
+    asyncio.run(scenario())
