@@ -60,9 +60,19 @@ def timeouts(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "500",
             "--grpc-max-connection-idle",
             "500",
-            "--grpc-max-input-size",
-            str(GRPC_INPUT_LIMIT),
         ],
+        log_dir=tmp_path_factory.mktemp("logs"),
+    ) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def bounded(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Its own server, with the default idle timeout: the client gzips 64 MiB before its call's
+    first frame leaves, which on a slow machine outlasted the 500 ms idle GOAWAY of `timeouts`."""
+    with running_server(
+        [repository],
+        ["--grpc-max-input-size", str(GRPC_INPUT_LIMIT)],
         log_dir=tmp_path_factory.mktemp("logs"),
     ) as proc:
         yield proc
@@ -278,17 +288,17 @@ def _reset_peak(pid: int, dry: bool = False) -> bool:
         return False
 
 
-def test_grpc_compressed_request_cannot_inflate_past_the_bound(timeouts: ServerProcess) -> None:
+def test_grpc_compressed_request_cannot_inflate_past_the_bound(bounded: ServerProcess) -> None:
     """64 MiB of zeros compress to about 64 KiB; the server stops inflating at 4 MiB."""
     request = service_pb2.ModelInferRequest(model_name="simple")
     request.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16 * MIB])
     request.raw_input_contents.append(bytes(64 * MIB))
     payload = request.SerializeToString()
     del request
-    _reset_peak(timeouts.pid)
-    before = _rss_peak_kib(timeouts.pid)
+    _reset_peak(bounded.pid)
+    before = _rss_peak_kib(bounded.pid)
     with grpc.insecure_channel(
-        timeouts.grpc_url, options=[("grpc.max_send_message_length", -1)]
+        bounded.grpc_url, options=[("grpc.max_send_message_length", -1)]
     ) as channel:
         infer = channel.unary_unary(
             "/inference.GRPCInferenceService/ModelInfer",
@@ -298,12 +308,12 @@ def test_grpc_compressed_request_cannot_inflate_past_the_bound(timeouts: ServerP
         with pytest.raises(grpc.RpcError) as failure:
             infer(payload, compression=grpc.Compression.Gzip, timeout=30)
     assert failure.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, failure.value.details()
-    grown = _rss_peak_kib(timeouts.pid) - before
+    grown = _rss_peak_kib(bounded.pid) - before
     assert grown < 32 * 1024, f"server peak RSS grew {grown} KiB for a refused request"
 
     # Under the bound, compressed requests are served as before.
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    with grpcclient.InferenceServerClient(timeouts.grpc_url) as client:
+    with grpcclient.InferenceServerClient(bounded.grpc_url) as client:
         inputs = [
             grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
             grpcclient.InferInput("INPUT1", [1, 16], "INT32"),
