@@ -10,12 +10,13 @@ event loop, through a stand-in for grpc.aio's ServicerContext.
 - Every RPC with one request message is registered as request-streaming, so its handler runs
   when the call opens and takes the message itself, within `--grpc-message-timeout`
   (server/grpc/message_wait.py): a call whose message never comes cannot keep its thread.
-- `ModelInfer` takes raw bytes: the handler thread parses and decodes the message, queues the
-  request for the loop and waits on a lock; the loop is woken once per burst of arrivals (one
-  `call_soon_threadsafe` only when no drain is already scheduled) and admits the burst's
-  requests together (`admission_group`: one dispatch pass per model version), with no task per
-  request (`core.infer_nowait`); the answer's callback releases the thread, which encodes and
-  serializes the answer. A malformed message never reaches the loop.
+- `ModelInfer` takes raw bytes and the handler thread queues them for the loop and waits on a
+  lock; the loop is woken once per burst of arrivals (one `call_soon_threadsafe` only when no
+  drain is already scheduled) and admits the burst's requests together (`admission_group`: one
+  dispatch pass per model version), with no task per request (`core.infer_nowait`). A message
+  up to `--grpc-offload-threshold` is parsed, decoded, encoded and serialized on the loop (the
+  thread only hands bytes to grpcio); a larger one is parsed and decoded in the thread, and a
+  large answer serialized there (`_InferCall`).
 - Every other unary RPC is the same hop, run as a task on the loop.
 - Streams (`ModelStreamInfer`, `Health.Watch`) hold a handler thread each, pulling the
   servicer's async generator one answer at a time (so grpc's flow control still holds it
