@@ -146,6 +146,9 @@ def test_an_executor_crash_fails_its_batch_and_the_model_serves_again(
 
 
 def test_unloading_a_model_ends_its_executor(server: ServerProcess) -> None:
+    """Loads npu_slow itself (a no-op when the slow-load test before it has), so it runs alone."""
+    loaded = httpx.post(f"{server.base}/v2/repository/models/npu_slow/load", timeout=60)
+    assert loaded.status_code == 200, loaded.text
     [pid] = executors(server, "npu_slow")
     response = httpx.post(f"{server.base}/v2/repository/models/npu_slow/unload", timeout=30)
     assert response.status_code == 200, response.text
