@@ -75,15 +75,24 @@ def _hang_family() -> CounterMetricFamily | None:
 class NpuCollector(Collector):
     """ascend_npu_memory_used_bytes / _total_bytes and ascend_npu_utilization, per device."""
 
+    def __init__(self) -> None:
+        self._remote: list[tuple[int, DeviceReading]] = []
+
     def describe(self) -> Iterable:
         return []  # names are only known at scrape; registration must not touch the device
 
+    def read_remote(self) -> None:
+        """Ask the executor processes (the server's devices) for their readings: blocking, and
+        seconds long behind a load, so the metrics app runs it in a thread of its own before
+        each render (server/observability/remote_reads.py); `collect` uses the last ones."""
+        from npu.executor import client
+
+        self._remote = client.readings()
+
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         readings = device.for_each_open_device(read_device)  # instances in this process
-        from npu.executor import client  # and those in executor processes (the server's)
-
         seen = {device_id for device_id, _ in readings}
-        readings += [r for r in client.readings() if r[0] not in seen]
+        readings += [r for r in self._remote if r[0] not in seen]
         hangs = _hang_family()
         if not readings:
             return [hangs] if hangs is not None else []

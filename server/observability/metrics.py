@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from scheduler.stats import REJECTION_REASONS, FailureReason
 from server.observability.quantiles import DEFAULT_CAPACITY, DEFAULT_QUANTILES, WindowedQuantiles
+from server.observability.remote_reads import RemoteReads
 
 if TYPE_CHECKING:  # pragma: no cover
     from repository.registry import ModelRegistry
@@ -490,6 +491,7 @@ class ServerMetrics:
         self._poller: threading.Thread | None = None
         self._stopping = threading.Event()
         self._extra: list[Collector] = []
+        self._remote_reads = RemoteReads()
         self._cpu_last = _cpu_times() if os.path.exists("/proc/stat") else (0, 0)
         self._cpu_utilization = 0.0
         self._cpu_memory = (0, 0)
@@ -557,8 +559,18 @@ class ServerMetrics:
         self._stopping.set()
 
     def add_collector(self, collector: Collector) -> None:
-        """Extra families (NPU telemetry) rendered after ours."""
+        """Extra families (NPU telemetry) rendered after ours; one with a `read_remote()` has
+        it run off the loop before each scrape's render (server/observability/remote_reads.py)."""
         self._extra.append(collector)
+        read_remote = getattr(collector, "read_remote", None)
+        if callable(read_remote):
+            self._remote_reads.add(read_remote)
+
+    async def scrape(self) -> bytes:
+        """The page for GET /metrics: other processes' readings read in a thread first, so the
+        loop never waits on them, then `render()`."""
+        await self._remote_reads.refresh()
+        return self.render()
 
     # Rendering
     def _triton_families(self) -> Iterable[Metric]:

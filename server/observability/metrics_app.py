@@ -14,7 +14,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def build_metrics_app(metrics: ServerMetrics) -> Starlette:
     async def scrape(request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await metrics.scrape(), media_type=CONTENT_TYPE)
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
