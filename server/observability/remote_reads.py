@@ -70,5 +70,4 @@ class RemoteReads:
 
     def _ended(self, running: asyncio.Future) -> None:
         self._running = None
-        if not running.done():
-            running.set_result(None)
+        running.set_result(None)  # only set here; scrapes wait on it through a shield
