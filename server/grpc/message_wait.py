@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -33,6 +33,12 @@ def one_message_required(method: str) -> str:
     return f'"{method}" requires exactly one request message.'
 
 
+class Cancellable(Protocol):
+    """A call the watch can end: grpcio's ServicerContext, or grpc core's own call."""
+
+    def cancel(self) -> Any: ...
+
+
 class MessageWatch:
     """Cancels calls whose request message is late; one daemon thread for the whole server.
 
@@ -41,7 +47,7 @@ class MessageWatch:
 
     def __init__(self, timeout_seconds: float) -> None:
         self.timeout = timeout_seconds  # 0: no bound
-        self.waiting: dict[int, tuple[float, grpc.ServicerContext]] = {}
+        self.waiting: dict[int, tuple[float, Cancellable]] = {}
         self.closed = threading.Event()
         self.cancelled = 0  # calls the watch has ended (tests and logs read it)
         self.thread: threading.Thread | None = None
@@ -56,24 +62,31 @@ class MessageWatch:
     def close(self) -> None:
         self.closed.set()
 
-    def first(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+    def expect(self, key: object, call: Cancellable) -> None:
+        """A call, named by `key`, waits for its message from now on (direct_infer.py)."""
+        if self.timeout > 0:
+            self.waiting[id(key)] = (time.monotonic() + self.timeout, call)
+
+    def arrived(self, key: object) -> None:
+        """The call's message is in, or the call has ended."""
+        self.waiting.pop(id(key), None)
+
+    def first(self, requests: Iterator[Any], context: Cancellable) -> Any:
         """In the handler thread: the call's request message; NoMessage when it ends without
         one. What else the client streams after it is never read (the call is unary)."""
-        key = id(context)
-        if self.timeout > 0:
-            self.waiting[key] = (time.monotonic() + self.timeout, context)
+        self.expect(context, context)
         try:
             return next(requests)
         except (StopIteration, grpc.RpcError):
             raise NoMessage() from None
         finally:
-            self.waiting.pop(key, None)
+            self.arrived(context)
 
     def _watch(self) -> None:
         period = min(self.timeout / LOOKS_PER_TIMEOUT, MAX_LOOK_SECONDS)
         while not self.closed.wait(period):
             now = time.monotonic()
-            for key, (deadline, context) in self.waiting.copy().items():
+            for key, (deadline, call) in self.waiting.copy().items():
                 if deadline <= now and self.waiting.pop(key, None) is not None:
                     self.cancelled += 1
-                    context.cancel()
+                    call.cancel()

@@ -28,26 +28,25 @@ event loop, through a stand-in for grpc.aio's ServicerContext.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health_pb2_grpc
 
-from protocol.errors import GRPC_INFER_RPC, TooLarge
-from protocol.grpc import codec
+from protocol.errors import TooLarge
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
-from protocol.types import InferRequest, InferResponse
-from scheduler.queue_scheduler import admission_group
+from protocol.types import InferRequest
 from server.core.api import CoreAPI
+from server.grpc import direct_infer
+from server.grpc.direct_infer import DirectInfer
 from server.grpc.listener import HealthServicer, add_port, server_options
+from server.grpc.loop_bridge import InferFrontend, InferOnLoop, LoopBridge, LoopCall
 from server.grpc.message_wait import MessageWatch, NoMessage, one_message_required
 from server.grpc.services import (
     InferenceServicer,
@@ -110,199 +109,26 @@ class StandInContext:
         raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
 
-class _Call:
-    """One coroutine run on the loop for a handler thread that waits on `lock` for its end."""
+class _InferCall(InferOnLoop):
+    """A ModelInfer call whose handler thread waits on `lock` for its outcome."""
 
-    __slots__ = ("make", "lock", "task", "waited", "cancelled")
-
-    def __init__(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        self.make = make
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.task: asyncio.Task | None = None
-        self.waited = False  # the thread has its outcome: a later cancel has nothing to do
-        self.cancelled = False
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the loop."""
-        self.task = task = loop.create_task(self.make())
-        task.add_done_callback(self._done)
-        if self.cancelled:
-            task.cancel()
-
-    def _done(self, task: asyncio.Task) -> None:
-        self.lock.release()
-
-    def cancel_on_loop(self) -> None:
-        self.cancelled = True
-        if self.task is not None:
-            self.task.cancel()
-
-    def wait(self) -> Any:
-        """In the handler thread: the coroutine's result (or its exception raised here)."""
-        self.lock.acquire()
-        self.waited = True
-        assert self.task is not None
-        return self.task.result()
-
-
-class _InferCall:
-    """One ModelInfer call handed to the loop with no task, its outcome handed back to the
-    handler thread waiting on `lock`.
-
-    A small message (up to --grpc-offload-threshold bytes) arrives as its bytes, and the loop
-    parses, decodes, admits (`core.infer_nowait`), encodes and serializes it: the handler
-    thread then runs no Python of ours but the hand-over, which measured cheaper than sharing
-    the work with it (each GIL hand-back to a thread costs more than the work; FINDINGS 32).
-    A larger one arrives parsed and decoded by the thread, and an answer with more output
-    bytes than the threshold goes back as its InferResponse, for the thread to serialize: no
-    work proportional to a tensor's size runs on the loop."""
-
-    __slots__ = (
-        "frontend",
-        "received",
-        "traceparent",
-        "request_id",
-        "lock",
-        "future",
-        "answer",
-        "error",
-        "ended",
-        "waited",
-    )
+    __slots__ = ("lock",)
 
     def __init__(
-        self, frontend: ThreadedGrpcFrontend, received: bytes | InferRequest, traceparent: str
+        self, frontend: InferFrontend, received: bytes | InferRequest, traceparent: str
     ) -> None:
-        self.frontend = frontend
-        self.received = received
-        self.traceparent = traceparent
-        self.request_id = ""
+        super().__init__(frontend, received, traceparent)
         self.lock = threading.Lock()
         self.lock.acquire()
-        self.future: asyncio.Future | None = None
-        self.answer: bytes | InferResponse | None = None
-        self.error: BaseException | None = None
-        self.ended = False  # on the loop: the outcome is set and the lock released
-        self.waited = False  # the thread has its outcome: a later cancel has nothing to do
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the loop (a cancel that came first has ended it)."""
-        if self.ended:
-            return
-        received, frontend = self.received, self.frontend
-        try:
-            if type(received) is bytes:
-                request = frontend.decode(received, self.traceparent)
-            else:
-                assert isinstance(received, InferRequest)
-                request = received
-            self.request_id = request.id
-            self.future = frontend.core.infer_nowait(request, self._end, GRPC_INFER_RPC)
-        except Exception as exc:  # undecodable, or a bad shared-memory reference
-            self._end(None, exc)
-
-    def _end(self, response: InferResponse | None, error: BaseException | None) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        if response is not None and not _large_answer(response, self.frontend.offload_threshold):
-            try:
-                answer = codec.encode_infer_answer(response, self.request_id)
-                self.answer = answer.SerializeToString()
-            except Exception as exc:
-                error = exc
-        else:
-            self.answer = response
-        self.error = error
+    def deliver(self) -> None:
         self.lock.release()
-
-    def cancel_on_loop(self) -> None:
-        """The client cancelled or its deadline passed: the request is dropped if it has not
-        run (the scheduler counts it CANCELED), and the thread answers CANCELLED."""
-        if self.future is not None and not self.ended:
-            self.future.cancel()
-        self._end(None, asyncio.CancelledError())
 
     def wait(self) -> bytes:
         """In the handler thread: the serialized answer (or its error raised here)."""
         self.lock.acquire()
         self.waited = True
-        if self.error is not None:
-            raise self.error
-        answer = self.answer
-        if isinstance(answer, bytes):
-            return answer
-        assert isinstance(answer, InferResponse)
-        return codec.encode_infer_answer(answer, self.request_id).SerializeToString()
-
-
-def _large_answer(response: InferResponse, threshold: int) -> bool:
-    """More output bytes than `threshold` to convert or copy: serialized in the handler thread."""
-    size = 0
-    for tensor in response.outputs:
-        data = tensor.data
-        if isinstance(data, np.ndarray):
-            size += 8 * data.size if data.dtype == object else data.nbytes
-    return size > threshold
-
-
-class _LoopWork(Protocol):
-    waited: bool
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None: ...
-
-    def cancel_on_loop(self) -> None: ...
-
-
-class LoopBridge:
-    """Hands calls from handler threads to the event loop, one wake per burst of arrivals."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.pending: collections.deque[_LoopWork] = collections.deque()
-        self.scheduled = False
-
-    def submit(self, call: _LoopWork) -> None:
-        """From a handler thread. The append comes before the check, and the drain clears the
-        flag before it empties the queue, so no call is left behind without a drain."""
-        self.pending.append(call)
-        if not self.scheduled:
-            self.scheduled = True
-            self.loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        """The burst's calls, in order; the inference requests among them admitted together
-        (one dispatch pass per model version at the end, as a frontend process's frame)."""
-        self.scheduled = False
-        pending, loop = self.pending, self.loop
-        if len(pending) == 1:
-            pending.popleft().start(loop)
-            return
-        with admission_group():
-            while pending:
-                pending.popleft().start(loop)
-
-    def run(self, make: Callable[[], Coroutine[Any, Any, Any]], context: Any) -> Any:
-        """From a handler thread: run `make()` on the loop and wait for it; a client's cancel
-        or deadline cancels it there."""
-        call = _Call(make)
-        if not context.add_callback(lambda: self._cancel(call)):
-            call.cancelled = True  # the call has already ended: start it cancelled
-        self.submit(call)
-        return call.wait()
-
-    def infer(self, call: _InferCall, context: Any) -> bytes:
-        """From a handler thread: admit the request on the loop and wait for its serialized
-        answer; a client's cancel or deadline drops it there."""
-        if not context.add_callback(lambda: self._cancel(call)):
-            raise asyncio.CancelledError()  # the call has already ended
-        self.submit(call)
-        return call.wait()
-
-    def _cancel(self, call: _LoopWork) -> None:
-        if not call.waited:
-            self.loop.call_soon_threadsafe(call.cancel_on_loop)
+        return self.serialized()
 
 
 async def _next(agen: AsyncIterator[Any]) -> Any:
@@ -360,6 +186,19 @@ class ThreadedGrpcFrontend:
         )
         self.core = core
         self.offload_threshold = settings.grpc_offload_threshold
+        # ModelInfer off grpc core's completion queue, when this grpcio allows it
+        self.direct = (
+            DirectInfer(
+                self,
+                self.server,
+                self.bridge,
+                self.watch,
+                self.pool,
+                settings.grpc_restricted_protocol,
+            )
+            if direct_infer.available(self.server)
+            else None
+        )
         self.inference = InferenceServicer(
             core, settings.grpc_offload_threshold, StreamLimits.of(settings)
         )
@@ -402,7 +241,11 @@ class ThreadedGrpcFrontend:
                 call = _InferCall(self, data, traceparent)
             else:
                 call = _InferCall(self, self.decode(data, traceparent), "")
-            return self.bridge.infer(call, context)
+            bridge = self.bridge
+            if not context.add_callback(lambda: bridge.cancel(call)):
+                raise asyncio.CancelledError()  # the call has already ended
+            bridge.submit(call)
+            return call.wait()
         except asyncio.CancelledError:
             context.abort(grpc.StatusCode.CANCELLED, "cancelled")
         except Exception as exc:
@@ -455,23 +298,23 @@ class ThreadedGrpcFrontend:
         # The step being waited for, and whether the call has ended: one callback for the
         # stream. Set before the check on either side, so a step begun as the call ends is
         # cancelled by the callback or by this thread (twice is harmless).
-        current: list[_Call] = []
+        current: list[LoopCall] = []
         ended: list[bool] = []
 
         def end() -> None:
             ended.append(True)
             if current:
-                bridge._cancel(current[0])
+                bridge.cancel(current[0])
 
         if not context.add_callback(end):
             end()
         try:
             while True:
-                step = _Call(lambda: _next(agen))
+                step = LoopCall(lambda: _next(agen))
                 current[:] = [step]
                 bridge.submit(step)
                 if ended:
-                    bridge._cancel(step)
+                    bridge.cancel(step)
                 try:
                     item = step.wait()
                 except StopAsyncIteration:
@@ -483,7 +326,7 @@ class ThreadedGrpcFrontend:
                 yield item
         finally:
             # The step's task has ended (the thread waited for it): the generator may close.
-            closing = _Call(lambda: _close(agen))
+            closing = LoopCall(lambda: _close(agen))
             self.bridge.submit(closing)
             closing.lock.acquire()
 
@@ -492,10 +335,13 @@ class ThreadedGrpcFrontend:
         self.port = add_port(self.server, self.settings)
         self.watch.start()
         self.server.start()
+        if self.direct is not None:
+            self.direct.start()
         log.info(
-            "gRPC served by grpcio's synchronous server: %d threads, %d streams",
+            "gRPC served by grpcio's synchronous server: %d threads, %d streams; ModelInfer %s",
             self.threads,
             self.stream_limit,
+            "off the completion queue" if self.direct is not None else "in handler threads",
         )
 
     async def stop(self, grace: float | None) -> None:
@@ -522,6 +368,8 @@ class _Capture:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         wrapped = {name: self._wrap(service, name, h) for name, h in handlers.items()}
+        if self.frontend.direct is not None and MODEL_INFER == f"/{service}/ModelInfer":
+            del wrapped["ModelInfer"]  # grpc core hands it to server/grpc/direct_infer.py
         server = self.frontend.server
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
         server.add_registered_method_handlers(service, wrapped)

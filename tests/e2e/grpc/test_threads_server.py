@@ -1,20 +1,24 @@
 """What only `--grpc-server threads` has: streams hold a handler thread each, so at most
 `--grpc-thread-streams` are open at once and one more is refused RESOURCE_EXHAUSTED, while
-unary calls keep being answered. It is the default server, so the rest of the gRPC suite runs
-against it too (README, "gRPC servers")."""
+unary calls keep being answered; ModelInfer holds none. It is the default server, so the rest
+of the gRPC suite runs against it too (README, "gRPC servers")."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from harness.procutil import wait_for
 from harness.serverproc import ServerProcess, running_server
+from harness.testmodels import write_python_model
 
 pytestmark = pytest.mark.e2e
 
@@ -113,3 +117,73 @@ def test_calls_past_the_concurrent_rpc_limit_are_refused(
             for watch in watches:
                 watch.cancel()
             channel.close()
+
+
+# Holds its first execution until the file `release` appears in the model directory.
+GATED_MODEL = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.release = os.path.join(args["model_repository"], "release")
+
+    def execute(self, requests):
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.release) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1)]
+            )
+            for r in requests
+        ]
+"""
+GATED_CONFIG = """
+name: "gated"
+backend: "python"
+max_batch_size: 16
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+dynamic_batching { }
+"""
+CALLS = 12
+
+
+def _pending(server: ServerProcess) -> float:
+    for line in httpx.get(server.metrics_url, timeout=5).text.splitlines():
+        if line.startswith('nv_inference_pending_request_count{model="gated"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_model_infer_calls_hold_no_handler_thread(tmp_path: Path) -> None:
+    """ModelInfer is taken off grpc core's completion queue (server/grpc/direct_infer.py): with
+    two handler threads, twelve calls still reach the batcher while the model is busy, and those
+    that waited run as one batch (in handler threads, at most two could be in the server)."""
+    repo = tmp_path / "repo"
+    write_python_model(repo, "gated", GATED_MODEL, GATED_CONFIG)
+    args = ["--grpc-server", "threads", "--grpc-threads", "2"]
+    with running_server([repo], args, log_dir=tmp_path) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+
+        def call(value: float) -> np.ndarray:
+            tensor = grpcclient.InferInput("X", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.full((1, 1), value, np.float32))
+            return client.infer("gated", [tensor]).as_numpy("Y")
+
+        with ThreadPoolExecutor(CALLS) as pool:
+            answers = [pool.submit(call, float(v)) for v in range(CALLS)]
+            try:
+                wait_for(lambda: _pending(running) >= CALLS // 2, "calls in the batcher", 15)
+            finally:
+                (repo / "gated" / "release").touch()
+            values = [float(a.result(timeout=60)[0, 0]) for a in answers]
+        stats = client.get_inference_statistics("gated", as_json=True)["model_stats"][0]
+    assert values == [v + 1.0 for v in range(CALLS)]
+    assert int(stats["inference_count"]) == CALLS
+    assert int(stats["execution_count"]) <= 4  # in handler threads: 6 or more

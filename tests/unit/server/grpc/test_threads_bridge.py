@@ -5,13 +5,14 @@ wakes the loop once; a cancel from grpc's side ends a call that would never fini
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from typing import Any
 
 import pytest
 
 from server.cli import settings_from_args
-from server.grpc.threaded import LoopBridge, _Call
+from server.grpc.loop_bridge import LoopBridge, LoopCall
 
 
 class _Context:
@@ -43,7 +44,7 @@ def test_each_thread_gets_its_own_answer_and_a_burst_wakes_the_loop_once() -> No
             await asyncio.sleep(0)
             return 2 * value
 
-        calls = [_Call(lambda v=v: double(v)) for v in range(20)]
+        calls = [LoopCall(functools.partial(double, v)) for v in range(20)]
         for call in calls:  # all arrive before the loop runs again: one burst
             bridge.submit(call)
         answers = await asyncio.gather(*(asyncio.to_thread(call.wait) for call in calls))

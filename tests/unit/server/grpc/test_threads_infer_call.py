@@ -17,8 +17,9 @@ from protocol.grpc import wire
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.types import InferRequest, InferResponse, Tensor
 from scheduler import queue_scheduler
+from server.grpc.loop_bridge import LoopBridge
 from server.grpc.services import _lenient
-from server.grpc.threaded import LoopBridge, ThreadedGrpcFrontend, _InferCall
+from server.grpc.threaded import ThreadedGrpcFrontend, _InferCall
 
 OnDone = Callable[[InferResponse | None, BaseException | None], None]
 
@@ -112,7 +113,7 @@ def test_a_cancel_drops_the_admitted_request_and_the_thread_answers_cancelled() 
         bridge.submit(call)
         while not core.futures:
             await asyncio.sleep(0.001)
-        bridge._cancel(call)  # what grpc's end-of-call callback does
+        bridge.cancel(call)  # what grpc's end-of-call callback does
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(waiting, 5)
         return core.futures[0], call
