@@ -27,8 +27,9 @@ served by a handler thread as every other RPC is.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -63,6 +64,41 @@ def available(server: grpc.Server) -> bool:
 
 def _ignored(event: Any) -> tuple[None, tuple]:
     return _NOTHING
+
+
+def _tag(method: Callable[[Any, Any], None]) -> Callable[[Any, Any], tuple[None, tuple]]:
+    """A completion's callable tag. grpcio's polling thread calls it unguarded, and a raise
+    there would end that thread and with it the server: every failure is logged, and the
+    call is cancelled so that its client is not left waiting."""
+
+    @functools.wraps(method)
+    def tag(self: Any, event: Any) -> tuple[None, tuple]:
+        try:
+            method(self, event)
+        except Exception:
+            log.exception("ModelInfer: a completion failed; the call is cancelled")
+            call = getattr(event, "call", None) or getattr(self, "call", None)
+            if call is not None:
+                _cancel(call)
+        return _NOTHING
+
+    return tag
+
+
+def _cancel(call: Any) -> None:
+    try:
+        call.cancel()
+    except Exception:  # the call has ended already
+        pass
+
+
+def _send(call: Any, ops: list[Any]) -> None:
+    """Start the answer's operations (from the loop or a pool thread). A call that has ended
+    meanwhile (cancelled, deadline) fails them quietly in grpc core."""
+    try:
+        call.start_server_batch(ops, _ignored)
+    except Exception:
+        log.debug("ModelInfer: the answer could not be sent", exc_info=True)
 
 
 def _status_ops(
@@ -107,18 +143,22 @@ class DirectInfer:
         self.core_server.request_registered_call(queue, queue, MODEL_INFER, self._arrived)
 
     # ----- in grpcio's polling thread ---------------------------------------------------------
-    def _arrived(self, event: Any) -> tuple[None, tuple]:
+    @_tag
+    def _arrived(self, event: Any) -> None:
         """A call's headers are in: ask for the next one, then take its message."""
         if not event.success:
-            return _NOTHING  # the server is shutting down
+            return  # the server is shutting down
         state = self.state
         if state.stage.value == "started":
-            self._request()
+            try:
+                self._request()
+            except Exception:  # the server began to stop meanwhile: no next call to ask for
+                log.debug("ModelInfer: no next call requested", exc_info=True)
         call = event.call
         metadata = event.invocation_metadata or ()
         if self.restriction is not None and not self._allowed(metadata):
             self._refuse(call, grpc.StatusCode.UNAVAILABLE, refusal_text(self.restriction))
-            return _NOTHING
+            return
         with state.lock:
             limit = state.maximum_concurrent_rpcs
             if limit is not None and state.active_rpc_count >= limit:
@@ -128,12 +168,15 @@ class DirectInfer:
                 state.active_rpc_count += 1
         if exceeded:
             self._refuse(call, grpc.StatusCode.RESOURCE_EXHAUSTED, CONCURRENCY_EXCEEDED)
-            return _NOTHING
+            return
         direct = DirectCall(self, call, metadata)
-        call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(0),), direct.call_closed)
+        try:
+            call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(0),), direct.call_closed)
+        except Exception:
+            self.ended()  # no close will come to count it out
+            raise
         call.start_server_batch((cygrpc.ReceiveMessageOperation(0),), direct.message_in)
         self.watch.expect(direct, call)
-        return _NOTHING
 
     def _allowed(self, metadata: Any) -> bool:
         restriction = self.restriction
@@ -144,8 +187,7 @@ class DirectInfer:
         return False
 
     def _refuse(self, call: Any, code: grpc.StatusCode, details: str) -> None:
-        ops = [cygrpc.ReceiveCloseOnServerOperation(0), *_status_ops(code, details)]
-        call.start_server_batch(ops, _ignored)
+        _send(call, [cygrpc.ReceiveCloseOnServerOperation(0), *_status_ops(code, details)])
 
     def ended(self) -> None:
         with self.state.lock:
@@ -168,14 +210,15 @@ class DirectCall(InferOnLoop):
         return self.metadata
 
     # ----- in grpcio's polling thread ---------------------------------------------------------
-    def message_in(self, event: Any) -> tuple[None, tuple]:
+    @_tag
+    def message_in(self, event: Any) -> None:
         calls = self.calls
         calls.watch.arrived(self)
         data = event.batch_operations[0].message() if event.success else None
         if data is None:  # half-closed without it (moot when the call was cancelled)
-            ops = _status_ops(grpc.StatusCode.UNIMPLEMENTED, one_message_required(MODEL_INFER))
-            self.call.start_server_batch(ops, _ignored)
-            return _NOTHING
+            text = one_message_required(MODEL_INFER)
+            _send(self.call, _status_ops(grpc.StatusCode.UNIMPLEMENTED, text))
+            return
         frontend = self.frontend
         self.traceparent = traceparent_of(frontend.core, self)
         if len(data) <= frontend.offload_threshold:
@@ -183,15 +226,14 @@ class DirectCall(InferOnLoop):
             calls.bridge.submit(self)
         else:
             calls.pool.submit(self._decode, data)
-        return _NOTHING
 
-    def call_closed(self, event: Any) -> tuple[None, tuple]:
+    @_tag
+    def call_closed(self, event: Any) -> None:
         """The call has ended: answered, or cancelled by the client, its deadline or the
         server's stop."""
         self.calls.ended()
         if event.batch_operations[0].cancelled() and not self.waited:
             self.calls.bridge.cancel(self)
-        return _NOTHING
 
     # ----- in a pool thread -----------------------------------------------------------------
     def _decode(self, data: bytes) -> None:
@@ -208,7 +250,7 @@ class DirectCall(InferOnLoop):
         except Exception as exc:
             self._send_error(exc)
             return
-        self.call.start_server_batch(_status_ops(grpc.StatusCode.OK, "", (), answer), _ignored)
+        _send(self.call, _status_ops(grpc.StatusCode.OK, "", (), answer))
 
     # ----- on the loop ----------------------------------------------------------------------
     def deliver(self) -> None:
@@ -217,9 +259,12 @@ class DirectCall(InferOnLoop):
         if error is not None:
             self._send_error(error)
         elif type(answer) is bytes:
-            self.call.start_server_batch(_status_ops(grpc.StatusCode.OK, "", (), answer), _ignored)
+            _send(self.call, _status_ops(grpc.StatusCode.OK, "", (), answer))
         else:
-            self.calls.pool.submit(self._send_serialized)
+            try:
+                self.calls.pool.submit(self._send_serialized)
+            except RuntimeError:  # the pool has stopped with the server: nobody to answer
+                _cancel(self.call)
 
     def _send_error(self, error: BaseException) -> None:
         self.waited = True
@@ -229,4 +274,4 @@ class DirectCall(InferOnLoop):
             code, details, trailing = grpc_status(rpc_error(error, "ModelInfer"))
         else:
             raise error
-        self.call.start_server_batch(_status_ops(code, details, trailing), _ignored)
+        _send(self.call, _status_ops(code, details, trailing))
