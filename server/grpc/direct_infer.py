@@ -26,7 +26,6 @@ served by a handler thread as every other RPC is.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import Callable, Mapping
@@ -39,7 +38,7 @@ from grpc._cython import cygrpc  # type: ignore[attr-defined]
 from server.grpc.loop_bridge import InferFrontend, InferOnLoop, LoopBridge
 from server.grpc.message_wait import MessageWatch, one_message_required
 from server.grpc.restricted import refusal_text
-from server.grpc.services import grpc_status, rpc_error, traceparent_of
+from server.grpc.services import infer_call_status, traceparent_of
 from server.restricted import Restriction, grpc_category
 
 log = logging.getLogger(__name__)
@@ -268,10 +267,5 @@ class DirectCall(InferOnLoop):
 
     def _send_error(self, error: BaseException) -> None:
         self.waited = True
-        if isinstance(error, asyncio.CancelledError):
-            code, details, trailing = grpc.StatusCode.CANCELLED, "cancelled", ()
-        elif isinstance(error, Exception):
-            code, details, trailing = grpc_status(rpc_error(error, "ModelInfer"))
-        else:
-            raise error
+        code, details, trailing = infer_call_status(error)
         _send(self.call, _status_ops(code, details, trailing))

@@ -9,6 +9,7 @@ a handler thread waits on a lock for it, a completion-queue call is answered by 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import threading
@@ -79,7 +80,7 @@ class LoopCall:
         return self.task.result()
 
 
-class InferOnLoop:
+class InferOnLoop(abc.ABC):
     """One ModelInfer call admitted on the loop with no task; `deliver` hands its outcome on.
 
     A small message (up to --grpc-offload-threshold bytes) arrives as its bytes, and the loop
@@ -145,9 +146,10 @@ class InferOnLoop:
         self.error = error
         self.deliver()
 
+    @abc.abstractmethod
     def deliver(self) -> None:
-        """On the loop, once: `answer` (bytes, or a large InferResponse) or `error` is set."""
-        raise NotImplementedError
+        """On the loop, once: `answer` (bytes, or a large InferResponse) or `error` is set.
+        A handler thread's call releases its waiting thread, a completion-queue call sends."""
 
     def serialized(self) -> bytes:
         """Off the loop: the answer's bytes (a large answer serialized here), or its error

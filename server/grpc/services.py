@@ -71,6 +71,16 @@ async def abort(context: grpc.aio.ServicerContext, error: ServerError) -> NoRetu
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
 
+def infer_call_status(error: BaseException) -> tuple[grpc.StatusCode, str, tuple]:
+    """A unary ModelInfer's failure -> its status (a cancel answers CANCELLED), on both ways
+    `threads` serves the call (server/grpc/threaded.py, server/grpc/direct_infer.py)."""
+    if isinstance(error, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED, "cancelled", ()
+    if not isinstance(error, Exception):
+        raise error
+    return grpc_status(rpc_error(error, "ModelInfer"))
+
+
 def rpc_error(exc: Exception, where: str) -> ServerError:
     """The error an RPC (or one streamed request) answers with; unexpected ones are logged."""
     return client_error(exc, log, where)

@@ -54,8 +54,7 @@ from server.grpc.services import (
     Undecodable,
     add_service,
     decode_received,
-    grpc_status,
-    rpc_error,
+    infer_call_status,
     traceparent_of,
 )
 from server.grpc.traffic import TrafficServicer
@@ -246,11 +245,8 @@ class ThreadedGrpcFrontend:
                 raise asyncio.CancelledError()  # the call has already ended
             bridge.submit(call)
             return call.wait()
-        except asyncio.CancelledError:
-            context.abort(grpc.StatusCode.CANCELLED, "cancelled")
-        except Exception as exc:
-            error = rpc_error(exc, "ModelInfer")
-        code, details, trailing = grpc_status(error)
+        except (asyncio.CancelledError, Exception) as exc:
+            code, details, trailing = infer_call_status(exc)
         if trailing:
             context.set_trailing_metadata(trailing)
         context.abort(code, details)
