@@ -37,6 +37,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from protocol.errors import Cancelled
 from server.http.body import BodyBudgetExhausted, BodyBuffer
+from server.http.infer_nowait import NoTaskInfer
 from server.http.receive import BodySink, DirectReceiver, open_sink
 from server.http.responses import JSON, http_error
 from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
@@ -453,6 +454,8 @@ class InferHttpProtocol(BoundedHttpProtocol):
     # The body of the request being parsed, while it is received into its own array; read by
     # the DirectReceiver for every read (class default: no per-connection cost).
     direct_sink: BodySink | None = None
+    # The infer request served with no task (server/http/infer_nowait.py), until answered.
+    no_task: NoTaskInfer | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -474,22 +477,38 @@ class InferHttpProtocol(BoundedHttpProtocol):
                     if key in _WANTED_HEADERS
                 }
                 sink = self._open_sink(cycle, headers)
+                if (
+                    sink is None
+                    and cycle.more_body  # not a pipelined request started after its body came
+                    and not cycle.waiting_for_100_continue
+                    and self.frontend.nowait_fits(headers)
+                ):
+                    self.no_task = NoTaskInfer(
+                        self, cycle, match.group(1), match.group(2) or "", headers
+                    )
+                    return
                 task = self.loop.create_task(
                     self._serve_infer(cycle, match.group(1), match.group(2) or "", headers, sink)
                 )
                 if sink is not None:  # given back even by a task cancelled before it ran
                     task.add_done_callback(lambda _task: self._close_sink(sink))
                 self._infer_task = task
-                task.add_done_callback(self.tasks.discard)
-                self.tasks.add(task)
+                self.track(task)
                 return
         super()._start_asgi_task(cycle, app)
+
+    def track(self, task: asyncio.Task) -> None:
+        """A task of this connection's, in the set uvicorn keeps (shutdown waits for it)."""
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         task = self._infer_task
         if task is not None and not task.done():
             task.cancel()  # the queued request is dropped; nobody is left to answer
+        if self.no_task is not None:
+            self.no_task.drop()
 
     def _open_sink(
         self, cycle: RequestResponseCycle, headers: Mapping[str, str]
@@ -565,6 +584,9 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if self.direct_sink is not None:  # the parser read the rest of the body itself
             self._end_direct()
         HttpToolsProtocol.on_message_complete(self)
+        no_task = self.no_task
+        if no_task is not None and not no_task.begun and no_task.cycle is self.cycle:
+            no_task.begin()
 
     def body_received(self, nbytes: int) -> None:
         """A read that went straight into the open sink, past the parser."""
@@ -616,20 +638,15 @@ class InferHttpProtocol(BoundedHttpProtocol):
         except Exception as exc:
             if cycle.disconnected:
                 return
-            status, extra, payload = http_error(
-                exc, cycle.scope["path"], self.frontend.overload_status
-            )
+            status, extra, payload = self.error_answer(cycle, exc)
             media_type = JSON
-            # refused before the whole body came, or by the body budget: do not read more
-            if extra.pop("Connection", None) or cycle.more_body:
-                cycle.keep_alive = False
         finally:
             self._infer_task = None
             if held:
                 self.frontend.body_limit.budget.held -= held
             if sink is not None:
                 self._close_sink(sink)
-        await self._respond(cycle, status, media_type, payload, extra)
+        await self.respond(cycle, status, media_type, payload, extra)
 
     async def _read_body(
         self, cycle: RequestResponseCycle, headers: Mapping[str, str], sink: BodySink | None
@@ -652,17 +669,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if sink is not None:
             return await self._read_sink(cycle, sink), 0
         if not cycle.more_body:
-            body = cycle.body
-            cycle.body = bytearray()
-            size = len(body)
-            # BodyBuffer.add, inlined: this is every small request
-            if size > limit.max_bytes:
-                raise limit.too_large()
-            budget = limit.budget
-            if budget.committed() + size > budget.max_bytes:
-                raise budget.exhausted()
-            budget.held += size
-            return body, size
+            return self.take_body(cycle)
         buffer = BodyBuffer(limit)
         try:
             while True:
@@ -684,6 +691,21 @@ class InferHttpProtocol(BoundedHttpProtocol):
         total = buffer.total
         return buffer.parts if self.frontend.offload.wants(total) else buffer.join(), total
 
+    def take_body(self, cycle: RequestResponseCycle) -> tuple[bytearray, int]:
+        """The whole body uvicorn buffered, charged to the body budget (the caller gives the
+        size back once answered): BodyBuffer.add, inlined, as this is every small request."""
+        limit = self.frontend.body_limit
+        body = cycle.body
+        cycle.body = bytearray()
+        size = len(body)
+        if size > limit.max_bytes:
+            raise limit.too_large()
+        budget = limit.budget
+        if budget.committed() + size > budget.max_bytes:
+            raise budget.exhausted()
+        budget.held += size
+        return body, size
+
     async def _read_sink(self, cycle: RequestResponseCycle, sink: BodySink) -> Any:
         """Wait until the sink is full (the protocol charges its bytes to the budget as they
         come and wakes this once: complete, refused, or the client gone)."""
@@ -701,7 +723,30 @@ class InferHttpProtocol(BoundedHttpProtocol):
         body = sink.body()
         return [body] if self.frontend.offload.wants(sink.size) else body
 
-    async def _respond(
+    def error_answer(
+        self, cycle: RequestResponseCycle, exc: BaseException
+    ) -> tuple[int, dict[str, str], bytes]:
+        """A failed infer request's answer (the one error table); a request refused before
+        its whole body came, or by the body budget, closes the connection after it."""
+        status, extra, payload = http_error(exc, cycle.scope["path"], self.frontend.overload_status)
+        if extra.pop("Connection", None) or cycle.more_body:
+            cycle.keep_alive = False
+        return status, extra, payload
+
+    async def respond(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        media_type: str,
+        payload: Any,
+        extra: Mapping[str, str],
+    ) -> None:
+        """`write_answer` once the transport takes writes again."""
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        self.write_answer(cycle, status, media_type, payload, extra)
+
+    def write_answer(
         self,
         cycle: RequestResponseCycle,
         status: int,
@@ -712,8 +757,6 @@ class InferHttpProtocol(BoundedHttpProtocol):
         """Status line, headers and a small body in a single write; a large one as its pieces
         in one `writelines` (the head, the JSON, views of the output arrays: nothing joined);
         then uvicorn's bookkeeping."""
-        if cycle.flow.write_paused and not cycle.disconnected:
-            await cycle.flow.drain()
         if cycle.disconnected:
             return
         parts: list[Any] = payload if type(payload) is list else [payload]

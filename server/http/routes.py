@@ -30,7 +30,7 @@ from protocol.errors import (
 from protocol.rest import decode as rest_decode
 from protocol.rest import encode as rest_encode
 from protocol.rest.common import Buffer
-from protocol.types import InferRequest
+from protocol.types import InferRequest, InferResponse
 from server.core.api import CoreAPI, InputRule, Resolved
 from server.http.admin import AdminRoutes
 from server.http.body import BodyBudget, BodyBuffer, BodyLimit, resolve_inflight_budget
@@ -209,12 +209,64 @@ class HttpFrontend:
                 infer_request, record = await self._decode_large(name, version, headers, [body])
             else:
                 infer_request, record = self._decode(name, version, headers, inflated)
+        self._received(infer_request, headers, received)
+        response = await self.core.infer(infer_request, record)
+        return await self.encode_answer(response, infer_request, headers)
+
+    # ----- inference with no task (server/http/infer_nowait.py) ---------------------------
+    def nowait_fits(self, headers: Mapping[str, str]) -> bool:
+        """Whether an infer request can be served with no task: a JSON or JSON+binary body
+        (not raw binary) declared within --http-offload-threshold, neither compressed nor
+        asking for a compressed answer. Anything else needs an await on its way (a parser
+        process, a thread, the version resolved first) and takes the task path."""
+        declared = headers.get("content-length")
+        if declared is None or not declared.isdigit() or int(declared) > self.offload.threshold:
+            return False
+        if headers.get(HEADER_LENGTH, "").strip() == "0" or "transfer-encoding" in headers:
+            return False
+        encoding = headers.get("content-encoding")
+        if encoding and any(t.strip().lower() not in ("", "identity") for t in encoding.split(",")):
+            return False
+        return compression.choose_response_encoding(headers.get("accept-encoding")) is None
+
+    def decode_small(
+        self, name: str, version: str, headers: Mapping[str, str], body: Any, received: tuple
+    ) -> InferRequest:
+        """The request of a body `nowait_fits` took, decoded here on the loop."""
+        infer_request, _ = self._decode(name, version, headers, body)
+        self._received(infer_request, headers, received)
+        return infer_request
+
+    def _received(
+        self, infer_request: InferRequest, headers: Mapping[str, str], received: tuple
+    ) -> None:
         if self.core.propagates_trace:  # OpenTelemetry mode: the client's W3C trace context
             infer_request.traceparent = headers.get("traceparent") or ""
         infer_request.received = received  # receive timestamps where tracing is possible
-        # Raw requests set binary_data_output themselves (all outputs come back binary).
-        binary_default = bool(infer_request.parameters.get("binary_data_output", False))
-        response = await self.core.infer(infer_request, record)
+
+    def encode_small(
+        self, response: InferResponse, infer_request: InferRequest
+    ) -> tuple[Payload, dict[str, str], str] | None:
+        """The answer's pieces, encoded here, when no output is large enough to be encoded off
+        the loop (then None: `encode_answer` does it); never compressed (`nowait_fits`)."""
+        binary_default = _binary_default(infer_request)
+        outputs = infer_request.outputs
+        offload = self.offload
+        if offload.wants(json_output_size(response, outputs, binary_default)) or offload.wants(
+            binary_bytes_output_size(response, outputs, binary_default)
+        ):
+            return None
+        payload, json_length = rest_encode.encode_infer_response_parts(
+            response, outputs, binary_default
+        )
+        return payload, *_answer_headers(json_length)
+
+    async def encode_answer(
+        self, response: InferResponse, infer_request: InferRequest, headers: Mapping[str, str]
+    ) -> tuple[Payload, dict[str, str], str]:
+        """(payload, extra headers, content type) of an answer, large outputs encoded off the
+        loop, compressed when the client asks for it."""
+        binary_default = _binary_default(infer_request)
         offload = self.offload
         payload: Payload
         if offload.enabled and offload.wants(
@@ -235,11 +287,7 @@ class HttpFrontend:
             payload, json_length = rest_encode.encode_infer_response_parts(
                 response, infer_request.outputs, binary_default
             )
-        extra: dict[str, str] = {}
-        media_type = JSON
-        if json_length is not None:
-            extra["Inference-Header-Content-Length"] = str(json_length)
-            media_type = "application/octet-stream"
+        extra, media_type = _answer_headers(json_length)
         encoding = compression.choose_response_encoding(headers.get("accept-encoding"))
         if encoding:
             whole = joined_payload(payload)
@@ -414,6 +462,19 @@ class HttpFrontend:
             return json_response({"error": text}, exc.status_code)
 
         return app
+
+
+def _binary_default(infer_request: InferRequest) -> bool:
+    """Whether outputs come back binary unless asked otherwise (raw requests set it)."""
+    return bool(infer_request.parameters.get("binary_data_output", False))
+
+
+def _answer_headers(json_length: int | None) -> tuple[dict[str, str], str]:
+    """The extra headers and content type of an answer whose JSON is `json_length` bytes
+    followed by binary outputs (None: all JSON)."""
+    if json_length is None:
+        return {}, JSON
+    return {"Inference-Header-Content-Length": str(json_length)}, "application/octet-stream"
 
 
 def joined_payload(payload: Payload) -> bytes:
