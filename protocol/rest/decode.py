@@ -22,12 +22,15 @@ from protocol import datatypes, shared_memory
 from protocol.datatypes import DataType
 from protocol.errors import InvalidArgument
 from protocol.rest.common import HEADER_LENGTH_HEADER, Buffer
-from protocol.rest.inputs import BinaryCursor, decode_inputs
+from protocol.rest.header_plans import HeaderPlans, plan_of
+from protocol.rest.inputs import BinaryCursor, decode_inputs, read_planned_inputs
 from protocol.text import shown
 from protocol.types import InferRequest, RequestedOutput, Tensor
 from protocol.values import is_bool, is_uint
 
 DEFAULT_MAX_JSON_DEPTH = 100
+# The headers of binary requests decoded before, by their bytes (one table per process).
+_PLANS = HeaderPlans()
 
 
 # --------------------------------------------------------------------------- framing
@@ -159,8 +162,20 @@ def decode_infer_request(
         if header_length == 0:
             raise ValueError("header length 0 is a raw binary request: call decode_raw_request")
         json_end = header_length
-    whole = json_end == size and isinstance(body, (bytes, bytearray))
-    header = body if whole else bytes(view[:json_end])
+    key: tuple[bytes, int, int | None] | None = None
+    if json_end < size:  # a binary section follows: the header may have been seen before
+        head = bytes(view[:json_end])
+        header: Buffer = head
+        key = (head, max_json_depth, max_bytes)
+        plan = _PLANS.get(key)  # protocol/rest/header_plans.py
+        if plan is not None and plan.binary_size == size - json_end:
+            request = plan.new_request(model_name, model_version)
+            request.inputs = read_planned_inputs(plan, view, json_end, model_name)
+            return request
+    elif isinstance(body, (bytes, bytearray)):
+        header = body
+    else:
+        header = bytes(view)
     check_json_depth(header, max_json_depth)
     document = _parse_json(header)
 
@@ -172,6 +187,10 @@ def decode_infer_request(
     request.inputs = decode_inputs(document, cursor, max_bytes, may_hold_bools)
     cursor.finish()
     request.outputs = _parse_outputs(document)
+    if key is not None:
+        plan = plan_of(document, request)
+        if plan is not None:
+            _PLANS.keep(key, plan)
     return request
 
 

@@ -10,7 +10,7 @@ against the size limit before anything is sized from them, binary inputs become 
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from protocol.rest.common import HEADER_LENGTH_HEADER
 from protocol.text import shown
 from protocol.types import Tensor
 from protocol.values import is_uint
+
+if TYPE_CHECKING:
+    from protocol.rest.header_plans import HeaderPlan
 
 MAX_DIMS = datatypes.MAX_DIMS  # numpy's limit on ndim; more dims could never become an array
 _INT64_MAX = 2**63 - 1
@@ -82,6 +85,37 @@ def decode_inputs(
             raise InvalidArgument(f"input '{tensor.name}' already exists in request")
         seen.add(tensor.name)
         tensors.append(tensor)
+    return tensors
+
+
+def read_planned_inputs(
+    plan: HeaderPlan, view: memoryview, offset: int, model_name: str
+) -> list[Tensor]:
+    """The inputs of a request whose header was decoded before (protocol/rest/header_plans.py):
+    each one's bytes from the binary section at `offset` (which holds `plan.binary_size` bytes),
+    checked and viewed as a full decode does."""
+    tensors = []
+    for planned in plan.inputs:
+        end = offset + planned.size
+        data = _tensor_from_binary(
+            planned.name,
+            planned.datatype,
+            planned.shape,
+            planned.count,
+            view[offset:end],
+            model_name,
+        )
+        offset = end
+        parameters = planned.parameters
+        tensors.append(
+            Tensor(
+                planned.name,
+                planned.datatype.name,
+                planned.shape,
+                data,
+                dict(parameters) if parameters else {},
+            )
+        )
     return tensors
 
 
