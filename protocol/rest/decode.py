@@ -21,8 +21,9 @@ import orjson
 from protocol import datatypes, shared_memory
 from protocol.datatypes import DataType
 from protocol.errors import InvalidArgument
+from protocol.request_plans import RequestPlans
 from protocol.rest.common import HEADER_LENGTH_HEADER, Buffer
-from protocol.rest.header_plans import HeaderPlans, plan_of
+from protocol.rest.header_plans import plan_of
 from protocol.rest.inputs import BinaryCursor, decode_inputs, read_planned_inputs
 from protocol.text import shown
 from protocol.types import InferRequest, RequestedOutput, Tensor
@@ -30,7 +31,7 @@ from protocol.values import is_bool, is_uint
 
 DEFAULT_MAX_JSON_DEPTH = 100
 # The headers of binary requests decoded before, by their bytes (one table per process).
-_PLANS = HeaderPlans()
+_PLANS = RequestPlans()
 
 
 # --------------------------------------------------------------------------- framing
@@ -167,7 +168,7 @@ def decode_infer_request(
         head = bytes(view[:json_end])
         header: Buffer = head
         key = (head, max_json_depth, max_bytes)
-        plan = _PLANS.get(key)  # protocol/rest/header_plans.py
+        plan = _PLANS.get(key)  # protocol/request_plans.py
         if plan is not None and plan.binary_size == size - json_end:
             request = plan.new_request(model_name, model_version)
             request.inputs = read_planned_inputs(plan, view, json_end, model_name)

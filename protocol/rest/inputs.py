@@ -23,7 +23,7 @@ from protocol.types import Tensor
 from protocol.values import is_uint
 
 if TYPE_CHECKING:
-    from protocol.rest.header_plans import HeaderPlan
+    from protocol.request_plans import RequestPlan
 
 MAX_DIMS = datatypes.MAX_DIMS  # numpy's limit on ndim; more dims could never become an array
 _INT64_MAX = 2**63 - 1
@@ -89,9 +89,9 @@ def decode_inputs(
 
 
 def read_planned_inputs(
-    plan: HeaderPlan, view: memoryview, offset: int, model_name: str
+    plan: RequestPlan, view: memoryview, offset: int, model_name: str
 ) -> list[Tensor]:
-    """The inputs of a request whose header was decoded before (protocol/rest/header_plans.py):
+    """The inputs of a request whose header was decoded before (protocol/request_plans.py):
     each one's bytes from the binary section at `offset` (which holds `plan.binary_size` bytes),
     checked and viewed as a full decode does."""
     tensors = []

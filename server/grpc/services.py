@@ -240,6 +240,12 @@ def decode_received(
     return _traced(codec.decode_infer_request(message), traceparent, now)
 
 
+def traced(core: CoreAPI, request: InferRequest, traceparent: str) -> InferRequest:
+    """A request decoded from its plan (protocol/grpc/message_plans.py), stamped as
+    `decode_received` stamps one."""
+    return _traced(request, traceparent, time.monotonic_ns() if core.may_trace else 0)
+
+
 def _traced(request: InferRequest, traceparent: str, received_ns: int) -> InferRequest:
     request.traceparent = traceparent
     if received_ns:

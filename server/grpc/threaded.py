@@ -38,6 +38,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from protocol.errors import TooLarge
+from protocol.grpc.message_plans import MessagePlans
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.proto.grpc_service_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
 from protocol.proto.traffic_service_pb2_grpc import add_TrafficServiceServicer_to_server
@@ -55,6 +56,7 @@ from server.grpc.services import (
     add_service,
     decode_received,
     infer_call_status,
+    traced,
     traceparent_of,
 )
 from server.grpc.traffic import TrafficServicer
@@ -184,6 +186,7 @@ class ThreadedGrpcFrontend:
             maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         )
         self.core = core
+        self.plans = MessagePlans()
         self.offload_threshold = settings.grpc_offload_threshold
         # ModelInfer off grpc core's completion queue, when this grpcio allows it
         self.direct = (
@@ -214,10 +217,19 @@ class ThreadedGrpcFrontend:
     def decode(self, data: bytes, traceparent: str) -> InferRequest:
         """A ModelInferRequest's bytes -> the request (refused as INVALID_ARGUMENT when the
         message does not parse)."""
+        plans = self.plans  # metadata seen before (protocol/grpc/message_plans.py)
+        key = plans.key_of(data)
+        if key is not None:
+            planned = plans.planned(key, data)
+            if planned is not None:
+                return traced(self.core, planned, traceparent)
         message = self.parse_infer(data)
         if type(message) is Undecodable:
             raise message.error
-        return decode_received(self.core, message, traceparent)
+        request = decode_received(self.core, message, traceparent)
+        if key is not None:
+            plans.keep(key, message, request)
+        return request
 
     # ----- handlers -------------------------------------------------------------------------
     def first(self, requests: Iterator[Any], context: grpc.ServicerContext, method: str) -> Any:

@@ -1,5 +1,6 @@
-"""protocol/rest/header_plans.py: a binary request's JSON header decoded once, looked up after;
-every request still gets its own objects and its own checks of the binary section."""
+"""protocol/request_plans.py over HTTP (protocol/rest/header_plans.py): a binary request's JSON
+header decoded once, looked up after; every request still gets its own objects and its own
+checks of the binary section."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import pytest
 
 from protocol.datatypes import serialize_bytes
 from protocol.errors import InvalidArgument
+from protocol.request_plans import RequestPlans
 from protocol.rest import decode
-from protocol.rest.header_plans import HeaderPlans
 
 
 @pytest.fixture(autouse=True)
-def fresh_plans(monkeypatch: pytest.MonkeyPatch) -> HeaderPlans:
-    plans = HeaderPlans(entries=4)
+def fresh_plans(monkeypatch: pytest.MonkeyPatch) -> RequestPlans:
+    plans = RequestPlans(entries=4)
     monkeypatch.setattr(decode, "_PLANS", plans)
     return plans
 
@@ -53,7 +54,7 @@ def _fields(request: decode.InferRequest) -> tuple:
     )
 
 
-def test_a_header_seen_again_decodes_the_same_from_its_plan(fresh_plans: HeaderPlans) -> None:
+def test_a_header_seen_again_decodes_the_same_from_its_plan(fresh_plans: RequestPlans) -> None:
     first = np.arange(4, dtype=np.float32).tobytes()
     body, length = _body(
         [("A", "FP32", [1, 4], first), ("B", "INT64", [2], np.array([7, 8]).tobytes())],
@@ -109,7 +110,7 @@ def test_bytes_elements_are_parsed_for_every_request() -> None:
         _decode(body[:length] + b"\x09\x00\x00\x00" + broken[4:], length)
 
 
-def test_refused_headers_and_per_request_data_are_never_kept(fresh_plans: HeaderPlans) -> None:
+def test_refused_headers_and_per_request_data_are_never_kept(fresh_plans: RequestPlans) -> None:
     body, length = _body([("A", "FP33", [1], b"\0" * 4)])
     for _ in range(2):
         with pytest.raises(InvalidArgument, match="invalid datatype 'FP33'"):
@@ -154,11 +155,11 @@ def test_refused_headers_and_per_request_data_are_never_kept(fresh_plans: Header
     assert len(fresh_plans) == 0
 
 
-def test_the_table_is_bounded(fresh_plans: HeaderPlans) -> None:
+def test_the_table_is_bounded(fresh_plans: RequestPlans) -> None:
     for index in range(10):
         body, length = _body([(f"A{index}", "FP32", [1], b"\0" * 4)])
         _decode(body, length)
     assert len(fresh_plans) == 4
     big, length = _body([("A" * 20_000, "FP32", [1], b"\0" * 4)])
     _decode(big, length)
-    assert len(fresh_plans) == 4 and fresh_plans.max_header < length
+    assert len(fresh_plans) == 4 and fresh_plans.max_key < length

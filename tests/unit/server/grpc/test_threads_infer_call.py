@@ -14,6 +14,7 @@ import pytest
 
 from protocol.errors import InvalidArgument
 from protocol.grpc import wire
+from protocol.grpc.message_plans import MessagePlans
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.types import InferRequest, InferResponse, Tensor
 from scheduler import queue_scheduler
@@ -55,6 +56,7 @@ class _Frontend:
     def __init__(self, core: _Core, threshold: int = 64 * 1024) -> None:
         self.core = core
         self.offload_threshold = threshold
+        self.plans = MessagePlans()
 
 
 def _message(request_id: str, values: np.ndarray) -> bytes:
