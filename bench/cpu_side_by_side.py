@@ -65,6 +65,7 @@ class SideBySide:
     samples: list[Sample] = field(default_factory=list)
     triton: str = ""  # where tritonserver came from, or why it did not run
     commands: list[str] = field(default_factory=list)
+    concurrency: int = CONCURRENCY
 
     def median(self, server: str, model: str, protocol: str) -> Sample | None:
         rows = [
@@ -239,6 +240,7 @@ def measure(
     round_no: int,
     out_dir: Path,
     flags: Sequence[str] = served.CONVERGE_FLAGS,
+    concurrency: int = CONCURRENCY,
 ) -> tuple[Sample, list[str]]:
     sample = Sample(server.name, model, protocol, round_no)
     url = server.http if protocol == "http" else server.grpc
@@ -256,7 +258,7 @@ def measure(
         "-u",
         url,
         "--concurrency-range",
-        str(CONCURRENCY),
+        str(concurrency),
         *flags,
         "-f",
         str(csv_path),
@@ -286,6 +288,7 @@ def run(
     with_triton: bool = True,
     progress: Callable[[str], None] = print,
     flags: Sequence[str] = served.CONVERGE_FLAGS,
+    concurrency: int = CONCURRENCY,
 ) -> SideBySide:
     """Every round: ascend-serve (py_add and simple, HTTP and gRPC), then Triton (py_add).
     `commands` holds the first round's command lines without this machine's paths."""
@@ -293,7 +296,7 @@ def run(
     def command_line(command: list[str]) -> str:
         return portable(shlex.join(command), perf_analyzer)
 
-    result = SideBySide()
+    result = SideBySide(concurrency=concurrency)
     if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:
         result.triton = "not measured: needs 2 CPUs (server on one, perf_analyzer on the other)"
         return result
@@ -339,13 +342,20 @@ def run(
                     result.commands.append(command_line(server.command))
                 for model, protocol in points:
                     sample, command = measure(
-                        perf_analyzer, server, model, protocol, round_no, out_dir, flags
+                        perf_analyzer,
+                        server,
+                        model,
+                        protocol,
+                        round_no,
+                        out_dir,
+                        flags,
+                        concurrency,
                     )
                     if round_no == 1:
                         result.commands.append(command_line(command))
                     result.samples.append(sample)
                     progress(
-                        f"  round {round_no} {name} {model} {protocol} c{CONCURRENCY}: "
+                        f"  round {round_no} {name} {model} {protocol} c{concurrency}: "
                         + (
                             sample.error
                             or f"{sample.infer_per_sec:,.0f} inf/s, "
@@ -367,7 +377,7 @@ def report(result: SideBySide) -> list[str]:
         "## Server CPU per inference, side by side with Triton (issue #12)",
         "",
         f"Each server and its children pinned to CPU {SERVER_CPU}, perf_analyzer to CPU "
-        f"{CLIENT_CPU}, concurrency {CONCURRENCY}; CPU per inference = the server's process "
+        f"{CLIENT_CPU}, concurrency {result.concurrency}; CPU per inference = the server's process "
         f"tree CPU time / inferences it counted; median of the rounds (each round starts "
         f"the servers afresh; rounds interleave them); context switches: the voluntary ones "
         f"of every thread of the server tree (/proc/<pid>/task/*/status) per inference "
@@ -452,13 +462,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        help="perf_analyzer's concurrency (1: issue 27's target 2, throughput against Triton's)",
+    )
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out" / "cpu")
     args = parser.parse_args(argv)
     perf_analyzer = os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
     if not perf_analyzer:
         print("set PERF_ANALYZER (see bench/README.md)", file=sys.stderr)
         return 2
-    result = run(perf_analyzer, args.out_dir, args.rounds, not args.no_triton)
+    result = run(
+        perf_analyzer, args.out_dir, args.rounds, not args.no_triton, concurrency=args.concurrency
+    )
     print("\n".join(report(result)))
     return 0
 
