@@ -11,6 +11,7 @@ from protocol.grpc import codec, message_plans
 from protocol.grpc.message_plans import MessagePlans
 from protocol.proto import grpc_service_pb2 as pb
 from protocol.types import InferRequest
+from tests.support.requests import request_fields
 
 
 def _message(values: np.ndarray | None = None, request_id: str = "") -> pb.ModelInferRequest:
@@ -39,24 +40,13 @@ def _decode(plans: MessagePlans, data: bytes) -> tuple[InferRequest, bool]:
     return request, False
 
 
-def _fields(request: InferRequest) -> tuple:
-    return (
-        request.model_name,
-        request.model_version,
-        request.id,
-        request.parameters,
-        [(t.name, t.datatype, t.shape, t.data.tolist(), t.parameters) for t in request.inputs],
-        request.outputs,
-    )
-
-
 def test_metadata_seen_again_decodes_the_same_from_its_plan() -> None:
     plans = MessagePlans()
     data = _message().SerializeToString()
     full, from_plan = _decode(plans, data)
     assert not from_plan
     planned, from_plan = _decode(plans, data)
-    assert from_plan and _fields(planned) == _fields(full)
+    assert from_plan and request_fields(planned) == request_fields(full)
     other = _message(np.full(4, 9, dtype=np.float32)).SerializeToString()
     request, from_plan = _decode(plans, other)
     assert from_plan and request.inputs[0].data.tolist() == [[9.0] * 4]

@@ -12,6 +12,7 @@ from protocol.datatypes import serialize_bytes
 from protocol.errors import InvalidArgument
 from protocol.request_plans import RequestPlans
 from protocol.rest import decode
+from tests.support.requests import request_fields
 
 
 @pytest.fixture(autouse=True)
@@ -43,17 +44,6 @@ def _decode(body: bytes, header_length: int) -> decode.InferRequest:
     return decode.decode_infer_request(bytearray(body), header_length, "m", "1", max_bytes=1 << 20)
 
 
-def _fields(request: decode.InferRequest) -> tuple:
-    return (
-        request.model_name,
-        request.model_version,
-        request.id,
-        request.parameters,
-        [(t.name, t.datatype, t.shape, t.data.tolist(), t.parameters) for t in request.inputs],
-        request.outputs,
-    )
-
-
 def test_a_header_seen_again_decodes_the_same_from_its_plan(fresh_plans: RequestPlans) -> None:
     first = np.arange(4, dtype=np.float32).tobytes()
     body, length = _body(
@@ -65,7 +55,7 @@ def test_a_header_seen_again_decodes_the_same_from_its_plan(fresh_plans: Request
     full = _decode(body, length)
     assert len(fresh_plans) == 1
     planned = _decode(body, length)
-    assert _fields(planned) == _fields(full)
+    assert request_fields(planned) == request_fields(full)
     assert planned.inputs[0].data.tolist() == [[0.0, 1.0, 2.0, 3.0]]
     # the next request's bytes are its own, read from its body
     other = body[:length] + np.full(4, 5, dtype=np.float32).tobytes() + body[length + 16 :]
