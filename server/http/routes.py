@@ -220,7 +220,10 @@ class HttpFrontend:
         asking for a compressed answer. Anything else needs an await on its way (a parser
         process, a thread, the version resolved first) and takes the task path."""
         declared = headers.get("content-length")
-        if declared is None or not declared.isdigit() or int(declared) > self.offload.threshold:
+        if declared is None or not declared.isdigit():
+            return False
+        size = int(declared)  # over the body limit: refused by the task path before it is read
+        if size > self.offload.threshold or size > self.body_limit.max_bytes:
             return False
         if headers.get(HEADER_LENGTH, "").strip() == "0" or "transfer-encoding" in headers:
             return False

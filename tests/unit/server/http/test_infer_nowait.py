@@ -166,6 +166,18 @@ async def test_a_failed_inference_is_answered_with_its_status() -> None:
     assert "has no available versions" in orjson.loads(body)["error"]
 
 
+async def test_a_body_over_the_limit_is_refused_before_it_is_read() -> None:
+    protocol, transport, core, frontend = await _connection()
+    frontend.body_limit.max_bytes = 16
+    protocol.data_received(_request(BODY)[:-5])  # the body has not all come
+    for task in list(protocol.tasks):
+        await task
+    head, _, body = bytes(transport.written).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head
+    assert "maximum allowed input size of 16 bytes" in orjson.loads(body)["error"]
+    assert not core.admitted and frontend.body_limit.budget.held == 0
+
+
 @pytest.mark.parametrize(
     "extra",
     [
