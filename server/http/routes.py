@@ -225,7 +225,10 @@ class HttpFrontend:
         size = int(declared)  # over the body limit: refused by the task path before it is read
         if size > self.offload.threshold or size > self.body_limit.max_bytes:
             return False
-        if headers.get(HEADER_LENGTH, "").strip() == "0" or "transfer-encoding" in headers:
+        length = headers.get(HEADER_LENGTH)  # raw binary (0) resolves the version first
+        if length is not None and (not length.isdigit() or int(length) == 0):
+            return False
+        if "transfer-encoding" in headers:
             return False
         encoding = headers.get("content-encoding")
         if encoding and any(t.strip().lower() not in ("", "identity") for t in encoding.split(",")):

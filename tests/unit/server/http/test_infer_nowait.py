@@ -185,6 +185,7 @@ async def test_a_body_over_the_limit_is_refused_before_it_is_read() -> None:
         ("Accept-Encoding: gzip",),
         ("Expect: 100-continue",),
         ("Inference-Header-Content-Length: 0",),
+        ("Inference-Header-Content-Length: 00",),
     ],
 )
 async def test_requests_that_need_an_await_keep_the_task_path(extra: tuple[str, ...]) -> None:
