@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from protocol.errors import HTTP_ENDPOINT
 from protocol.types import InferRequest, InferResponse
@@ -30,7 +30,40 @@ from server.http.responses import JSON
 if TYPE_CHECKING:
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    from server.http.fast_path import InferHttpProtocol
+
+class Connection(Protocol):
+    """What a request served with no task uses of its connection's protocol
+    (server/http/fast_path.py's InferHttpProtocol, which imports this module)."""
+
+    frontend: Any  # server.http.routes.HttpFrontend
+    loop: asyncio.AbstractEventLoop
+    no_task: NoTaskInfer | None
+
+    def take_body(self, cycle: RequestResponseCycle) -> tuple[bytearray, int]: ...
+
+    def error_answer(
+        self, cycle: RequestResponseCycle, exc: BaseException
+    ) -> tuple[int, dict[str, str], bytes]: ...
+
+    async def respond(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        media_type: str,
+        payload: Any,
+        extra: Mapping[str, str],
+    ) -> None: ...
+
+    def write_answer(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        media_type: str,
+        payload: Any,
+        extra: Mapping[str, str],
+    ) -> None: ...
+
+    def track(self, task: asyncio.Task) -> None: ...
 
 
 class NoTaskInfer:
@@ -52,7 +85,7 @@ class NoTaskInfer:
 
     def __init__(
         self,
-        protocol: InferHttpProtocol,
+        protocol: Connection,
         cycle: RequestResponseCycle,
         name: str,
         version: str,
