@@ -139,6 +139,15 @@ def _too_large(max_size: int) -> TooLarge:
     )
 
 
+def is_compressed(content_encoding: str | None) -> bool:
+    """Whether a Content-Encoding names any coding but identity (a body to inflate)."""
+    if not content_encoding:
+        return False
+    return any(
+        token.strip().lower() not in ("", "identity") for token in content_encoding.split(",")
+    )
+
+
 def choose_response_encoding(accept_encoding: str | None) -> str | None:
     """ "gzip" or "deflate" when the client prefers it, None for identity.
 

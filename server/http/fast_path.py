@@ -38,7 +38,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from protocol.errors import Cancelled
 from server.http.body import BodyBudgetExhausted, BodyBuffer
 from server.http.infer_nowait import NoTaskInfer
-from server.http.receive import BodySink, DirectReceiver, open_sink
+from server.http.receive import BodySink, DirectReceiver, open_sink, receive_stamps
 from server.http.responses import JSON, http_error
 from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLog
 
@@ -619,11 +619,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
         held = 0  # body bytes charged to the frontend's budget, given back when answered
         try:
             body, held = await self._read_body(cycle, headers, sink)
-            received = (
-                (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns()))
-                if start
-                else ()
-            )
+            received = receive_stamps(start)
             payload, extra, media_type = await self.frontend.infer_body(
                 name, version, headers, body, received
             )
@@ -732,6 +728,23 @@ class InferHttpProtocol(BoundedHttpProtocol):
         if extra.pop("Connection", None) or cycle.more_body:
             cycle.keep_alive = False
         return status, extra, payload
+
+    def answer(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        media_type: str,
+        payload: Any,
+        extra: Mapping[str, str],
+    ) -> None:
+        """`respond` from a callback: written now, or after the drain in a task when the
+        client reads slowly."""
+        if cycle.flow.write_paused and not cycle.disconnected:
+            self.track(
+                self.loop.create_task(self.respond(cycle, status, media_type, payload, extra))
+            )
+            return
+        self.write_answer(cycle, status, media_type, payload, extra)
 
     async def respond(
         self,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from protocol.errors import HTTP_ENDPOINT
 from protocol.types import InferRequest, InferResponse
+from server.http.receive import receive_stamps
 from server.http.responses import JSON
 
 if TYPE_CHECKING:
@@ -45,16 +46,7 @@ class Connection(Protocol):
         self, cycle: RequestResponseCycle, exc: BaseException
     ) -> tuple[int, dict[str, str], bytes]: ...
 
-    async def respond(
-        self,
-        cycle: RequestResponseCycle,
-        status: int,
-        media_type: str,
-        payload: Any,
-        extra: Mapping[str, str],
-    ) -> None: ...
-
-    def write_answer(
+    def answer(
         self,
         cycle: RequestResponseCycle,
         status: int,
@@ -110,14 +102,8 @@ class NoTaskInfer:
         frontend = protocol.frontend
         try:
             body, self.held = protocol.take_body(cycle)
-            start = self.start
-            received = (
-                (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns()))
-                if start
-                else ()
-            )
             self.request = frontend.decode_small(
-                self.name, self.version, self.headers, body, received
+                self.name, self.version, self.headers, body, receive_stamps(self.start)
             )
             self.future = frontend.core.infer_nowait(self.request, self._answered, HTTP_ENDPOINT)
         except Exception as exc:  # undecodable, over a limit, a bad shared-memory reference
@@ -130,22 +116,21 @@ class NoTaskInfer:
         protocol, cycle = self.protocol, self.cycle
         if cycle.disconnected:
             return
-        if error is not None:
-            status, extra, payload = protocol.error_answer(cycle, error)
-            self._write(status, JSON, payload, extra)
-            return
-        assert response is not None and self.request is not None
-        try:
-            answer = protocol.frontend.encode_small(response, self.request)
-        except Exception as exc:
-            status, extra, payload = protocol.error_answer(cycle, exc)
-            self._write(status, JSON, payload, extra)
-            return
-        if answer is None:  # large outputs: encoded off the loop, in a task
-            protocol.track(protocol.loop.create_task(self._encode_later(response)))
-            return
-        payload, extra, media_type = answer
-        self._write(200, media_type, payload, extra)
+        if error is None:
+            assert response is not None and self.request is not None
+            try:
+                answer = protocol.frontend.encode_small(response, self.request)
+            except Exception as exc:
+                error = exc
+            else:
+                if answer is None:  # large outputs: encoded off the loop, in a task
+                    protocol.track(protocol.loop.create_task(self._encode_later(response)))
+                else:
+                    payload, extra, media_type = answer
+                    protocol.answer(cycle, 200, media_type, payload, extra)
+                return
+        status, extra_headers, body = protocol.error_answer(cycle, error)
+        protocol.answer(cycle, status, JSON, body, extra_headers)
 
     async def _encode_later(self, response: InferResponse) -> None:
         protocol, cycle = self.protocol, self.cycle
@@ -154,22 +139,11 @@ class NoTaskInfer:
             payload, extra, media_type = await protocol.frontend.encode_answer(
                 response, self.request, self.headers
             )
-            status = 200
         except Exception as exc:
-            status, extra, payload = protocol.error_answer(cycle, exc)
-            media_type = JSON
-        await protocol.respond(cycle, status, media_type, payload, extra)
-
-    def _write(self, status: int, media_type: str, payload: Any, extra: Mapping[str, str]) -> None:
-        protocol, cycle = self.protocol, self.cycle
-        if cycle.flow.write_paused:  # the client reads slowly: wait for the drain in a task
-            protocol.track(
-                protocol.loop.create_task(
-                    protocol.respond(cycle, status, media_type, payload, extra)
-                )
-            )
+            status, extra, body = protocol.error_answer(cycle, exc)
+            protocol.answer(cycle, status, JSON, body, extra)
             return
-        protocol.write_answer(cycle, status, media_type, payload, extra)
+        protocol.answer(cycle, 200, media_type, payload, extra)
 
     def _end(self) -> None:
         """The outcome is in (or nobody waits for it): the body's budget is given back."""

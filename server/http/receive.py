@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -182,3 +183,11 @@ class DirectReceiver(asyncio.BufferedProtocol):
             self.protocol.body_received(nbytes)
         else:
             self.protocol.data_received(buffer[:nbytes])
+
+
+def receive_stamps(start_ns: int) -> tuple:
+    """A request's HTTP receive timestamps for its trace, the body just in; () when tracing
+    is off (`start_ns` 0)."""
+    if not start_ns:
+        return ()
+    return (("HTTP_RECV_START", start_ns), ("HTTP_RECV_END", time.monotonic_ns()))

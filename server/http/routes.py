@@ -42,6 +42,7 @@ from server.http.parsers import (
     json_output_size,
     parse_json_document,
 )
+from server.http.receive import receive_stamps
 from server.http.responses import JSON, Handler, empty, error_response, guarded, json_response
 from server.restricted import HttpGuard, RestrictionMiddleware
 
@@ -180,11 +181,7 @@ class HttpFrontend:
             async for chunk in chunks:
                 buffer.add(chunk)
             body = buffer.parts if self.offload.wants(buffer.total) else buffer.join()
-            received = (
-                (("HTTP_RECV_START", start), ("HTTP_RECV_END", time.monotonic_ns()))
-                if start
-                else ()
-            )
+            received = receive_stamps(start)
             return await self.infer_body(name, version, headers, body, received)
         finally:
             buffer.release()  # the body is counted until its request is answered
@@ -230,8 +227,7 @@ class HttpFrontend:
             return False
         if "transfer-encoding" in headers:
             return False
-        encoding = headers.get("content-encoding")
-        if encoding and any(t.strip().lower() not in ("", "identity") for t in encoding.split(",")):
+        if compression.is_compressed(headers.get("content-encoding")):
             return False
         return compression.choose_response_encoding(headers.get("accept-encoding")) is None
 
@@ -331,9 +327,7 @@ class HttpFrontend:
         """
         parts = body if type(body) is list else [body]
         encoding = headers.get("content-encoding")
-        compressed = encoding is not None and any(
-            token.strip().lower() not in ("", "identity") for token in encoding.split(",")
-        )
+        compressed = compression.is_compressed(encoding)
         header_length = rest_decode.parse_header_length(headers.get(HEADER_LENGTH))
         max_size = self.settings.http_max_input_size
         if header_length == 0:
