@@ -371,7 +371,7 @@ def json_output_size(
 ) -> int:
     """About how many bytes of the response go out as JSON (BYTES elements count 8 each);
     O(number of outputs)."""
-    return _output_size(response, requested, binary_default, as_binary=False)
+    return output_sizes(response, requested, binary_default)[0]
 
 
 def binary_bytes_output_size(
@@ -379,23 +379,23 @@ def binary_bytes_output_size(
 ) -> int:
     """The same for BYTES outputs that go out binary: serialized element by element (numeric
     binary outputs are one copy and do not count); O(number of outputs)."""
-    return _output_size(response, requested, binary_default, as_binary=True, only_objects=True)
+    return output_sizes(response, requested, binary_default)[1]
 
 
-def _output_size(
-    response: InferResponse,
-    requested: list[RequestedOutput] | None,
-    binary_default: bool,
-    as_binary: bool,
-    only_objects: bool = False,
-) -> int:
+def output_sizes(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> tuple[int, int]:
+    """Both of the above in one pass over the outputs (every answer checks both)."""
     choices = {output.name: output.binary for output in requested} if requested else {}
-    total = 0
+    as_json = binary_objects = 0
     for tensor in response.outputs:
-        choice = choices.get(tensor.name)
-        if (binary_default if choice is None else choice) != as_binary:
-            continue
         data = tensor.data
-        if isinstance(data, np.ndarray) and (not only_objects or data.dtype == object):
-            total += data.nbytes
-    return total
+        if not isinstance(data, np.ndarray):
+            continue
+        choice = choices.get(tensor.name)
+        if binary_default if choice is None else choice:
+            if data.dtype == object:
+                binary_objects += data.nbytes
+        else:
+            as_json += data.nbytes
+    return as_json, binary_objects

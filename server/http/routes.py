@@ -40,6 +40,7 @@ from server.http.parsers import (
     binary_bytes_output_size,
     inflate_small,
     json_output_size,
+    output_sizes,
     parse_json_document,
 )
 from server.http.receive import receive_stamps
@@ -254,9 +255,8 @@ class HttpFrontend:
         binary_default = _binary_default(infer_request)
         outputs = infer_request.outputs
         offload = self.offload
-        if offload.wants(json_output_size(response, outputs, binary_default)) or offload.wants(
-            binary_bytes_output_size(response, outputs, binary_default)
-        ):
+        as_json, binary_objects = output_sizes(response, outputs, binary_default)
+        if offload.wants(as_json) or offload.wants(binary_objects):
             return None
         payload, json_length = rest_encode.encode_infer_response_parts(
             response, outputs, binary_default
