@@ -345,7 +345,7 @@ class QueueScheduler(Scheduler):
     # -- dispatch -------------------------------------------------------------------------
 
     async def _dispatch_forever(self) -> None:
-        """Run a pass whenever woken: by the timer, a cancellation or drain."""
+        """Run a pass whenever woken: by a cancellation or drain (the timer runs its own)."""
         wake = self._wake
         while True:
             wake.clear()
@@ -388,8 +388,18 @@ class QueueScheduler(Scheduler):
             self._pool.return_unused()
 
     def _timer_fired(self) -> None:
+        """The timer's pass comes at the end of this loop turn, so what arrives in the turn the
+        delay runs out joins the batch (bench/FINDINGS.md 25). A callback of its own, not the
+        task woken through its Event: the same moment, without the task step and the Event's
+        future per timed batch (FINDINGS 36)."""
         self._timer = self._timer_at = None
-        self._wake.set()
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon(self._timed_pass)
+
+    def _timed_pass(self) -> None:
+        if self._task is not None:  # started and not stopped meanwhile
+            self._dispatch_now()
 
     def _dispatch(self, defer_due: bool = False) -> int | None:
         """Reject expired requests, give batches to free instances; return when to look again.
@@ -489,7 +499,7 @@ class QueueScheduler(Scheduler):
         assert result is not None
         now = self._clock.now_ns()
         stats = self._stats
-        decoupled = self.rules.decoupled
+        answered: list[tuple[int, int]] = []  # (total, queue) of each success, recorded once
         for entry, outcome in zip(batch.entries, result.outcomes, strict=False):
             if entry.state != RUNNING:
                 continue  # cancelled meanwhile, or already failed by drain
@@ -522,12 +532,11 @@ class QueueScheduler(Scheduler):
                         result.output_ns,
                         batch.rows,
                     )
-                queue_ns = max(0, entry.started_ns - arrival_ns)
-                stats.record_success(
-                    total, queue_ns, result.input_ns, result.infer_ns, result.output_ns
-                )
-                if not decoupled:  # a decoupled model's first answer came through its stream
-                    stats.record_first_response(total)
+                answered.append((total, max(0, entry.started_ns - arrival_ns)))
+        # a decoupled model's first answers came through their streams
+        stats.record_successes(
+            answered, result.input_ns, result.infer_ns, result.output_ns, not self.rules.decoupled
+        )
 
     # -- leaving without running ------------------------------------------------------------
 

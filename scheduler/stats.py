@@ -39,6 +39,15 @@ class MetricsObserver(Protocol):
         self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None: ...
 
+    def requests_succeeded(
+        self,
+        answered: list[tuple[int, int]],
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        first: bool,
+    ) -> None: ...
+
     def request_failed(self, reason: str, total_ns: int) -> None: ...
 
     def batch_executed(self, batch_size: int, inferences: int = -1) -> None: ...
@@ -110,15 +119,36 @@ class VersionStatistics:
         self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
         """One request answered; compute durations are those of the batch it ran in."""
+        self.record_successes([(total_ns, queue_ns)], input_ns, infer_ns, output_ns, False)
+
+    def record_successes(
+        self,
+        answered: list[tuple[int, int]],
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        first: bool,
+    ) -> None:
+        """The requests of one batch answered, (total_ns, queue_ns) each; the compute
+        durations are the batch's, counted for each request. `first`: each answer is also the
+        request's first response (a model that is not decoupled). One lock and one observer
+        call per batch, not per request (bench/FINDINGS.md 36)."""
+        count = len(answered)
+        if not count:
+            return
+        total_ns = queue_ns = 0
+        for total, queued in answered:
+            total_ns += total
+            queue_ns += queued
         with self._lock:
-            self.success.add(total_ns)
-            self.queue.add(queue_ns)
-            self.compute_input.add(input_ns)
-            self.compute_infer.add(infer_ns)
-            self.compute_output.add(output_ns)
+            self.success.add(total_ns, count)
+            self.queue.add(queue_ns, count)
+            self.compute_input.add(count * input_ns, count)
+            self.compute_infer.add(count * infer_ns, count)
+            self.compute_output.add(count * output_ns, count)
             self.last_inference_ms = int(time.time() * 1000)
         if self.observer is not None:
-            self.observer.request_succeeded(total_ns, queue_ns, input_ns, infer_ns, output_ns)
+            self.observer.requests_succeeded(answered, input_ns, infer_ns, output_ns, first)
 
     def record_cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
         """A request answered from the response cache: a success (its queue time is what

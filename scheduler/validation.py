@@ -16,6 +16,10 @@ from protocol.text import shown
 from protocol.types import InferRequest
 from scheduler.policy import QueuePolicy
 
+# Signatures remembered per loaded version (RequestRules.valid): a bound on the table, not
+# on what is served; past it every request is checked in full.
+VALID_SIGNATURES = 64
+
 
 def _prefix(request: InferRequest) -> str:
     return f"[request id: {shown(request.id) if request.id else '<id_unknown>'}] "
@@ -55,6 +59,8 @@ class RequestRules:
         "outputs",
         "queue_policy",
         "decoupled",
+        "memoizes",
+        "valid",
     )
 
     def __init__(self, config: ModelConfig) -> None:
@@ -73,6 +79,12 @@ class RequestRules:
         # Answers any number of times, through the request's stream (protocol/stream.py).
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.queue_policy = QueuePolicy(config)
+        # Requests of one client look alike: a signature that passed (input names, datatypes,
+        # shapes; output names) is checked once and looked up after. Not where a reshape
+        # rewrites the inputs; at most VALID_SIGNATURES per loaded version, the rest checked
+        # in full every time.
+        self.memoizes = all(rule.reshape is None for rule in self.inputs.values())
+        self.valid: dict[tuple, int] = {}
 
 
 def validate_request(request: InferRequest, config: ModelConfig | RequestRules) -> None:
@@ -82,6 +94,35 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
     works too, at the cost of building them for this one call.
     """
     rules = config if isinstance(config, RequestRules) else RequestRules(config)
+    signature = _signature(request) if rules.memoizes else None
+    if signature is not None:
+        batch_size = rules.valid.get(signature)
+        if batch_size is not None:  # the same request passed before
+            request.batch_size = batch_size
+            rules.queue_policy.apply(request)
+            return
+    _check(request, rules)
+    if signature is not None and len(rules.valid) < VALID_SIGNATURES:
+        rules.valid[signature] = request.batch_size
+    rules.queue_policy.apply(request)
+
+
+def _signature(request: InferRequest) -> tuple | None:
+    """What validation reads of a request, hashable; None when something in it is not."""
+    outputs = request.outputs
+    signature = (
+        tuple([(t.name, t.datatype, t.shape) for t in request.inputs]),
+        None if outputs is None else tuple([o.name for o in outputs]),
+    )
+    try:
+        hash(signature)
+    except TypeError:  # a shape given as a list
+        return None
+    return signature
+
+
+def _check(request: InferRequest, rules: RequestRules) -> None:
+    """Every rule, in full; sets the request's batch size."""
     model = rules.model
     expected = rules.inputs
     given: set[str] = set()
@@ -174,4 +215,3 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
                     f"{_prefix(request)}output '{output.name}' already exists in request"
                 )
             seen.add(output.name)
-    rules.queue_policy.apply(request)

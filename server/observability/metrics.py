@@ -326,27 +326,43 @@ class VersionMetrics:
     def request_succeeded(
         self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
+        self.requests_succeeded([(total_ns, queue_ns)], input_ns, infer_ns, output_ns, False)
+
+    def requests_succeeded(
+        self,
+        answered: list[tuple[int, int]],
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        first: bool,
+    ) -> None:
+        """The requests of one batch answered, (total_ns, queue_ns) each, with the batch's
+        compute durations; `first`: each answer is also the request's first response. One
+        lock per batch; the histograms observe each request."""
+        count = len(answered)
         summaries = self.summaries
+        total_ns = queue_ns = 0
+        for total, queued in answered:
+            total_ns += total
+            queue_ns += queued
         with self._lock:
-            self.success += 1
+            self.success += count
             self.request_us += total_ns / 1000
             self.queue_us += queue_ns / 1000
-            self.input_us += input_ns / 1000
-            self.infer_us += infer_ns / 1000
-            self.output_us += output_ns / 1000
+            self.input_us += count * input_ns / 1000
+            self.infer_us += count * infer_ns / 1000
+            self.output_us += count * output_ns / 1000
             if summaries is not None:  # whole microseconds, as Triton observes them
                 pending = summaries.pending
-                pending.append(
-                    (
-                        total_ns // 1000,
-                        queue_ns // 1000,
-                        input_ns // 1000,
-                        infer_ns // 1000,
-                        output_ns // 1000,
-                    )
-                )
+                compute = (input_ns // 1000, infer_ns // 1000, output_ns // 1000)
+                for total, queued in answered:
+                    pending.append((total // 1000, queued // 1000, *compute))
                 full = len(pending) >= SUMMARY_BUFFER
-        self._latency.observe(total_ns / 1e9)
+        latency, first_response = self._latency, self._first if first else None
+        for total, _ in answered:
+            latency.observe(total / 1e9)
+            if first_response is not None:  # whole milliseconds, as Triton observes them
+                first_response.observe(total // 1_000_000)
         if summaries is not None and full:
             summaries.merge(self._lock)
 

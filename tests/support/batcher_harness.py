@@ -108,6 +108,10 @@ class Observer:
     def request_succeeded(self, *args) -> None:
         pass
 
+    def requests_succeeded(self, answered, input_ns, infer_ns, output_ns, first) -> None:
+        if first:
+            self.first_responses = getattr(self, "first_responses", 0) + len(answered)
+
     def request_failed(self, reason: str, total_ns: int) -> None:
         self.failures.append(reason)
 

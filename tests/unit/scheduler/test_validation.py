@@ -124,3 +124,46 @@ def test_a_shape_the_reshape_cannot_take_is_invalid_argument(
     model = text_format.Parse(RESHAPE_CONFIG % (dims, reshape), ModelConfig())
     with pytest.raises(InvalidArgument, match="INPUT"):
         validate_request(InferRequest("reshaped", inputs=[tensor("INPUT", shape)]), model)
+
+
+def test_a_signature_that_passed_is_looked_up_with_the_same_outcome() -> None:
+    from scheduler.validation import RequestRules
+
+    rules = RequestRules(config())
+    first = request(tensor("INPUT0", (3, 16)), tensor("INPUT1", (3, 5)))
+    validate_request(first, rules)
+    assert len(rules.valid) == 1
+    again = request(tensor("INPUT0", (3, 16)), tensor("INPUT1", (3, 5)), parameters={"priority": 1})
+    validate_request(again, rules)  # looked up: the batch size, and its own queue policy
+    assert (again.batch_size, again.priority, again.timeout_us) == (3, 1, 100)
+    assert len(rules.valid) == 1
+    # another shape under the same names is checked in full, and refused as before
+    with pytest.raises(InvalidArgument, match="unexpected shape for input 'INPUT0'"):
+        validate_request(request(tensor("INPUT0", (3, 15)), tensor("INPUT1", (3, 5))), rules)
+    with pytest.raises(InvalidArgument, match="unexpected inference output 'NOPE'"):
+        validate_request(
+            request(
+                tensor("INPUT0", (3, 16)),
+                tensor("INPUT1", (3, 5)),
+                outputs=[RequestedOutput("NOPE")],
+            ),
+            rules,
+        )
+    assert len(rules.valid) == 1  # refusals are never kept
+
+
+def test_the_signature_table_is_bounded_and_skipped_for_reshapes() -> None:
+    from scheduler.validation import VALID_SIGNATURES, RequestRules
+
+    rules = RequestRules(config())
+    for width in range(1, VALID_SIGNATURES + 10):
+        r = request(tensor("INPUT0", (1, 16)), tensor("INPUT1", (1, width)))
+        validate_request(r, rules)
+        assert r.batch_size == 1
+    assert len(rules.valid) == VALID_SIGNATURES
+    reshaped = config()
+    reshaped.input[1].reshape.shape.extend([-1])
+    rules = RequestRules(reshaped)
+    r = request(tensor("INPUT0", (2, 16)), tensor("INPUT1", (2, 4)))
+    validate_request(r, rules)
+    assert not rules.memoizes and not rules.valid and r.batch_size == 2

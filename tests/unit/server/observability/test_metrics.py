@@ -67,3 +67,24 @@ def test_rejections_are_counted_by_reason() -> None:
     assert 'ascend_inference_rejected_total{model="m",reason="queue_timeout",version="1"} 1' in text
     metrics.version_unloaded("m", 1)
     assert "ascend_inference_rejected_total{" not in metrics.render().decode()
+
+
+def test_a_batch_of_answers_counts_each_request() -> None:
+    from server.observability.metrics import MetricsOptions
+
+    metrics = ServerMetrics(
+        options=MetricsOptions(histogram_latencies=True, summary_latencies=True)
+    )
+    version = metrics.version_loaded("m", 1, 0.0)
+    # three requests of one batch: (total, queue) each, the batch's compute durations
+    version.requests_succeeded(
+        [(2_000_000, 500_000), (3_000_000, 1_000_000), (4_000_000, 0)], 1000, 2000, 3000, True
+    )
+    text = metrics.render().decode()
+    assert 'nv_inference_request_success{model="m",version="1"} 3' in text
+    assert 'nv_inference_request_duration_us{model="m",version="1"} 9000' in text
+    assert 'nv_inference_queue_duration_us{model="m",version="1"} 1500' in text
+    assert 'nv_inference_compute_infer_duration_us{model="m",version="1"} 6' in text
+    assert 'ascend_inference_request_latency_seconds_count{model="m",version="1"} 3' in text
+    assert 'nv_inference_first_response_histogram_ms_count{model="m",version="1"} 3' in text
+    assert 'nv_inference_first_response_histogram_ms_sum{model="m",version="1"} 9' in text
