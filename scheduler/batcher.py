@@ -200,13 +200,14 @@ class BatchQueue(BatchingQueue):
         return batch, None
 
     def _in_order(self) -> Iterator[Entry]:
+        # `Entry.live` written out: every take walks the waiting entries through here
         for number in self._level_order:
             level = self._levels[number]
             for entry in level.waiting:
-                if entry.live and not entry.delayed:
+                if entry.state == QUEUED and not entry.delayed and not entry.future.done():
                     yield entry
             for entry in level.delayed:
-                if entry.live:
+                if entry.state == QUEUED and not entry.future.done():
                     yield entry
 
     def _compact(self) -> None:
