@@ -106,6 +106,22 @@ def start_server(
 GRPC_SERVER_ENV = "ASCEND_TEST_GRPC_SERVER"
 
 
+def wait_until_ready(
+    base: str, process: subprocess.Popen, timeout: float, path: str = "/v2/health/ready"
+) -> bool:
+    """Poll `base + path` until it answers 200 (True); False once `process` has exited or
+    `timeout` seconds have passed (the caller says what that means and shows its log)."""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(base + path, timeout=1.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
 def _grpc_server_choice(extra_args: Sequence[str]) -> list[str]:
     choice = os.environ.get(GRPC_SERVER_ENV, "")
     if not choice or any(str(a).startswith("--grpc-server") for a in extra_args):

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from harness.serverproc import free_port, loopback_listeners
+from harness.serverproc import free_port, loopback_listeners, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "py_add"
@@ -86,16 +86,8 @@ def _profiled_run(
         process = subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=log)
     base = f"http://127.0.0.1:{http_port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{base}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {out.with_suffix('.log')}")
-            time.sleep(0.2)
+        if not wait_until_ready(base, process, 90):
+            raise RuntimeError(f"server did not start: {out.with_suffix('.log')}")
         if seconds > 0:
             perf_analyzer = os.environ.get("PERF_ANALYZER") or shutil.which("perf_analyzer")
             if not perf_analyzer:

@@ -40,7 +40,7 @@ import numpy as np
 from bench.cpu_time import process_cpu
 from examples.build_repository import make_simple_model, simple_config, write_model_dir
 from harness.procutil import children_running
-from harness.serverproc import free_port, loopback_listeners
+from harness.serverproc import free_port, loopback_listeners, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "bench.studies.owner_wall"
@@ -192,16 +192,8 @@ def measure(tree: Path, repo: Path, protocol: str, window: int, seconds: float, 
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
     base = f"http://127.0.0.1:{http_port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"owner did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
+        if not wait_until_ready(base, process, 60):
+            raise RuntimeError(f"owner did not start: {log.read_text()[-2000:]}")
         if not children_running(process.pid, MODULE.encode()):
             raise RuntimeError("no feeder")
         time.sleep(1.5)  # warm up

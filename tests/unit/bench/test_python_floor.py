@@ -7,16 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from harness.serverproc import free_port
+from harness.serverproc import free_port, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,15 +30,7 @@ def floor_server() -> Iterator[str]:
     )
     url = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://{url}/v2/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, "did not start"
-            time.sleep(0.1)
+        assert wait_until_ready(f"http://{url}", process, 30), "did not start"
         yield url
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # the server and its worker
