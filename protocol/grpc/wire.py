@@ -124,7 +124,11 @@ def scan(data: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | N
         if tag >> 3 == 0:
             return None
         if wire == _LENGTH_DELIMITED:
-            length, pos = _varint(data, pos)
+            if pos < end and data[pos] < 0x80:  # a length under 128: one byte, as for tags
+                length = data[pos]
+                pos += 1
+            else:
+                length, pos = _varint(data, pos)
             if length < 0 or length > end - pos:
                 return None
             if tag == _RAW_INPUT_TAG:

@@ -137,6 +137,8 @@ RAW = b"\x3a\x04abcd"  # field 7, length 4
 CASES = {
     "truncated varint in a tag": RAW + b"\xff\xff",
     "truncated length": RAW + b"\x3a\xff",
+    "a tag with no length after it": RAW + b"\x3a",
+    "a two-byte length": RAW + b"\x3a\x80\x01" + b"x" * 128,
     "length past the end": RAW + b"\x3a\x10abc",
     "huge declared length": RAW + b"\x3a\xff\xff\xff\xff\x0f",
     "varint of eleven bytes": RAW + b"\x08" + b"\xff" * 10 + b"\x01",
