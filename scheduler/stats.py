@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from protocol.types import BatchStatisticsSnapshot, DurationSnapshot, StatisticsSnapshot
 
@@ -32,21 +32,24 @@ class BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+class AnsweredBatch(NamedTuple):
+    """The successes of one batch as the statistics counted them, for the metrics: each
+    request's (total_ns, queue_ns), their sums, the batch's compute durations (each request's
+    too), and whether each answer is also the request's first response."""
+
+    answered: list[tuple[int, int]]
+    total_ns: int
+    queue_ns: int
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+    first: bool
+
+
 class MetricsObserver(Protocol):
     """What the metrics module implements for one model version (labelled children bound once)."""
 
-    def request_succeeded(
-        self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
-    ) -> None: ...
-
-    def requests_succeeded(
-        self,
-        answered: list[tuple[int, int]],
-        input_ns: int,
-        infer_ns: int,
-        output_ns: int,
-        first: bool,
-    ) -> None: ...
+    def requests_succeeded(self, batch: AnsweredBatch) -> None: ...
 
     def request_failed(self, reason: str, total_ns: int) -> None: ...
 
@@ -148,7 +151,9 @@ class VersionStatistics:
             self.compute_output.add(count * output_ns, count)
             self.last_inference_ms = int(time.time() * 1000)
         if self.observer is not None:
-            self.observer.requests_succeeded(answered, input_ns, infer_ns, output_ns, first)
+            self.observer.requests_succeeded(
+                AnsweredBatch(answered, total_ns, queue_ns, input_ns, infer_ns, output_ns, first)
+            )
 
     def record_cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
         """A request answered from the response cache: a success (its queue time is what

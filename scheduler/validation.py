@@ -96,7 +96,10 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
     rules = config if isinstance(config, RequestRules) else RequestRules(config)
     signature = _signature(request) if rules.memoizes else None
     if signature is not None:
-        batch_size = rules.valid.get(signature)
+        try:
+            batch_size = rules.valid.get(signature)
+        except TypeError:  # unhashable: a shape given as a list
+            signature, batch_size = None, None
         if batch_size is not None:  # the same request passed before
             request.batch_size = batch_size
             rules.queue_policy.apply(request)
@@ -107,18 +110,13 @@ def validate_request(request: InferRequest, config: ModelConfig | RequestRules) 
     rules.queue_policy.apply(request)
 
 
-def _signature(request: InferRequest) -> tuple | None:
-    """What validation reads of a request, hashable; None when something in it is not."""
+def _signature(request: InferRequest) -> tuple:
+    """What validation reads of a request (hashed once, by the table's lookup)."""
     outputs = request.outputs
-    signature = (
+    return (
         tuple([(t.name, t.datatype, t.shape) for t in request.inputs]),
         None if outputs is None else tuple([o.name for o in outputs]),
     )
-    try:
-        hash(signature)
-    except TypeError:  # a shape given as a list
-        return None
-    return signature
 
 
 def _check(request: InferRequest, rules: RequestRules) -> None:

@@ -366,26 +366,13 @@ def inflate_small(
         return None
 
 
-def json_output_size(
-    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
-) -> int:
-    """About how many bytes of the response go out as JSON (BYTES elements count 8 each);
-    O(number of outputs)."""
-    return output_sizes(response, requested, binary_default)[0]
-
-
-def binary_bytes_output_size(
-    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
-) -> int:
-    """The same for BYTES outputs that go out binary: serialized element by element (numeric
-    binary outputs are one copy and do not count); O(number of outputs)."""
-    return output_sizes(response, requested, binary_default)[1]
-
-
 def output_sizes(
     response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
 ) -> tuple[int, int]:
-    """Both of the above in one pass over the outputs (every answer checks both)."""
+    """About how many bytes of the response go out as JSON (BYTES elements count 8 each), and
+    how many are binary BYTES outputs (serialized element by element; numeric binary outputs
+    are one copy and do not count): the two sizes that send an answer's encoding off the loop.
+    One pass over the outputs."""
     choices = {output.name: output.binary for output in requested} if requested else {}
     as_json = binary_objects = 0
     for tensor in response.outputs:

@@ -37,9 +37,7 @@ from server.http.body import BodyBudget, BodyBuffer, BodyLimit, resolve_inflight
 from server.http.generate import GenerateEndpoints
 from server.http.parsers import (
     BodyOffload,
-    binary_bytes_output_size,
     inflate_small,
-    json_output_size,
     output_sizes,
     parse_json_document,
 )
@@ -271,15 +269,12 @@ class HttpFrontend:
         binary_default = _binary_default(infer_request)
         offload = self.offload
         payload: Payload
-        if offload.enabled and offload.wants(
-            json_output_size(response, infer_request.outputs, binary_default)
-        ):
+        as_json, binary_objects = output_sizes(response, infer_request.outputs, binary_default)
+        if offload.enabled and offload.wants(as_json):
             payload, json_length = await offload.encode_response(
                 response, infer_request.outputs, binary_default
             )
-        elif offload.wants(
-            binary_bytes_output_size(response, infer_request.outputs, binary_default)
-        ):
+        elif offload.wants(binary_objects):
             # large binary BYTES outputs: serialized in steps (protocol/datatypes.py), so a
             # thread lets the loop run between them
             payload, json_length = await asyncio.to_thread(

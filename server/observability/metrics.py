@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from scheduler.stats import REJECTION_REASONS, FailureReason
+from scheduler.stats import REJECTION_REASONS, AnsweredBatch, FailureReason
 from server.observability.quantiles import DEFAULT_CAPACITY, DEFAULT_QUANTILES, WindowedQuantiles
 from server.observability.remote_reads import RemoteReads
 
@@ -323,42 +323,26 @@ class VersionMetrics:
             else None
         )
 
-    def request_succeeded(
-        self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
-    ) -> None:
-        self.requests_succeeded([(total_ns, queue_ns)], input_ns, infer_ns, output_ns, False)
-
-    def requests_succeeded(
-        self,
-        answered: list[tuple[int, int]],
-        input_ns: int,
-        infer_ns: int,
-        output_ns: int,
-        first: bool,
-    ) -> None:
-        """The requests of one batch answered, (total_ns, queue_ns) each, with the batch's
-        compute durations; `first`: each answer is also the request's first response. One
-        lock per batch; the histograms observe each request."""
+    def requests_succeeded(self, batch: AnsweredBatch) -> None:
+        """The successes of one batch: one lock for the counters and the summaries' samples;
+        the histograms observe each request."""
+        answered = batch.answered
         count = len(answered)
         summaries = self.summaries
-        total_ns = queue_ns = 0
-        for total, queued in answered:
-            total_ns += total
-            queue_ns += queued
         with self._lock:
             self.success += count
-            self.request_us += total_ns / 1000
-            self.queue_us += queue_ns / 1000
-            self.input_us += count * input_ns / 1000
-            self.infer_us += count * infer_ns / 1000
-            self.output_us += count * output_ns / 1000
+            self.request_us += batch.total_ns / 1000
+            self.queue_us += batch.queue_ns / 1000
+            self.input_us += count * batch.input_ns / 1000
+            self.infer_us += count * batch.infer_ns / 1000
+            self.output_us += count * batch.output_ns / 1000
             if summaries is not None:  # whole microseconds, as Triton observes them
                 pending = summaries.pending
-                compute = (input_ns // 1000, infer_ns // 1000, output_ns // 1000)
+                compute = (batch.input_ns // 1000, batch.infer_ns // 1000, batch.output_ns // 1000)
                 for total, queued in answered:
                     pending.append((total // 1000, queued // 1000, *compute))
                 full = len(pending) >= SUMMARY_BUFFER
-        latency, first_response = self._latency, self._first if first else None
+        latency, first_response = self._latency, self._first if batch.first else None
         for total, _ in answered:
             latency.observe(total / 1e9)
             if first_response is not None:  # whole milliseconds, as Triton observes them

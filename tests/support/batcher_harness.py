@@ -105,12 +105,9 @@ class Observer:
         self.batch_sizes: list[int] = []
         self.rejections: list[str] = []
 
-    def request_succeeded(self, *args) -> None:
-        pass
-
-    def requests_succeeded(self, answered, input_ns, infer_ns, output_ns, first) -> None:
-        if first:
-            self.first_responses = getattr(self, "first_responses", 0) + len(answered)
+    def requests_succeeded(self, batch) -> None:
+        if batch.first:
+            self.first_responses = getattr(self, "first_responses", 0) + len(batch.answered)
 
     def request_failed(self, reason: str, total_ns: int) -> None:
         self.failures.append(reason)

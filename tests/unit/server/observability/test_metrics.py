@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
+from scheduler.stats import AnsweredBatch
 from server.observability.metrics import ServerMetrics
+from tests.support.answers import one_success
 
 
 def test_series_appear_at_zero_on_load_and_vanish_on_unload() -> None:
@@ -28,7 +30,7 @@ def test_counters_histograms_and_pending_move() -> None:
     version.pending_changed(+3)
     version.pending_changed(-1)
     version.batch_executed(4)
-    version.request_succeeded(2_000_000, 500_000, 1000, 2000, 3000)
+    version.requests_succeeded(one_success(2_000_000, 500_000, 1000, 2000, 3000))
     version.request_failed("BACKEND", 1_000_000)
     text = metrics.render().decode()
     assert 'nv_inference_pending_request_count{model="m",version="2"} 2' in text
@@ -77,8 +79,9 @@ def test_a_batch_of_answers_counts_each_request() -> None:
     )
     version = metrics.version_loaded("m", 1, 0.0)
     # three requests of one batch: (total, queue) each, the batch's compute durations
+    answered = [(2_000_000, 500_000), (3_000_000, 1_000_000), (4_000_000, 0)]
     version.requests_succeeded(
-        [(2_000_000, 500_000), (3_000_000, 1_000_000), (4_000_000, 0)], 1000, 2000, 3000, True
+        AnsweredBatch(answered, 9_000_000, 1_500_000, 1000, 2000, 3000, True)
     )
     text = metrics.render().decode()
     assert 'nv_inference_request_success{model="m",version="1"} 3' in text

@@ -16,6 +16,7 @@ from server.observability.metrics import (
     parse_metrics_config,
 )
 from server.observability.quantiles import DEFAULT_QUANTILES
+from tests.support.answers import one_success
 
 
 def _summarised(**options: object) -> ServerMetrics:
@@ -25,7 +26,7 @@ def _summarised(**options: object) -> ServerMetrics:
 def test_summaries_are_off_by_default_and_cost_nothing() -> None:
     metrics = ServerMetrics()
     version = metrics.version_loaded("m", 1, 0.0)
-    version.request_succeeded(1_000_000, 0, 0, 0, 0)
+    version.requests_succeeded(one_success(1_000_000, 0, 0, 0, 0))
     assert version.summaries is None
     assert "_summary_us" not in metrics.render().decode()
 
@@ -34,7 +35,7 @@ def test_summaries_have_tritons_names_quantiles_count_and_sum() -> None:
     metrics = _summarised()
     version = metrics.version_loaded("m", 1, 0.0)
     for i in range(1, 101):  # request i: i ms in all, i us queued, 1/2/3 us of compute
-        version.request_succeeded(i * 1_000_000, i * 1000, 1000, 2000, 3999)
+        version.requests_succeeded(one_success(i * 1_000_000, i * 1000, 1000, 2000, 3999))
     version.request_failed("BACKEND", 5_000_000)  # failures are not observed (as Triton)
     text = metrics.render().decode()
     for name, _ in SUMMARIES:
@@ -70,7 +71,7 @@ def test_the_request_that_fills_the_buffer_merges_it() -> None:
     version = metrics.version_loaded("m", 1, 0.0)
     assert version.summaries is not None
     for _ in range(SUMMARY_BUFFER):
-        version.request_succeeded(1000, 0, 0, 0, 0)
+        version.requests_succeeded(one_success(1000, 0, 0, 0, 0))
     assert version.summaries.pending == [] and version.summaries.counts[0] == SUMMARY_BUFFER
     metrics.poll()  # the poller merges what is buffered; nothing left is fine
     assert version.summaries.counts[0] == SUMMARY_BUFFER
