@@ -194,6 +194,10 @@ class WorkerProcess:
         # from under a call in progress; sever() first wakes such a call.
         self._call_lock = threading.RLock()
         self._closed = False
+        # The loop's watch on the socket (`_start_watch`) and the answer of the batch begun
+        # from the loop that it waits for (None between batches); both the loop's only.
+        self._watch: socket.socket | None = None
+        self._on_reply: Callable[[list[Result] | Exception], None] | None = None
 
     @classmethod
     def spawn(
@@ -406,11 +410,12 @@ class WorkerProcess:
         if self._channel.shared or not self._call_lock.acquire(blocking=False):
             return False
         try:
-            if self._closed or self.process.poll() is not None:
+            # `returncode`, not poll(): a system call per batch; a worker that died unreaped
+            # shows as a send that fails or a reply that never comes (end-of-file), as here.
+            if self._closed or self.process.returncode is not None:
                 self._call_lock.release()
                 return False
             loop = asyncio.get_running_loop()
-            fileno = self._sock.fileno()
             refs, new_fd = self._inputs.pack(requests)
             message: dict[str, Any] = {
                 "op": "execute",
@@ -419,38 +424,68 @@ class WorkerProcess:
             }
             if details:
                 message.update(details)
-            loop.add_reader(fileno, self._readable, loop, on_reply)
+            if self._watch is None:
+                self._start_watch(loop)
+            self._channel.untimed()
+            self._on_reply = on_reply
         except BaseException:
+            self._on_reply = None
             self._call_lock.release()
             return False
         try:
-            # uvloop (libuv's uv_poll_init) makes a watched fd non-blocking; the socket object
-            # still reads as blocking (here once readable, and in `call` on a thread), so it
-            # must stay blocking or a read finds EAGAIN and the worker looks dead.
-            os.set_blocking(fileno, True)
             self._channel.send(message, [new_fd] if new_fd is not None else ())
         except BaseException:  # the worker is gone: `execute` finds that out and says so
-            loop.remove_reader(fileno)
+            self._on_reply = None
             self._call_lock.release()
             return False
         return True
 
-    def _readable(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        on_reply: Callable[[list[Result] | Exception], None],
-    ) -> None:
+    def _start_watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Have the loop watch the socket, for this and every later batch begun from it.
+
+        The loop watches a duplicate of the socket's descriptor, which only the loop closes
+        (`_end_watch`): closing the socket from another thread then cannot leave the loop
+        watching a number the next socket reuses. uvloop makes a watched descriptor
+        non-blocking, and the duplicate shares that flag with the socket, so it is set back:
+        threads still read and write the socket blocking, and the loop reads with
+        MSG_DONTWAIT (`Receiver.recv_nowait`). Watching once, not per batch, saves uvloop's
+        poll handle and about ten system calls a batch (bench/FINDINGS.md 37)."""
+        watch = self._sock.dup()
+        try:
+            loop.add_reader(watch.fileno(), self._readable, loop, watch)
+            os.set_blocking(watch.fileno(), True)
+        except BaseException:
+            watch.close()
+            raise
+        self._watch = watch
+
+    def _end_watch(self, loop: asyncio.AbstractEventLoop, watch: socket.socket) -> None:
+        """On the loop: stop watching `watch` and close it."""
+        loop.remove_reader(watch.fileno())
+        watch.close()
+        if self._watch is watch:
+            self._watch = None
+
+    def _readable(self, loop: asyncio.AbstractEventLoop, watch: socket.socket) -> None:
         """On the loop, when the socket has bytes: route what arrived; on the reply, read the
-        outputs, free the socket and answer."""
+        outputs, free the call lock and answer. With no batch of the loop's in progress (a
+        call on a thread reads its own reply; the worker went while idle) the loop stops
+        watching, so it does not spin on bytes that are not its to read; the next batch
+        watches again."""
+        on_reply = self._on_reply
+        if on_reply is None or watch is not self._watch:
+            self._end_watch(loop, watch)
+            return
         receiver = self._channel.receiver
         outcome: list[Result] | Exception
         try:
             while True:
-                message, fds = receiver.recv()
+                got = receiver.recv_nowait()
+                if got is None:
+                    return  # the rest comes with a later wake-up
+                message, fds = got
                 if self._route(message, fds) == "reply":
                     break
-                if not receiver.has_message():
-                    return  # the reply comes with a later wake-up
             for extra in fds[1:]:
                 os.close(extra)
             if fds:
@@ -461,9 +496,10 @@ class WorkerProcess:
                 outcome = exc
         except (ChannelClosed, OSError) as exc:
             outcome = ChannelClosed(str(exc))
+            self._end_watch(loop, watch)
         except Exception as exc:  # a reply that cannot be read: the call fails, not the loop
             outcome = WorkerReplyError(f"unreadable reply from the worker: {exc}")
-        loop.remove_reader(self._sock.fileno())
+        self._on_reply = None
         self._call_lock.release()
         on_reply(outcome)
 

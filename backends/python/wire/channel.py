@@ -146,6 +146,13 @@ class Channel:
                     if self._sleeping:
                         self._cond.notify_all()
 
+    def untimed(self) -> None:
+        """Leave the socket without a timeout (blocking, no poll before each operation), as an
+        owner reading it with `Receiver.recv_nowait` needs: a timed wait leaves one set."""
+        if self._timeout is not None:
+            self.sock.settimeout(None)
+            self._timeout = None
+
     def _set_timeout(self, deadline: float | None) -> None:
         """The socket's timeout for the time left (two fcntl calls: only when it changes)."""
         remaining = None if deadline is None else max(deadline - time.monotonic(), 1e-3)

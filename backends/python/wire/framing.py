@@ -30,6 +30,7 @@ import numpy as np
 
 HEADER = struct.Struct("<I")
 MAX_FDS = 4
+_FD_SPACE = socket.CMSG_LEN(MAX_FDS * array.array("i").itemsize)
 ALIGN = 64
 MIN_ARENA = 1 << 20
 
@@ -86,11 +87,33 @@ class Receiver:
         end = HEADER.size + length
         if len(buffer) < end:
             self._fill_exactly(end - len(buffer))
+        return self._take(end)
+
+    def recv_nowait(self) -> tuple[dict[str, Any], list[int]] | None:
+        """The next message if it is whole once what the socket holds now is read, else
+        None (its bytes so far stay buffered): for an event loop woken by the socket's
+        readiness, which must never wait for the rest. Reads with MSG_DONTWAIT, so the socket
+        stays blocking for the threads that use `recv`."""
+        buffer = self._buffer
+        if len(buffer) < HEADER.size or len(buffer) < HEADER.size + HEADER.unpack_from(buffer)[0]:
+            while self._fill(self._fds, self.CHUNK, socket.MSG_DONTWAIT) == self.CHUNK:
+                pass  # a full chunk: more may be there
+            if len(buffer) < HEADER.size:
+                return None
+        end = HEADER.size + HEADER.unpack_from(buffer)[0]
+        if len(buffer) < end:
+            return None
+        return self._take(end)
+
+    def _take(self, end: int) -> tuple[dict[str, Any], list[int]]:
+        """The message that fills the buffer up to `end`, with its file descriptors."""
+        buffer = self._buffer
         message = pickle.loads(buffer[HEADER.size : end])
         del buffer[:end]
         count = message.pop("nfds", 0)
         if not count:
             return message, []
+        fds = self._fds
         return message, [fds.popleft() for _ in range(min(count, len(fds)))]
 
     def has_message(self) -> bool:
@@ -101,17 +124,21 @@ class Receiver:
             return False
         return len(buffer) >= HEADER.size + HEADER.unpack_from(buffer)[0]
 
-    def _fill(self, fds: deque[int], size: int) -> None:
+    def _fill(self, fds: deque[int], size: int, flags: int = 0) -> int:
+        """One read into the buffer; the bytes it brought (0: none yet, with MSG_DONTWAIT)."""
         try:
-            chunk, got_fds, _flags, _addr = socket.recv_fds(self.sock, size, MAX_FDS)
+            chunk, got_fds = _recv_with_fds(self.sock, size, flags)
         except OSError as exc:
             if isinstance(exc, TimeoutError):
                 raise
+            if flags and isinstance(exc, BlockingIOError):
+                return 0
             raise ChannelClosed(str(exc)) from exc
         if not chunk:
             raise ChannelClosed("the other process closed the channel")
         self._buffer += chunk
         fds.extend(got_fds)
+        return len(chunk)
 
     def _fill_exactly(self, missing: int) -> None:
         """The rest of a large payload, straight into the buffer."""
@@ -135,6 +162,16 @@ class Receiver:
             view.release()
             if received < missing:
                 del buffer[start + received :]
+
+
+def _recv_with_fds(sock: socket.socket, size: int, flags: int) -> tuple[bytes, list[int]]:
+    """`socket.recv_fds`, which before Python 3.13 drops its `flags` (MSG_DONTWAIT)."""
+    data, ancillary, _flags, _addr = sock.recvmsg(size, _FD_SPACE, flags)
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
 
 
 def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:

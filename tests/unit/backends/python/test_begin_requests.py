@@ -126,3 +126,42 @@ def test_under_uvloop_the_thread_way_and_finalize_still_work_after_the_loops(
     assert backend.restarts == 0 and backend.healthy()
     backend.unload()
     assert (model_dir / "finalized").read_text() == "yes"
+
+
+def test_under_uvloop_the_socket_is_watched_once_and_a_worker_dying_idle_is_survived(
+    tmp_path: Path,
+) -> None:
+    """The loop watches the worker's socket from its first batch on, not per batch; a worker
+    that dies between batches ends that watch (its end-of-file), and the restarted worker's
+    socket, which may get the same descriptor number, is watched afresh and answers."""
+    config_text = ADD_SUB_CONFIG % ""
+    backend = make_backend(write_model(tmp_path, "add_sub", ADD_SUB, config_text), config_text)
+    backend.load()
+
+    async def main() -> None:
+        worker = backend._worker
+        assert worker is not None
+        watches = set()
+        for n in range(1, 4):
+            _, (result,) = await begun(backend, [pair(n, n)])
+            assert np.array_equal(result["OUTPUT0"], np.full((1, 4), 2 * n, np.float32))
+            watches.add(id(worker._watch))
+        assert len(watches) == 1 and worker._watch is not None
+        os.kill(worker.pid, signal.SIGKILL)  # idle: no batch of the loop's in progress
+        for _ in range(100):
+            if worker._watch is None:
+                break
+            await asyncio.sleep(0.05)
+        assert worker._watch is None  # the end-of-file ended it
+        await asyncio.to_thread(wait_healthy, backend)
+        assert backend._worker is not worker
+        _, (after,) = await begun(backend, [pair(4, 5)])
+        assert np.array_equal(after["OUTPUT0"], np.full((1, 4), 9, np.float32))
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert backend.restarts == 1 and backend.healthy()
+    backend.unload()

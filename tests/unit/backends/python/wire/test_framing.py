@@ -58,6 +58,58 @@ def test_closed_peer_raises_channel_closed(pair: tuple[socket.socket, socket.soc
         recv_message(right)
 
 
+def test_a_reader_that_must_not_wait_gets_whole_messages_only(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """What an event loop reads when the socket is readable: a message once whole, None
+    before that (its bytes kept), never a wait, and the socket left blocking for threads."""
+    left, right = pair
+    receiver = Receiver(right)
+    assert receiver.recv_nowait() is None  # nothing there: no wait
+    frame = b"".join(_frames({"op": "big", "blob": b"y" * 50_000}, {"op": "next"}))
+    left.sendall(frame[:10])
+    assert receiver.recv_nowait() is None
+    left.sendall(frame[10:30_000])
+    assert receiver.recv_nowait() is None  # 30,000 of 50,000-odd bytes: still not whole
+    left.sendall(frame[30_000:])
+    message, fds = receiver.recv_nowait()  # type: ignore[misc]
+    assert message["op"] == "big" and len(message["blob"]) == 50_000 and fds == []
+    assert receiver.recv_nowait() == ({"op": "next"}, [])
+    assert right.getblocking() and right.gettimeout() is None
+    read_end, write_end = os.pipe()
+    try:
+        send_message(left, {"op": "fd"}, [write_end])
+        message, fds = receiver.recv_nowait()  # type: ignore[misc]
+        assert message == {"op": "fd"} and len(fds) == 1
+        os.close(fds[0])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    left.close()
+    with pytest.raises(ChannelClosed):
+        receiver.recv_nowait()
+
+
+def _frames(*messages: dict) -> list[bytes]:
+    """The bytes send_message writes for each message."""
+    a, b = socket.socketpair()
+    try:
+        out = []
+        for message in messages:
+            send_message(a, message)
+            out.append(recv_raw(b))
+        return out
+    finally:
+        a.close()
+        b.close()
+
+
+def recv_raw(sock: socket.socket) -> bytes:
+    head = sock.recv(4, socket.MSG_WAITALL)
+    size = int.from_bytes(head, "little")
+    return head + sock.recv(size, socket.MSG_WAITALL)
+
+
 def _transfer(writer: ArenaWriter, reader: ArenaReader, groups):  # type: ignore[no-untyped-def]
     refs, fd = writer.pack(groups)
     if fd is not None:
