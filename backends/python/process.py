@@ -165,6 +165,16 @@ def workers_ended() -> bool:
 atexit.register(end_workers)
 
 
+def _packed_end(groups: list[list[Any]]) -> int:
+    """Where the last tensor of a pack's groups ends (refs: name, dtype, shape, offset,
+    nbytes; groups are packed in order, so the last non-empty one holds it)."""
+    for group in reversed(groups):
+        if group:
+            ref = group[-1]
+            return int(ref[3] + ref[4])
+    return 0
+
+
 class WorkerProcess:
     """One worker (`python -m backends.python.worker.supervisor`, which runs
     `backends.python.worker.main` as its child) and its socket and arenas."""
@@ -513,7 +523,7 @@ class WorkerProcess:
             raise WorkerReplyError(reply.get("error", "execute failed"), reply)
         results: list[Result] = []
         params = reply.get("params")  # only when some response set parameters
-        copy = self._outputs.copy
+        copy = self._outputs.copier(_packed_end(reply["outputs"]))
         for index, (group, error) in enumerate(
             zip(reply["outputs"], reply["errors"], strict=False)
         ):

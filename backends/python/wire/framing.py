@@ -23,7 +23,7 @@ import socket
 import struct
 import tempfile
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -228,9 +228,12 @@ def write_planned(mapped: mmap.mmap, plan: Plan, base: int = 0) -> list[TensorRe
             refs.append((name, "", (), start, nbytes))
         else:
             if nbytes:
-                target = np.ndarray(blob.shape, blob.dtype, buffer=mapped, offset=start)
-                target[...] = blob
-                del target
+                if blob.flags.c_contiguous:  # its bytes as they are: one copy, no view made
+                    mapped[start : start + nbytes] = blob
+                else:
+                    target = np.ndarray(blob.shape, blob.dtype, buffer=mapped, offset=start)
+                    target[...] = blob
+                    del target
             refs.append((name, blob.dtype.str, tuple(blob.shape), start, nbytes))
     return refs
 
@@ -318,6 +321,24 @@ class ArenaReader:
         """The tensor as an array of its own, safe to keep after the writer's next pack."""
         value = self.view(ref)
         return value if not ref[1] else value.copy()
+
+    def copier(self, end: int) -> Callable[[TensorRef], np.ndarray]:
+        """`copy` for the tensors of one pack that end by `end`: the arena's first `end`
+        bytes are copied once, and each tensor is an array over that copy. A pack starts at
+        offset 0, so this is one copy per batch instead of a view and a copy per tensor."""
+        mapped = self._map
+        if mapped is None or end <= 0 or end > len(mapped):
+            return self.copy
+        bulk = np.empty(end, np.uint8)
+        bulk[:] = np.frombuffer(mapped, np.uint8, end)
+
+        def copy(ref: TensorRef) -> np.ndarray:
+            name, dtype, shape, offset, nbytes = ref
+            if not dtype or not nbytes or offset + nbytes > end:  # BYTES, empty, elsewhere
+                return self.copy(ref)
+            return np.ndarray(shape, np.dtype(dtype), buffer=bulk, offset=offset)
+
+        return copy
 
     def close(self) -> None:
         self._map = None

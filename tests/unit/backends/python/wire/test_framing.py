@@ -152,6 +152,32 @@ def test_fixed_size_tensors_are_read_in_place() -> None:
     writer.close()
 
 
+def test_a_packs_copies_outlive_the_next_pack_and_every_kind_round_trips() -> None:
+    """The reply's tensors come out of one copy of the pack (`copier`): each keeps its values
+    after the writer packs again, strided and BYTES tensors included, and stays writable."""
+    writer, reader = ArenaWriter(), ArenaReader()
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4).T  # not C-contiguous
+    groups = [
+        {"A": np.arange(5, dtype=np.int32), "S": strided},
+        {},  # a request that failed: no tensors
+        {"B": np.array([b"x", b"yz"], dtype=object), "E": np.zeros((0, 3), np.float64)},
+        {"C": np.full((2, 2), 9, np.uint8)},
+    ]
+    refs = _transfer(writer, reader, groups)
+    last = refs[-1][-1]
+    copy = reader.copier(last[3] + last[4])
+    out = [{ref[0]: copy(ref) for ref in group} for group in refs]
+    writer.pack([{"A": np.full(64, -1, dtype=np.int64)}])  # the arena is rewritten
+    assert np.array_equal(out[0]["A"], np.arange(5, dtype=np.int32))
+    assert np.array_equal(out[0]["S"], strided) and out[0]["S"].shape == (4, 3)
+    assert out[1] == {}
+    assert list(out[2]["B"]) == [b"x", b"yz"] and out[2]["E"].shape == (0, 3)
+    assert np.array_equal(out[3]["C"], np.full((2, 2), 9, np.uint8))
+    out[3]["C"][0, 0] = 1  # an answer's array may be changed in place by whoever holds it
+    assert out[3]["C"][0, 0] == 1
+    writer.close()
+
+
 def test_arena_grows_by_replacement_and_reader_follows() -> None:
     writer, reader = ArenaWriter(min_size=4096), ArenaReader()
     _transfer(writer, reader, [{"X": np.zeros(10, np.uint8)}])
