@@ -283,10 +283,27 @@ def decode_infer_request(message: ReceivedRequest) -> InferRequest:
 
 
 # ----- outputs ------------------------------------------------------------------------------
+# The serialized `outputs` records of answers with no parameters, by their outputs' names,
+# datatypes and shapes. A model answers with a few such signatures, and building each output
+# in protobuf was most of an answer's encoding (bench/FINDINGS.md 37). At most this many are
+# kept; an answer whose signature is not kept is encoded the same way, only not remembered.
+OUTPUT_RECORDS_KEPT = 256
+_output_records: dict[tuple[tuple[str, str, tuple[int, ...]], ...], bytes] = {}
+
+
 def encode_infer_answer(response: InferResponse, request_id: str = "") -> InferAnswer:
     """InferResponse -> ModelInfer's answer with every output in raw_output_contents, the
     outputs' bytes still their arrays' (protocol/grpc/wire.py copies them once, into the
-    bytes grpc sends); the other fields in protobuf's message."""
+    bytes grpc sends); the other fields in protobuf's message, or already serialized when
+    no output and not the answer carry parameters (`_planned_answer`)."""
+    if not response.parameters:
+        signature = []
+        for tensor in response.outputs:
+            if tensor.parameters:  # shared memory, classification labels, ...: protobuf's way
+                break
+            signature.append((tensor.name, tensor.datatype, tensor.shape))
+        else:
+            return _planned_answer(response, request_id, tuple(signature))
     message = pb.ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
@@ -306,6 +323,35 @@ def encode_infer_answer(response: InferResponse, request_id: str = "") -> InferA
         for t in response.outputs
     ]
     return InferAnswer(message, raw)
+
+
+def _planned_answer(
+    response: InferResponse,
+    request_id: str,
+    signature: tuple[tuple[str, str, tuple[int, ...]], ...],
+) -> InferAnswer:
+    """The answer's head serialized as its scalar fields (1-3) followed by the remembered
+    `outputs` records (field 5): protobuf writes fields in number order, so the two
+    serializations joined are the whole message's."""
+    records = _output_records.get(signature)
+    if records is None:
+        records = pb.ModelInferResponse(
+            outputs=[
+                pb.ModelInferResponse.InferOutputTensor(
+                    name=name, datatype=datatype, shape=[int(d) for d in shape]
+                )
+                for name, datatype, shape in signature
+            ]
+        ).SerializeToString()
+        if len(_output_records) < OUTPUT_RECORDS_KEPT:
+            _output_records[signature] = records
+    head = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id or request_id,
+    ).SerializeToString()
+    raw = [datatypes.raw_from_tensor(t.data, t.datatype) for t in response.outputs]
+    return InferAnswer(None, raw, head + records)
 
 
 def encode_infer_response(response: InferResponse, request_id: str = "") -> pb.ModelInferResponse:

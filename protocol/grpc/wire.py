@@ -185,19 +185,37 @@ def _length_prefix(tag: bytes, length: int) -> bytes:
 
 class InferAnswer:
     """A ModelInferResponse whose raw_output_contents stay the outputs' own buffers until it is
-    serialized: `message` holds every other field. `SerializeToString` is what grpc's response
-    serializer calls (server/grpc/services.py) and is what protobuf would write (map entries in
-    whichever order protobuf's own serialization of `message` puts them)."""
+    serialized: `message` holds every other field, or `head` holds them already serialized
+    (an answer encoded from a plan, protocol/grpc/codec.py). `SerializeToString` is what grpc's
+    response serializer calls (server/grpc/services.py) and is what protobuf would write (map
+    entries in whichever order protobuf's own serialization of `message` puts them)."""
 
-    __slots__ = ("message", "raw")
+    __slots__ = ("_message", "_head", "raw")
 
-    def __init__(self, message: pb.ModelInferResponse, raw: Sequence[bytes | memoryview]) -> None:
-        self.message = message
+    def __init__(
+        self,
+        message: pb.ModelInferResponse | None,
+        raw: Sequence[bytes | memoryview],
+        head: bytes | None = None,
+    ) -> None:
+        self._message = message
+        self._head = head
         self.raw = raw
+
+    @property
+    def message(self) -> pb.ModelInferResponse:
+        """Every field but the raw contents, to read or change (a stream's answer sets its
+        final flag): an answer given as `head` is parsed back the first time it is asked."""
+        if self._message is None:
+            self._message = pb.ModelInferResponse.FromString(self._head or b"")
+            self._head = None
+        return self._message
 
     def parts(self) -> tuple[list[bytes | memoryview], int]:
         """The serialized message in pieces (the arrays' buffers among them), and its size."""
-        head = self.message.SerializeToString()
+        head = self._head
+        if head is None:
+            head = self.message.SerializeToString()
         parts: list[bytes | memoryview] = [head]
         size = len(head)
         for entry in self.raw:
@@ -210,7 +228,8 @@ class InferAnswer:
         return b"".join(self.parts()[0])
 
     def ByteSize(self) -> int:
-        return self.message.ByteSize() + sum(
+        head = len(self._head) if self._head is not None else self.message.ByteSize()
+        return head + sum(
             len(_length_prefix(_RAW_OUTPUT_TAG, len(entry))) + len(entry) for entry in self.raw
         )
 

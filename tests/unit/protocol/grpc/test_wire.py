@@ -233,6 +233,62 @@ def test_an_answer_serializes_to_protobufs_own_bytes() -> None:
     assert parsed.raw_output_contents[5] == b"\x07" * 200_000
 
 
+def planless(response: InferResponse) -> bytes:
+    """The answer as protobuf alone writes it: every field built in the message."""
+    message = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    for tensor in response.outputs:
+        message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
+    message.raw_output_contents.extend(
+        [np.ascontiguousarray(t.data).tobytes() for t in response.outputs]
+    )
+    return message.SerializeToString()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    model=texts,
+    version=st.sampled_from(["", "1", "17"]),
+    request_id=texts,
+    outputs=st.lists(
+        st.tuples(texts, st.lists(st.integers(0, 3) | st.integers(128, 70_000), max_size=3)),
+        max_size=3,
+    ),
+)
+def test_an_answer_without_parameters_is_the_bytes_protobuf_writes(
+    model: str, version: str, request_id: str, outputs: list[tuple[str, list[int]]]
+) -> None:
+    """Such an answer's head is its scalar fields and remembered output records joined:
+    byte for byte protobuf's message, every time its signature is seen again, and the same
+    once a stream sets its final flag on it."""
+    small = [(name, tuple(shape)) for name, shape in outputs if np.prod(shape) < 4096]
+    tensors = [Tensor(name, "UINT8", shape, np.zeros(shape, np.uint8)) for name, shape in small]
+    response = InferResponse(model, version, id=request_id, outputs=tensors)
+    for _ in range(2):  # built, then remembered
+        answer = codec.encode_infer_answer(response)
+        assert answer.SerializeToString() == planless(response)
+        assert answer.ByteSize() == len(planless(response))
+    streamed = codec.stream_response(codec.encode_infer_answer(response), final=True)
+    parsed = pb.ModelStreamInferResponse.FromString(wire.serialize(streamed))
+    assert parsed.infer_response.parameters["triton_final_response"].bool_param is True
+    assert parsed.infer_response.id == request_id
+    assert [o.name for o in parsed.infer_response.outputs] == [t.name for t in tensors]
+
+
+def test_the_remembered_output_records_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "_output_records", {})
+    monkeypatch.setattr(codec, "OUTPUT_RECORDS_KEPT", 4)
+    for rows in range(1, 10):  # nine shapes: nine signatures
+        response = InferResponse(
+            "m", "1", outputs=[Tensor("O", "FP32", (rows, 2), np.ones((rows, 2), np.float32))]
+        )
+        assert codec.encode_infer_answer(response, "x").SerializeToString() == planless(
+            InferResponse("m", "1", id="x", outputs=response.outputs)
+        )
+    assert len(codec._output_records) == 4
+
+
 def test_an_answer_keeps_the_output_arrays_until_serialized() -> None:
     data = np.full(100_000, 3, np.uint8)
     answer = codec.encode_infer_answer(
