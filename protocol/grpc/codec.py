@@ -301,7 +301,7 @@ def encode_infer_answer(response: InferResponse, request_id: str = "") -> InferA
         for tensor in response.outputs:
             if tensor.parameters:  # shared memory, classification labels, ...: protobuf's way
                 break
-            signature.append((tensor.name, tensor.datatype, tensor.shape))
+            signature.append((tensor.name, tensor.datatype, tuple(tensor.shape)))
         else:
             return _planned_answer(response, request_id, tuple(signature))
     message = pb.ModelInferResponse(

@@ -116,14 +116,6 @@ class Receiver:
         fds = self._fds
         return message, [fds.popleft() for _ in range(min(count, len(fds)))]
 
-    def has_message(self) -> bool:
-        """Whether a whole message is already read (a reader woken by the socket's readiness
-        then takes it without waiting for more bytes)."""
-        buffer = self._buffer
-        if len(buffer) < HEADER.size:
-            return False
-        return len(buffer) >= HEADER.size + HEADER.unpack_from(buffer)[0]
-
     def _fill(self, fds: deque[int], size: int, flags: int = 0) -> int:
         """One read into the buffer; the bytes it brought (0: none yet, with MSG_DONTWAIT)."""
         try:

@@ -287,6 +287,10 @@ def test_the_remembered_output_records_are_bounded(monkeypatch: pytest.MonkeyPat
             InferResponse("m", "1", id="x", outputs=response.outputs)
         )
     assert len(codec._output_records) == 4
+    listed = InferResponse(
+        "m", "1", outputs=[Tensor("O", "FP32", [1, 2], np.ones((1, 2), np.float32))]
+    )
+    assert codec.encode_infer_answer(listed).SerializeToString() == planless(listed)  # a list shape
 
 
 def test_an_answer_keeps_the_output_arrays_until_serialized() -> None:
