@@ -462,29 +462,30 @@ class WorkerProcess:
         poll handle and about ten system calls a batch (bench/FINDINGS.md 37)."""
         watch = self._sock.dup()
         try:
-            loop.add_reader(watch.fileno(), self._readable, loop, watch)
+            loop.add_reader(watch.fileno(), self._readable, loop)
             os.set_blocking(watch.fileno(), True)
         except BaseException:
             watch.close()
             raise
         self._watch = watch
 
-    def _end_watch(self, loop: asyncio.AbstractEventLoop, watch: socket.socket) -> None:
-        """On the loop: stop watching `watch` and close it."""
-        loop.remove_reader(watch.fileno())
-        watch.close()
-        if self._watch is watch:
+    def _end_watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop: stop watching the socket and close the duplicate."""
+        watch = self._watch
+        if watch is not None:
             self._watch = None
+            loop.remove_reader(watch.fileno())
+            watch.close()
 
-    def _readable(self, loop: asyncio.AbstractEventLoop, watch: socket.socket) -> None:
+    def _readable(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the loop, when the socket has bytes: route what arrived; on the reply, read the
         outputs, free the call lock and answer. With no batch of the loop's in progress (a
         call on a thread reads its own reply; the worker went while idle) the loop stops
         watching, so it does not spin on bytes that are not its to read; the next batch
         watches again."""
         on_reply = self._on_reply
-        if on_reply is None or watch is not self._watch:
-            self._end_watch(loop, watch)
+        if on_reply is None:
+            self._end_watch(loop)
             return
         receiver = self._channel.receiver
         outcome: list[Result] | Exception
@@ -506,7 +507,7 @@ class WorkerProcess:
                 outcome = exc
         except (ChannelClosed, OSError) as exc:
             outcome = ChannelClosed(str(exc))
-            self._end_watch(loop, watch)
+            self._end_watch(loop)
         except Exception as exc:  # a reply that cannot be read: the call fails, not the loop
             outcome = WorkerReplyError(f"unreadable reply from the worker: {exc}")
         self._on_reply = None

@@ -94,16 +94,22 @@ class Receiver:
         None (its bytes so far stay buffered): for an event loop woken by the socket's
         readiness, which must never wait for the rest. Reads with MSG_DONTWAIT, so the socket
         stays blocking for the threads that use `recv`."""
-        buffer = self._buffer
-        if len(buffer) < HEADER.size or len(buffer) < HEADER.size + HEADER.unpack_from(buffer)[0]:
+        end = self._whole_end()
+        if not end:
             while self._fill(self._fds, self.CHUNK, socket.MSG_DONTWAIT) == self.CHUNK:
                 pass  # a full chunk: more may be there
-            if len(buffer) < HEADER.size:
+            end = self._whole_end()
+            if not end:
                 return None
-        end = HEADER.size + HEADER.unpack_from(buffer)[0]
-        if len(buffer) < end:
-            return None
         return self._take(end)
+
+    def _whole_end(self) -> int:
+        """Where the buffer's first message ends, if all of it is buffered; else 0."""
+        buffer = self._buffer
+        if len(buffer) < HEADER.size:
+            return 0
+        end = HEADER.size + HEADER.unpack_from(buffer)[0]
+        return end if len(buffer) >= end else 0
 
     def _take(self, end: int) -> tuple[dict[str, Any], list[int]]:
         """The message that fills the buffer up to `end`, with its file descriptors."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,6 +51,16 @@ async def begun(backend: PythonBackend, requests: list[dict[str, np.ndarray]]):
     if callable(outcome):
         return "thread", await asyncio.to_thread(outcome)
     return "loop", outcome
+
+
+def run_on_uvloop(work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` on a uvloop loop of its own (it makes a watched descriptor non-blocking,
+    which the default loop does not)."""
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(work)
+    finally:
+        loop.close()
 
 
 async def test_the_loop_gets_the_same_answers_as_execute_requests(add_sub) -> None:
@@ -118,11 +129,7 @@ def test_under_uvloop_the_thread_way_and_finalize_still_work_after_the_loops(
             (threaded,) = await asyncio.to_thread(backend.execute_requests, [pair(n, 1)])
             assert np.array_equal(threaded["OUTPUT0"], np.full((1, 4), n + 1, np.float32))
 
-    loop = uvloop.new_event_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    run_on_uvloop(main())
     assert backend.restarts == 0 and backend.healthy()
     backend.unload()
     assert (model_dir / "finalized").read_text() == "yes"
@@ -158,10 +165,6 @@ def test_under_uvloop_the_socket_is_watched_once_and_a_worker_dying_idle_is_surv
         _, (after,) = await begun(backend, [pair(4, 5)])
         assert np.array_equal(after["OUTPUT0"], np.full((1, 4), 9, np.float32))
 
-    loop = uvloop.new_event_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    run_on_uvloop(main())
     assert backend.restarts == 1 and backend.healthy()
     backend.unload()
