@@ -45,6 +45,9 @@ from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLo
 log = logging.getLogger(__name__)
 
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+# The same path as the raw URL, when it has no query string, no percent-escapes and only ASCII:
+# the URL as sent is then the path as uvicorn would decode it.
+_PLAIN_INFER_URL = re.compile(rb"/v2/models/([^/?%\x80-\xff]+)(?:/versions/([0-9]+))?/infer")
 # The request headers the infer path reads (uvicorn gives names in lower case).
 _WANTED_HEADERS = {
     name.encode("latin-1"): name
@@ -181,13 +184,13 @@ def _malformed_answer(default_headers: Any, reason: str, status: int = 400) -> b
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's protocol with connections bounded in number and in waiting time.
 
-    One timer per connection, in uvicorn's keep-alive slot (`timeout_keep_alive_task`, which
-    uvicorn already cancels on every read and re-arms after every response): armed for the idle
-    timeout when the connection opens, and, after a read that leaves the connection still
-    waiting for a request's headers (a partial request, or blank lines), re-armed for what is
-    left of the header (or idle / keep-alive) deadline. A request that arrives whole in one read
-    costs nothing more than in uvicorn: its timer was cancelled by the read, and uvicorn arms
-    the keep-alive one after the response.
+    A waiting connection is timed in uvicorn's keep-alive slot (`timeout_keep_alive_task`,
+    which uvicorn cancels on every read): armed for the idle timeout when the connection opens,
+    and, after a read that leaves the connection still waiting for a request's headers (a
+    partial request, or blank lines), re-armed for what is left of the header (or idle /
+    keep-alive) deadline. The wait after an answer is not armed per answer, as uvicorn does:
+    the answer notes its deadline and one long-lived timer checks it (`on_response_complete`),
+    so a request that arrives whole in one read costs no timer call at all.
 
     A body is timed by a second timer, armed by the first read that leaves a request's body
     incomplete (a request that arrives whole never arms it) and kept for the connection's later
@@ -211,6 +214,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     _health_only: bool = False  # admitted from the health-check reserve
     _body_timer: asyncio.TimerHandle | None = None
     _body_read_at: float = 0.0  # loop time of the last read of an incomplete body
+    # After an answer, with nothing read since: the loop time the idle connection closes at
+    # (--http-keep-alive-timeout-secs), checked by `_idle_timer` (on_response_complete).
+    _idle_until: float | None = None
+    _idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -237,7 +244,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         self._feed(data)  # cancels the timer; parses; may start a request
         cycle = self.cycle
-        if self.timeout_keep_alive_task is None:
+        # (a request answered within this read began the wait after its answer: timed already)
+        if self.timeout_keep_alive_task is None and self._idle_until is None:
             if cycle is None or cycle.response_complete:  # nothing to serve yet: still waiting
                 self._arm_wait()
                 return
@@ -253,6 +261,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _feed(self, data: bytes) -> None:
         """uvicorn's `data_received`, with the parser's refusals logged at most once every few
         seconds (uvicorn logs each one: a flood of garbage would flood the log too)."""
+        self._idle_until = None  # not idle since the last answer any more
         if self._lingering >= 0:  # refused: drop what still comes, for a bounded while
             self._lingering += len(data)
             if self._lingering > _LINGER_BYTES:
@@ -284,6 +293,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._header_bytes = 0
         self._in_head, self._head_fed = True, 0
+        self._idle_until = None  # a request after an answer in the same read: not idle
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
@@ -358,6 +368,40 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if timer is not None:
             timer.cancel()
             self._body_timer = None
+        idle = self._idle_timer
+        if idle is not None:
+            idle.cancel()
+            self._idle_timer = None
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, except for the keep-alive wait after an answer: uvicorn arms a timer
+        after every answer and cancels it at the next request's first read, a pair of timer
+        calls per request. Here the answer notes when the idle connection is due to close
+        (`_idle_until`), a read clears that, and one timer per connection, armed when none is
+        pending, checks it when it fires and re-arms itself for what is left."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        due = self._idle_until = self.loop.time() + self.timeout_keep_alive
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_at(due, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        due = self._idle_until
+        if due is None:  # a request came since that answer: the next answer arms it again
+            return
+        left = due - self.loop.time()
+        if left > 0:
+            self._idle_timer = self.loop.call_later(left, self._idle_check)
+            return
+        self.timeout_keep_alive_handler()
 
     def _body_timeout(self) -> None:
         self._body_timer = None
@@ -470,41 +514,97 @@ class InferHttpProtocol(BoundedHttpProtocol):
         super().__init__(*args, **kwargs)
         self._infer_task: asyncio.Task | None = None
 
+    def on_headers_complete(self) -> None:
+        """An infer POST with a plain URL starts here, past uvicorn's generic request start
+        (URL parsing and unquoting, the root path, the concurrency check, the ASGI hand-off
+        and a second match of the path): those cost about a fifth of the connection's own CPU
+        per small request (bench/FINDINGS.md 38). Its cycle is uvicorn's, made as uvicorn makes
+        it; any other request, and any server option that changes the path or refuses
+        requests, takes uvicorn's way."""
+        self._in_head = False
+        parser = self.parser
+        url = self.url
+        match = _PLAIN_INFER_URL.fullmatch(url)
+        if (
+            match is None
+            or self._health_only
+            or self.root_path
+            or self.limit_concurrency is not None
+            or parser.get_method() != b"POST"
+            or parser.should_upgrade()
+        ):
+            HttpToolsProtocol.on_headers_complete(self)
+            return
+        http_version = parser.get_http_version()
+        scope = self.scope
+        scope["method"] = "POST"
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        scope["path"] = url.decode("ascii")
+        scope["raw_path"] = url
+        scope["query_string"] = b""
+        existing = self.cycle
+        cycle = self.cycle = RequestResponseCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        if existing is not None and not existing.response_complete:  # pipelined: queued
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))
+            return
+        self._wait = None
+        version = match.group(2)
+        if not self._start_infer(
+            cycle, match.group(1).decode("ascii"), version.decode("ascii") if version else ""
+        ):
+            BoundedHttpProtocol._start_asgi_task(self, cycle, self.app)
+
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._wait = None
         scope = cycle.scope
         # Not the 503 of limit_concurrency, nor a connection from the health-check reserve.
         if scope["method"] == "POST" and app is self.app and not self._health_only:
             match = INFER_PATH.fullmatch(scope["path"])
-            guard = self.frontend.guard  # a refused request goes on to ASGI, which refuses it
-            if match is not None and (
-                guard is None or guard.refusal(scope["path"], scope["headers"]) is None
-            ):
-                headers = {
-                    _WANTED_HEADERS[key]: value.decode("latin-1")
-                    for key, value in scope["headers"]
-                    if key in _WANTED_HEADERS
-                }
-                sink = self._open_sink(cycle, headers)
-                if (
-                    sink is None
-                    and cycle.more_body  # not a pipelined request started after its body came
-                    and not cycle.waiting_for_100_continue
-                    and self.frontend.nowait_fits(headers)
-                ):
-                    self.no_task = NoTaskInfer(
-                        self, cycle, match.group(1), match.group(2) or "", headers
-                    )
-                    return
-                task = self.loop.create_task(
-                    self._serve_infer(cycle, match.group(1), match.group(2) or "", headers, sink)
-                )
-                if sink is not None:  # given back even by a task cancelled before it ran
-                    task.add_done_callback(lambda _task: self._close_sink(sink))
-                self._infer_task = task
-                self.track(task)
+            if match is not None and self._start_infer(cycle, match.group(1), match.group(2) or ""):
                 return
         super()._start_asgi_task(cycle, app)
+
+    def _start_infer(self, cycle: RequestResponseCycle, name: str, version: str) -> bool:
+        """Serve an infer request (with no task when it fits); False when the frontend's guard
+        refuses it, which the ASGI app then answers."""
+        scope = cycle.scope
+        guard = self.frontend.guard
+        if guard is not None and guard.refusal(scope["path"], scope["headers"]) is not None:
+            return False
+        headers = {
+            _WANTED_HEADERS[key]: value.decode("latin-1")
+            for key, value in scope["headers"]
+            if key in _WANTED_HEADERS
+        }
+        sink = self._open_sink(cycle, headers)
+        if (
+            sink is None
+            and cycle.more_body  # not a pipelined request started after its body came
+            and not cycle.waiting_for_100_continue
+            and self.frontend.nowait_fits(headers)
+        ):
+            self.no_task = NoTaskInfer(self, cycle, name, version, headers)
+            return True
+        task = self.loop.create_task(self._serve_infer(cycle, name, version, headers, sink))
+        if sink is not None:  # given back even by a task cancelled before it ran
+            task.add_done_callback(lambda _task: self._close_sink(sink))
+        self._infer_task = task
+        self.track(task)
+        return True
 
     def track(self, task: asyncio.Task) -> None:
         """A task of this connection's, in the set uvicorn keeps (shutdown waits for it)."""
@@ -768,6 +868,23 @@ class InferHttpProtocol(BoundedHttpProtocol):
             await cycle.flow.drain()
         self.write_answer(cycle, status, media_type, payload, extra)
 
+    # The status line, uvicorn's default headers and the content type of the last answer, up
+    # to its Content-Length: the same for every answer of a connection until uvicorn renews
+    # its default headers (each second, for the date). Class default: no per-connection cost.
+    _head: tuple[Any, int, str, bytes] = (None, 0, "", b"")
+
+    def _answer_head(self, default_headers: Any, status: int, media_type: str) -> bytes:
+        known, known_status, known_type, head = self._head
+        if known is default_headers and known_status == status and known_type == media_type:
+            return head
+        pieces = [STATUS_LINE[status]]
+        for key, value in default_headers:  # server, date
+            pieces += [key, b": ", value, b"\r\n"]
+        pieces += [b"content-type: ", media_type.encode("latin-1"), b"\r\ncontent-length: "]
+        head = b"".join(pieces)
+        self._head = (default_headers, status, media_type, head)
+        return head
+
     def write_answer(
         self,
         cycle: RequestResponseCycle,
@@ -783,18 +900,10 @@ class InferHttpProtocol(BoundedHttpProtocol):
             return
         parts: list[Any] = payload if type(payload) is list else [payload]
         size = sum(map(len, parts))  # bytes, or byte-cast memoryviews: len is the byte count
-        head = [STATUS_LINE[status]]
-        for key, value in cycle.default_headers:  # server, date
-            head += [key, b": ", value, b"\r\n"]
-        head += [
-            b"content-type: ",
-            media_type.encode("latin-1"),
-            b"\r\ncontent-length: ",
-            str(size).encode("latin-1"),
-            b"\r\n",
-        ]
+        head = [self._answer_head(cycle.default_headers, status, media_type)]
+        head += [str(size).encode("latin-1"), b"\r\n"]
         for name, text in extra.items():  # our own names and values: no CR/LF in them
-            head += [name.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n"]
+            head += [_header_name(name), b": ", text.encode("latin-1"), b"\r\n"]
         if not cycle.keep_alive:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
@@ -821,6 +930,16 @@ class InferHttpProtocol(BoundedHttpProtocol):
             self.transport.close()
         on_response, cycle.on_response = cycle.on_response, _nothing
         on_response()
+
+
+_HEADER_NAMES: dict[str, bytes] = {}  # an answer header's name as written (our own few names)
+
+
+def _header_name(name: str) -> bytes:
+    written = _HEADER_NAMES.get(name)
+    if written is None:
+        written = _HEADER_NAMES[name] = name.lower().encode("latin-1")
+    return written
 
 
 def _nothing() -> None:

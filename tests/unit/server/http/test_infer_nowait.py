@@ -4,6 +4,7 @@ protocol and HttpFrontend over a fake transport and a core that answers when tol
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 from typing import Any
 
@@ -197,3 +198,102 @@ async def test_requests_that_need_an_await_keep_the_task_path(extra: tuple[str, 
     for task in list(protocol.tasks):
         task.cancel()
     await asyncio.sleep(0)
+
+
+def _raw_request(target: str, body: bytes) -> bytes:
+    return (
+        f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+@pytest.mark.parametrize(
+    ("target", "model", "version"),
+    [
+        ("/v2/models/add/infer", "add", ""),  # started directly from the parser
+        ("/v2/models/add/versions/2/infer", "add", "2"),
+        ("/v2/models/add/infer?x=1", "add", ""),  # uvicorn's way: a query string
+        ("/v2/models/my%20add/infer", "my add", ""),  # uvicorn's way: unquoted
+    ],
+)
+async def test_an_infer_url_reaches_the_same_request_whichever_way_it_starts(
+    target: str, model: str, version: str
+) -> None:
+    protocol, transport, core, _ = await _connection()
+    protocol.data_received(_raw_request(target, BODY))
+    ((request, _, _),) = core.admitted
+    assert (request.model_name, request.model_version) == (model, version)
+    assert protocol.cycle.scope["path"] == target.split("?")[0].replace("%20", " ")
+    assert protocol.cycle.scope["method"] == "POST" and not protocol.tasks
+    _answer(core, [3.0, 4.0])
+    assert bytes(transport.written).startswith(b"HTTP/1.1 200 OK")
+
+
+async def test_a_pipelined_infer_request_waits_for_the_answer_before_it() -> None:
+    protocol, transport, core, _ = await _connection()
+    served: list[InferRequest] = []
+
+    async def infer(request: InferRequest, record: Any) -> InferResponse:  # the task path
+        served.append(request)
+        output = Tensor("OUTPUT0", "FP32", (1, 2), np.array([[5.0, 6.0]], dtype=np.float32), {})
+        return InferResponse(model_name="add", model_version="1", outputs=[output])
+
+    core.infer = infer  # type: ignore[attr-defined]
+    protocol.data_received(_request(BODY) + _raw_request("/v2/models/add/versions/1/infer", BODY))
+    assert len(core.admitted) == 1 and not served  # the second waits for the first's answer
+    _answer(core, [3.0, 4.0])
+    for task in list(protocol.tasks):
+        await task
+    assert [request.model_version for request in served] == ["1"]
+    answers = bytes(transport.written).split(b"HTTP/1.1 200 OK")[1:]
+    assert len(answers) == 2 and b"[5.0,6.0]" in answers[1]
+
+
+async def test_a_get_on_an_infer_url_goes_to_the_app() -> None:
+    protocol, transport, core, _ = await _connection()
+    protocol.data_received(b"GET /v2/models/add/infer HTTP/1.1\r\nHost: x\r\n\r\n")
+    for task in list(protocol.tasks):
+        await task
+    assert not core.admitted
+    assert bytes(transport.written).startswith(b"HTTP/1.1 405")
+
+
+async def test_answers_carry_the_date_uvicorn_renews() -> None:
+    protocol, transport, core, _ = await _connection()
+    protocol.server_state.default_headers = [(b"date", b"Mon, 07 Dec 2026 10:00:00 GMT")]
+    protocol.data_received(_request(BODY))
+    _answer(core, [3.0, 4.0])
+    protocol.server_state.default_headers = [(b"date", b"Mon, 07 Dec 2026 10:00:01 GMT")]
+    protocol.data_received(_request(BODY))
+    _answer(core, [3.0, 4.0])
+    first, second = bytes(transport.written).split(b"HTTP/1.1 200 OK")[1:]
+    assert b"date: Mon, 07 Dec 2026 10:00:00 GMT" in first
+    assert b"date: Mon, 07 Dec 2026 10:00:01 GMT" in second
+
+
+async def test_an_idle_connection_closes_its_keep_alive_wait_after_its_last_answer() -> None:
+    protocol, transport, core, _ = await _connection()
+    protocol.timeout_keep_alive = 0.3
+    protocol.data_received(_request(BODY))
+    _answer(core, [3.0, 4.0])
+    timer = protocol._idle_timer
+    assert timer is not None and protocol.timeout_keep_alive_task is None
+    await asyncio.sleep(0.2)
+    protocol.data_received(_request(BODY))
+    _answer(core, [3.0, 4.0])
+    assert protocol._idle_timer is timer  # one timer for the connection, not one per answer
+    await asyncio.sleep(0.2)  # past the first answer's deadline, within the second's
+    assert not transport.closed and protocol._idle_timer is not None
+    await asyncio.sleep(0.25)
+    assert transport.closed
+
+
+async def test_a_partial_request_after_an_answer_in_the_same_read_is_timed_as_headers() -> None:
+    protocol, transport, core, _ = await _connection()
+    protocol.limits = dataclasses.replace(protocol.limits, header_timeout=0.2)
+    protocol.timeout_keep_alive = 30.0
+    # refused at once (answered within the read), then the start of the next request
+    protocol.data_received(_request(b'{"inputs": [}') + b"POST /v2/models/add/infer HTTP/1.1\r\n")
+    assert bytes(transport.written).startswith(b"HTTP/1.1 400")
+    assert protocol.timeout_keep_alive_task is not None  # the header wait, not the idle one
+    await asyncio.sleep(0.35)
+    assert transport.closed
