@@ -46,11 +46,60 @@ def encode_infer_response(
     return (parts[0] if len(parts) == 1 else b"".join(parts)), json_length
 
 
+# The JSON of answers whose outputs all go binary (numeric, no parameters, no id or answer
+# parameters), by what decides it: the model and version, the request's binary default and
+# named outputs, and each output's name, datatype and shape. Such a JSON is the same for every
+# answer of that shape, and building and serializing it was half of a small answer's encoding
+# (bench/FINDINGS.md 38). Kept with the binary sizes it announces; at most this many.
+ANSWER_HEADS_KEPT = 256
+_answer_heads: dict[tuple[Any, ...], tuple[bytes, list[int]]] = {}
+
+
 def encode_infer_response_parts(
     response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
 ) -> tuple[list[Buffer], int | None]:
     """`encode_infer_response` left in pieces: the JSON, then each binary output as a view of
     its array (no copy), for a writer that sends them as they are (one `writelines`)."""
+    key = _answer_key(response, requested, binary_default)
+    if key is None:
+        return _encoded_parts(response, requested, binary_default)
+    known = _answer_heads.get(key)
+    if known is not None:
+        head, sizes = known
+        blobs: list[Buffer] = [
+            datatypes.raw_from_tensor(_wire_array(tensor), tensor.datatype)
+            for tensor in response.outputs
+        ]
+        if list(map(len, blobs)) == sizes:
+            return [head, *blobs], len(head)
+    parts, json_length = _encoded_parts(response, requested, binary_default)
+    if (
+        json_length is not None
+        and len(parts) == len(response.outputs) + 1
+        and len(_answer_heads) < ANSWER_HEADS_KEPT
+    ):
+        _answer_heads[key] = (bytes(parts[0]), [len(part) for part in parts[1:]])
+    return parts, json_length
+
+
+def _answer_key(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> tuple[Any, ...] | None:
+    """What an answer's JSON depends on, when it can be remembered (else None)."""
+    if response.id or response.parameters:
+        return None
+    outputs = []
+    for tensor in response.outputs:
+        if tensor.parameters or tensor.datatype == "BYTES":  # sizes and entries vary
+            return None
+        outputs.append((tensor.name, tensor.datatype, tuple(tensor.shape)))
+    asked = tuple([(output.name, output.binary) for output in requested]) if requested else ()
+    return (response.model_name, response.model_version, binary_default, asked, tuple(outputs))
+
+
+def _encoded_parts(
+    response: InferResponse, requested: list[RequestedOutput] | None, binary_default: bool
+) -> tuple[list[Buffer], int | None]:
     choices = {output.name: output.binary for output in requested} if requested else {}
     entries: list[dict[str, Any]] = []
     blobs: list[Buffer] = []

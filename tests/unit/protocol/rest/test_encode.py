@@ -242,3 +242,80 @@ def test_tritonclient_default_outputs_are_binary() -> None:
         payload, header_length=header_length
     )
     assert result.as_numpy("x").tolist() == [7, 8]
+
+
+# ------------------------------------------------------------- remembered answer heads
+
+
+def _binary_answer(values: np.ndarray, version: str = "1") -> InferResponse:
+    return InferResponse(
+        model_name="add",
+        model_version=version,
+        outputs=[
+            Tensor("OUTPUT0", "FP32", values.shape, values, {}),
+            Tensor("OUTPUT1", "FP32", values.shape, -values, {}),
+        ],
+    )
+
+
+def test_an_all_binary_answer_is_encoded_from_its_remembered_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from protocol.rest import encode
+
+    monkeypatch.setattr(encode, "_answer_heads", {})
+    asked = [RequestedOutput("OUTPUT0", True), RequestedOutput("OUTPUT1", True)]
+    first = encode.encode_infer_response_parts(_binary_answer(_F32), asked, False)
+    assert len(encode._answer_heads) == 1
+    second_values = _F32 + 1
+    parts, json_length = encode.encode_infer_response_parts(
+        _binary_answer(second_values), asked, False
+    )
+    assert len(encode._answer_heads) == 1 and parts[0] == first[0][0]  # the same head, reused
+    header = orjson.loads(parts[0])
+    assert json_length == len(parts[0])
+    assert [o["parameters"]["binary_data_size"] for o in header["outputs"]] == [24, 24]
+    assert bytes(parts[1]) == second_values.tobytes()  # this answer's values, not the first's
+    assert bytes(parts[2]) == (-second_values).tobytes()
+    # another shape or version is another head, encoded in full
+    other = encode.encode_infer_response_parts(_binary_answer(_F32[:1], "2"), asked, False)
+    assert orjson.loads(other[0][0])["model_version"] == "2"
+    assert orjson.loads(other[0][0])["outputs"][0]["shape"] == [1, 3]
+    assert len(encode._answer_heads) == 2
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["json output", "bytes output", "answer id", "output parameters"],
+)
+def test_answers_whose_json_varies_are_not_remembered(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from protocol.rest import encode
+
+    monkeypatch.setattr(encode, "_answer_heads", {})
+    response = _binary_answer(_F32)
+    asked: list[RequestedOutput] | None = None
+    if case == "json output":
+        asked = [RequestedOutput("OUTPUT0", True), RequestedOutput("OUTPUT1", False)]
+    elif case == "bytes output":
+        response.outputs.append(Tensor("s", "BYTES", (3,), _STR, {}))
+    elif case == "answer id":
+        response.id = "r1"
+    else:
+        response.outputs[0].parameters = {"shared_memory_region": "r"}
+    encode.encode_infer_response_parts(response, asked, True)
+    assert encode._answer_heads == {}
+
+
+def test_a_remembered_head_is_kept_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from protocol.rest import encode
+
+    monkeypatch.setattr(encode, "_answer_heads", {})
+    monkeypatch.setattr(encode, "ANSWER_HEADS_KEPT", 2)
+    for rows in range(1, 5):
+        parts, _ = encode.encode_infer_response_parts(
+            _binary_answer(np.zeros((rows, 2), np.float32)), None, True
+        )
+        assert orjson.loads(parts[0])["outputs"][0]["shape"] == [rows, 2]
+    assert len(encode._answer_heads) == 2
