@@ -45,9 +45,9 @@ from server.net.connections import HEALTH_PATHS, ConnectionLimits, RateLimitedLo
 log = logging.getLogger(__name__)
 
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
-# The same path as the raw URL, when it has no query string, no percent-escapes and only ASCII:
-# the URL as sent is then the path as uvicorn would decode it.
-_PLAIN_INFER_URL = re.compile(rb"/v2/models/([^/?%\x80-\xff]+)(?:/versions/([0-9]+))?/infer")
+# The same path as the raw URL, when it has no query string or fragment, no percent-escapes
+# and only ASCII: the URL as sent is then the path as uvicorn would decode it.
+_PLAIN_INFER_URL = re.compile(rb"/v2/models/([^/?#%\x80-\xff]+)(?:/versions/([0-9]+))?/infer")
 # The request headers the infer path reads (uvicorn gives names in lower case).
 _WANTED_HEADERS = {
     name.encode("latin-1"): name

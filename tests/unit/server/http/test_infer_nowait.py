@@ -213,6 +213,7 @@ def _raw_request(target: str, body: bytes) -> bytes:
         ("/v2/models/add/versions/2/infer", "add", "2"),
         ("/v2/models/add/infer?x=1", "add", ""),  # uvicorn's way: a query string
         ("/v2/models/my%20add/infer", "my add", ""),  # uvicorn's way: unquoted
+        ("/v2/models/add/infer#part", "add", ""),  # uvicorn's way: a fragment
     ],
 )
 async def test_an_infer_url_reaches_the_same_request_whichever_way_it_starts(
@@ -222,7 +223,7 @@ async def test_an_infer_url_reaches_the_same_request_whichever_way_it_starts(
     protocol.data_received(_raw_request(target, BODY))
     ((request, _, _),) = core.admitted
     assert (request.model_name, request.model_version) == (model, version)
-    assert protocol.cycle.scope["path"] == target.split("?")[0].replace("%20", " ")
+    assert protocol.cycle.scope["path"] == target.split("?")[0].split("#")[0].replace("%20", " ")
     assert protocol.cycle.scope["method"] == "POST" and not protocol.tasks
     _answer(core, [3.0, 4.0])
     assert bytes(transport.written).startswith(b"HTTP/1.1 200 OK")
