@@ -932,13 +932,17 @@ class InferHttpProtocol(BoundedHttpProtocol):
         on_response()
 
 
-_HEADER_NAMES: dict[str, bytes] = {}  # an answer header's name as written (our own few names)
+# An answer header's name as written, for our own few names (at most this many are kept).
+_HEADER_NAMES: dict[str, bytes] = {}
+_HEADER_NAMES_KEPT = 32
 
 
 def _header_name(name: str) -> bytes:
     written = _HEADER_NAMES.get(name)
     if written is None:
-        written = _HEADER_NAMES[name] = name.lower().encode("latin-1")
+        written = name.lower().encode("latin-1")
+        if len(_HEADER_NAMES) < _HEADER_NAMES_KEPT:
+            _HEADER_NAMES[name] = written
     return written
 
 
