@@ -903,7 +903,7 @@ class InferHttpProtocol(BoundedHttpProtocol):
         head = [self._answer_head(cycle.default_headers, status, media_type)]
         head += [str(size).encode("latin-1"), b"\r\n"]
         for name, text in extra.items():  # our own names and values: no CR/LF in them
-            head += [_header_name(name), b": ", text.encode("latin-1"), b"\r\n"]
+            head += [name.lower().encode("latin-1"), b": ", text.encode("latin-1"), b"\r\n"]
         if not cycle.keep_alive:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
@@ -930,20 +930,6 @@ class InferHttpProtocol(BoundedHttpProtocol):
             self.transport.close()
         on_response, cycle.on_response = cycle.on_response, _nothing
         on_response()
-
-
-# An answer header's name as written, for our own few names (at most this many are kept).
-_HEADER_NAMES: dict[str, bytes] = {}
-_HEADER_NAMES_KEPT = 32
-
-
-def _header_name(name: str) -> bytes:
-    written = _HEADER_NAMES.get(name)
-    if written is None:
-        written = name.lower().encode("latin-1")
-        if len(_HEADER_NAMES) < _HEADER_NAMES_KEPT:
-            _HEADER_NAMES[name] = written
-    return written
 
 
 def _nothing() -> None:
