@@ -179,7 +179,8 @@ class BatchQueue(BatchingQueue):
         if not batch:
             return [], None
         delay_exceeded = self._delay_ns > 0 and now_ns - oldest >= self._delay_ns
-        if delay_exceeded and defer_due and not flush:
+        complete = best or send_now or rows >= self._max_preferred  # a size worth sending
+        if delay_exceeded and defer_due and not flush and not complete:
             return [], oldest + self._delay_ns  # due: the timer's pass seals it this turn
         if best and not delay_exceeded and not flush:
             batch = batch[:best]

@@ -167,7 +167,9 @@ class BatchingQueue(RequestQueue):
         middle of a loop turn (`submit()`, or an instance's answer coming back): a batch that is
         due only because its queue delay ran out is then left to the timer's pass (return it as
         due, not the batch), which also takes what else arrives in this loop turn; sealing it
-        mid-turn would cut those off and make batches smaller."""
+        mid-turn would cut those off and make batches smaller. A due batch that already holds a
+        preferred size, or cannot grow, is sealed at once: the timer's pass comes loop turns
+        later, and the instance would wait for it (bench/FINDINGS.md 39)."""
 
 
 class FifoQueue(BatchingQueue):
@@ -466,8 +468,9 @@ class QueueScheduler(Scheduler):
         self._pool.release(instance, self._limited and self._more_work(instance))
         if len(self._queue) and self._pool.has_idle():
             # The next batch first, so the instance need not wait for the loop; but one that is
-            # due only by its delay waits for the timer's pass this turn, with this turn's
-            # arrivals (sealed here, HTTP batches halved: bench/FINDINGS.md 25).
+            # due only by its delay, and short of a preferred size, waits for the timer's pass
+            # with this turn's arrivals (sealed here, HTTP batches halved: bench/FINDINGS.md
+            # 25; one already at a preferred size goes now: FINDINGS 39).
             self._dispatch_now(defer_due=True)
         if result.executed:
             self._stats.record_execution(

@@ -123,6 +123,32 @@ async def test_a_batch_due_when_the_instance_frees_takes_that_turn_s_arrivals(ba
     assert h.recorder.batches == [[0], [1, 2]]
 
 
+@pytest.mark.parametrize(
+    ("config", "max_batch_size"),
+    [
+        ("preferred_batch_size: [2, 6] max_queue_delay_microseconds: 1000", 8),  # preferred
+        ("max_queue_delay_microseconds: 1000", 2),  # full: it cannot grow
+    ],
+)
+async def test_a_due_batch_of_a_preferred_size_starts_in_the_answer_s_callback(
+    batcher, config, max_batch_size
+):
+    """Due by its delay while the instance was busy, and already a size worth sending: the
+    batch is not left for the timer's pass, which comes loop turns later while the freed
+    instance waits (bench/FINDINGS.md 39)."""
+    h = await batcher(config, max_batch_size=max_batch_size)
+    zero = await busy(h)
+    one, two = h.submit(1), h.submit(2)
+    await h.advance(1 * MS)  # due now, but no instance is free
+    assert h.pending == 2
+    seen: list[int] = []
+    zero.add_done_callback(lambda _: seen.append(h.pending))  # the answer's own turn
+    h.recorder.release_all()
+    await results(zero, one, two)
+    assert seen == [0]  # handed over in the callback that answered request 0
+    assert h.recorder.batches == [[0], [1, 2]]
+
+
 async def test_a_preferred_batch_not_yet_due_starts_in_the_answer_s_callback(batcher):
     h = await batcher(TRITON_CASE)
     zero = await busy(h)
