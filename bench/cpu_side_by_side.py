@@ -110,7 +110,8 @@ def triton_backends(dist: Path, out_dir: Path) -> Path:
 
 
 class PinnedServer:
-    """A server process on CPU 0, stopped by pid."""
+    """A server process on CPU 0 (`pinned=False`: wherever the kernel puts it), stopped by
+    pid."""
 
     def __init__(
         self,
@@ -121,9 +122,10 @@ class PinnedServer:
         http_port: int,
         grpc_port: int,
         cwd: Path | None = None,
+        pinned: bool = True,
     ) -> None:
         self.name = name
-        self.command = ["taskset", "-c", str(SERVER_CPU), *command]
+        self.command = ["taskset", "-c", str(SERVER_CPU), *command] if pinned else command
         self.http = f"127.0.0.1:{http_port}"
         self.grpc = f"127.0.0.1:{grpc_port}"
         self._log = open(log, "w")

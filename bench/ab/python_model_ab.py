@@ -24,7 +24,11 @@ simple` builds the ONNX `simple` model instead, as a reference that has no Pytho
 (its config names no instance count: 2 CPU instances, ONNX Runtime's default, in every tree;
 a5095ba changed the default of the other backends only), and `--model mlp_compute` the fast MLP
 of `make bench`'s batching section (with `--concurrency 32`, its batching point: the batch size
-and inf/s then say whether the batcher forms the same batches in both trees).
+and inf/s then say whether the batcher forms the same batches in both trees). "instance busy"
+is the share of the wall time the model's (one) instance spent on batches, from the server's
+statistics. `--unpinned` leaves servers and clients where the kernel puts them, as `make bench`
+runs mlp_compute: pinned, the instance thread shares CPU 0 with the loop, so time it spends
+waiting for the loop is used by the loop and does not show in inf/s.
 """
 
 from __future__ import annotations
@@ -61,13 +65,21 @@ class Run:
     server_us: float = 0.0  # the server process alone
     batch: float = 0.0
     switches: float = 0.0  # voluntary context switches of the process tree, per inference
+    busy: float = 0.0  # the instance's share of the wall time spent on batches (one instance)
     error: str = ""
 
 
 def start(
-    tree: Path, label: str, repo: Path, out_dir: Path, round_no: int, extra: Sequence[str] = ()
+    tree: Path,
+    label: str,
+    repo: Path,
+    out_dir: Path,
+    round_no: int,
+    extra: Sequence[str] = (),
+    pinned: bool = True,
 ) -> PinnedServer:
-    """The tree's server, run from the tree itself with this Python, pinned to CPU 0."""
+    """The tree's server, run from the tree itself with this Python, pinned to CPU 0 unless
+    `pinned` is False."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [
         sys.executable,
@@ -80,7 +92,14 @@ def start(
     ]
     env = dict(os.environ, PYTHONPATH=str(tree))
     return PinnedServer(
-        label, command, env, out_dir / f"{label}-r{round_no}.log", http_port, grpc_port, cwd=tree
+        label,
+        command,
+        env,
+        out_dir / f"{label}-r{round_no}.log",
+        http_port,
+        grpc_port,
+        cwd=tree,
+        pinned=pinned,
     )
 
 
@@ -92,15 +111,14 @@ def measure(
     round_no: int,
     out_dir: Path,
     concurrency: int = CONCURRENCY,
+    pinned: bool = True,
 ) -> Run:
     run = Run(server.name, protocol, round_no)
     url = server.http if protocol == "http" else server.grpc
     csv_path = out_dir / f"{server.name}-{protocol}-r{round_no}.csv"
     csv_path.unlink(missing_ok=True)
     command = [
-        "taskset",
-        "-c",
-        str(CLIENT_CPU),
+        *(["taskset", "-c", str(CLIENT_CPU)] if pinned else []),
         perf_analyzer,
         "-m",
         model,
@@ -117,7 +135,9 @@ def measure(
     before = served.model_stats(f"http://{server.http}", model)
     tree_before, own_before = server.tree_cpu(), process_cpu(server.process.pid)
     switches_before = server.tree_switches()
+    began = time.monotonic()
     code, output = served.run_command(command, 180)
+    wall = time.monotonic() - began
     tree, own = server.tree_cpu() - tree_before, process_cpu(server.process.pid) - own_before
     switches = server.tree_switches() - switches_before
     split = served.server_split(before, served.model_stats(f"http://{server.http}", model))
@@ -130,6 +150,8 @@ def measure(
     run.server_us = 1e6 * own / split.requests
     run.batch = split.avg_batch
     run.switches = switches / split.requests
+    if split.executions > 0:  # each request records its batch's time: per batch, over the wall
+        run.busy = split.compute_us * split.requests / split.executions / 1e6 / wall
     return run
 
 
@@ -144,7 +166,7 @@ def run_round(
     interleaved A/B; two: `--together`), stop them."""
     extra = {args.label_a: args.args_a.split(), args.label_b: args.args_b.split()}
     servers = [
-        start(tree, label, repo, args.out_dir, round_no, extra.get(label, []))
+        start(tree, label, repo, args.out_dir, round_no, extra.get(label, []), not args.unpinned)
         for label, tree in trees
     ]
     runs: list[Run] = []
@@ -163,6 +185,7 @@ def run_round(
                             round_no,
                             args.out_dir,
                             args.concurrency,
+                            not args.unpinned,
                         ),
                         servers,
                     )
@@ -175,7 +198,8 @@ def run_round(
                         or (
                             f"{run.infer_per_sec:,.0f} inf/s, {run.cpu_us:,.0f} µs CPU/inf "
                             f"(server {run.server_us:,.0f}), batch {run.batch:.2f}, "
-                            f"{run.switches:.1f} context switches/inf"
+                            f"{run.switches:.1f} context switches/inf, instance busy "
+                            f"{run.busy:.2f}"
                         )
                     ),
                     flush=True,
@@ -192,23 +216,23 @@ def run_round(
 def table(runs: list[Run]) -> list[str]:
     lines = [
         "| round | tree | protocol | inf/s | CPU µs/inf (tree) | server | workers | batch "
-        "| switches/inf |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| switches/inf | instance busy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         if r.error:
-            lines.append(f"| {r.round} | {r.label} | {r.protocol} | failed: {r.error} ||||||")
+            lines.append(f"| {r.round} | {r.label} | {r.protocol} | failed: {r.error} |||||||")
         else:
             lines.append(
                 f"| {r.round} | {r.label} | {r.protocol} | {r.infer_per_sec:,.0f} | "
                 f"{r.cpu_us:,.0f} | {r.server_us:,.0f} | {r.cpu_us - r.server_us:,.0f} "
-                f"| {r.batch:.2f} | {r.switches:.1f} |"
+                f"| {r.batch:.2f} | {r.switches:.1f} | {r.busy:.2f} |"
             )
     lines += [
         "",
         "| tree | protocol | median inf/s | median CPU µs/inf | median switches/inf "
-        "| rounds (µs) |",
-        "|---|---|---:|---:|---:|---|",
+        "| median instance busy | rounds (inf/s) | rounds (µs) |",
+        "|---|---|---:|---:|---:|---:|---|---|",
     ]
     for label in dict.fromkeys(r.label for r in runs):
         for protocol in dict.fromkeys(r.protocol for r in runs):
@@ -219,6 +243,8 @@ def table(runs: list[Run]) -> list[str]:
                     f"{statistics.median(r.infer_per_sec for r in ok):,.0f} | "
                     f"{statistics.median(r.cpu_us for r in ok):,.0f} | "
                     f"{statistics.median(r.switches for r in ok):.1f} | "
+                    f"{statistics.median(r.busy for r in ok):.2f} | "
+                    f"{', '.join(f'{r.infer_per_sec:,.0f}' for r in ok)} | "
                     f"{', '.join(f'{r.cpu_us:,.0f}' for r in ok)} |"
                 )
     return lines
@@ -247,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run A and B at the same time (both on CPU 0, both clients on "
         "CPU 1): a busy neighbour then hits both alike",
+    )
+    parser.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="pin neither servers nor clients, as make bench's batching section runs: "
+        "whether an instance thread idles shows only when it can have a core of its own",
     )
     args = parser.parse_args(argv)
     # $PERF_ANALYZER, PATH, the cache, else installed as `make bench` does it
