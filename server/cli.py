@@ -14,13 +14,14 @@ from protocol.text import set_echo_limit
 from repository.s3_location import S3Location, is_url, parse_repository_url
 from repository.s3_mirror import MirrorLimits
 from scheduler.rate_limiter import parse_resource_flag
-from server.cpu_scheduling import POLICIES, apply_thread_scheduling
+from server.cpu_scheduling import POLICIES, apply_switch_interval, apply_thread_scheduling
 from server.net.loop import new_event_loop
 from server.observability import log_escaping
 from server.settings import (
     DEFAULT_CAPACITY,
     DEFAULT_MAX_INPUT_SIZE,
     DEFAULT_QUANTILES,
+    GIL_SWITCH_INTERVAL_US,
     GRPC_MAX_MESSAGE,
     GRPC_MESSAGE_TIMEOUT_MS,
     GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS,
@@ -379,6 +380,16 @@ def build_parser() -> argparse.ArgumentParser:
         "of preempting it) or normal (SCHED_OTHER; default batch)",
     )
     add(
+        "--gil-switch-interval",
+        type=_switch_interval,
+        default=GIL_SWITCH_INTERVAL_US,
+        metavar="US",
+        help="how long, in microseconds, a server thread that wants the GIL waits before the "
+        "thread holding it must let go (Python's switch interval, whose own default is 5000; "
+        "50 to 100000): a model instance's thread back from its model waits this long for a "
+        f"busy event loop before it can start its next batch (default {GIL_SWITCH_INTERVAL_US})",
+    )
+    add(
         "--grpc-server",
         default="threads",
         choices=["aio", "threads"],
@@ -682,6 +693,15 @@ def _process_count(value: str) -> int:
     return _positive_int(value)
 
 
+def _switch_interval(value: str) -> int:
+    """--gil-switch-interval: 50 µs to 0.1 s (Python takes any positive interval; below tens
+    of µs threads would pass the GIL more than they run)."""
+    number = _positive_int(value)
+    if not 50 <= number <= 100_000:
+        raise argparse.ArgumentTypeError(f"must be from 50 to 100000, got '{value}'")
+    return int(number)
+
+
 def _echo_chars(value: str) -> int:
     """--max-echo-chars: 16 to 1000, so an error quoting two such texts still fits gRPC's
     metadata (protocol/text.py)."""
@@ -820,6 +840,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> ServerSettings:
         grpc_handshake_timeout_ms=args.grpc_handshake_timeout,
         grpc_server=args.grpc_server,
         thread_scheduling=args.thread_scheduling,
+        gil_switch_interval_us=args.gil_switch_interval,
         grpc_threads=args.grpc_threads,
         grpc_thread_streams=args.grpc_thread_streams,
         grpc_max_concurrent_rpcs=args.grpc_max_concurrent_rpcs,
@@ -880,7 +901,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_echo_limit(settings.max_echo_chars)
     # Before the loop, the workers and grpc's threads exist: they inherit the policy.
     scheduling = apply_thread_scheduling(settings.thread_scheduling)
-    logging.getLogger("ascend_serve").info("thread scheduling: %s", scheduling)
+    apply_switch_interval(settings.gil_switch_interval_us)
+    logging.getLogger("ascend_serve").info(
+        "thread scheduling: %s; GIL switch interval %d µs",
+        scheduling,
+        settings.gil_switch_interval_us,
+    )
     from server.app import ServerApp
 
     loop = new_event_loop()

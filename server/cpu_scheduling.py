@@ -1,4 +1,6 @@
-"""The server's threads and processes under Linux's SCHED_BATCH policy (`--thread-scheduling`).
+"""The server's threads and processes under Linux's SCHED_BATCH policy (`--thread-scheduling`),
+and the interval after which a thread that wants the GIL makes its holder let go
+(`--gil-switch-interval`).
 
 Why: one request passes between threads that share the GIL (the event loop, grpcio's handler
 and completion-queue threads, a Python model's instance thread) and processes (its worker).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -55,3 +58,12 @@ def apply_thread_scheduling(policy: str) -> str:
             log.warning("--thread-scheduling batch not applied (%s): threads stay SCHED_OTHER", exc)
             return f"normal (SCHED_BATCH refused: {exc.strerror or exc})"
     return "batch"
+
+
+def apply_switch_interval(microseconds: int) -> None:
+    """Python's switch interval for every thread of this process (children forked later keep
+    it). Why it is a setting: an event loop that is never idle gives the GIL up only when a
+    waiting thread asks, after this interval; a model instance's thread back from its model
+    (ONNX Runtime runs without the GIL) needs it to start the next batch, so under load the
+    instance idles for up to this long per batch (bench/FINDINGS.md 39)."""
+    sys.setswitchinterval(microseconds / 1e6)

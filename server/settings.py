@@ -20,6 +20,7 @@ GRPC_STREAM_PENDING_SIZE = 16 * 1024 * 1024
 GRPC_STREAM_FIRST_REQUEST_TIMEOUT_MS = 60_000
 GRPC_MESSAGE_TIMEOUT_MS = 60_000
 THREAD_SCHEDULING = "batch"  # or "normal" (server/cpu_scheduling.py)
+GIL_SWITCH_INTERVAL_US = 500  # Python's own is 5000; 50-100000 (server/cpu_scheduling.py)
 
 
 @dataclass
@@ -102,6 +103,10 @@ class ServerSettings:
     # Linux scheduling policy of the server's threads and processes: "batch" (SCHED_BATCH: a
     # woken thread does not preempt its waker, which holds the GIL) or "normal" (SCHED_OTHER).
     thread_scheduling: str = THREAD_SCHEDULING
+    # How long a thread that wants the GIL waits before it asks the holder to let go
+    # (sys.setswitchinterval), in µs: an instance thread back from its model waits for the busy
+    # event loop this long before it can start the next batch.
+    gil_switch_interval_us: int = GIL_SWITCH_INTERVAL_US
     # Which grpcio server serves gRPC: "threads" (grpcio's synchronous server,
     # server/grpc/threaded.py) or "aio" (grpc.aio on the event loop); its handler threads
     # (None: one for each call grpc_max_concurrent_rpcs admits, made as calls need them), the

@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from protocol.text import set_echo_limit
+from server.cpu_scheduling import apply_switch_interval
 from server.multiprocess.arena import Arena
 from server.multiprocess.link import FrontendLink
 from server.multiprocess.remote_core import ControlClient, RemoteCore
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     log_escaping.install()
     set_echo_limit(settings.max_echo_chars)
+    apply_switch_interval(settings.gil_switch_interval_us)  # spawned, not forked: set it here
 
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
