@@ -151,7 +151,7 @@ def measure(
     run.batch = split.avg_batch
     run.switches = switches / split.requests
     if split.executions > 0:  # each request records its batch's time: per batch, over the wall
-        run.busy = split.compute_us * split.requests / split.executions / 1e6 / wall
+        run.busy = split.compute_us * split.executions / 1e6 / wall
     return run
 
 
