@@ -693,24 +693,6 @@ def _process_count(value: str) -> int:
     return _positive_int(value)
 
 
-def _switch_interval(value: str) -> int:
-    """--gil-switch-interval: 50 µs to 0.1 s (Python takes any positive interval; below tens
-    of µs threads would pass the GIL more than they run)."""
-    number = _positive_int(value)
-    if not 50 <= number <= 100_000:
-        raise argparse.ArgumentTypeError(f"must be from 50 to 100000, got '{value}'")
-    return int(number)
-
-
-def _echo_chars(value: str) -> int:
-    """--max-echo-chars: 16 to 1000, so an error quoting two such texts still fits gRPC's
-    metadata (protocol/text.py)."""
-    number = _positive_int(value)
-    if not 16 <= number <= 1000:
-        raise argparse.ArgumentTypeError(f"must be from 16 to 1000, got '{value}'")
-    return int(number)
-
-
 def _bounded(kind: type, strict: bool) -> Callable[[str], Any]:
     """An argparse type: `kind` (int or float) above 0 (`strict`) or at least 0."""
     noun = "an integer" if kind is int else "a number"
@@ -732,6 +714,26 @@ _positive_int = _bounded(int, strict=True)
 _non_negative_int = _bounded(int, strict=False)
 _positive_float = _bounded(float, strict=True)
 _non_negative_float = _bounded(float, strict=False)
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` to `high` (above 0 first, with its own text)."""
+
+    def parse(value: str) -> int:
+        number = int(_positive_int(value))
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got '{value}'")
+        return number
+
+    return parse
+
+
+# --gil-switch-interval: 50 µs to 0.1 s (Python takes any positive interval; below tens of µs
+# threads would pass the GIL more than they run).
+_switch_interval = _int_between(50, 100_000)
+# --max-echo-chars: 16 to 1000, so an error quoting two such texts still fits gRPC's metadata
+# (protocol/text.py).
+_echo_chars = _int_between(16, 1000)
 
 
 def _split_repositories(
